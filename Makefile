@@ -1,0 +1,35 @@
+# Two commands matter: `make run` and `make test`. Both set everything up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench lint crds clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@bash scripts/setup-system.sh
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/bookfleet demo
+
+test: setup
+	$(VENV)/bin/ruff check bookfleet tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+bench: setup
+	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json
+	$(VENV)/bin/bookfleet bench bookie --entry-size 65536 --seconds 10 --json
+
+lint: setup
+	$(VENV)/bin/ruff check bookfleet tests
+
+crds: setup
+	$(VENV)/bin/bookfleet crds --out crds --chart charts/bookfleet/crds
+
+clean:
+	rm -rf $(VENV) build *.egg-info
