@@ -1,0 +1,5 @@
+import sys
+
+from bookfleet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,41 @@
+"""The `bookfleet` command. Each module in bookfleet.commands adds its subcommands through `register`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+from bookfleet import commands
+
+
+class CommandError(Exception):
+    """An error to report as one clear line and a non-zero exit."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bookfleet", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{commands.__name__}.{module.name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except CommandError as exc:
+        print(f"bookfleet {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The bookie wire format, defined once for bookie, client, repair and audit alike.
+
+A frame on TCP is a 4-byte big-endian length followed by that many bytes: a 12-byte header and a body.
+
+    request header:  version u8 | op u8 | flags u16 | request_id u64
+    response header: version u8 | op u8 | status u16 | request_id u64
+
+Responses carry the request's id, so requests pipeline and responses may come back out of order. A response
+whose status is not OK carries a UTF-8 message as its body.
+
+An entry, on the wire and at rest, is a 32-byte header, a digest and the payload:
+
+    ledger_id u64 | entry_id i64 | lac i64 | length u64 | digest | payload
+
+`length` is the ledger's cumulative length including this entry. The digest covers the 32 header bytes plus the
+payload: CRC32C (4 bytes), or HMAC-SHA256 (32 bytes) keyed from the ledger password.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+import crc32c
+
+PROTOCOL_VERSION = 1
+LENGTH_PREFIX = struct.Struct(">I")
+REQUEST_HEADER = struct.Struct(">BBHQ")
+RESPONSE_HEADER = struct.Struct(">BBHQ")
+HEADER_SIZE = REQUEST_HEADER.size
+MAX_FRAME_SIZE = 8 * 1024 * 1024
+"""The largest frame a bookie accepts; a larger length prefix is answered with TOO_LARGE."""
+
+ENTRY_HEADER = struct.Struct(">QqqQ")
+MASTER_KEY_SIZE = 32
+INVALID_ENTRY_ID = -1
+
+
+class Op(enum.IntEnum):
+    ADD_ENTRY = 1
+    READ_ENTRY = 2
+    READ_LAC = 3
+    WRITE_LAC = 4
+    GET_BOOKIE_INFO = 5
+    FORCE_LEDGER = 6
+    READ_RANGE = 7
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    RECOVERY_ADD = 1
+    """ADD_ENTRY: written by recovery or repair; accepted on a fenced ledger."""
+    FENCE = 2
+    """READ_ENTRY: fence the ledger before reading; needs the master key."""
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    UNAUTHORIZED = 4
+    READ_ONLY = 5
+    BAD_REQUEST = 6
+    TOO_LARGE = 7
+    INTERNAL_ERROR = 8
+    SHUTTING_DOWN = 9
+
+
+class BookieState(enum.IntEnum):
+    WRITABLE = 0
+    READ_ONLY = 1
+
+
+class DigestType(enum.StrEnum):
+    CRC32C = "crc32c"
+    MAC = "mac"
+
+
+# --- bodies ---------------------------------------------------------------------------------------------------
+# ADD_ENTRY   request: master_key[32] | entry          response: ledger_id u64 | entry_id i64
+# READ_ENTRY  request: ledger_id u64 | entry_id i64 [| master_key[32] with FENCE]
+#             response: entry; for entry_id -1: lac i64 | last_entry_id i64 (the bookie's view, for recovery)
+# READ_LAC    request: ledger_id u64 | previous_lac i64 | timeout_ms u32   response: lac i64
+#             (long poll: answers once lac > previous_lac, or with the current lac when the timeout ends)
+# WRITE_LAC   request: master_key[32] | ledger_id u64 | lac i64            response: empty
+# GET_BOOKIE_INFO request: empty        response: free_bytes u64 | total_bytes u64 | state u8
+# FORCE_LEDGER request: ledger_id u64   response: ledger_id u64 (answered once everything before it is synced)
+# READ_RANGE  request: ledger_id u64 | first i64 | last i64 | max_bytes u32
+#             response: count u32 | (size u32 | entry) * count   (the present entries of [first, last], in order)
+LEDGER_ENTRY = struct.Struct(">Qq")
+READ_LAC_REQUEST = struct.Struct(">QqI")
+LAC = struct.Struct(">q")
+LAC_AND_LAST = struct.Struct(">qq")
+WRITE_LAC_BODY = struct.Struct(">Qq")
+BOOKIE_INFO = struct.Struct(">QQB")
+LEDGER_ID = struct.Struct(">Q")
+READ_RANGE_REQUEST = struct.Struct(">QqqI")
+COUNT = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A frame or body that does not follow this format; the message says what was wrong."""
+
+
+# --- frames ---------------------------------------------------------------------------------------------------
+
+
+def encode_request(op: Op, request_id: int, body: bytes = b"", flags: int = 0) -> bytes:
+    header = REQUEST_HEADER.pack(PROTOCOL_VERSION, op, flags, request_id)
+    return LENGTH_PREFIX.pack(HEADER_SIZE + len(body)) + header + body
+
+
+def encode_response(op: int, request_id: int, status: Status = Status.OK, body: bytes = b"") -> bytes:
+    header = RESPONSE_HEADER.pack(PROTOCOL_VERSION, op, status, request_id)
+    return LENGTH_PREFIX.pack(HEADER_SIZE + len(body)) + header + body
+
+
+def encode_error(op: int, request_id: int, status: Status, message: str) -> bytes:
+    return encode_response(op, request_id, status, message.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded frame: `code` is the flags of a request or the status of a response."""
+
+    op: int
+    code: int
+    request_id: int
+    body: memoryview
+
+
+def check_frame_length(length: int, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    if length < HEADER_SIZE:
+        raise ProtocolError(f"frame of {length} bytes is shorter than the {HEADER_SIZE}-byte header")
+    if length > max_frame_size:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {max_frame_size}-byte limit")
+
+
+def decode_frame(frame: bytes | memoryview) -> Frame:
+    """Decode a frame without its length prefix."""
+    view = memoryview(frame)
+    if len(view) < HEADER_SIZE:
+        raise ProtocolError(f"frame of {len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    version, op, code, request_id = REQUEST_HEADER.unpack_from(view)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
+    return Frame(op, code, request_id, view[HEADER_SIZE:])
+
+
+def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[bytes]:
+    """Take every whole frame (without its prefix) off the front of `buffer`; a partial frame stays."""
+    frames = []
+    pos = 0
+    end = len(buffer)
+    while end - pos >= LENGTH_PREFIX.size:
+        (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
+        check_frame_length(length, max_frame_size)
+        if end - pos - LENGTH_PREFIX.size < length:
+            break
+        start = pos + LENGTH_PREFIX.size
+        frames.append(bytes(buffer[start : start + length]))
+        pos = start + length
+    del buffer[:pos]
+    return frames
+
+
+def unpack_body(layout: struct.Struct, body: bytes | memoryview, what: str) -> tuple:
+    """Unpack a fixed-size body, naming the operation when it has the wrong size."""
+    if len(body) < layout.size:
+        raise ProtocolError(f"{what} body of {len(body)} bytes is shorter than {layout.size}")
+    return layout.unpack_from(body)
+
+
+# --- keys and digests -----------------------------------------------------------------------------------------
+
+
+def master_key(password: bytes) -> bytes:
+    """The key that guards adds and fencing on a bookie; derived, so the password never travels."""
+    return hashlib.sha256(b"bookfleet-master-key\0" + password).digest()
+
+
+def password_hash(password: bytes) -> str:
+    """What ledger metadata keeps to check a password on open (never the password itself)."""
+    return hashlib.sha256(b"bookfleet-password\0" + password).hexdigest()
+
+
+def _mac_key(password: bytes) -> bytes:
+    return hashlib.sha256(b"bookfleet-mac\0" + password).digest()
+
+
+def digest_size(digest_type: DigestType) -> int:
+    return 4 if digest_type == DigestType.CRC32C else 32
+
+
+class Digester:
+    """Computes and checks entry digests for one ledger."""
+
+    __slots__ = ("_key", "digest_type", "size")
+
+    def __init__(self, digest_type: DigestType | str, password: bytes = b""):
+        self.digest_type = DigestType(digest_type)
+        self.size = digest_size(self.digest_type)
+        self._key = _mac_key(password)
+
+    def digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
+        if self.digest_type == DigestType.CRC32C:
+            return struct.pack(">I", crc32c.crc32c(payload, crc32c.crc32c(header)))
+        mac = hmac.new(self._key, header, hashlib.sha256)
+        mac.update(payload)
+        return mac.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+    payload: bytes
+
+
+class DigestMismatch(ProtocolError):
+    """An entry whose digest does not match its contents: corrupt on disk or in flight, or the wrong password."""
+
+
+def encode_entry(digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+    header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
+    return header + digester.digest(header, payload) + payload
+
+
+def entry_ids(entry: bytes | memoryview) -> tuple[int, int, int]:
+    """(ledger_id, entry_id, lac) of an encoded entry, without checking its digest: what a bookie needs."""
+    if len(entry) < ENTRY_HEADER.size:
+        raise ProtocolError(f"entry of {len(entry)} bytes is shorter than the {ENTRY_HEADER.size}-byte header")
+    ledger_id, entry_id, lac, _ = ENTRY_HEADER.unpack_from(entry)
+    return ledger_id, entry_id, lac
+
+
+def decode_entry(digester: Digester, entry: bytes | memoryview) -> Entry:
+    """Decode an entry and verify its digest."""
+    view = memoryview(entry)
+    start = ENTRY_HEADER.size + digester.size
+    if len(view) < start:
+        raise ProtocolError(f"entry of {len(view)} bytes is shorter than its {start}-byte header and digest")
+    ledger_id, entry_id, lac, length = ENTRY_HEADER.unpack_from(view)
+    header = bytes(view[: ENTRY_HEADER.size])
+    payload = bytes(view[start:])
+    if not hmac.compare_digest(digester.digest(header, payload), bytes(view[ENTRY_HEADER.size : start])):
+        raise DigestMismatch(f"digest mismatch on ledger {ledger_id} entry {entry_id}")
+    return Entry(ledger_id, entry_id, lac, length, payload)

@@ -1,0 +1,75 @@
+"""The wire format: frames, entries and digests, including hostile input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bookfleet import wire, zkpaths
+
+
+@given(
+    ledger_id=st.integers(0, 2**63 - 1),
+    entry_id=st.integers(-1, 2**63 - 1),
+    payload=st.binary(max_size=2048),
+    digest_type=st.sampled_from(list(wire.DigestType)),
+)
+def test_entry_round_trip_verifies_digest(ledger_id, entry_id, payload, digest_type):
+    digester = wire.Digester(digest_type, b"secret")
+    encoded = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, len(payload), payload)
+    entry = wire.decode_entry(digester, encoded)
+    assert (entry.ledger_id, entry.entry_id, entry.payload) == (ledger_id, entry_id, payload)
+    assert wire.entry_ids(encoded) == (ledger_id, entry_id, entry_id - 1)
+
+
+def test_flipped_byte_fails_the_digest():
+    digester = wire.Digester("crc32c")
+    encoded = bytearray(wire.encode_entry(digester, 7, 3, 2, 10, b"0123456789"))
+    encoded[-1] ^= 0xFF
+    with pytest.raises(wire.DigestMismatch, match="ledger 7 entry 3"):
+        wire.decode_entry(digester, bytes(encoded))
+
+
+def test_mac_digest_depends_on_the_password():
+    encoded = wire.encode_entry(wire.Digester("mac", b"right"), 1, 0, -1, 1, b"x")
+    with pytest.raises(wire.DigestMismatch):
+        wire.decode_entry(wire.Digester("mac", b"wrong"), encoded)
+
+
+def test_split_frames_keeps_a_partial_frame():
+    first = wire.encode_request(wire.Op.READ_LAC, 1, b"abc")
+    second = wire.encode_request(wire.Op.GET_BOOKIE_INFO, 2)
+    buffer = bytearray(first + second[:5])
+    frames = wire.split_frames(buffer)
+    assert len(frames) == 1 and wire.decode_frame(frames[0]).request_id == 1
+    buffer += second[5:]
+    (frame,) = wire.split_frames(buffer)
+    assert wire.decode_frame(frame).op == wire.Op.GET_BOOKIE_INFO and not buffer
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [(wire.LENGTH_PREFIX.pack(2**31), "exceeds"), (wire.LENGTH_PREFIX.pack(3), "shorter than")],
+)
+def test_bad_length_prefix_is_named(prefix, message):
+    with pytest.raises(wire.ProtocolError, match=message):
+        wire.split_frames(bytearray(prefix + b"\0" * 16))
+
+
+def test_unknown_version_is_named():
+    frame = bytearray(wire.encode_request(wire.Op.READ_ENTRY, 1)[4:])
+    frame[0] = 99
+    with pytest.raises(wire.ProtocolError, match="version 99"):
+        wire.decode_frame(bytes(frame))
+
+
+@given(st.integers(0, 10**12))
+def test_ledger_paths_round_trip(ledger_id):
+    assert zkpaths.ledger_id_from_path(zkpaths.ledger(ledger_id)) == ledger_id
+    assert zkpaths.ledger_id_from_marker(zkpaths.underreplicated(ledger_id)) == ledger_id
+
+
+def test_ledger_path_layout_matches_bookkeeper():
+    assert zkpaths.ledger(1) == "/ledgers/00/0000/L0001"
+    assert zkpaths.underreplicated(1) == "/ledgers/underreplication/ledgers/0000/0000/0000/0001/urL1"
