@@ -1,0 +1,1 @@
+"""Benchmarks: each module defines `register(subparsers)` for one `bookfleet bench NAME` and prints JSON."""
