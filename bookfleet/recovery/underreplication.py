@@ -1,0 +1,290 @@
+"""Under-replication state in ZooKeeper: markers, per-ledger locks, switches and DATA_LOSS records.
+
+This is the one place where the auditor (who marks), the repair job (who locks, repairs and clears) and the
+operator (who marks on pod death and flips the switches) meet, so every change is a compare-and-set or an atomic
+create: two auditors, or an auditor racing a repair, never lose each other's updates.
+
+    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "ctime": <ms since epoch>}
+    lock     zkpaths.underreplication_lock(id)  ephemeral, value = the holder's description
+    switch   zkpaths.UR_DISABLE                 present while ledger replication is disabled
+    delay    zkpaths.UR_RECOVERY_DELAY          {"seconds": <float>}, lostBookieRecoveryDelay
+    loss     zkpaths.dataloss(id)               {"entries": [...], "ctime": <ms since epoch>}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+
+from bookfleet import zkpaths
+
+DEFAULT_RECOVERY_DELAY = 0.0
+"""lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """An under-replicated ledger as read; `version` is what clear() compares against."""
+
+    ledger_id: int
+    missing_bookies: frozenset[str]
+    ctime: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class DataLoss:
+    """A ledger with entries that no replica holds any more; repair gives them up instead of retrying forever."""
+
+    ledger_id: int
+    entries: tuple[int, ...]
+    ctime: int
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _encode(document: dict) -> bytes:
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def _decode(data: bytes, path: str) -> dict:
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise ValueError(f"{path} does not hold JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{path} holds {type(document).__name__}, expected a JSON object")
+    return document
+
+
+class UnderReplication:
+    """Under-replication state of one ZooKeeper ensemble, through a started KazooClient the caller owns."""
+
+    def __init__(self, zk: KazooClient):
+        self.zk = zk
+
+    # --- markers --------------------------------------------------------------------------------------------
+
+    def mark(self, ledger_id: int, missing_bookies: Iterable[str]) -> Marker:
+        """Mark a ledger as missing replicas on `missing_bookies`; idempotent, merges with an existing marker."""
+        missing = frozenset(missing_bookies)
+        if not missing:
+            raise ValueError(f"marking ledger {ledger_id} needs at least one missing bookie")
+        path = zkpaths.underreplicated(ledger_id)
+        while True:
+            current = self.marker(ledger_id)
+            if current is None:
+                ctime = _now_ms()
+                try:
+                    self.zk.create(path, _encode({"missingBookies": sorted(missing), "ctime": ctime}), makepath=True)
+                except (NodeExistsError, NoNodeError):
+                    continue  # created meanwhile, or an empty parent level was removed under us: read again
+                return Marker(ledger_id, missing, ctime, 0)
+            merged = current.missing_bookies | missing
+            if merged == current.missing_bookies:
+                return current
+            document = {"missingBookies": sorted(merged), "ctime": current.ctime}
+            try:
+                stat = self.zk.set(path, _encode(document), version=current.version)
+            except (BadVersionError, NoNodeError):
+                continue
+            return Marker(ledger_id, merged, current.ctime, stat.version)
+
+    def marker(self, ledger_id: int) -> Marker | None:
+        path = zkpaths.underreplicated(ledger_id)
+        try:
+            data, stat = self.zk.get(path)
+        except NoNodeError:
+            return None
+        document = _decode(data, path)
+        return Marker(ledger_id, frozenset(document.get("missingBookies", ())), document.get("ctime", 0), stat.version)
+
+    def markers(self) -> list[Marker]:
+        """Every marker, by ledger id; walks the four hex levels (markers cleared meanwhile are skipped)."""
+        found = []
+        for ledger_id in self.ledger_ids():
+            marker = self.marker(ledger_id)
+            if marker is not None:
+                found.append(marker)
+        return found
+
+    def ledger_ids(self) -> list[int]:
+        """Ids of the marked ledgers, sorted."""
+        ids = []
+        for path in self._walk(zkpaths.UR_LEDGERS, depth=4):
+            for leaf in self._children(path):
+                ids.append(zkpaths.ledger_id_from_marker(f"{path}/{leaf}"))
+        return sorted(ids)
+
+    def clear(self, marker: Marker) -> bool:
+        """Remove a marker only if nobody changed it since `marker` was read; False when it changed or is gone.
+
+        A bookie lost while a repair ran merges into the marker and bumps its version, so the repair's clear
+        fails and the new loss is kept.
+        """
+        path = zkpaths.underreplicated(marker.ledger_id)
+        try:
+            self.zk.delete(path, version=marker.version)
+        except (BadVersionError, NoNodeError):
+            return False
+        self._prune_empty_levels(path)
+        return True
+
+    # --- locks ----------------------------------------------------------------------------------------------
+
+    def acquire(self, ledger_id: int, holder: str | None = None) -> bool:
+        """Take the ledger's repair lock; False if someone else holds it. Ephemeral: dies with the session."""
+        holder = holder or f"{socket.gethostname()}:{os.getpid()}"
+        try:
+            self.zk.create(zkpaths.underreplication_lock(ledger_id), holder.encode(), ephemeral=True, makepath=True)
+        except NodeExistsError:
+            return False
+        return True
+
+    def release(self, ledger_id: int) -> None:
+        """Drop the ledger's lock if this session holds it (never someone else's)."""
+        path = zkpaths.underreplication_lock(ledger_id)
+        try:
+            _, stat = self.zk.get(path)
+            if stat.ephemeralOwner == self.zk.client_id[0]:
+                self.zk.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass
+
+    def is_locked(self, ledger_id: int) -> bool:
+        return self.zk.exists(zkpaths.underreplication_lock(ledger_id)) is not None
+
+    # --- switches -------------------------------------------------------------------------------------------
+
+    def disable(self) -> None:
+        """Pause ledger replication (e.g. for a rolling restart): the auditor defers marking, repair waits."""
+        with contextlib.suppress(NodeExistsError):
+            self.zk.create(zkpaths.UR_DISABLE, b"", makepath=True)
+
+    def enable(self) -> None:
+        with contextlib.suppress(NoNodeError):
+            self.zk.delete(zkpaths.UR_DISABLE)
+
+    def is_disabled(self) -> bool:
+        return self.zk.exists(zkpaths.UR_DISABLE) is not None
+
+    def watch_disabled(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(disabled)` now and on every flip of the switch, until the session closes."""
+        self.zk.DataWatch(zkpaths.UR_DISABLE, lambda data, stat: callback(stat is not None))
+
+    def recovery_delay(self, default: float = DEFAULT_RECOVERY_DELAY) -> float:
+        """lostBookieRecoveryDelay in seconds: how long a vanished bookie may stay away before it is lost."""
+        try:
+            data, _ = self.zk.get(zkpaths.UR_RECOVERY_DELAY)
+        except NoNodeError:
+            return default
+        return _delay_from(data, default)
+
+    def set_recovery_delay(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"lostBookieRecoveryDelay must be >= 0 seconds, got {seconds}")
+        data = _encode({"seconds": float(seconds)})
+        try:
+            self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
+        except NoNodeError:
+            try:
+                self.zk.create(zkpaths.UR_RECOVERY_DELAY, data, makepath=True)
+            except NodeExistsError:
+                self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
+
+    def watch_recovery_delay(self, callback: Callable[[float], None], default: float = DEFAULT_RECOVERY_DELAY) -> None:
+        """Call `callback(seconds)` now and whenever the stored delay changes, until the session closes."""
+
+        def changed(data: bytes | None, stat) -> None:
+            callback(default if stat is None else _delay_from(data, default))
+
+        self.zk.DataWatch(zkpaths.UR_RECOVERY_DELAY, changed)
+
+    # --- data loss ------------------------------------------------------------------------------------------
+
+    def mark_data_loss(self, ledger_id: int, entries: Iterable[int]) -> DataLoss:
+        """Record entries of a ledger that have no surviving replica; merges with an earlier record."""
+        lost = set(entries)
+        path = zkpaths.dataloss(ledger_id)
+        while True:
+            try:
+                data, stat = self.zk.get(path)
+            except NoNodeError:
+                record = DataLoss(ledger_id, tuple(sorted(lost)), _now_ms())
+                try:
+                    self.zk.create(
+                        path, _encode({"entries": list(record.entries), "ctime": record.ctime}), makepath=True
+                    )
+                except NodeExistsError:
+                    continue
+                return record
+            document = _decode(data, path)
+            record = DataLoss(ledger_id, tuple(sorted(lost | set(document.get("entries", ())))), document["ctime"])
+            try:
+                self.zk.set(
+                    path, _encode({"entries": list(record.entries), "ctime": record.ctime}), version=stat.version
+                )
+            except (BadVersionError, NoNodeError):
+                continue
+            return record
+
+    def data_loss(self, ledger_id: int) -> DataLoss | None:
+        path = zkpaths.dataloss(ledger_id)
+        try:
+            data, _ = self.zk.get(path)
+        except NoNodeError:
+            return None
+        document = _decode(data, path)
+        return DataLoss(ledger_id, tuple(document.get("entries", ())), document.get("ctime", 0))
+
+    def data_losses(self) -> list[DataLoss]:
+        """Every DATA_LOSS record, by ledger id."""
+        records = []
+        for leaf in sorted(self._children(zkpaths.UR_DATALOSS), key=lambda name: int(name[1:])):
+            record = self.data_loss(int(leaf[1:]))
+            if record is not None:
+                records.append(record)
+        return records
+
+    # --- tree helpers ---------------------------------------------------------------------------------------
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return self.zk.get_children(path)
+        except NoNodeError:
+            return []
+
+    def _walk(self, root: str, depth: int) -> Iterable[str]:
+        """Paths `depth` levels below `root`."""
+        if depth == 0:
+            yield root
+            return
+        for child in sorted(self._children(root)):
+            yield from self._walk(f"{root}/{child}", depth - 1)
+
+    def _prune_empty_levels(self, marker_path: str) -> None:
+        """Remove hex levels left empty, so listing stays proportional to the markers (best effort)."""
+        parent = marker_path.rsplit("/", 1)[0]
+        while parent != zkpaths.UR_LEDGERS:
+            try:
+                self.zk.delete(parent)
+            except (NotEmptyError, NoNodeError):
+                return
+            parent = parent.rsplit("/", 1)[0]
+
+
+def _delay_from(data: bytes, default: float) -> float:
+    if not data:
+        return default
+    seconds = _decode(data, zkpaths.UR_RECOVERY_DELAY).get("seconds", default)
+    return float(seconds)

@@ -1,0 +1,1 @@
+"""Partitioned topics stored as ordered sequences of ledgers, addressed by MessageId."""

@@ -1,0 +1,122 @@
+"""Under-replication markers, locks, switches and DATA_LOSS records against a real ZooKeeper."""
+
+import threading
+import time
+
+from bookfleet import zk as zkclient
+from bookfleet import zkpaths
+from bookfleet.recovery.underreplication import UnderReplication
+
+
+def test_marking_is_idempotent_and_merges_missing_bookies(zk):
+    ur = UnderReplication(zk)
+    first = ur.mark(5, ["b1"])
+    assert ur.mark(5, ["b1"]) == first  # nothing changes, not even the version
+    merged = ur.mark(5, ["b2", "b1"])
+    assert merged.missing_bookies == {"b1", "b2"}
+    assert merged.ctime == first.ctime
+    assert merged.version == first.version + 1
+    assert zk.exists(zkpaths.underreplicated(5))
+
+
+def test_concurrent_marks_lose_no_bookie(zk, zk_connect):
+    clients = [zkclient.connect(zk_connect) for _ in range(4)]
+    try:
+        threads = [
+            threading.Thread(target=UnderReplication(client).mark, args=(9, [f"b{n}"]))
+            for n, client in enumerate(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for client in clients:
+            client.stop()
+            client.close()
+    assert UnderReplication(zk).marker(9).missing_bookies == {"b0", "b1", "b2", "b3"}
+
+
+def test_listing_walks_the_hex_levels(zk):
+    ur = UnderReplication(zk)
+    for ledger_id in (1, 70000, 2**40 + 3):
+        ur.mark(ledger_id, ["b1"])
+    assert ur.ledger_ids() == [1, 70000, 2**40 + 3]
+    assert [m.ledger_id for m in ur.markers()] == [1, 70000, 2**40 + 3]
+
+
+def test_clear_only_if_unchanged_since_read(zk):
+    ur = UnderReplication(zk)
+    read = ur.mark(3, ["b1"])
+    ur.mark(3, ["b2"])  # a new loss while a repair worked from `read`
+    assert not ur.clear(read)
+    assert ur.marker(3).missing_bookies == {"b1", "b2"}
+    assert ur.clear(ur.marker(3))
+    assert ur.marker(3) is None
+    assert ur.ledger_ids() == []
+    assert zk.get_children(zkpaths.UR_LEDGERS) == []  # empty hex levels are pruned
+    assert not ur.clear(read)
+
+
+def test_lock_is_exclusive_ephemeral_and_released_only_by_its_holder(zk, zk_connect):
+    ur = UnderReplication(zk)
+    other = zkclient.connect(zk_connect)
+    try:
+        assert UnderReplication(other).acquire(4)
+        assert not ur.acquire(4)
+        ur.release(4)  # not ours: stays
+        assert ur.is_locked(4)
+    finally:
+        other.stop()
+        other.close()
+    assert not ur.is_locked(4)  # died with the holder's session
+    assert ur.acquire(4)
+    ur.release(4)
+    assert not ur.is_locked(4)
+
+
+def test_disable_switch(zk):
+    ur = UnderReplication(zk)
+    seen = []
+    ur.watch_disabled(seen.append)
+    assert not ur.is_disabled()
+    ur.disable()
+    ur.disable()
+    assert ur.is_disabled()
+    ur.enable()
+    assert not ur.is_disabled()
+    _wait_for(lambda: seen == [False, True, False])
+
+
+def test_recovery_delay_changes_at_run_time(zk):
+    ur = UnderReplication(zk)
+    assert ur.recovery_delay(default=30.0) == 30.0
+    seen = []
+    ur.watch_recovery_delay(seen.append, default=30.0)
+    ur.set_recovery_delay(1.5)
+    assert ur.recovery_delay() == 1.5
+    ur.set_recovery_delay(0)
+    _wait_for(lambda: seen == [30.0, 1.5, 0.0])
+    try:
+        ur.set_recovery_delay(-1)
+    except ValueError as exc:
+        assert "lostBookieRecoveryDelay must be >= 0" in str(exc)
+    else:
+        raise AssertionError("a negative delay was accepted")
+
+
+def test_data_loss_records_merge_and_list(zk):
+    ur = UnderReplication(zk)
+    assert ur.data_loss(8) is None
+    first = ur.mark_data_loss(8, [4, 2])
+    assert ur.mark_data_loss(8, [3]).entries == (2, 3, 4)
+    ur.mark_data_loss(12, [0])
+    assert [(r.ledger_id, r.entries) for r in ur.data_losses()] == [(8, (2, 3, 4)), (12, (0,))]
+    assert ur.data_loss(8).ctime == first.ctime
+
+
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
