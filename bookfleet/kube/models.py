@@ -1,0 +1,419 @@
+"""The custom resources (group bookfleet.io, version v1alpha1), defined once: the CRDs are generated from these.
+
+Python sees snake_case, Kubernetes sees camelCase. Specs reject unknown fields (a typo is an error, not a silent
+default); statuses ignore them, because kopf keeps its own bookkeeping in status too. Rules the schema can express
+carry a CEL twin in `x-kubernetes-validations`, so the API server rejects what these models reject.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from bookfleet.wire import DigestType
+
+GROUP = "bookfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Quantity = Annotated[int | str, Field(description="a Kubernetes quantity, e.g. 10Gi or 500m")]
+"""Kubernetes accepts `cpu: 1` and `memory: 1Gi` alike, so quantities are int-or-string."""
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _unique(items: list[str]) -> list[str]:
+    duplicates = sorted({item for item in items if items.count(item) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate entries: {', '.join(duplicates)}")
+    return items
+
+
+ZoneList = Annotated[
+    list[str],
+    AfterValidator(_unique),
+    Field(json_schema_extra={"x-kubernetes-list-type": "set"}),
+]
+"""A set of zone names (topology.kubernetes.io/zone values); duplicates are rejected by both sides."""
+
+
+def _validations(*rules: tuple[str, str]) -> dict[str, Any]:
+    """CEL rules for the generated schema: (rule, message) pairs."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class KubeModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown spec fields are errors."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready camelCase form for the Kubernetes API (unset optional fields left out)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class StatusModel(KubeModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ConditionStatus(enum.StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition: one aspect of the resource, when it last changed and why."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: dt.datetime | None = None
+
+
+def set_condition(conditions: list[Condition], new: Condition, now: dt.datetime | None = None) -> list[Condition]:
+    """Conditions with `new` in place of its type; lastTransitionTime moves only when the status changes."""
+    now = now or dt.datetime.now(dt.UTC)
+    old = next((c for c in conditions if c.type == new.type), None)
+    changed = old is None or old.status != new.status
+    since = now if changed or old.last_transition_time is None else old.last_transition_time
+    placed = new.model_copy(update={"last_transition_time": since})
+    return [c for c in conditions if c.type != new.type] + [placed]
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata the operator reads; the API server's other fields pass through untouched."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    namespace: str = "default"
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class CustomResource(KubeModel):
+    """Common shape of the three resources; class variables name them for the CRD and for kopf."""
+
+    kind_name: ClassVar[str]
+    plural: ClassVar[str]
+    short_names: ClassVar[tuple[str, ...]]
+
+    api_version: str = API_VERSION
+    kind: str
+    metadata: ObjectMeta
+
+    @classmethod
+    def singular(cls) -> str:
+        return cls.kind_name.lower()
+
+    @classmethod
+    def crd_name(cls) -> str:
+        return f"{cls.plural}.{GROUP}"
+
+
+# --- BookieCluster -------------------------------------------------------------------------------------------
+
+
+class Volume(KubeModel):
+    """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
+
+    size: Quantity = "10Gi"
+    storage_class_name: str | None = None
+
+
+class Storage(KubeModel):
+    """Journal and ledger directories on separate volumes: the journal's fsyncs never queue behind compaction."""
+
+    journal: Volume = Field(default_factory=lambda: Volume(size="2Gi"))
+    ledgers: Volume = Field(default_factory=Volume)
+
+
+class ResourceRequirements(KubeModel):
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class AntiAffinity(enum.StrEnum):
+    """How strongly bookies of one cluster avoid sharing a node."""
+
+    REQUIRED = "required"
+    PREFERRED = "preferred"
+    NONE = "none"
+
+
+class BookieSettings(KubeModel):
+    """Flags every bookie of the cluster is started with."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            ("self.diskUsageLwm < self.diskUsageThreshold", "diskUsageLwm must be below diskUsageThreshold"),
+            ("self.port != self.httpPort", "port and httpPort must differ"),
+        )
+    )
+
+    port: int = Field(3181, ge=1, le=65535)
+    http_port: int = Field(8000, ge=1, le=65535)
+    disk_usage_threshold: float = Field(0.95, gt=0, le=1, description="above this usage the bookie turns read-only")
+    disk_usage_lwm: float = Field(0.90, gt=0, le=1, description="below this usage a read-only bookie is writable again")
+    gc_interval_seconds: int = Field(60, ge=1)
+    extra_args: list[str] = Field(default_factory=list, description="appended to the bookie command line")
+
+    @model_validator(mode="after")
+    def _check(self) -> BookieSettings:
+        if self.disk_usage_lwm >= self.disk_usage_threshold:
+            raise ValueError(
+                f"diskUsageLwm {self.disk_usage_lwm} must be below diskUsageThreshold {self.disk_usage_threshold}"
+            )
+        if self.port == self.http_port:
+            raise ValueError(f"port and httpPort must differ (both {self.port})")
+        return self
+
+
+class RepairLauncher(enum.StrEnum):
+    JOB = "job"
+    SPARK_APPLICATION = "sparkapplication"
+
+
+class RepairSettings(KubeModel):
+    """How a repair runs: a Job running spark-submit on Spark's Kubernetes scheduler, or a SparkApplication."""
+
+    launcher: RepairLauncher = RepairLauncher.JOB
+    executors: int = Field(2, ge=1)
+    executor_memory: str = Field("1g", pattern=r"^[0-9]+[kmgtKMGT]?$", description="Spark memory, e.g. 1g or 512m")
+    throttle_mb_per_s: float = Field(0, ge=0, description="repair bandwidth cap per executor; 0 is unlimited")
+    service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
+    image: str | None = Field(None, description="defaults to the cluster's bookie image")
+    backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
+
+
+class AutoRecovery(KubeModel):
+    enabled: bool = True
+    lost_bookie_recovery_delay_seconds: int = Field(
+        60, ge=0, description="how long a lost bookie may take to come back with its data before repair starts"
+    )
+    repair: RepairSettings = Field(default_factory=RepairSettings)
+
+
+class BookieClusterSpec(KubeModel):
+    replicas: int = Field(3, ge=1)
+    image: str = "bookfleet/bookie:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181")
+    storage: Storage = Field(default_factory=Storage)
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    zones: ZoneList = Field(default_factory=list, description="bookies spread round-robin over these zones")
+    anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
+    bookie: BookieSettings = Field(default_factory=BookieSettings)
+    auto_recovery: AutoRecovery = Field(default_factory=AutoRecovery)
+
+
+class BookieClusterStatus(StatusModel):
+    desired_bookies: int | None = None
+    ready_bookies: int | None = None
+    phase: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class BookieCluster(CustomResource):
+    kind_name: ClassVar[str] = "BookieCluster"
+    plural: ClassVar[str] = "bookieclusters"
+    short_names: ClassVar[tuple[str, ...]] = ("bkc",)
+
+    kind: Literal["BookieCluster"] = "BookieCluster"
+    spec: BookieClusterSpec
+    status: BookieClusterStatus = Field(default_factory=BookieClusterStatus)
+
+
+# --- Bookie --------------------------------------------------------------------------------------------------
+
+
+class DesiredState(enum.StrEnum):
+    WRITABLE = "Writable"
+    READ_ONLY = "ReadOnly"
+    DECOMMISSIONED = "Decommissioned"
+
+
+class BookiePhase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    READ_ONLY = "ReadOnly"
+    LOST = "Lost"
+    DECOMMISSIONING = "Decommissioning"
+    DECOMMISSIONED = "Decommissioned"
+
+
+class BookieSpec(KubeModel):
+    cluster: str = Field(min_length=1, description="the BookieCluster this bookie belongs to")
+    bookie_id: str = Field(min_length=1, description="stable DNS name and port, the bookie's identity in ZooKeeper")
+    zone: str | None = None
+    storage: Storage = Field(default_factory=Storage)
+    desired_state: DesiredState = DesiredState.WRITABLE
+
+
+class BookieStatus(StatusModel):
+    phase: BookiePhase | None = None
+    bookie_id: str | None = None
+    pod: str | None = None
+    registered: bool | None = None
+    ledgers: int | None = None
+    disk_usage: float | None = Field(None, description="used fraction of the ledger volume")
+    lost_since: dt.datetime | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class Bookie(CustomResource):
+    kind_name: ClassVar[str] = "Bookie"
+    plural: ClassVar[str] = "bookies"
+    short_names: ClassVar[tuple[str, ...]] = ("bk",)
+
+    kind: Literal["Bookie"] = "Bookie"
+    spec: BookieSpec
+    status: BookieStatus = Field(default_factory=BookieStatus)
+
+
+# --- Ledger --------------------------------------------------------------------------------------------------
+
+
+class SecretKeyRef(KubeModel):
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class LedgerSpec(KubeModel):
+    """A ledger's replication; immutable once created, because a ledger's quorums are fixed for its life."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            ("self.ensembleSize >= self.writeQuorum", "ensembleSize must be >= writeQuorum"),
+            ("self.writeQuorum >= self.ackQuorum", "writeQuorum must be >= ackQuorum"),
+            ("self == oldSelf", "a Ledger's spec is immutable: create a new Ledger instead"),
+        )
+    )
+
+    cluster: str = Field(min_length=1, description="the BookieCluster (same namespace) that stores the ledger")
+    ensemble_size: int = Field(3, ge=1)
+    write_quorum: int = Field(3, ge=1)
+    ack_quorum: int = Field(2, ge=1)
+    digest_type: DigestType = DigestType.CRC32C
+    password_secret_ref: SecretKeyRef | None = None
+    zones: ZoneList = Field(default_factory=list, description="place the ensemble in these zones only")
+    ledger_id: int | None = Field(None, ge=0, description="adopt this existing ledger instead of creating one")
+
+    @model_validator(mode="after")
+    def _check_quorums(self) -> LedgerSpec:
+        if not self.ensemble_size >= self.write_quorum >= self.ack_quorum:
+            raise ValueError(
+                f"ensembleSize {self.ensemble_size} >= writeQuorum {self.write_quorum} >= "
+                f"ackQuorum {self.ack_quorum} does not hold"
+            )
+        return self
+
+
+class Segment(StatusModel):
+    """The ensemble that holds entries from first_entry_id on."""
+
+    first_entry_id: int
+    bookies: list[str]
+
+
+class UnderReplication(StatusModel):
+    missing_bookies: list[str] = Field(default_factory=list)
+    since: dt.datetime | None = None
+
+
+class RepairState(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class RepairStatus(StatusModel):
+    job: str | None = None
+    state: RepairState | None = None
+    started: dt.datetime | None = None
+    finished: dt.datetime | None = None
+    attempts: int | None = None
+
+
+class LedgerStatus(StatusModel):
+    ledger_id: int | None = None
+    state: str | None = Field(None, description="the state in the ledger's metadata (OPEN, IN_RECOVERY, CLOSED)")
+    last_entry_id: int | None = None
+    length: int | None = None
+    segments: list[Segment] = Field(default_factory=list)
+    under_replicated: UnderReplication | None = None
+    repair: RepairStatus | None = None
+    conditions: list[Condition] = Field(default_factory=list, description="includes DataLoss when entries are lost")
+
+
+class Ledger(CustomResource):
+    kind_name: ClassVar[str] = "Ledger"
+    plural: ClassVar[str] = "ledgers"
+    short_names: ClassVar[tuple[str, ...]] = ("ldg",)
+
+    kind: Literal["Ledger"] = "Ledger"
+    spec: LedgerSpec
+    status: LedgerStatus = Field(default_factory=LedgerStatus)
+
+
+# --- what the schema cannot reject ------------------------------------------------------------------------------
+
+VALID = "Valid"
+"""Condition type that reports the problems below; the operator sets it on BookieClusters and Ledgers."""
+
+
+def zone_of(ordinal: int, zones: list[str]) -> str | None:
+    """Bookies are spread round-robin over the cluster's zones, by ordinal."""
+    return zones[ordinal % len(zones)] if zones else None
+
+
+def cluster_problems(spec: BookieClusterSpec) -> list[str]:
+    """Problems of a schema-valid BookieCluster spec, each a sentence a user can act on."""
+    problems = []
+    if spec.zones and spec.replicas < len(spec.zones):
+        empty = spec.zones[spec.replicas :]
+        problems.append(
+            f"replicas {spec.replicas} cannot cover {len(spec.zones)} zones: {', '.join(empty)} would have no bookie"
+        )
+    return problems
+
+
+def ledger_problems(spec: LedgerSpec, cluster: BookieClusterSpec | None) -> list[str]:
+    """Problems of a schema-valid Ledger spec against the cluster it names (None: the cluster does not exist)."""
+    if cluster is None:
+        return [f"BookieCluster {spec.cluster!r} does not exist in this namespace"]
+    problems = []
+    if spec.ensemble_size > cluster.replicas:
+        problems.append(
+            f"ensembleSize {spec.ensemble_size} is larger than BookieCluster {spec.cluster!r} "
+            f"({cluster.replicas} bookies)"
+        )
+    unknown = [zone for zone in spec.zones if zone not in cluster.zones]
+    if unknown:
+        problems.append(f"zones {', '.join(unknown)} are not zones of BookieCluster {spec.cluster!r}")
+    elif spec.zones:
+        in_zones = sum(zone_of(ordinal, cluster.zones) in spec.zones for ordinal in range(cluster.replicas))
+        if spec.ensemble_size > in_zones:
+            problems.append(
+                f"ensembleSize {spec.ensemble_size} is larger than the {in_zones} bookies "
+                f"in zones {', '.join(spec.zones)}"
+            )
+    return problems
+
+
+def validity_condition(problems: list[str]) -> Condition:
+    """The Valid condition for a list of problems: True when there are none."""
+    if not problems:
+        return Condition(type=VALID, status=ConditionStatus.TRUE, reason="SpecValid", message="")
+    return Condition(type=VALID, status=ConditionStatus.FALSE, reason="InvalidSpec", message="; ".join(problems))
+
+
+RESOURCES: tuple[type[CustomResource], ...] = (BookieCluster, Bookie, Ledger)
