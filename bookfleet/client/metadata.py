@@ -1,0 +1,324 @@
+"""Ledger metadata in ZooKeeper: one validated JSON znode per ledger, changed only by compare-and-set.
+
+The bookie index (`/ledgers/bookieindex/<bookie>/<ledger>`) is written in the same ZooKeeper transaction as the
+metadata, so "which ledgers live on this bookie" never disagrees with the segments and costs O(those ledgers).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bookfleet import wire, zkpaths
+
+
+class MetadataError(Exception):
+    """Base of the metadata errors; each message names the ledger and what went wrong."""
+
+
+class NoSuchLedgerError(MetadataError):
+    def __init__(self, ledger_id: int):
+        super().__init__(f"ledger {ledger_id} does not exist")
+        self.ledger_id = ledger_id
+
+
+class MetadataVersionConflict(MetadataError):
+    """Someone else changed the metadata since it was read: re-read, re-apply, retry."""
+
+    def __init__(self, ledger_id: int, expected_version: int):
+        super().__init__(f"metadata of ledger {ledger_id} changed since version {expected_version} was read")
+        self.ledger_id = ledger_id
+        self.expected_version = expected_version
+
+
+class LedgerState(enum.StrEnum):
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+class Segment(BaseModel):
+    """The ensemble that stores entries from `first_entry_id` until the next segment starts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    first_entry_id: int = Field(ge=0)
+    bookies: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """A segment with its entry range; `last_entry_id` is None while the ledger is open and this is the tail."""
+
+    index: int
+    first_entry_id: int
+    last_entry_id: int | None
+    bookies: tuple[str, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        return self.last_entry_id is not None and self.last_entry_id < self.first_entry_id
+
+    def entry_ids(self) -> range:
+        """The entry ids of a closed fragment (an open tail has no known end)."""
+        if self.last_entry_id is None:
+            raise ValueError(f"fragment {self.index} starting at entry {self.first_entry_id} is still open")
+        return range(self.first_entry_id, self.last_entry_id + 1)
+
+
+class LedgerMetadata(BaseModel):
+    """What ZooKeeper knows of one ledger. Immutable: derive changed copies with the `with_*` helpers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ensemble_size: int = Field(ge=1)
+    write_quorum: int = Field(ge=1)
+    ack_quorum: int = Field(ge=1)
+    state: LedgerState = LedgerState.OPEN
+    last_entry_id: int = Field(default=wire.INVALID_ENTRY_ID, ge=wire.INVALID_ENTRY_ID)
+    length: int = Field(default=0, ge=0)
+    segments: tuple[Segment, ...]
+    digest_type: wire.DigestType = wire.DigestType.CRC32C
+    password_hash: str
+    ctime: float = Field(default_factory=time.time)
+    custom: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> LedgerMetadata:
+        e, qw, qa = self.ensemble_size, self.write_quorum, self.ack_quorum
+        if not e >= qw >= qa >= 1:
+            raise ValueError(f"need ensemble >= write quorum >= ack quorum >= 1, got E={e} Qw={qw} Qa={qa}")
+        if not self.segments:
+            raise ValueError("a ledger needs at least one segment")
+        if self.segments[0].first_entry_id != 0:
+            raise ValueError(f"the first segment must start at entry 0, not {self.segments[0].first_entry_id}")
+        for previous, segment in zip(self.segments, self.segments[1:], strict=False):
+            if segment.first_entry_id <= previous.first_entry_id:
+                raise ValueError(
+                    f"segment first entry ids must strictly increase: {segment.first_entry_id} "
+                    f"follows {previous.first_entry_id}"
+                )
+        for segment in self.segments:
+            if len(segment.bookies) != e or len(set(segment.bookies)) != e:
+                raise ValueError(
+                    f"segment at entry {segment.first_entry_id} needs {e} distinct bookies, got "
+                    f"{', '.join(segment.bookies) or 'none'}"
+                )
+        if self.state == LedgerState.CLOSED and self.last_entry_id == wire.INVALID_ENTRY_ID and self.length:
+            raise ValueError(f"an empty closed ledger cannot have length {self.length}")
+        return self
+
+    # --- reading --------------------------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state == LedgerState.CLOSED
+
+    def segment_for(self, entry_id: int) -> Segment:
+        """The segment whose ensemble stores `entry_id`."""
+        if entry_id < 0:
+            raise ValueError(f"entry id {entry_id} is negative")
+        found = self.segments[0]
+        for segment in self.segments:
+            if segment.first_entry_id > entry_id:
+                break
+            found = segment
+        return found
+
+    def bookies(self) -> set[str]:
+        """Every bookie named by any segment: the ledger's entries in the bookie index."""
+        return {bookie for segment in self.segments for bookie in segment.bookies}
+
+    def fragments(self) -> list[Fragment]:
+        """Segments with their entry ranges; the tail of an unclosed ledger is open-ended."""
+        fragments = []
+        for index, segment in enumerate(self.segments):
+            if index + 1 < len(self.segments):
+                last: int | None = self.segments[index + 1].first_entry_id - 1
+            else:
+                last = self.last_entry_id if self.is_closed else None
+            fragments.append(Fragment(index, segment.first_entry_id, last, segment.bookies))
+        return fragments
+
+    # --- deriving changed copies (validated) ----------------------------------------------------------------
+
+    def _with(self, **changes: object) -> LedgerMetadata:
+        return LedgerMetadata.model_validate({**self.model_dump(), **changes})
+
+    def with_state(self, state: LedgerState) -> LedgerMetadata:
+        return self._with(state=state)
+
+    def with_closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
+        return self._with(state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+
+    def with_ensemble_change(self, first_entry_id: int, position: int, bookie: str) -> LedgerMetadata:
+        """Writer's ensemble change: a new segment from `first_entry_id` with `position` replaced; if the last
+        segment starts there already (it holds no entries yet), it is changed in place."""
+        last = self.segments[-1]
+        if first_entry_id < last.first_entry_id:
+            raise ValueError(f"ensemble change at entry {first_entry_id} precedes the last segment")
+        bookies = list(last.bookies)
+        bookies[position] = bookie
+        kept = self.segments[:-1] if first_entry_id == last.first_entry_id else self.segments
+        return self._with(segments=[*kept, Segment(first_entry_id=first_entry_id, bookies=tuple(bookies))])
+
+    def with_replaced_bookie(self, segment_index: int, position: int, bookie: str) -> LedgerMetadata:
+        """Repair's change: after copying a fragment to `bookie`, it takes `position` in that segment."""
+        segments = list(self.segments)
+        bookies = list(segments[segment_index].bookies)
+        bookies[position] = bookie
+        segments[segment_index] = Segment(first_entry_id=segments[segment_index].first_entry_id, bookies=bookies)
+        return self._with(segments=segments)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LedgerMetadata:
+        return cls.model_validate_json(data)
+
+
+def new_metadata(
+    bookies: Iterable[str],
+    write_quorum: int,
+    ack_quorum: int,
+    digest_type: wire.DigestType | str = wire.DigestType.CRC32C,
+    password: bytes = b"",
+    custom: dict[str, str] | None = None,
+) -> LedgerMetadata:
+    """Metadata of a new open ledger on `bookies` (the ensemble, in order)."""
+    ensemble = tuple(bookies)
+    return LedgerMetadata(
+        ensemble_size=len(ensemble),
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        segments=(Segment(first_entry_id=0, bookies=ensemble),),
+        digest_type=wire.DigestType(digest_type),
+        password_hash=wire.password_hash(password),
+        custom=custom or {},
+    )
+
+
+class MetadataStore:
+    """Ledger metadata in ZooKeeper. Versions are znode versions; every change passes the version it read."""
+
+    def __init__(self, zk: KazooClient):
+        self.zk = zk
+
+    def new_ledger_id(self) -> int:
+        """A cluster-unique id from a sequential znode (deleted right away: the counter lives in the parent)."""
+        path = self.zk.create(zkpaths.IDGEN_PREFIX, sequence=True, makepath=True)
+        self.zk.delete(path)
+        return int(path[len(zkpaths.IDGEN_PREFIX) :])
+
+    def create(self, metadata: LedgerMetadata, ledger_id: int | None = None) -> int:
+        """Store a new ledger's metadata (version 0) and index it on its bookies; returns the ledger id."""
+        ledger_id = self.new_ledger_id() if ledger_id is None else ledger_id
+        path = zkpaths.ledger(ledger_id)
+        self._ensure_parents([path, *(zkpaths.bookie_index_entry(b, ledger_id) for b in metadata.bookies())])
+        txn = self.zk.transaction()
+        txn.create(path, metadata.to_json())
+        for bookie in sorted(metadata.bookies()):
+            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
+        results = txn.commit()
+        if isinstance(results[0], NodeExistsError):
+            raise MetadataError(f"ledger {ledger_id} already exists")
+        self._raise_failure(ledger_id, 0, results)
+        return ledger_id
+
+    def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """(metadata, znode version) of a ledger."""
+        try:
+            data, stat = self.zk.get(zkpaths.ledger(ledger_id))
+        except NoNodeError:
+            raise NoSuchLedgerError(ledger_id) from None
+        return LedgerMetadata.from_json(data), stat.version
+
+    def exists(self, ledger_id: int) -> bool:
+        return self.zk.exists(zkpaths.ledger(ledger_id)) is not None
+
+    def update(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
+        """Compare-and-set: write `metadata` if the znode is still at `version` (-1: any); returns the new version."""
+        old, current = self.read(ledger_id)
+        if version not in (-1, current):
+            raise MetadataVersionConflict(ledger_id, version)
+        added = metadata.bookies() - old.bookies()
+        removed = old.bookies() - metadata.bookies()
+        self._ensure_parents([zkpaths.bookie_index_entry(b, ledger_id) for b in added])
+        txn = self.zk.transaction()
+        txn.set_data(zkpaths.ledger(ledger_id), metadata.to_json(), version=current)
+        for bookie in sorted(added):
+            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
+        for bookie in sorted(removed):
+            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
+        results = txn.commit()
+        self._raise_failure(ledger_id, current, results)
+        return results[0].version
+
+    def delete(self, ledger_id: int, version: int = -1) -> None:
+        """Remove the metadata and its index entries (version -1: whatever version it has)."""
+        metadata, current = self.read(ledger_id)
+        txn = self.zk.transaction()
+        txn.delete(zkpaths.ledger(ledger_id), version=version)
+        for bookie in sorted(metadata.bookies()):
+            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
+        self._raise_failure(ledger_id, current if version == -1 else version, txn.commit())
+
+    def ledger_ids(self) -> list[int]:
+        """Every ledger id, sorted, by walking the hierarchical layout."""
+        return sorted(self._walk_ids())
+
+    def ledgers_on_bookie(self, bookie_id: str) -> list[int]:
+        """Ledgers that have any segment on `bookie_id`, from the bookie index."""
+        try:
+            return sorted(int(name) for name in self.zk.get_children(zkpaths.bookie_index(bookie_id)))
+        except NoNodeError:
+            return []
+
+    def bookies_with_ledgers(self) -> list[str]:
+        """Bookies the index knows of (some may be gone from the fleet: that is what the auditor looks for)."""
+        try:
+            return sorted(self.zk.get_children(zkpaths.BOOKIE_INDEX))
+        except NoNodeError:
+            return []
+
+    def _walk_ids(self) -> Iterator[int]:
+        try:
+            tops = self.zk.get_children(zkpaths.ROOT)
+        except NoNodeError:
+            return
+        for top in tops:
+            if top in zkpaths.NOT_LEDGER_DIRS:
+                continue
+            for mid in self._children(f"{zkpaths.ROOT}/{top}"):
+                for leaf in self._children(f"{zkpaths.ROOT}/{top}/{mid}"):
+                    if leaf.startswith("L"):
+                        yield zkpaths.ledger_id_from_path(f"{zkpaths.ROOT}/{top}/{mid}/{leaf}")
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return self.zk.get_children(path)
+        except NoNodeError:
+            return []
+
+    def _ensure_parents(self, paths: Iterable[str]) -> None:
+        for parent in {path.rsplit("/", 1)[0] for path in paths}:
+            self.zk.ensure_path(parent)
+
+    @staticmethod
+    def _raise_failure(ledger_id: int, version: int, results: list) -> None:
+        errors = [r for r in results if isinstance(r, Exception)]
+        if not errors:
+            return
+        if isinstance(results[0], BadVersionError):
+            raise MetadataVersionConflict(ledger_id, version)
+        if isinstance(results[0], NoNodeError):
+            raise NoSuchLedgerError(ledger_id)
+        first = next(e for e in errors if type(e).__name__ != "RolledBackError")
+        raise MetadataError(f"ledger {ledger_id}: ZooKeeper transaction failed: {type(first).__name__}")

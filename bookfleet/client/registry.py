@@ -1,0 +1,103 @@
+"""Which bookies are up: their ephemeral registrations under /ledgers/available (read-only ones under readonly/).
+
+A bookie registers `BookieInfo(...).to_json()` at zkpaths.available(id) while writable and at zkpaths.readonly(id)
+while read-only; the session's death removes it, which is how clients and the auditor notice a lost bookie.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from pydantic import BaseModel, ValidationError
+
+from bookfleet import zkpaths
+
+
+class BookieMode(enum.StrEnum):
+    WRITABLE = "writable"
+    READ_ONLY = "read_only"
+
+
+class UnknownBookie(LookupError):
+    def __init__(self, bookie_id: str):
+        super().__init__(f"bookie {bookie_id} is not registered (neither writable nor read-only)")
+        self.bookie_id = bookie_id
+
+
+class BookieInfo(BaseModel):
+    """A bookie's registration: `address` is HOST:PORT of its wire protocol, `zone` drives placement."""
+
+    bookie_id: str
+    address: str
+    zone: str = ""
+    state: BookieMode = BookieMode.WRITABLE
+    free_bytes: int = 0
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.address.rpartition(":")
+        return host, int(port)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class BookieRegistry:
+    """Reads the registrations; every call asks ZooKeeper afresh (cheap, and never stale after a failure)."""
+
+    def __init__(self, zk: KazooClient):
+        self.zk = zk
+
+    def writable(self) -> list[BookieInfo]:
+        return self._read(zkpaths.AVAILABLE, zkpaths.available, skip={zkpaths.READONLY.rsplit("/", 1)[1]})
+
+    def read_only(self) -> list[BookieInfo]:
+        return self._read(zkpaths.READONLY, zkpaths.readonly)
+
+    def all(self) -> list[BookieInfo]:
+        """Writable and read-only bookies, by id (a bookie caught mid-switch appears once, as read-only)."""
+        merged = {info.bookie_id: info for info in self.writable()}
+        merged.update((info.bookie_id, info) for info in self.read_only())
+        return sorted(merged.values(), key=lambda info: info.bookie_id)
+
+    def info(self, bookie_id: str) -> BookieInfo:
+        for path in (zkpaths.available(bookie_id), zkpaths.readonly(bookie_id)):
+            try:
+                data, _ = self.zk.get(path)
+            except NoNodeError:
+                continue
+            if info := self._parse(bookie_id, data, read_only=path == zkpaths.readonly(bookie_id)):
+                return info
+        raise UnknownBookie(bookie_id)
+
+    def address(self, bookie_id: str) -> str:
+        """HOST:PORT of a registered bookie."""
+        return self.info(bookie_id).address
+
+    def _read(self, parent: str, path_of, skip: frozenset[str] | set[str] = frozenset()) -> list[BookieInfo]:
+        try:
+            names = self.zk.get_children(parent)
+        except NoNodeError:
+            return []
+        infos = []
+        for name in sorted(set(names) - skip):
+            try:
+                data, _ = self.zk.get(path_of(name))
+            except NoNodeError:
+                continue  # went away while we listed
+            if info := self._parse(name, data, read_only=parent == zkpaths.READONLY):
+                infos.append(info)
+        return infos
+
+    @staticmethod
+    def _parse(bookie_id: str, data: bytes, read_only: bool) -> BookieInfo | None:
+        """A registration, or None while the znode is still empty (created before its data was set)."""
+        if not data:
+            return None
+        try:
+            info = BookieInfo.model_validate_json(data)
+        except ValidationError as exc:
+            raise ValueError(f"registration of bookie {bookie_id} is not valid BookieInfo JSON: {exc}") from None
+        return info.model_copy(update={"state": BookieMode.READ_ONLY}) if read_only else info

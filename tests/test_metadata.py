@@ -1,0 +1,122 @@
+"""Ledger metadata against a real ZooKeeper: validation, compare-and-set, bookie index, listing."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bookfleet import wire, zkpaths
+from bookfleet.client.metadata import (
+    LedgerMetadata,
+    LedgerState,
+    MetadataStore,
+    MetadataVersionConflict,
+    NoSuchLedgerError,
+    Segment,
+    new_metadata,
+)
+
+
+def metadata(bookies=("b1", "b2", "b3"), qw=3, qa=2) -> LedgerMetadata:
+    return new_metadata(bookies, qw, qa, password=b"secret", custom={"app": "test"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"write_quorum": 4}, "E=3 Qw=4 Qa=2"),
+        ({"ack_quorum": 3, "write_quorum": 2}, "E=3 Qw=2 Qa=3"),
+        ({"segments": []}, "at least one segment"),
+        ({"segments": [{"first_entry_id": 1, "bookies": ["b1", "b2", "b3"]}]}, "must start at entry 0"),
+        ({"segments": [{"first_entry_id": 0, "bookies": ["b1", "b1", "b3"]}]}, "3 distinct bookies"),
+        ({"segments": [{"first_entry_id": 0, "bookies": ["b1", "b2"]}]}, "3 distinct bookies"),
+        (
+            {
+                "segments": [
+                    {"first_entry_id": 0, "bookies": ["b1", "b2", "b3"]},
+                    {"first_entry_id": 0, "bookies": ["b1", "b2", "b4"]},
+                ]
+            },
+            "strictly increase",
+        ),
+    ],
+)
+def test_invariants_are_validated_with_clear_errors(changes, message):
+    data = {**metadata().model_dump(), **changes}
+    with pytest.raises(ValidationError, match=message):
+        LedgerMetadata.model_validate(data)
+
+
+def test_password_is_kept_only_as_hash():
+    meta = metadata()
+    assert meta.password_hash == wire.password_hash(b"secret")
+    assert b"secret" not in meta.to_json()
+
+
+def test_segments_fragments_and_ensemble_change():
+    meta = metadata(("b1", "b2", "b3", "b4"), qw=3, qa=2)
+    in_place = meta.with_ensemble_change(0, 1, "b9")
+    assert [s.bookies for s in in_place.segments] == [("b1", "b9", "b3", "b4")]
+    changed = meta.with_ensemble_change(5, 1, "b9").with_closed(last_entry_id=9, length=100)
+    assert changed.segment_for(4).bookies == ("b1", "b2", "b3", "b4")
+    assert changed.segment_for(5).bookies == ("b1", "b9", "b3", "b4")
+    assert changed.bookies() == {"b1", "b2", "b3", "b4", "b9"}
+    assert [(f.first_entry_id, f.last_entry_id) for f in changed.fragments()] == [(0, 4), (5, 9)]
+    assert list(changed.fragments()[1].entry_ids()) == [5, 6, 7, 8, 9]
+    assert meta.fragments()[0].last_entry_id is None  # open tail
+    with pytest.raises(ValidationError, match="distinct"):
+        meta.with_ensemble_change(5, 1, "b3")
+
+
+def test_create_read_update_delete_keep_the_bookie_index(zk):
+    store = MetadataStore(zk)
+    first = store.create(metadata())
+    second = store.create(metadata(("b2", "b3", "b4")))
+    assert second > first
+    assert not zk.get_children(zkpaths.IDGEN)  # the sequential nodes are removed after use
+    meta, version = store.read(first)
+    assert meta == metadata().model_copy(update={"ctime": meta.ctime}) and version == 0
+    assert store.ledgers_on_bookie("b1") == [first]
+    assert store.ledgers_on_bookie("b3") == [first, second]
+
+    changed = meta.with_ensemble_change(0, 0, "b5")
+    assert store.update(first, changed, version) == 1
+    assert store.ledgers_on_bookie("b1") == []
+    assert store.ledgers_on_bookie("b5") == [first]
+    assert store.ledger_ids() == [first, second]
+
+    store.delete(first)
+    assert store.ledger_ids() == [second]
+    assert store.ledgers_on_bookie("b5") == [] and store.ledgers_on_bookie("b3") == [second]
+    with pytest.raises(NoSuchLedgerError, match=f"ledger {first} does not exist"):
+        store.read(first)
+    with pytest.raises(NoSuchLedgerError, match=f"ledger {first} does not exist"):
+        store.delete(first)
+
+
+def test_compare_and_set_rejects_a_stale_version(zk):
+    store = MetadataStore(zk)
+    ledger_id = store.create(metadata())
+    meta, version = store.read(ledger_id)
+    store.update(ledger_id, meta.with_state(LedgerState.IN_RECOVERY), version)
+    with pytest.raises(MetadataVersionConflict, match=f"ledger {ledger_id} changed since version 0"):
+        store.update(ledger_id, meta.with_ensemble_change(0, 0, "b7"), version)
+    current, _ = store.read(ledger_id)
+    assert current.state == LedgerState.IN_RECOVERY
+    assert store.ledgers_on_bookie("b7") == []  # the failed transaction left no index entry behind
+
+
+def test_listing_walks_the_hierarchy_and_skips_other_dirs(zk):
+    store = MetadataStore(zk)
+    ids = [12_345_678_901, 7, 10_000]
+    for ledger_id in ids:
+        store.create(metadata(), ledger_id=ledger_id)
+    zk.ensure_path(zkpaths.available("b1"))
+    zk.ensure_path(zkpaths.underreplicated(7))
+    assert zk.exists("/ledgers/00/0000/L0007")
+    assert store.ledger_ids() == sorted(ids)
+
+
+def test_negative_segment_start_is_named():
+    with pytest.raises(ValidationError, match="first_entry_id"):
+        Segment(first_entry_id=-1, bookies=("a",))
