@@ -1,0 +1,119 @@
+"""What a repair has to copy: the damaged fragments of a ledger, which entries each lost position must hold, and
+who takes that position. Pure functions over LedgerMetadata, so the driver plans without touching a bookie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from bookfleet.client.metadata import Fragment, LedgerMetadata
+from bookfleet.client.writeset import stores_entry, write_set
+
+ReplacementChooser = Callable[[Sequence[str], int, int, Collection[str]], str]
+"""(segment bookies, lost position, write quorum, bookies to avoid) -> replacement bookie id (placement policy)."""
+
+
+class LedgerNotClosed(ValueError):
+    """Only closed ledgers have a known last entry; open ones are fenced and closed before they are planned."""
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentPlan:
+    """One segment's entry range of one ledger whose ensemble lost positions, with a replacement per position.
+
+    Picklable plain data: the driver ships it to a Spark task.
+    """
+
+    ledger_id: int
+    segment_index: int
+    first_entry_id: int
+    last_entry_id: int
+    bookies: tuple[str, ...]
+    write_quorum: int
+    lost: tuple[int, ...]
+    replacements: tuple[str, ...]
+
+    @property
+    def ensemble_size(self) -> int:
+        return len(self.bookies)
+
+    def entries_for(self, position: int) -> list[int]:
+        """Entries of this fragment that ensemble `position` must hold (its write sets include it)."""
+        entries = range(self.first_entry_id, self.last_entry_id + 1)
+        return [e for e in entries if stores_entry(position, e, self.ensemble_size, self.write_quorum)]
+
+    def targets(self, entry_id: int) -> list[str]:
+        """Replacement bookies that must receive `entry_id`."""
+        size = self.ensemble_size
+        return [
+            bookie
+            for position, bookie in zip(self.lost, self.replacements, strict=True)
+            if stores_entry(position, entry_id, size, self.write_quorum)
+        ]
+
+    def sources(self, entry_id: int) -> list[str]:
+        """Surviving bookies that should hold `entry_id`, in write-set order."""
+        positions = write_set(entry_id, self.ensemble_size, self.write_quorum)
+        return [self.bookies[p] for p in positions if p not in self.lost]
+
+    def needed_entries(self) -> list[int]:
+        """Entries that at least one lost position must hold."""
+        size = self.ensemble_size
+        return [
+            e
+            for e in range(self.first_entry_id, self.last_entry_id + 1)
+            if any(stores_entry(p, e, size, self.write_quorum) for p in self.lost)
+        ]
+
+    @property
+    def survivors(self) -> tuple[str, ...]:
+        return tuple(b for p, b in enumerate(self.bookies) if p not in self.lost)
+
+
+def lost_positions(bookies: Sequence[str], missing: Collection[str]) -> tuple[int, ...]:
+    """Ensemble positions held by a missing bookie."""
+    return tuple(position for position, bookie in enumerate(bookies) if bookie in missing)
+
+
+def damaged_fragments(metadata: LedgerMetadata, missing: Collection[str]) -> list[tuple[Fragment, tuple[int, ...]]]:
+    """Non-empty fragments whose ensemble includes a missing bookie, each with its lost positions."""
+    if not metadata.is_closed:
+        raise LedgerNotClosed(f"ledger is {metadata.state}, not CLOSED: fence and close it before planning")
+    damaged = []
+    for fragment in metadata.fragments():
+        lost = lost_positions(fragment.bookies, missing)
+        if lost and not fragment.is_empty:
+            damaged.append((fragment, lost))
+    return damaged
+
+
+def plan_ledger(
+    ledger_id: int, metadata: LedgerMetadata, missing: Collection[str], choose: ReplacementChooser
+) -> list[FragmentPlan]:
+    """Fragment plans for one closed ledger; `choose` is the shared placement policy.
+
+    A replacement never joins a segment it is already in, never is a missing bookie, and two positions lost in
+    one segment get different bookies.
+    """
+    plans = []
+    for fragment, lost in damaged_fragments(metadata, missing):
+        ensemble = list(fragment.bookies)
+        replacements = []
+        for position in lost:
+            bookie = choose(ensemble, position, metadata.write_quorum, {*missing, *fragment.bookies, *replacements})
+            replacements.append(bookie)
+            ensemble[position] = bookie
+        plans.append(
+            FragmentPlan(
+                ledger_id=ledger_id,
+                segment_index=fragment.index,
+                first_entry_id=fragment.first_entry_id,
+                last_entry_id=fragment.last_entry_id,
+                bookies=fragment.bookies,
+                write_quorum=metadata.write_quorum,
+                lost=lost,
+                replacements=tuple(replacements),
+            )
+        )
+    return plans

@@ -1,0 +1,99 @@
+"""Spark settings in one place: the in-process SparkSession and the spark-submit command line.
+
+The repair and audit jobs run the same code whether the driver lives in this process (standalone fleet, tests,
+`bookfleet repair`) or is launched by spark-submit (the operator's Kubernetes Job, `--master k8s://...`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyspark
+
+DEFAULT_MASTER = "local[2]"
+LOCAL_IP = "127.0.0.1"
+IMAGE_APP_DIR = "/opt/bookfleet"
+"""Where the bookfleet image keeps its Spark entry points (the operator's image copies them there)."""
+
+SESSION_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.host": LOCAL_IP,
+    "spark.driver.bindAddress": LOCAL_IP,
+    "spark.sql.shuffle.partitions": "4",
+    "spark.python.worker.reuse": "true",
+    "spark.task.maxFailures": "2",
+}
+
+
+def prepare_environment() -> None:
+    """Spark binds the external interface unless told otherwise, and its workers must run this interpreter."""
+    os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def session(master: str | None = DEFAULT_MASTER, app_name: str = "bookfleet"):
+    """The active SparkSession, or a new one on `master` (None: the master spark-submit was given).
+
+    An active session is reused whatever its master, so tests and the standalone fleet pay the JVM start once.
+    """
+    prepare_environment()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_submit_binary() -> str:
+    """spark-submit from the pyspark wheel, so no separate Spark install is needed."""
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+
+
+def app_path(job: str, image: str | None) -> str:
+    """The job's entry file: this checkout's module locally, `local://` in the image for cluster mode."""
+    if image:
+        return f"local://{IMAGE_APP_DIR}/{job}.py"
+    return str(Path(__file__).parent / "recovery" / f"{job}.py")
+
+
+def spark_submit_command(
+    master: str,
+    zk: str,
+    ledgers: Iterable[int] = (),
+    executors: int = 2,
+    executor_memory: str = "1g",
+    throttle_mb_s: float | None = None,
+    image: str | None = None,
+    job: str = "spark_repair",
+) -> list[str]:
+    """The spark-submit argv for a repair (or audit) job; the operator's Job and the local runner both use it."""
+    command = [spark_submit_binary(), "--master", master, "--name", f"bookfleet-{job.replace('_', '-')}"]
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.executor.instances": str(executors),
+        "spark.executor.memory": executor_memory,
+    }
+    if image:
+        command += ["--deploy-mode", "cluster"]
+        conf["spark.kubernetes.container.image"] = image
+        conf["spark.kubernetes.pyspark.pythonVersion"] = "3"
+    else:
+        conf["spark.pyspark.python"] = sys.executable
+        conf["spark.driver.host"] = LOCAL_IP
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    command += [app_path(job, image), "--zk", zk]
+    for ledger_id in ledgers:
+        command += ["--ledger", str(ledger_id)]
+    if throttle_mb_s:
+        command += ["--throttle-mb-s", str(throttle_mb_s)]
+    return command
