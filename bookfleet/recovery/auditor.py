@@ -1,0 +1,383 @@
+"""The auditor: notices lost bookies and damaged replicas and marks their ledgers under-replicated.
+
+One auditor is active at a time, elected through ephemeral sequential znodes under zkpaths.AUDITOR_ELECTION (the
+lowest sequence leads; each standby watches its predecessor only, so a death wakes one standby, not a herd). The
+active auditor:
+
+- watches bookie registrations; a bookie whose registration vanished is lost once it has stayed away for
+  lostBookieRecoveryDelay (read from ZooKeeper at run time). A bookie that registers again within the delay passed
+  its cookie check at start, so its data is the same one: nothing is marked.
+- marks a lost bookie's ledgers with `mark_lost_bookie`, the one rule the Kubernetes operator also calls on pod
+  death;
+- on taking office, treats bookies the bookie index knows but that are not registered as just lost (they vanished
+  while no auditor ran), and clears stale markers whose missing bookies are back and hold their replicas
+  (apache/pulsar#1886 kept such lists forever);
+- every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
+  ledgers that fail.
+
+While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Collection, Iterable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+
+from bookfleet import wire, zkpaths
+from bookfleet.client.connection import BookieClient, BookieError
+from bookfleet.client.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
+from bookfleet.client.registry import BookieRegistry, UnknownBookie
+from bookfleet.client.writeset import stores_entry
+from bookfleet.recovery.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
+
+log = logging.getLogger(__name__)
+
+WEEK = 7 * 24 * 3600.0
+READONLY_CHILD = zkpaths.READONLY.rsplit("/", 1)[1]
+CHECK_CONCURRENCY = 32
+"""Ledgers whose replicas are read at the same time by a check."""
+ERROR_BACKOFF = 1.0
+
+
+def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
+    """Mark every ledger with a segment on `bookie_id` as missing that bookie; returns their ids (idempotent).
+
+    Uses the bookie index, so the cost is the bookie's ledgers, never a scan of all metadata.
+    """
+    ledger_ids = MetadataStore(zk).ledgers_on_bookie(bookie_id)
+    under_replication = UnderReplication(zk)
+    for ledger_id in ledger_ids:
+        under_replication.mark(ledger_id, [bookie_id])
+    if ledger_ids:
+        log.info("bookie %s is lost: marked %d ledger(s) under-replicated", bookie_id, len(ledger_ids))
+    return ledger_ids
+
+
+def replica_ends(fragment: Fragment, position: int, write_quorum: int) -> tuple[int, ...]:
+    """The first and last entry of a closed fragment that ensemble `position` stores (empty if none)."""
+    if fragment.is_empty:
+        return ()
+    size = len(fragment.bookies)
+    first, last = fragment.first_entry_id, fragment.last_entry_id
+    window = min(size, last - first + 1)  # a position's entries repeat every E, so one window finds each end
+    head = next((e for e in range(first, first + window) if stores_entry(position, e, size, write_quorum)), None)
+    if head is None:
+        return ()
+    tail = next(e for e in range(last, last - window, -1) if stores_entry(position, e, size, write_quorum))
+    return (head,) if head == tail else (head, tail)
+
+
+def check_ledgers(zk: KazooClient, ledger_ids: Iterable[int] | None = None) -> list[int]:
+    """Verify the replicas of `ledger_ids` (default: every ledger) and mark those that fail; returns their ids."""
+    ids = MetadataStore(zk).ledger_ids() if ledger_ids is None else list(ledger_ids)
+    damaged = asyncio.run(_ReplicaChecker(zk).damaged(ids))
+    under_replication = UnderReplication(zk)
+    for ledger_id, missing in damaged.items():
+        under_replication.mark(ledger_id, missing)
+    if damaged:
+        log.info("replica check marked %d of %d ledger(s) under-replicated", len(damaged), len(ids))
+    return sorted(damaged)
+
+
+def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None) -> list[int]:
+    """Clear markers whose missing bookies are all writable again (or gone from the ledger) and hold their replicas.
+
+    Only markers naming one of `bookies` are looked at (default: all). Clearing is a compare-and-set, so a loss
+    marked meanwhile survives. Returns the ids of the cleared markers.
+    """
+    under_replication = UnderReplication(zk)
+    store = MetadataStore(zk)
+    writable = _writable(zk)
+    candidates = {}
+    for marker in under_replication.markers():
+        if bookies is not None and not marker.missing_bookies & set(bookies):
+            continue
+        try:
+            metadata, _ = store.read(marker.ledger_id)
+        except NoSuchLedgerError:
+            candidates[marker.ledger_id] = (marker, None, set())
+            continue
+        still_named = marker.missing_bookies & metadata.bookies()
+        if still_named <= writable:
+            candidates[marker.ledger_id] = (marker, metadata, still_named)
+    checks = {ledger_id: (metadata, named) for ledger_id, (_, metadata, named) in candidates.items() if named}
+    damaged = asyncio.run(_ReplicaChecker(zk).damaged_with(checks)) if checks else {}
+    cleared = [
+        ledger_id
+        for ledger_id, (marker, _, _) in sorted(candidates.items())
+        if ledger_id not in damaged and under_replication.clear(marker)
+    ]
+    if cleared:
+        log.info("cleared %d stale under-replication marker(s): %s", len(cleared), cleared)
+    return cleared
+
+
+def _writable(zk: KazooClient) -> set[str]:
+    return {info.bookie_id for info in BookieRegistry(zk).writable()} - {
+        info.bookie_id for info in BookieRegistry(zk).read_only()
+    }
+
+
+class _ReplicaChecker:
+    """Reads fragment ends from replicas; one connection per bookie for the whole check."""
+
+    def __init__(self, zk: KazooClient):
+        self.store = MetadataStore(zk)
+        self.registry = BookieRegistry(zk)
+        self._clients: dict[str, asyncio.Task] = {}
+
+    async def damaged(self, ledger_ids: list[int]) -> dict[int, set[str]]:
+        """Ledger id -> bookies failing their replica reads, for every ledger with at least one failure."""
+        checks = {}
+        for ledger_id in ledger_ids:
+            with contextlib.suppress(NoSuchLedgerError):  # deleted since listed
+                checks[ledger_id] = (self.store.read(ledger_id)[0], None)
+        return await self.damaged_with(checks)
+
+    async def damaged_with(self, checks: dict[int, tuple[LedgerMetadata, Collection[str] | None]]) -> dict:
+        """Like damaged(), for known metadata, looking only at the given bookies of each ledger (None: all)."""
+        limit = asyncio.Semaphore(CHECK_CONCURRENCY)
+
+        async def one(ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> set[str]:
+            async with limit:
+                return await self._failing(ledger_id, metadata, only)
+
+        try:
+            results = await asyncio.gather(*(one(ledger_id, *check) for ledger_id, check in checks.items()))
+        finally:
+            await self._close()
+        return {ledger_id: failing for ledger_id, failing in zip(checks, results, strict=True) if failing}
+
+    async def _failing(self, ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> set[str]:
+        reads = []
+        for fragment in metadata.fragments():
+            if fragment.last_entry_id is None:
+                continue  # the open tail is still being written: recovery closes it before anyone judges it
+            for position, bookie in enumerate(fragment.bookies):
+                if only is None or bookie in only:
+                    for entry_id in replica_ends(fragment, position, metadata.write_quorum):
+                        reads.append((bookie, entry_id))
+        found = await asyncio.gather(*(self._has_entry(bookie, ledger_id, e, metadata) for bookie, e in reads))
+        return {bookie for (bookie, _), ok in zip(reads, found, strict=True) if not ok}
+
+    async def _has_entry(self, bookie: str, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> bool:
+        try:
+            client = await self._client(bookie)
+            data = await client.read_entry(ledger_id, entry_id)
+            if metadata.digest_type == wire.DigestType.CRC32C:
+                entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), data)
+                return (entry.ledger_id, entry.entry_id) == (ledger_id, entry_id)
+            return wire.entry_ids(data)[:2] == (ledger_id, entry_id)  # MAC needs the password the auditor lacks
+        except (BookieError, ConnectionError, UnknownBookie, wire.ProtocolError) as exc:
+            log.debug("replica of ledger %d entry %d on %s failed: %s", ledger_id, entry_id, bookie, exc)
+            return False
+
+    async def _client(self, bookie: str) -> BookieClient:
+        if bookie not in self._clients:
+            self._clients[bookie] = asyncio.ensure_future(BookieClient.connect(self.registry.address(bookie)))
+        return await self._clients[bookie]
+
+    async def _close(self) -> None:
+        for task in self._clients.values():
+            if task.done() and not task.exception():
+                await task.result().close()
+            elif not task.done():
+                task.cancel()
+
+
+class Auditor:
+    """An auditor candidate: `start()` joins the election and runs in a thread; `stop()` resigns.
+
+    `zk` is a started KazooClient the caller owns; when its session is lost the auditor steps down and, once
+    a new session exists, joins the election again.
+    """
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        auditor_id: str | None = None,
+        check_interval: float = WEEK,
+        default_delay: float = DEFAULT_RECOVERY_DELAY,
+    ):
+        if check_interval <= 0:
+            raise ValueError(f"check interval must be positive, got {check_interval} seconds")
+        self.zk = zk
+        self.auditor_id = auditor_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.check_interval = check_interval
+        self.default_delay = default_delay
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self._active = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._node: str | None = None
+
+    # --- public surface -------------------------------------------------------------------------------------
+
+    def start(self) -> Auditor:
+        if self._thread is not None:
+            raise RuntimeError(f"auditor {self.auditor_id} is already started")
+        self.zk.add_listener(self._on_session_state)
+        if self.zk.connected:
+            self._connected.set()
+        self._thread = threading.Thread(target=self._run, name=f"auditor-{self.auditor_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Resign and stop the thread; a standby takes over."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.zk.remove_listener(self._on_session_state)
+
+    @property
+    def is_active(self) -> bool:
+        return self._active.is_set()
+
+    def wait_active(self, timeout: float) -> bool:
+        return self._active.wait(timeout)
+
+    def check_now(self) -> list[int]:
+        """Run the replica check at once, in the caller's thread; returns the ledgers it marked."""
+        return check_ledgers(self.zk)
+
+    def __enter__(self) -> Auditor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- election -------------------------------------------------------------------------------------------
+
+    def _on_session_state(self, state: KazooState) -> None:
+        """Runs in kazoo's thread: never block here, only flag and wake."""
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        self._wake.set()
+
+    def _poke(self, *_event: object) -> None:
+        self._wake.set()
+
+    def _serving(self) -> bool:
+        return self._connected.is_set() and not self._stopping.is_set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if not self._connected.wait(0.2):
+                continue
+            try:
+                if self._elect():
+                    self._lead()
+            except KazooException as exc:
+                log.warning("auditor %s lost ZooKeeper (%s); rejoining", self.auditor_id, exc)
+            except Exception:
+                log.exception("auditor %s failed; resigning so that a standby takes over", self.auditor_id)
+                self._active.clear()
+                self._resign()
+                self._stopping.wait(ERROR_BACKOFF)
+            finally:
+                self._active.clear()
+        self._resign()
+
+    def _elect(self) -> bool:
+        """Block until this candidate leads (True), or it is stopped or loses its session (False).
+
+        The candidate node outlives a suspended connection: if the session survives, we keep our place.
+        """
+        if self._node is None or self.zk.exists(self._node) is None:
+            self._node = self.zk.create(
+                f"{zkpaths.AUDITOR_ELECTION}/auditor-",
+                self.auditor_id.encode(),
+                ephemeral=True,
+                sequence=True,
+                makepath=True,
+            )
+        name = self._node.rsplit("/", 1)[1]
+        while self._serving():
+            self._wake.clear()
+            candidates = sorted(self.zk.get_children(zkpaths.AUDITOR_ELECTION))
+            if name not in candidates:
+                return False  # our session's node is gone
+            position = candidates.index(name)
+            if position == 0:
+                return True
+            predecessor = f"{zkpaths.AUDITOR_ELECTION}/{candidates[position - 1]}"
+            if self.zk.exists(predecessor, watch=self._poke) is not None:
+                self._wake.wait()
+        return False
+
+    def _resign(self) -> None:
+        node, self._node = self._node, None
+        if node is not None and self.zk.connected:
+            with contextlib.suppress(KazooException):
+                self.zk.delete(node)
+
+    # --- leading --------------------------------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        log.info("auditor %s is active", self.auditor_id)
+        under_replication = UnderReplication(self.zk)
+        registered = self._registered()
+        now = time.monotonic()
+        absent_since = {b: now for b in MetadataStore(self.zk).bookies_with_ledgers() if b not in registered}
+        stale_markers_checked = False
+        next_check = now + self.check_interval
+        self._active.set()
+        while self._serving():
+            self._wake.clear()
+            current = self._registered()
+            now = time.monotonic()
+            for bookie in registered - current:
+                log.info("bookie %s vanished; lost unless it returns within the recovery delay", bookie)
+                absent_since.setdefault(bookie, now)
+            returned = current & absent_since.keys()
+            for bookie in returned:
+                log.info("bookie %s returned within the recovery delay: nothing to mark", bookie)
+                del absent_since[bookie]
+            came_back = current - registered
+            registered = current
+            if self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None:
+                self._wake.wait()
+                continue
+            if not stale_markers_checked:
+                clear_stale_markers(self.zk)  # every marker once on taking office
+                stale_markers_checked = True
+            elif came_back:
+                clear_stale_markers(self.zk, came_back)
+            self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
+            delay = under_replication.recovery_delay(self.default_delay)
+            for bookie, since in list(absent_since.items()):
+                if now >= since + delay:
+                    mark_lost_bookie(self.zk, bookie)
+                    del absent_since[bookie]
+            if now >= next_check:
+                check_ledgers(self.zk)
+                next_check = time.monotonic() + self.check_interval
+            deadlines = [since + delay for since in absent_since.values()] + [next_check]
+            self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
+
+    def _registered(self) -> set[str]:
+        """Ids of writable and read-only bookies, watching both lists for the next change."""
+        writable = set(self._watched_children(zkpaths.AVAILABLE)) - {READONLY_CHILD}
+        return writable | set(self._watched_children(zkpaths.READONLY))
+
+    def _watched_children(self, path: str) -> list[str]:
+        while True:
+            try:
+                return self.zk.get_children(path, watch=self._poke)
+            except NoNodeError:
+                if self.zk.exists(path, watch=self._poke) is None:
+                    return []
