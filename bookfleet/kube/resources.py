@@ -1,0 +1,510 @@
+"""Kubernetes manifests built from the custom resources: plain functions, models in, dicts out, no API calls.
+
+Every name is derived from the resource it serves, so a handler that runs twice builds the same object twice and
+the API server's "already exists" tells it the work was done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyspark
+
+from bookfleet import spark
+from bookfleet.kube.models import (
+    API_VERSION,
+    AntiAffinity,
+    Bookie,
+    BookieCluster,
+    CustomResource,
+    Volume,
+    zone_of,
+)
+
+APP = "bookfleet"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_CLUSTER = "bookfleet.io/cluster"
+LABEL_BOOKIE = "bookfleet.io/bookie"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
+
+BOOKIE = "bookie"
+REPAIR = "repair"
+BOOKIE_POD_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: BOOKIE}
+"""Labels every bookie pod carries: what the operator's pod watch selects on."""
+
+JOURNAL_DIR = "/data/journal"
+LEDGER_DIR = "/data/ledgers"
+VOLUMES = {"journal": JOURNAL_DIR, "ledgers": LEDGER_DIR}
+"""Each bookie volume, by the name its PVC and mount use, and where the container sees it."""
+
+RUN_AS = 10001
+"""The non-root user of the bookie image (bookie-image/Dockerfile)."""
+
+K8S_MASTER = "k8s://https://kubernetes.default.svc"
+REPAIR_JOB = "spark_repair"
+DRIVER_PORT = 7078
+BLOCK_MANAGER_PORT = 7079
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MAX_NAME = 63
+EXECUTOR_PREFIX_MAX = 47
+"""Spark refuses longer executor pod name prefixes."""
+
+REPAIR_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete", "deletecollection"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["services", "configmaps", "persistentvolumeclaims"],
+        "verbs": ["get", "list", "watch", "create", "delete", "deletecollection"],
+    },
+]
+"""What Spark's driver does in its namespace: run executor pods, their config maps, services and volumes."""
+
+
+# --- names and labels ----------------------------------------------------------------------------------------
+
+
+def bookie_name(cluster: str, ordinal: int) -> str:
+    return f"{cluster}-{ordinal}"
+
+
+def service_name(cluster: str) -> str:
+    """The headless Service that gives every bookie of the cluster a DNS name."""
+    return f"{cluster}-bookies"
+
+
+def bookie_id(cluster: str, bookie: str, namespace: str, port: int) -> str:
+    """`<bookie>.<cluster>-bookies.<ns>.svc:<port>`: survives pod restarts and rescheduling, unlike a pod IP."""
+    return f"{bookie}.{service_name(cluster)}.{namespace}.svc:{port}"
+
+
+def pvc_name(bookie: str, volume: str) -> str:
+    return f"{bookie}-{volume}"
+
+
+def labels(cluster: str, component: str, bookie: str | None = None) -> dict[str, str]:
+    found = {
+        LABEL_NAME: APP,
+        LABEL_COMPONENT: component,
+        LABEL_INSTANCE: cluster,
+        LABEL_MANAGED_BY: "bookfleet-operator",
+        LABEL_CLUSTER: cluster,
+    }
+    if bookie:
+        found[LABEL_BOOKIE] = bookie
+    return found
+
+
+def _hashed_name(prefix: str, *parts: str) -> str:
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
+    return f"{prefix[: MAX_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def repair_name(cluster: str, bookie: str, lost_since: dt.datetime, attempt: int = 0) -> str:
+    """The same (cluster, bookie, loss time, attempt) always names the same repair: a retried handler finds it."""
+    lost = _utc_seconds(lost_since).isoformat()
+    return _hashed_name(f"{bookie}-repair", cluster, bookie, lost, str(attempt))
+
+
+def _utc_seconds(moment: dt.datetime) -> dt.datetime:
+    """Loss times round-trip through status strings; whole UTC seconds name them the same either side."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).replace(microsecond=0)
+
+
+# --- owner references ----------------------------------------------------------------------------------------
+
+
+def owner_reference(owner: CustomResource | Mapping[str, Any], controller: bool = True) -> dict[str, Any]:
+    """A reference that makes Kubernetes delete the dependent with its owner; needs the owner's uid."""
+    body = owner.to_wire() if isinstance(owner, CustomResource) else owner
+    meta = body.get("metadata", {})
+    if not meta.get("uid"):
+        raise ValueError(f"{body.get('kind')} {meta.get('name')!r} has no uid yet: create it before owning objects")
+    return {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def owned_by(manifest: dict[str, Any], owner: CustomResource | Mapping[str, Any]) -> dict[str, Any]:
+    """`manifest` with `owner` as its controller (in place, returned for chaining)."""
+    manifest["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    return manifest
+
+
+def _metadata(name: str, namespace: str, object_labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": object_labels}
+
+
+# --- quantities ----------------------------------------------------------------------------------------------
+
+_SUFFIXES = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+
+
+def quantity_bytes(quantity: int | str) -> int:
+    """Bytes in a storage quantity such as 10Gi, 500M or 1073741824."""
+    match = _QUANTITY.match(str(quantity))
+    if not match or match.group(2) not in _SUFFIXES:
+        raise ValueError(f"{quantity!r} is not a storage quantity (e.g. 10Gi, 500M, 1073741824)")
+    return int(float(match.group(1)) * _SUFFIXES[match.group(2)])
+
+
+# --- bookies -------------------------------------------------------------------------------------------------
+
+
+def bookies_for_cluster(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """The Bookie resources a cluster wants: `<cluster>-<ordinal>`, zones round-robin, owned by the cluster."""
+    name, namespace, spec = cluster.metadata.name, cluster.metadata.namespace, cluster.spec
+    bookies = []
+    for ordinal in range(spec.replicas):
+        bookie = bookie_name(name, ordinal)
+        bookie_spec = {
+            "cluster": name,
+            "bookieId": bookie_id(name, bookie, namespace, spec.bookie.port),
+            "storage": spec.storage.to_wire(),
+            "desiredState": "Writable",
+        }
+        zone = zone_of(ordinal, spec.zones)
+        if zone:
+            bookie_spec["zone"] = zone
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": Bookie.kind_name,
+            "metadata": _metadata(bookie, namespace, labels(name, BOOKIE, bookie)),
+            "spec": bookie_spec,
+        }
+        bookies.append(owned_by(manifest, cluster))
+    return bookies
+
+
+def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
+    """The bookie's command line; the advertised address is the stable id, never the pod IP."""
+    spec, settings = cluster.spec, cluster.spec.bookie
+    command = ["bookfleet", "bookie", "--id", bookie.spec.bookie_id, "--advertised-address", bookie.spec.bookie_id]
+    command += ["--port", str(settings.port), "--http-port", str(settings.http_port), "--zk", spec.zookeeper]
+    if bookie.spec.zone:
+        command += ["--zone", bookie.spec.zone]
+    command += ["--journal-dir", JOURNAL_DIR, "--ledger-dir", LEDGER_DIR]
+    command += ["--disk-quota", str(quantity_bytes(bookie.spec.storage.ledgers.size))]
+    command += ["--disk-usage-threshold", str(settings.disk_usage_threshold)]
+    command += ["--disk-usage-lwm", str(settings.disk_usage_lwm)]
+    command += ["--gc-interval", str(settings.gc_interval_seconds)]
+    return command + settings.extra_args
+
+
+def _affinity(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
+    affinity: dict[str, Any] = {}
+    if bookie.spec.zone:
+        term = {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": [bookie.spec.zone]}]}
+        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    spread = {
+        "labelSelector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: cluster.metadata.name}},
+        "topologyKey": HOSTNAME_LABEL,
+    }
+    if cluster.spec.anti_affinity == AntiAffinity.REQUIRED:
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [spread]}
+    elif cluster.spec.anti_affinity == AntiAffinity.PREFERRED:
+        preferred = {"weight": 100, "podAffinityTerm": spread}
+        affinity["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [preferred]}
+    return affinity
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def _security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _pod_security_context() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS}
+
+
+def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
+    """The bookie's Pod, owned by its Bookie; hostname + subdomain make its id resolve through the headless Service."""
+    name, namespace = bookie.metadata.name, bookie.metadata.namespace
+    settings = cluster.spec.bookie
+    container = {
+        "name": BOOKIE,
+        "image": cluster.spec.image,
+        "imagePullPolicy": cluster.spec.image_pull_policy,
+        "command": bookie_command(cluster, bookie),
+        "ports": [
+            {"name": BOOKIE, "containerPort": settings.port, "protocol": "TCP"},
+            {"name": "http", "containerPort": settings.http_port, "protocol": "TCP"},
+        ],
+        "startupProbe": _probe("/healthz", period=5, failures=60),
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        "resources": cluster.spec.resources.to_wire(),
+        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()],
+        "securityContext": _security_context(),
+    }
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": service_name(cluster.metadata.name),
+        "securityContext": _pod_security_context(),
+        "terminationGracePeriodSeconds": 60,
+        "containers": [container],
+        "volumes": [
+            {"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES
+        ],
+    }
+    affinity = _affinity(cluster, bookie)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name)),
+        "spec": pod_spec,
+    }
+    return owned_by(manifest, bookie)
+
+
+def bookie_pvcs(bookie: Bookie) -> list[dict[str, Any]]:
+    """Journal and ledger claims, owned by the Bookie: they outlive its pod and go only with the Bookie itself."""
+    name, namespace = bookie.metadata.name, bookie.metadata.namespace
+    claims = []
+    for volume, request in (("journal", bookie.spec.storage.journal), ("ledgers", bookie.spec.storage.ledgers)):
+        claims.append(owned_by(_pvc(pvc_name(name, volume), namespace, bookie.spec.cluster, name, request), bookie))
+    return claims
+
+
+def _pvc(name: str, namespace: str, cluster: str, bookie: str, request: Volume) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": str(request.size)}},
+    }
+    if request.storage_class_name:
+        spec["storageClassName"] = request.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(name, namespace, labels(cluster, BOOKIE, bookie)),
+        "spec": spec,
+    }
+
+
+def bookies_service(cluster: BookieCluster) -> dict[str, Any]:
+    """Headless and publishing not-ready pods: a bookie must resolve its own id before it can register and be ready."""
+    name, settings = cluster.metadata.name, cluster.spec.bookie
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(service_name(name), cluster.metadata.namespace, labels(name, BOOKIE)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name},
+            "ports": [
+                {"name": BOOKIE, "port": settings.port, "targetPort": BOOKIE, "protocol": "TCP"},
+                {"name": "http", "port": settings.http_port, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+    return owned_by(manifest, cluster)
+
+
+# --- repair --------------------------------------------------------------------------------------------------
+
+
+def _repair_image(cluster: BookieCluster) -> str:
+    return cluster.spec.auto_recovery.repair.image or cluster.spec.image
+
+
+def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[str], str, list[str]]:
+    """spark-submit's options, application file and application arguments, as the Spark module builds them."""
+    repair, image = cluster.spec.auto_recovery.repair, _repair_image(cluster)
+    argv = spark.spark_submit_command(
+        K8S_MASTER,
+        cluster.spec.zookeeper,
+        ledgers,
+        executors=repair.executors,
+        executor_memory=repair.executor_memory,
+        throttle_mb_s=repair.throttle_mb_per_s or None,
+        image=image,
+        job=REPAIR_JOB,
+    )
+    app = argv.index(spark.app_path(REPAIR_JOB, image))
+    return argv[1:app], argv[app], argv[app + 1 :]
+
+
+def _client_mode(options: list[str]) -> list[str]:
+    """The Job's pod is the driver itself, so its exit status is the repair's outcome."""
+    options = list(options)
+    if "--deploy-mode" in options:
+        options[options.index("--deploy-mode") + 1] = "client"
+    else:
+        options += ["--deploy-mode", "client"]
+    return options
+
+
+def _conf(settings: Mapping[str, str]) -> list[str]:
+    return [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
+
+
+def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = ()) -> list[str]:
+    """spark-submit in client mode on Spark's Kubernetes scheduler; executors are pods owned by the driver pod."""
+    options, app, app_args = _submit_parts(cluster, ledgers)
+    executor_labels = labels(cluster.metadata.name, REPAIR)
+    kubernetes = {
+        "spark.kubernetes.namespace": cluster.metadata.namespace,
+        "spark.kubernetes.driver.pod.name": "$(POD_NAME)",
+        "spark.kubernetes.executor.podNamePrefix": name[:EXECUTOR_PREFIX_MAX].rstrip("-"),
+        "spark.kubernetes.authenticate.caCertFile": f"{SERVICE_ACCOUNT_DIR}/ca.crt",
+        "spark.kubernetes.authenticate.oauthTokenFile": f"{SERVICE_ACCOUNT_DIR}/token",
+        "spark.kubernetes.container.image.pullPolicy": cluster.spec.image_pull_policy,
+        "spark.driver.host": "$(POD_IP)",
+        "spark.driver.bindAddress": "0.0.0.0",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
+    }
+    application = app.removeprefix("local://")
+    return ["spark-submit", *_client_mode(options), *_conf(kubernetes), application, *app_args]
+
+
+def repair_job(
+    cluster: BookieCluster, bookie: Bookie, lost_since: dt.datetime, ledgers: Iterable[int] = (), attempt: int = 0
+) -> dict[str, Any]:
+    """The repair of a lost bookie's ledgers as a Job, owned by the cluster (the Bookie may go before it ends)."""
+    name = repair_name(cluster.metadata.name, bookie.metadata.name, lost_since, attempt)
+    namespace, repair = cluster.metadata.namespace, cluster.spec.auto_recovery.repair
+    job_labels = labels(cluster.metadata.name, REPAIR, bookie.metadata.name)
+    downward = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    container = {
+        "name": "driver",
+        "image": _repair_image(cluster),
+        "imagePullPolicy": cluster.spec.image_pull_policy,
+        "command": repair_command(cluster, name, ledgers),
+        "env": downward,
+        "ports": [
+            {"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
+            {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
+        ],
+        "securityContext": _security_context(),
+    }
+    metadata = _metadata(name, namespace, job_labels)
+    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    manifest = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": repair.backoff_limit,
+            "template": {
+                "metadata": {"labels": job_labels},
+                "spec": {
+                    "serviceAccountName": repair.service_account_name,
+                    "restartPolicy": "Never",
+                    "securityContext": _pod_security_context(),
+                    "containers": [container],
+                },
+            },
+        },
+    }
+    return owned_by(manifest, cluster)
+
+
+def spark_application(
+    cluster: BookieCluster, bookie: Bookie, lost_since: dt.datetime, ledgers: Iterable[int] = (), attempt: int = 0
+) -> dict[str, Any]:
+    """The same repair for clusters running the Spark operator (sparkoperator.k8s.io/v1beta2)."""
+    name = repair_name(cluster.metadata.name, bookie.metadata.name, lost_since, attempt)
+    repair = cluster.spec.auto_recovery.repair
+    options, app, app_args = _submit_parts(cluster, ledgers)
+    confs = dict(options[i + 1].split("=", 1) for i, option in enumerate(options) if option == "--conf")
+    pod_labels = labels(cluster.metadata.name, REPAIR, bookie.metadata.name)
+    metadata = _metadata(name, cluster.metadata.namespace, pod_labels)
+    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    manifest = {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": metadata,
+        "spec": {
+            "type": "Python",
+            "pythonVersion": "3",
+            "mode": "cluster",
+            "image": _repair_image(cluster),
+            "imagePullPolicy": cluster.spec.image_pull_policy,
+            "mainApplicationFile": app,
+            "arguments": app_args,
+            "sparkVersion": pyspark.__version__,
+            "sparkConf": confs,
+            "restartPolicy": {
+                "type": "OnFailure",
+                "onFailureRetries": repair.backoff_limit,
+                "onFailureRetryInterval": 10,
+                "onSubmissionFailureRetries": repair.backoff_limit,
+                "onSubmissionFailureRetryInterval": 10,
+            },
+            "driver": {
+                "cores": 1,
+                "memory": "512m",
+                "serviceAccount": repair.service_account_name,
+                "labels": pod_labels,
+            },
+            "executor": {"instances": repair.executors, "memory": repair.executor_memory, "labels": pod_labels},
+        },
+    }
+    return owned_by(manifest, cluster)
+
+
+def repair_rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding for Spark's driver, limited to the namespace and to REPAIR_RULES."""
+    meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
+    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(service_account, namespace, meta),
+            "rules": REPAIR_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(service_account, namespace, meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service_account},
+            "subjects": [subject],
+        },
+    ]
