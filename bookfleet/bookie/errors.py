@@ -1,0 +1,59 @@
+"""Errors of the bookie, each carrying the wire status the server answers with, so mapping lives in one place."""
+
+from __future__ import annotations
+
+from bookfleet.wire import Status
+
+
+class BookieError(Exception):
+    """A request the bookie refuses; `status` is what goes on the wire, the message says why."""
+
+    status: Status = Status.INTERNAL_ERROR
+
+
+class NoSuchLedger(BookieError):
+    status = Status.NO_SUCH_LEDGER
+
+    def __init__(self, ledger_id: int):
+        super().__init__(f"ledger {ledger_id} is not on this bookie")
+
+
+class NoSuchEntry(BookieError):
+    status = Status.NO_SUCH_ENTRY
+
+    def __init__(self, ledger_id: int, entry_id: int):
+        super().__init__(f"ledger {ledger_id} has no entry {entry_id} on this bookie")
+
+
+class LedgerFenced(BookieError):
+    status = Status.FENCED
+
+    def __init__(self, ledger_id: int):
+        super().__init__(f"ledger {ledger_id} is fenced: only recovery adds are accepted")
+
+
+class Unauthorized(BookieError):
+    status = Status.UNAUTHORIZED
+
+    def __init__(self, ledger_id: int):
+        super().__init__(f"master key does not match the one ledger {ledger_id} was created with")
+
+
+class BadRequest(BookieError):
+    """Input that cannot be valid whatever the bookie's state (the message names the field)."""
+
+    status = Status.BAD_REQUEST
+
+
+class ReadOnly(BookieError):
+    status = Status.READ_ONLY
+
+
+class ShuttingDown(BookieError):
+    status = Status.SHUTTING_DOWN
+
+
+class StorageFailure(BookieError):
+    """The disk failed under the journal or the entry log; nothing more is acknowledged."""
+
+    status = Status.INTERNAL_ERROR

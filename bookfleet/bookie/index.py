@@ -1,0 +1,116 @@
+"""The ledger index (SQLite): where each flushed entry lives, and each ledger's durable state.
+
+One connection writes (flushes, GC; one at a time, from worker threads) and commits with synchronous=FULL in WAL
+mode; another reads on the event loop (WAL readers never wait for the writer). Every flush is one transaction with
+batched inserts, committed only after the entry log it points into is fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    ledger INTEGER NOT NULL, entry INTEGER NOT NULL, log INTEGER NOT NULL, offset INTEGER NOT NULL,
+    size INTEGER NOT NULL, PRIMARY KEY (ledger, entry)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledgers (
+    ledger INTEGER PRIMARY KEY, master_key BLOB NOT NULL, fenced INTEGER NOT NULL,
+    explicit_lac INTEGER NOT NULL, entry_lac INTEGER NOT NULL, last_entry INTEGER NOT NULL
+);
+"""
+FILE_NAME = "index.sqlite"
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """What a bookie knows about one ledger besides its entries."""
+
+    master_key: bytes
+    fenced: bool = False
+    explicit_lac: int = -1
+    entry_lac: int = -1
+    """The highest LAC carried by an entry stored here."""
+    last_entry: int = -1
+
+    @property
+    def lac(self) -> int:
+        return max(self.entry_lac, self.explicit_lac)
+
+    def row(self, ledger_id: int) -> tuple:
+        return ledger_id, self.master_key, self.fenced, self.explicit_lac, self.entry_lac, self.last_entry
+
+
+class LedgerIndex:
+    def __init__(self, directory: Path):
+        path = directory / FILE_NAME
+        self._writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._writer.execute("PRAGMA journal_mode=WAL")
+        self._writer.execute("PRAGMA synchronous=FULL")
+        self._writer.executescript(SCHEMA)
+        self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def ledgers(self) -> dict[int, LedgerState]:
+        rows = self._reader.execute("SELECT * FROM ledgers").fetchall()
+        return {row[0]: LedgerState(row[1], bool(row[2]), *row[3:]) for row in rows}
+
+    def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
+        """(log, offset, size) of a flushed entry."""
+        return self._reader.execute(
+            "SELECT log, offset, size FROM entries WHERE ledger = ? AND entry = ?", (ledger_id, entry_id)
+        ).fetchone()
+
+    def locate_range(self, ledger_id: int, first: int, last: int, limit: int) -> list[tuple[int, int, int, int]]:
+        """(entry, log, offset, size) of up to `limit` flushed entries in [first, last], ascending."""
+        return self._reader.execute(
+            "SELECT entry, log, offset, size FROM entries WHERE ledger = ? AND entry BETWEEN ? AND ? "
+            "ORDER BY entry LIMIT ?",
+            (ledger_id, first, last, limit),
+        ).fetchall()
+
+    def commit_flush(self, locations: Iterable[tuple], ledgers: Iterable[tuple]) -> None:
+        """Insert entry locations and ledger rows (LedgerState.row) in one durable transaction."""
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", locations)
+            db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?)", ledgers)
+
+    def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        ids = [(i,) for i in ledger_ids]
+        with self._transaction() as db:
+            db.executemany("DELETE FROM entries WHERE ledger = ?", ids)
+            db.executemany("DELETE FROM ledgers WHERE ledger = ?", ids)
+
+    def live_bytes_by_log(self) -> dict[int, int]:
+        """Bytes of indexed entries per entry log (what GC would keep), computed, so it is never out of date."""
+        return dict(self._writer.execute("SELECT log, SUM(size) FROM entries GROUP BY log").fetchall())
+
+    def entries_in_log(self, log_id: int) -> list[tuple[int, int, int, int]]:
+        """(ledger, entry, offset, size) of every indexed entry in one log, in file order."""
+        return self._writer.execute(
+            "SELECT ledger, entry, offset, size FROM entries WHERE log = ? ORDER BY offset", (log_id,)
+        ).fetchall()
+
+    def relocate(self, locations: Iterable[tuple]) -> None:
+        """Point entries at their new (log, offset, size) after compaction: rows of (log, offset, size, ledger,
+        entry)."""
+        with self._transaction() as db:
+            db.executemany("UPDATE entries SET log = ?, offset = ?, size = ? WHERE ledger = ? AND entry = ?", locations)
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One explicit transaction (the connection is in autocommit mode): COMMIT on success, ROLLBACK on error."""
+        self._writer.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._writer
+        except BaseException:
+            self._writer.execute("ROLLBACK")
+            raise
+        self._writer.execute("COMMIT")

@@ -1,0 +1,245 @@
+"""The journal: every state change is appended here and fdatasynced before it is acknowledged.
+
+Files are `journal-<seq>.log`; each record is `length u32 | crc32c u32 | type u8 | body`, where `length` counts
+the body and the CRC covers the type byte and the body. Records are group-committed: appends accumulate in memory,
+one writer task writes them with a single os.write and fdatasyncs in a worker thread, then resolves the one future
+every append of that batch shares. A new file is started on every start and whenever the current one passes the
+roll size, so a torn tail can only be at the end of the file that was current at a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import crc32c
+
+from bookfleet.bookie.errors import StorageFailure
+
+log = logging.getLogger(__name__)
+
+RECORD_HEADER = struct.Struct(">IIB")
+LEDGER = struct.Struct(">Q")
+LEDGER_AND_LAC = struct.Struct(">Qq")
+PREFIX = "journal-"
+SUFFIX = ".log"
+
+
+class RecordType(enum.IntEnum):
+    ADD = 1
+    """body: the encoded entry, exactly as wire.py defines it."""
+    FENCE = 2
+    """body: ledger_id u64."""
+    MASTER_KEY = 3
+    """body: ledger_id u64 | master key."""
+    LAC = 4
+    """body: ledger_id u64 | explicit lac i64."""
+
+
+_TYPE_CRC = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
+
+
+class JournalPosition(NamedTuple):
+    """A point in the journal: everything before (seq, offset) is in the files; tuples order like positions."""
+
+    seq: int
+    offset: int
+
+
+def journal_path(directory: Path, seq: int) -> Path:
+    return directory / f"{PREFIX}{seq}{SUFFIX}"
+
+
+def journal_seqs(directory: Path) -> list[int]:
+    """Sequence numbers of the journal files in `directory`, ascending."""
+    seqs = []
+    for name in os.listdir(directory):
+        if name.startswith(PREFIX) and name.endswith(SUFFIX) and name[len(PREFIX) : -len(SUFFIX)].isdigit():
+            seqs.append(int(name[len(PREFIX) : -len(SUFFIX)]))
+    return sorted(seqs)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a created, renamed or removed name in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replay(directory: Path, mark: JournalPosition) -> Iterator[tuple[RecordType, bytes]]:
+    """Yield every intact record from `mark` on, in order.
+
+    A torn or corrupt record ends its file: what came before it is yielded, a WARNING names the file, the offset and
+    the bytes dropped, and replay goes on with the next file (a later file was started after this one was synced).
+    """
+    for seq in journal_seqs(directory):
+        if seq < mark.seq:
+            continue
+        start = mark.offset if seq == mark.seq else 0
+        yield from _replay_file(journal_path(directory, seq), start)
+
+
+def _replay_file(path: Path, offset: int) -> Iterator[tuple[RecordType, bytes]]:
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size <= offset:
+            return
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            while offset < size:
+                problem = None
+                if size - offset < RECORD_HEADER.size:
+                    problem = "short record header"
+                else:
+                    length, crc, rtype = RECORD_HEADER.unpack_from(data, offset)
+                    start = offset + RECORD_HEADER.size
+                    if rtype not in _TYPE_CRC:
+                        problem = f"unknown record type {rtype}"
+                    elif size - start < length:
+                        problem = f"record of {length} bytes runs past the end of the file"
+                    else:
+                        body = data[start : start + length]
+                        if crc32c.crc32c(body, _TYPE_CRC[rtype]) != crc:
+                            problem = "checksum mismatch"
+                if problem is not None:
+                    log.warning(
+                        "journal %s: %s at offset %d; dropped %d bytes from there to the end of the file",
+                        path, problem, offset, size - offset,
+                    )
+                    return
+                yield RecordType(rtype), body
+                offset = start + length
+
+
+class Journal:
+    """Append-only, group-committed journal in one directory."""
+
+    def __init__(self, directory: Path, max_wait: float, flush_bytes: int, roll_bytes: int):
+        self.directory = directory
+        self._max_wait = max_wait
+        self._flush_bytes = flush_bytes
+        self._roll_bytes = roll_bytes
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._batch: asyncio.Future[None] | None = None
+        self._last: asyncio.Future[None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._full: asyncio.Future[None] | None = None
+        self._fd = -1
+        self._seq = 0
+        self._offset = 0
+        self._failure: BaseException | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self.synced = JournalPosition(0, 0)
+        """Everything before this position is fdatasynced."""
+
+    @property
+    def current_seq(self) -> int:
+        return self._seq
+
+    async def start(self) -> None:
+        """Start a new journal file (never append to one a crash may have torn) and the writer task."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        seqs = journal_seqs(self.directory)
+        await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1)
+        loop = asyncio.get_running_loop()
+        self._batch = loop.create_future()
+        self._writer = loop.create_task(self._write_batches(), name="journal-writer")
+
+    def append(self, rtype: RecordType, body: bytes) -> asyncio.Future[None]:
+        """Queue a record; the returned future (shared by the whole batch) resolves once it is fdatasynced."""
+        if self._failure is not None:
+            raise StorageFailure(f"journal in {self.directory} failed: {self._failure}")
+        self._pending.append(RECORD_HEADER.pack(len(body), crc32c.crc32c(body, _TYPE_CRC[rtype]), rtype))
+        self._pending.append(body)
+        self._pending_bytes += RECORD_HEADER.size + len(body)
+        if self._wakeup is not None:
+            self._wakeup.set_result(None)
+            self._wakeup = None
+        elif self._full is not None and self._pending_bytes >= self._flush_bytes:
+            self._full.set_result(None)
+            self._full = None
+        self._last = self._batch
+        return self._batch
+
+    def barrier(self) -> asyncio.Future[None] | None:
+        """The future of the last appended record's batch (None if nothing was ever appended)."""
+        return self._last
+
+    def remove_before(self, mark: JournalPosition) -> int:
+        """Delete the files that lie wholly before `mark` (never the current one); returns how many."""
+        removed = 0
+        for seq in journal_seqs(self.directory):
+            if seq < mark.seq and seq != self._seq:
+                journal_path(self.directory, seq).unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            fsync_dir(self.directory)
+        return removed
+
+    async def close(self) -> None:
+        """Write and sync what is pending, then stop."""
+        if self._writer is None:
+            return
+        if self._last is not None and self._failure is None:
+            with contextlib.suppress(StorageFailure):
+                await asyncio.shield(self._last)
+        self._writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer
+        self._writer = None
+        os.close(self._fd)
+
+    # --- writer side ---------------------------------------------------------------------------------------
+
+    def _open(self, seq: int) -> None:
+        fd = os.open(journal_path(self.directory, seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fsync_dir(self.directory)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._seq, self._offset = fd, seq, 0
+        self.synced = JournalPosition(seq, 0)
+
+    def _write_and_sync(self, pieces: list[bytes]) -> None:
+        data = b"".join(pieces)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        os.fdatasync(self._fd)
+
+    async def _write_batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._wakeup = loop.create_future()
+                await self._wakeup
+            if self._max_wait > 0 and self._pending_bytes < self._flush_bytes:
+                self._full = loop.create_future()
+                await asyncio.wait((self._full,), timeout=self._max_wait)
+                self._full = None
+            pieces, size, batch = self._pending, self._pending_bytes, self._batch
+            self._pending, self._pending_bytes, self._batch = [], 0, loop.create_future()
+            try:
+                await asyncio.to_thread(self._write_and_sync, pieces)
+                self._offset += size
+                self.synced = JournalPosition(self._seq, self._offset)
+                if self._offset >= self._roll_bytes:
+                    await asyncio.to_thread(self._open, self._seq + 1)
+            except OSError as exc:
+                log.error("journal %s failed; no further adds are acknowledged: %s", self.directory, exc)
+                self._failure = exc
+                error = StorageFailure(f"journal write failed: {exc}")
+                for future in (batch, self._batch):
+                    future.set_exception(error)
+                    future.exception()  # retrieved here, so an unawaited batch does not warn
+                return
+            batch.set_result(None)

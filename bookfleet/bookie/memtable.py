@@ -1,0 +1,56 @@
+"""The write cache: entries not yet in the entry log, and the place tailing reads are served from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+
+class Memtable:
+    """(ledger, entry) -> encoded entry, as a dict of dicts so an add allocates no key tuple."""
+
+    __slots__ = ("ledgers", "size")
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, dict[int, bytes]] = {}
+        self.size = 0
+        """Bytes of entries put (an overwritten entry counts twice; this only decides when to flush)."""
+
+    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        entries = self.ledgers.get(ledger_id)
+        if entries is None:
+            entries = self.ledgers[ledger_id] = {}
+        entries[entry_id] = entry
+        self.size += len(entry)
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        entries = self.ledgers.get(ledger_id)
+        return None if entries is None else entries.get(entry_id)
+
+    def entry_ids(self, ledger_id: int, first: int, last: int) -> list[int]:
+        """The ids this memtable holds in [first, last], ascending."""
+        entries = self.ledgers.get(ledger_id)
+        if not entries:
+            return []
+        return sorted(e for e in entries if first <= e <= last)
+
+    def drop(self, ledger_ids: Iterable[int]) -> None:
+        for ledger_id in ledger_ids:
+            entries = self.ledgers.pop(ledger_id, None)
+            if entries:
+                self.size -= sum(len(e) for e in entries.values())
+
+    def absorb(self, newer: Memtable) -> None:
+        """Take every entry of `newer` over ours (used to put back a snapshot whose flush failed)."""
+        for ledger_id, entries in newer.ledgers.items():
+            for entry_id, entry in entries.items():
+                self.put(ledger_id, entry_id, entry)
+
+    def items(self) -> Iterator[tuple[int, int, bytes]]:
+        """Every entry ordered by ledger then entry, so each ledger's entries land together in the entry log."""
+        for ledger_id in sorted(self.ledgers):
+            entries = self.ledgers[ledger_id]
+            for entry_id in sorted(entries):
+                yield ledger_id, entry_id, entries[entry_id]
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self.ledgers.values())

@@ -1,0 +1,429 @@
+"""LedgerStorage: the bookie's storage API, tying journal, memtable, entry log, index and checkpoint together.
+
+Add path: check the ledger's state, put the entry in the memtable, apply its effects (last entry, LAC) and append
+it to the journal, all without yielding; then wait for the journal's fdatasync. Because state is applied before any
+await, a memtable swapped out for flushing holds every record before the journal's synced position at that moment,
+which is therefore a safe LastLogMark once the flush is durable. Replay is idempotent, so records after the mark
+that were flushed anyway are simply applied again.
+
+Reads look in the active memtable, then the one being flushed, then the index and the entry log (pread on the
+event loop: page-cache reads take microseconds, and it keeps a read atomic with respect to GC removing files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookfleet import wire
+from bookfleet.bookie import gc
+from bookfleet.bookie.checkpoint import LastLogMark
+from bookfleet.bookie.entrylog import EntryLogger
+from bookfleet.bookie.errors import (
+    BadRequest,
+    LedgerFenced,
+    NoSuchEntry,
+    NoSuchLedger,
+    ShuttingDown,
+    Unauthorized,
+)
+from bookfleet.bookie.index import LedgerIndex, LedgerState
+from bookfleet.bookie.journal import LEDGER, LEDGER_AND_LAC, Journal, RecordType, replay
+from bookfleet.bookie.memtable import Memtable
+
+log = logging.getLogger(__name__)
+
+GcReport = gc.GcReport
+_ENTRY_HEADER = wire.ENTRY_HEADER
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    journal_max_wait: float = 0.001
+    """Seconds a journal batch may wait for more records before it is written; 0 writes as soon as the previous
+    sync ends."""
+    journal_flush_bytes: int = 512 * 1024
+    """A batch this large is written at once, without waiting."""
+    journal_roll_bytes: int = 256 * 1024 * 1024
+    memtable_bytes: int = 64 * 1024 * 1024
+    """Flush the memtable to the entry log once it holds this much."""
+    flush_interval: float = 1.0
+    """Seconds between timed flushes of whatever the memtable holds."""
+    entrylog_roll_bytes: int = 512 * 1024 * 1024
+    compaction_live_ratio: float = 0.5
+    """GC compacts an entry log whose live bytes are under this fraction of its size."""
+
+    def __post_init__(self) -> None:
+        for name in ("journal_flush_bytes", "journal_roll_bytes", "memtable_bytes", "entrylog_roll_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"storage setting {name} must be positive, got {getattr(self, name)}")
+        for name in ("journal_max_wait", "flush_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"storage setting {name} must not be negative, got {getattr(self, name)}")
+        ratio = self.compaction_live_ratio
+        if not 0 <= ratio <= 1:
+            raise ValueError(f"storage setting compaction_live_ratio must be in [0, 1], got {ratio}")
+
+
+class LedgerStorage:
+    """A bookie's ledgers on disk; see DESIGN.md for the contract. Every acknowledging call returns after fdatasync."""
+
+    def __init__(self, journal_dir: Path, ledger_dir: Path, settings: StorageSettings | None = None):
+        self.journal_dir = Path(journal_dir)
+        self.ledger_dir = Path(ledger_dir)
+        self.settings = settings or StorageSettings()
+        self._journal = Journal(
+            self.journal_dir,
+            self.settings.journal_max_wait,
+            self.settings.journal_flush_bytes,
+            self.settings.journal_roll_bytes,
+        )
+        self._mark = LastLogMark(self.ledger_dir)
+        self._index: LedgerIndex | None = None
+        self._entry_logger: EntryLogger | None = None
+        self._ledgers: dict[int, LedgerState] = {}
+        self._dirty: set[int] = set()
+        """Ledgers whose state changed since the last flush."""
+        self._active = Memtable()
+        self._flushing: Memtable | None = None
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._lac_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._open = False
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the index and entry logs, replay the journal from the LastLogMark, start a new journal file."""
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._open_files)
+        await self._journal.start()
+        self._open = True
+        self._timer = asyncio.get_running_loop().create_task(self._flush_periodically(), name="memtable-flush-timer")
+
+    def _open_files(self) -> None:
+        self._index = LedgerIndex(self.ledger_dir)
+        self._entry_logger = EntryLogger(self.ledger_dir, self.settings.entrylog_roll_bytes)
+        self._ledgers = self._index.ledgers()
+        mark = self._mark.read()
+        started = time.monotonic()
+        records = 0
+        for rtype, body in replay(self.journal_dir, mark):
+            self._apply(rtype, body)
+            records += 1
+        if records:
+            log.info("replayed %d journal records from %s in %.2f s", records, mark, time.monotonic() - started)
+
+    def _apply(self, rtype: RecordType, body: bytes) -> None:
+        """Re-apply one journal record (idempotent: a record may already be in the index)."""
+        if rtype == RecordType.ADD:
+            ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(body)
+            state = self._ledgers.get(ledger_id)
+            if state is None:  # its MASTER_KEY record is before the mark and the ledger was deleted since
+                return
+            self._put(state, ledger_id, entry_id, lac, bytes(body))
+            return
+        (ledger_id,) = LEDGER.unpack_from(body)
+        state = self._ledgers.get(ledger_id)
+        if rtype == RecordType.MASTER_KEY:
+            if state is None:
+                self._ledgers[ledger_id] = LedgerState(bytes(body[LEDGER.size :]))
+        elif state is None:
+            return
+        elif rtype == RecordType.FENCE:
+            state.fenced = True
+        else:
+            state.explicit_lac = max(state.explicit_lac, LEDGER_AND_LAC.unpack_from(body)[1])
+        self._dirty.add(ledger_id)
+
+    async def close(self) -> None:
+        """Flush the memtable, checkpoint, and close every file (what a graceful shutdown does)."""
+        if not self._open:
+            return
+        self._open = False
+        self._timer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._timer
+        await self._journal.close()
+        await self.flush()
+        self._entry_logger.close()
+        self._index.close()
+        for waiters in self._lac_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    # --- writes ------------------------------------------------------------------------------------------------
+
+    async def add_entry(
+        self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
+    ) -> None:
+        """Store an encoded entry durably. The first master key seen for a ledger becomes its key."""
+        if not self._open:
+            raise ShuttingDown("the bookie's storage is closed")
+        if len(entry) < _ENTRY_HEADER.size:
+            raise BadRequest(f"entry of {len(entry)} bytes is shorter than the {_ENTRY_HEADER.size}-byte header")
+        header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(entry)
+        if header_ledger != ledger_id or header_entry != entry_id:
+            raise BadRequest(
+                f"entry header names ledger {header_ledger} entry {header_entry}, "
+                f"the request ledger {ledger_id} entry {entry_id}"
+            )
+        if entry_id < 0:
+            raise BadRequest(f"entry id {entry_id} is negative")
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            state = self._create(ledger_id, master_key)
+        elif state.master_key != master_key:
+            raise Unauthorized(ledger_id)
+        if state.fenced and not recovery:
+            raise LedgerFenced(ledger_id)
+        if type(entry) is not bytes:
+            entry = bytes(entry)
+        self._put(state, ledger_id, entry_id, lac, entry)
+        synced = self._journal.append(RecordType.ADD, entry)
+        if self._active.size >= self.settings.memtable_bytes:
+            await self._memtable_full()
+        await asyncio.shield(synced)
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence a ledger: from now on only recovery adds are accepted. A ledger this bookie has never seen is
+        recorded as fenced too, so a stale writer cannot add to it afterwards; a read then finds no entry."""
+        self._check_open()
+        state = self._authorized(ledger_id, master_key)
+        state.fenced = True
+        self._dirty.add(ledger_id)
+        await asyncio.shield(self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id)))
+
+    async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards."""
+        self._check_open()
+        state = self._authorized(ledger_id, master_key)
+        if lac > state.explicit_lac:
+            previous = state.lac
+            state.explicit_lac = lac
+            self._dirty.add(ledger_id)
+            if state.lac > previous:
+                self._wake_lac_waiters(ledger_id)
+        await asyncio.shield(self._journal.append(RecordType.LAC, LEDGER_AND_LAC.pack(ledger_id, lac)))
+
+    async def force(self, ledger_id: int) -> None:
+        """Return once everything accepted before this call is fdatasynced (FORCE_LEDGER)."""
+        self._check_open()
+        synced = self._journal.barrier()
+        if synced is not None:
+            await asyncio.shield(synced)
+
+    # --- reads -------------------------------------------------------------------------------------------------
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        self._check_open()
+        if ledger_id not in self._ledgers:
+            raise NoSuchLedger(ledger_id)
+        entry = self._active.get(ledger_id, entry_id)
+        if entry is None and self._flushing is not None:
+            entry = self._flushing.get(ledger_id, entry_id)
+        if entry is None:
+            location = self._index.locate(ledger_id, entry_id)
+            if location is None:
+                raise NoSuchEntry(ledger_id, entry_id)
+            entry = self._entry_logger.read(*location)
+        return entry
+
+    async def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+        """The present entries of [first, last] in order, stopping before max_bytes would be passed (but always
+        at least one entry if any is present)."""
+        self._check_open()
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            raise NoSuchLedger(ledger_id)
+        last = min(last, state.last_entry)
+        if first > last:
+            return []
+        in_memory: dict[int, bytes] = {}
+        for memtable in (self._flushing, self._active):
+            if memtable is not None:
+                for entry_id in memtable.entry_ids(ledger_id, first, last):
+                    in_memory[entry_id] = memtable.get(ledger_id, entry_id)
+        # Entries are at least header-sized, which bounds how many index rows the byte budget could ever take.
+        limit = max(1, max_bytes // _ENTRY_HEADER.size)
+        on_disk = {row[0]: row[1:] for row in self._index.locate_range(ledger_id, first, last, limit)}
+        entries: list[bytes] = []
+        total = 0
+        for entry_id in sorted(in_memory.keys() | on_disk.keys()):
+            entry = in_memory.get(entry_id)
+            if entry is None:
+                entry = self._entry_logger.read(*on_disk[entry_id])
+            total += len(entry)
+            if entries and total > max_bytes:
+                break
+            entries.append(entry)
+        return entries
+
+    def lac(self, ledger_id: int) -> int:
+        return self._state(ledger_id).lac
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        return self._state(ledger_id).last_entry
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self._state(ledger_id).fenced
+
+    async def wait_for_lac(self, ledger_id: int, previous: int, timeout: float) -> int:
+        """The ledger's LAC once it is above `previous`, or whatever it is when `timeout` seconds have passed.
+        A ledger not yet on this bookie is waited for too; NoSuchLedger if it still is not there at the end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            state = self._ledgers.get(ledger_id)
+            if state is not None and state.lac > previous:
+                return state.lac
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not self._open:
+                return self.lac(ledger_id)
+            waiter = loop.create_future()
+            self._lac_waiters.setdefault(ledger_id, []).append(waiter)
+            try:
+                await asyncio.wait((waiter,), timeout=remaining)
+            finally:
+                waiters = self._lac_waiters.get(ledger_id)
+                if waiters is not None and waiter in waiters:
+                    waiters.remove(waiter)
+                    if not waiters:
+                        del self._lac_waiters[ledger_id]
+
+    def ledger_ids(self) -> set[int]:
+        return set(self._ledgers)
+
+    # --- space -------------------------------------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        """Bytes on disk in the journal and ledger dirs (what read-only switching watches)."""
+        total = 0
+        for directory in {self.journal_dir, self.ledger_dir}:
+            with os.scandir(directory) as entries:
+                total += sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
+        return total
+
+    async def collect_garbage(self, live_ledgers: set[int]) -> GcReport:
+        """Delete every local ledger not in `live_ledgers`, remove entry logs left with no live bytes and compact
+        those under the compaction live ratio. Flushes first, so the checkpoint moves past the deleted ledgers'
+        journal records and a restart does not bring them back."""
+        self._check_open()
+        await self.flush()
+        async with self._flush_lock:
+            deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
+            for ledger_id in deleted:
+                del self._ledgers[ledger_id]
+                self._dirty.discard(ledger_id)
+            self._active.drop(deleted)
+            report = await asyncio.to_thread(
+                gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
+            )
+            for log_id in report.logs_removed + report.logs_compacted:
+                report.bytes_reclaimed += self._entry_logger.remove(log_id)
+        if report.ledgers_deleted or report.bytes_reclaimed:
+            log.info("gc: %s", report)
+        return report
+
+    # --- flushing ----------------------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Move the memtable into the entry log and index, make both durable, then checkpoint and drop the journal
+        files wholly before the new mark."""
+        async with self._flush_lock:
+            if not self._active.ledgers and not self._dirty:
+                return
+            snapshot, self._active = self._active, Memtable()
+            self._flushing = snapshot
+            ledgers = [self._ledgers[i].row(i) for i in self._dirty if i in self._ledgers]
+            dirty, self._dirty = self._dirty, set()
+            mark = self._journal.synced
+            try:
+                await asyncio.to_thread(self._write_snapshot, snapshot, ledgers)
+            except BaseException:
+                snapshot.absorb(self._active)
+                self._active = snapshot
+                self._dirty |= dirty
+                raise
+            finally:
+                self._flushing = None
+            await asyncio.to_thread(self._checkpoint, mark)
+
+    def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> None:
+        locations = self._entry_logger.append(snapshot.items())
+        self._entry_logger.sync()
+        self._index.commit_flush(locations, ledgers)
+
+    def _checkpoint(self, mark) -> None:
+        self._mark.write(mark)
+        self._journal.remove_before(mark)
+
+    async def _memtable_full(self) -> None:
+        """Start a flush of the full memtable; if one is still running, wait for it (backpressure on adds)."""
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_logged())
+        elif self._active.size >= 2 * self.settings.memtable_bytes:
+            await asyncio.shield(self._flush_task)
+
+    async def _flush_logged(self) -> None:
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("memtable flush failed; its entries stay in memory and in the journal")
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.flush_interval)
+            await self._flush_logged()
+
+    # --- helpers -----------------------------------------------------------------------------------------------
+
+    def _put(self, state: LedgerState, ledger_id: int, entry_id: int, lac: int, entry: bytes) -> None:
+        self._active.put(ledger_id, entry_id, entry)
+        self._dirty.add(ledger_id)
+        if entry_id > state.last_entry:
+            state.last_entry = entry_id
+        if lac > state.entry_lac:
+            previous = state.lac
+            state.entry_lac = lac
+            if self._lac_waiters and state.lac > previous:
+                self._wake_lac_waiters(ledger_id)
+
+    def _create(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        if len(master_key) != wire.MASTER_KEY_SIZE:
+            raise BadRequest(f"master key of {len(master_key)} bytes, expected {wire.MASTER_KEY_SIZE}")
+        state = self._ledgers[ledger_id] = LedgerState(bytes(master_key))
+        self._dirty.add(ledger_id)
+        self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(master_key))
+        return state
+
+    def _authorized(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            return self._create(ledger_id, master_key)
+        if state.master_key != master_key:
+            raise Unauthorized(ledger_id)
+        return state
+
+    def _state(self, ledger_id: int) -> LedgerState:
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            raise NoSuchLedger(ledger_id)
+        return state
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ShuttingDown("the bookie's storage is closed")
+
+    def _wake_lac_waiters(self, ledger_id: int) -> None:
+        for waiter in self._lac_waiters.pop(ledger_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
