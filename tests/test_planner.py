@@ -71,10 +71,11 @@ def test_two_lost_positions_get_distinct_replacements_and_keep_zones():
     assert quorum_zone_violations([ZONES[b] for b in new_ensemble], 3) == 0
 
 
-def test_empty_and_healthy_ledgers_need_nothing():
-    empty = new_metadata(["b1", "b2", "b3"], write_quorum=2, ack_quorum=2).with_closed(-1, 0)
-    assert plan_ledger(1, empty, {"b1"}, placement()) == []
+def test_healthy_ledgers_need_nothing_and_empty_ones_only_a_new_ensemble():
     assert plan_ledger(1, two_segment_ledger(), {"b6"}, placement()) == []
+    empty = new_metadata(["b1", "b2", "b3"], write_quorum=2, ack_quorum=2).with_closed(-1, 0)
+    (plan,) = plan_ledger(1, empty, {"b1"}, placement())
+    assert plan.lost == (0,) and plan.needed_entries() == []
 
 
 def test_open_ledgers_are_refused_with_a_reason():

@@ -33,6 +33,9 @@ class FragmentPlan:
     write_quorum: int
     lost: tuple[int, ...]
     replacements: tuple[str, ...]
+    digest_type: str = "crc32c"
+    entry_size_hint: int = 1024
+    """The ledger's average entry size, so a task sizes its reads without asking a bookie first."""
 
     @property
     def ensemble_size(self) -> int:
@@ -77,13 +80,16 @@ def lost_positions(bookies: Sequence[str], missing: Collection[str]) -> tuple[in
 
 
 def damaged_fragments(metadata: LedgerMetadata, missing: Collection[str]) -> list[tuple[Fragment, tuple[int, ...]]]:
-    """Non-empty fragments whose ensemble includes a missing bookie, each with its lost positions."""
+    """Fragments whose ensemble includes a missing bookie, each with its lost positions.
+
+    Empty fragments are included: they have nothing to copy, but the missing bookie must still leave the metadata.
+    """
     if not metadata.is_closed:
         raise LedgerNotClosed(f"ledger is {metadata.state}, not CLOSED: fence and close it before planning")
     damaged = []
     for fragment in metadata.fragments():
         lost = lost_positions(fragment.bookies, missing)
-        if lost and not fragment.is_empty:
+        if lost:
             damaged.append((fragment, lost))
     return damaged
 
@@ -114,6 +120,8 @@ def plan_ledger(
                 write_quorum=metadata.write_quorum,
                 lost=lost,
                 replacements=tuple(replacements),
+                digest_type=str(metadata.digest_type),
+                entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )
         )
     return plans

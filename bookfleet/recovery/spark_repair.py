@@ -1,0 +1,435 @@
+"""The Spark repair job: markers in, fully replicated ledgers out.
+
+The driver reads the markers (or the ledgers it was given), takes each ledger's repair lock, fences and closes
+ledgers left OPEN longer than the grace period, plans the damaged fragments and ships batches of them to Spark
+tasks (bookfleet.recovery.repair). As each batch returns, every ledger in it whose copies all succeeded gets its
+segments rewritten by compare-and-set and its marker cleared by compare-and-set, so a run killed half-way keeps
+what it finished and a rerun converges: a copy whose metadata update never happened is simply made again.
+
+Run it in process (`run_repair`, `bookfleet repair`) or through spark-submit (`python spark_repair.py --zk ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+
+from kazoo.client import KazooClient
+from prometheus_client import Counter
+
+from bookfleet import spark as sparksettings
+from bookfleet import wire
+from bookfleet import zk as zkclient
+from bookfleet.client.metadata import (
+    LedgerMetadata,
+    MetadataStore,
+    MetadataVersionConflict,
+    NoSuchLedgerError,
+)
+from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
+from bookfleet.client.registry import BookieInfo, BookieRegistry
+from bookfleet.recovery.planner import FragmentPlan, plan_ledger
+from bookfleet.recovery.repair import FragmentResult, RepairSettings, repair_partition
+from bookfleet.recovery.underreplication import Marker, UnderReplication
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPEN_GRACE_S = 30.0
+"""How long an OPEN ledger's writer gets to replace a lost bookie itself before repair fences the ledger."""
+BATCH_BYTES = 64 * 1024 * 1024
+"""Upper bound of data per Spark task: small enough to report progress and commit often."""
+TASKS_PER_CORE = 4
+PASSWORD_ENV = "BOOKFLEET_RECOVERY_PASSWORD"
+CAS_ATTEMPTS = 10
+
+REPAIRED_ENTRIES = Counter("bookfleet_repair_entries", "Entries copied to replacement bookies by repair")
+REPAIRED_BYTES = Counter("bookfleet_repair_bytes", "Bytes copied to replacement bookies by repair")
+REPAIRED_LEDGERS = Counter("bookfleet_repair_ledgers", "Ledgers brought back to full replication by repair")
+LOST_ENTRIES = Counter("bookfleet_repair_data_loss_entries", "Entries repair found with no surviving replica")
+
+
+@dataclass
+class RepairSummary:
+    """What one run did; `pending` ledgers are still marked (a failure, a lock held elsewhere, a young open ledger)."""
+
+    ledgers: int = 0
+    fragments: int = 0
+    entries: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    data_loss: dict[int, list[int]] = field(default_factory=dict)
+    pending: list[int] = field(default_factory=list)
+    disabled: bool = False
+
+    def to_dict(self) -> dict:
+        document = asdict(self)
+        document["data_loss"] = {str(k): v for k, v in self.data_loss.items()}
+        document["mb_per_s"] = round(self.bytes / 1e6 / self.seconds, 3) if self.seconds else 0.0
+        return document
+
+    def lines(self) -> list[str]:
+        """The human summary: one line of totals, then one per failure and per ledger with lost data."""
+        if self.disabled:
+            return ["repair skipped: ledger replication is disabled (UnderReplication switch)"]
+        rate = self.to_dict()["mb_per_s"]
+        lines = [
+            f"repaired {self.ledgers} ledger(s): {self.fragments} fragment(s), {self.entries} entries, "
+            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f}s ({rate:.1f} MB/s); "
+            f"{len(self.pending)} still marked, {len(self.failures)} failure(s)"
+        ]
+        lines += [f"failure: {failure}" for failure in self.failures]
+        lines += [
+            f"DATA LOSS: ledger {ledger_id} has no surviving replica of {len(entries)} entr"
+            f"{'y' if len(entries) == 1 else 'ies'} ({describe_ranges(entries)})"
+            for ledger_id, entries in sorted(self.data_loss.items())
+        ]
+        return lines
+
+
+def describe_ranges(ids: Sequence[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    ranges: list[list[int]] = []
+    for value in sorted(ids):
+        if ranges and value == ranges[-1][1] + 1:
+            ranges[-1][1] = value
+        else:
+            ranges.append([value, value])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+
+
+@dataclass
+class LedgerWork:
+    """One locked ledger on its way through the run."""
+
+    ledger_id: int
+    marker: Marker | None
+    missing: frozenset[str]
+    plans: list[FragmentPlan]
+
+    @property
+    def size(self) -> int:
+        return sum(len(p.needed_entries()) * p.entry_size_hint * len(p.lost) for p in self.plans)
+
+
+ProgressCallback = Callable[[int, int, int], None]
+"""(ledgers done, ledgers planned, bytes copied so far)."""
+
+
+class RepairJob:
+    """One run of the driver over one ZooKeeper session."""
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        password: bytes = b"",
+        throttle_mb_s: float | None = None,
+        open_grace_s: float = DEFAULT_OPEN_GRACE_S,
+        policy: PlacementPolicy | str = PlacementPolicy.ZONE_AWARE,
+    ):
+        self.zk = zk
+        self.metadata = MetadataStore(zk)
+        self.registry = BookieRegistry(zk)
+        self.under_replication = UnderReplication(zk)
+        self.password = password
+        self.throttle_mb_s = throttle_mb_s
+        self.open_grace_s = open_grace_s
+        self.policy = policy
+        self.holder = f"repair:{socket.gethostname()}:{os.getpid()}"
+        self.summary = RepairSummary()
+
+    def run(
+        self, spark, ledgers: Sequence[int] | None = None, progress: ProgressCallback | None = None
+    ) -> RepairSummary:
+        started = time.monotonic()
+        try:
+            if self.under_replication.is_disabled():
+                self.summary.disabled = True
+                return self.summary
+            works = self.prepare(ledgers)
+            if works:
+                self.copy(spark, works, progress)
+        finally:
+            self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    # --- planning ---------------------------------------------------------------------------------------------
+
+    def prepare(self, ledgers: Sequence[int] | None) -> list[LedgerWork]:
+        """Lock and plan every ledger to repair now; the others land in `pending` or `failures`."""
+        if ledgers is None:
+            targets = [(m.ledger_id, m) for m in self.under_replication.markers()]
+        else:
+            targets = [(ledger_id, self.under_replication.marker(ledger_id)) for ledger_id in ledgers]
+        registered = self.registry.all()
+        writable = self.registry.writable()
+        works = []
+        for ledger_id, marker in targets:
+            if not self.under_replication.acquire(ledger_id, self.holder):
+                self.summary.pending.append(ledger_id)
+                continue
+            try:
+                work = self.plan(ledger_id, marker, {info.bookie_id for info in registered}, writable)
+            except Exception:
+                self.under_replication.release(ledger_id)
+                raise
+            if work is None:
+                self.under_replication.release(ledger_id)
+            else:
+                works.append(work)
+        return works
+
+    def plan(
+        self, ledger_id: int, marker: Marker | None, registered: set[str], writable: list[BookieInfo]
+    ) -> LedgerWork | None:
+        try:
+            metadata, _ = self.metadata.read(ledger_id)
+        except NoSuchLedgerError:
+            if marker is not None:
+                self.under_replication.clear(marker)  # deleted ledgers need no replicas
+            return None
+        missing = frozenset((marker.missing_bookies if marker else set()) | (metadata.bookies() - registered))
+        if not metadata.is_closed:
+            metadata = self.close_open_ledger(ledger_id, marker, metadata)
+            if metadata is None:
+                return None
+        try:
+            plans = plan_ledger(ledger_id, metadata, missing, self.chooser(writable))
+        except NotEnoughBookies as exc:
+            self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
+            return None
+        if wire.password_hash(self.password) != metadata.password_hash:
+            self.fail(ledger_id, f"ledger {ledger_id}: the recovery password does not match (set ${PASSWORD_ENV})")
+            return None
+        if not plans:
+            self.finish(ledger_id, marker, [])
+            return None
+        return LedgerWork(ledger_id, marker, missing, plans)
+
+    def chooser(self, writable: list[BookieInfo]):
+        def choose(ensemble, position, write_quorum, avoid) -> str:
+            return choose_replacement(writable, ensemble, position, write_quorum, self.policy, exclude=avoid)
+
+        return choose
+
+    def close_open_ledger(
+        self, ledger_id: int, marker: Marker | None, metadata: LedgerMetadata
+    ) -> LedgerMetadata | None:
+        """Fence and close an OPEN ledger whose marker is older than the grace period (recovery open)."""
+        age = time.time() - (marker.ctime / 1000 if marker else metadata.ctime)
+        if age < self.open_grace_s:
+            self.summary.pending.append(ledger_id)
+            return None
+        from bookfleet.client.recovery import recover_ledger
+
+        try:
+            recover_ledger(self.zk, ledger_id, self.password)
+        except Exception as exc:  # any recovery failure leaves the ledger marked for the next run
+            self.fail(ledger_id, f"ledger {ledger_id}: recovery open failed: {exc}")
+            return None
+        metadata, _ = self.metadata.read(ledger_id)
+        return metadata
+
+    # --- copying ----------------------------------------------------------------------------------------------
+
+    def copy(self, spark, works: list[LedgerWork], progress: ProgressCallback | None) -> None:
+        """Run batches of ledgers as concurrent single-task Spark jobs; commit each ledger as its batch returns."""
+        context = spark.sparkContext
+        parallelism = max(1, context.defaultParallelism)
+        batches = self.batches(works, parallelism * TASKS_PER_CORE)
+        settings = RepairSettings(
+            addresses={info.bookie_id: info.address for info in self.registry.all()},
+            password=self.password,
+            throttle_bytes_per_s=self.throttle_mb_s * 1e6 / parallelism if self.throttle_mb_s else None,
+        )
+        done = 0
+        if progress:
+            progress(done, len(works), 0)
+
+        def run_batch(batch: list[LedgerWork]) -> list[FragmentResult]:
+            plans = [plan for work in batch for plan in work.plans]
+            rdd = context.parallelize([plans], 1)
+            return rdd.flatMap(lambda fragment_plans: repair_partition(fragment_plans, settings)).collect()
+
+        with ThreadPoolExecutor(parallelism, thread_name_prefix="repair-batch") as pool:
+            futures = {pool.submit(run_batch, batch): batch for batch in batches}
+            try:
+                for future in as_completed(futures):
+                    batch = futures[future]
+                    try:
+                        results = future.result()
+                    except Exception as exc:  # a task that failed twice: keep the markers, report, go on
+                        for work in batch:
+                            self.fail(work.ledger_id, f"ledger {work.ledger_id}: Spark task failed: {exc}")
+                            self.under_replication.release(work.ledger_id)
+                        continue
+                    by_ledger: dict[int, list[FragmentResult]] = {}
+                    for result in results:
+                        by_ledger.setdefault(result.ledger_id, []).append(result)
+                    for work in batch:
+                        self.commit(work, by_ledger.get(work.ledger_id, []))
+                        done += 1
+                    if progress:
+                        progress(done, len(works), self.summary.bytes)
+            finally:
+                for future in futures:
+                    future.cancel()
+
+    @staticmethod
+    def batches(works: list[LedgerWork], at_least: int) -> list[list[LedgerWork]]:
+        """Whole ledgers per batch (a ledger commits once), at least `at_least` batches when there is enough work."""
+        total = sum(work.size for work in works)
+        limit = max(1, min(BATCH_BYTES, total // at_least))
+        batches: list[list[LedgerWork]] = [[]]
+        filled = 0
+        for work in works:
+            if batches[-1] and filled + work.size > limit:
+                batches.append([])
+                filled = 0
+            batches[-1].append(work)
+            filled += work.size
+        return batches
+
+    # --- committing -------------------------------------------------------------------------------------------
+
+    def commit(self, work: LedgerWork, results: list[FragmentResult]) -> None:
+        try:
+            errors = [r.error for r in results if r.error]
+            if len(results) != len(work.plans):
+                errors.append(f"{len(work.plans) - len(results)} fragment(s) returned no result")
+            self.summary.fragments += sum(r.error is None for r in results)
+            copied_entries = sum(r.entries for r in results)
+            copied_bytes = sum(r.bytes for r in results)
+            self.summary.entries += copied_entries
+            self.summary.bytes += copied_bytes
+            REPAIRED_ENTRIES.inc(copied_entries)
+            REPAIRED_BYTES.inc(copied_bytes)
+            if errors:
+                self.fail(work.ledger_id, f"ledger {work.ledger_id}: {errors[0]}")
+                return
+            lost = sorted({e for r in results for e in r.lost})
+            if lost:
+                self.under_replication.mark_data_loss(work.ledger_id, lost)
+                self.summary.data_loss[work.ledger_id] = lost
+                LOST_ENTRIES.inc(len(lost))
+                log.error("DATA LOSS: ledger %d lost entries %s", work.ledger_id, describe_ranges(lost))
+            if self.replace_bookies(work):
+                self.finish(work.ledger_id, work.marker, lost)
+        finally:
+            self.under_replication.release(work.ledger_id)
+
+    def replace_bookies(self, work: LedgerWork) -> bool:
+        """Put each replacement into its segment by compare-and-set, re-reading and re-applying on conflict."""
+        for _ in range(CAS_ATTEMPTS):
+            metadata, version = self.metadata.read(work.ledger_id)
+            updated = metadata
+            for plan in work.plans:
+                segment = updated.segments[plan.segment_index] if plan.segment_index < len(updated.segments) else None
+                if segment is None or segment.first_entry_id != plan.first_entry_id:
+                    self.fail(work.ledger_id, f"ledger {work.ledger_id}: segments changed during repair; rerun")
+                    return False
+                for position, replacement in zip(plan.lost, plan.replacements, strict=True):
+                    current = segment.bookies[position]
+                    if current == replacement:
+                        continue  # a previous run got this far
+                    if current != plan.bookies[position]:
+                        self.fail(work.ledger_id, f"ledger {work.ledger_id}: position {position} changed to {current}")
+                        return False
+                    updated = updated.with_replaced_bookie(plan.segment_index, position, replacement)
+            if updated == metadata:
+                return True
+            try:
+                self.metadata.update(work.ledger_id, updated, version)
+                return True
+            except MetadataVersionConflict:
+                continue
+        self.fail(work.ledger_id, f"ledger {work.ledger_id}: metadata kept changing; {CAS_ATTEMPTS} updates failed")
+        return False
+
+    def finish(self, ledger_id: int, marker: Marker | None, lost: list[int]) -> None:
+        """Clear the marker when no missing bookie is left in the ledger; a marker changed meanwhile stays."""
+        self.summary.ledgers += 1
+        REPAIRED_LEDGERS.inc()
+        if marker is None:
+            return
+        metadata, _ = self.metadata.read(ledger_id)
+        registered = {info.bookie_id for info in self.registry.all()}
+        still_missing = metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - registered))
+        if still_missing or not self.under_replication.clear(marker):
+            self.summary.pending.append(ledger_id)
+
+    def fail(self, ledger_id: int, message: str) -> None:
+        log.warning("repair: %s", message)
+        self.summary.failures.append(message)
+        self.summary.pending.append(ledger_id)
+
+
+def run_repair(
+    zk: str,
+    ledgers: Sequence[int] | None = None,
+    master: str | None = sparksettings.DEFAULT_MASTER,
+    throttle_mb_s: float | None = None,
+    password: bytes | None = None,
+    open_grace_s: float = DEFAULT_OPEN_GRACE_S,
+    progress: ProgressCallback | None = None,
+) -> RepairSummary:
+    """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`."""
+    if password is None:
+        password = os.environ.get(PASSWORD_ENV, "").encode()
+    spark = sparksettings.session(master, app_name="bookfleet-repair")
+    with zkclient.session(zk) as client:
+        job = RepairJob(client, password, throttle_mb_s, open_grace_s)
+        return job.run(spark, ledgers, progress)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by `bookfleet repair` and the spark-submit entry point."""
+    parser.add_argument("--zk", default=os.environ.get("BOOKFLEET_ZK"), help="ZooKeeper connect string")
+    parser.add_argument("--ledger", type=int, action="append", dest="ledgers", metavar="ID", help="repair only these")
+    parser.add_argument("--throttle-mb-s", type=float, help="cap on the bytes copied per second, in MB/s")
+    parser.add_argument(
+        "--open-grace-s",
+        type=float,
+        default=DEFAULT_OPEN_GRACE_S,
+        help=f"seconds an OPEN ledger's writer gets before repair fences it (default {DEFAULT_OPEN_GRACE_S:.0f})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """The first thing wrong with the flags, as one line, or None."""
+    if not args.zk:
+        return "no ZooKeeper given: pass --zk HOST:PORT or set BOOKFLEET_ZK"
+    if args.throttle_mb_s is not None and args.throttle_mb_s <= 0:
+        return f"--throttle-mb-s must be positive, got {args.throttle_mb_s}"
+    if args.open_grace_s < 0:
+        return f"--open-grace-s must be >= 0, got {args.open_grace_s}"
+    if any(ledger_id < 0 for ledger_id in args.ledgers or ()):
+        return f"--ledger ids must be >= 0, got {min(args.ledgers)}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point: the master comes from spark-submit."""
+    parser = argparse.ArgumentParser(prog="spark_repair.py", description="bookfleet repair job")
+    add_arguments(parser)
+    parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
+    args = parser.parse_args(argv)
+    if problem := check_arguments(args):
+        parser.error(problem)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run_repair(args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s)
+    print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))
+    return 1 if summary.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
