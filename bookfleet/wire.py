@@ -106,6 +106,29 @@ class ProtocolError(Exception):
     """A frame or body that does not follow this format; the message says what was wrong."""
 
 
+def encode_entry_list(entries: list[bytes]) -> bytes:
+    """READ_RANGE response body: count u32 | (size u32 | entry) * count."""
+    parts = [COUNT.pack(len(entries))]
+    for entry in entries:
+        parts += (COUNT.pack(len(entry)), entry)
+    return b"".join(parts)
+
+
+def decode_entry_list(body: bytes | memoryview) -> list[bytes]:
+    view = memoryview(body)
+    (count,) = unpack_body(COUNT, view, "READ_RANGE response")
+    entries = []
+    pos = COUNT.size
+    for index in range(count):
+        (size,) = unpack_body(COUNT, view[pos:], f"READ_RANGE entry {index} size")
+        pos += COUNT.size
+        if pos + size > len(view):
+            raise ProtocolError(f"READ_RANGE entry {index} of {size} bytes runs past the {len(view)}-byte response")
+        entries.append(bytes(view[pos : pos + size]))
+        pos += size
+    return entries
+
+
 # --- frames ---------------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,120 @@
+"""The cookie: which bookie a set of disks belongs to, kept on each disk and in ZooKeeper.
+
+A bookie that starts on the wrong disks would serve (or silently lack) another bookie's ledgers, so every mismatch
+refuses to start with a message that says which case it is. Fresh disks and no ZooKeeper cookie: both are created
+(disks first, so a crash in between is reported as "ZooKeeper has none" rather than passing silently).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from bookfleet import zkpaths
+
+COOKIE_FILE = "COOKIE"
+
+
+class CookieMismatch(RuntimeError):
+    """The disks and ZooKeeper disagree about this bookie's identity; the message says how."""
+
+
+@dataclass(frozen=True)
+class Cookie:
+    bookieId: str
+    journalDir: str
+    ledgerDir: str
+    instanceId: str
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Cookie:
+        try:
+            fields = json.loads(data)
+            return cls(**{name: str(fields[name]) for name in cls.__dataclass_fields__})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CookieMismatch(f"cookie in {where} is not valid cookie JSON ({exc!r})") from None
+
+
+def _read_disk(directory: Path) -> Cookie | None:
+    path = directory / COOKIE_FILE
+    try:
+        return Cookie.from_json(path.read_bytes(), str(path))
+    except FileNotFoundError:
+        return None
+
+
+def _write_disk(directory: Path, cookie: Cookie) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"{COOKIE_FILE}.tmp"
+    with open(tmp, "wb") as file:
+        file.write(cookie.to_json())
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, directory / COOKIE_FILE)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_dir: Path) -> Cookie:
+    """Check that these dirs are this bookie's and ZooKeeper agrees; create the cookie on first start."""
+    dirs = {"journal dir": Path(journal_dir), "ledger dir": Path(ledger_dir)}
+    on_disk = {name: _read_disk(path) for name, path in dirs.items()}
+    for name, cookie in on_disk.items():
+        if cookie is not None and cookie.bookieId != bookie_id:
+            raise CookieMismatch(
+                f"{name} {dirs[name]} belongs to bookie {cookie.bookieId}, not {bookie_id}: "
+                "was the disk moved to another bookie?"
+            )
+    try:
+        data, _ = zk.get(zkpaths.cookie(bookie_id))
+        registered = Cookie.from_json(data, f"ZooKeeper {zkpaths.cookie(bookie_id)}")
+    except NoNodeError:
+        registered = None
+
+    if registered is None:
+        present = [f"{name} {dirs[name]}" for name, cookie in on_disk.items() if cookie is not None]
+        if present:
+            raise CookieMismatch(
+                f"{' and '.join(present)} hold a cookie for bookie {bookie_id} but ZooKeeper has none: "
+                "the bookie was decommissioned or ZooKeeper was reset; wipe the disks to rejoin as a new bookie"
+            )
+        return _create(zk, bookie_id, dirs)
+
+    for name, cookie in on_disk.items():
+        if cookie is None:
+            raise CookieMismatch(
+                f"ZooKeeper has a cookie for bookie {bookie_id} but its {name} {dirs[name]} has none: "
+                "the disk was wiped or replaced, so its ledgers are gone (decommission the bookie to rejoin)"
+            )
+        if cookie.instanceId != registered.instanceId:
+            raise CookieMismatch(
+                f"{name} {dirs[name]} has instance {cookie.instanceId} but ZooKeeper's cookie for bookie "
+                f"{bookie_id} has instance {registered.instanceId}: the disk is from another incarnation of it"
+            )
+    return registered
+
+
+def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path]) -> Cookie:
+    journal_dir, ledger_dir = dirs["journal dir"], dirs["ledger dir"]
+    cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), uuid.uuid4().hex)
+    for directory in dirs.values():
+        _write_disk(directory, cookie)
+    try:
+        zk.create(zkpaths.cookie(bookie_id), cookie.to_json(), makepath=True)
+    except NodeExistsError:
+        raise CookieMismatch(
+            f"another process registered a cookie for bookie {bookie_id} while this one was starting"
+        ) from None
+    return cookie

@@ -1,0 +1,92 @@
+"""The bookie's HTTP side on the same event loop: `/healthz`, `/readyz` for Kubernetes probes, `/metrics`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from bookfleet.wire import Op, Status
+
+LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def _op_name(op: int) -> str:
+    return Op(op).name if op in Op._value2member_map_ else f"op_{op}"
+
+
+class BookieMetrics:
+    """The bookie's Prometheus metrics, in a registry of its own; label children are bound once (hot path)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.adds = Counter("bookie_add_entries", "Entries added and acknowledged", registry=self.registry)
+        self.reads = Counter("bookie_read_entries", "Entries read", registry=self.registry)
+        self.errors = Counter(
+            "bookie_request_errors", "Requests answered with an error", ["op", "status"], registry=self.registry
+        )
+        self.add_latency = Histogram(
+            "bookie_add_latency_seconds", "ADD_ENTRY from receipt to durable", buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.bytes_written = Counter("bookie_written_bytes", "Entry bytes added", registry=self.registry)
+        self.bytes_read = Counter("bookie_read_bytes", "Entry bytes read", registry=self.registry)
+        self.read_only = Gauge("bookie_read_only", "1 while the bookie is read-only", registry=self.registry)
+        self.connections = Gauge("bookie_connections", "Open client connections", registry=self.registry)
+        self.used_bytes = Gauge("bookie_used_bytes", "Bytes used by ledger storage", registry=self.registry)
+        self._adds_inc = self.adds.inc
+        self._written_inc = self.bytes_written.inc
+        self._add_observe = self.add_latency.observe
+
+    def observe_add(self, size: int, seconds: float) -> None:
+        self._adds_inc()
+        self._written_inc(size)
+        self._add_observe(seconds)
+
+    def observe_read(self, size: int, count: int = 1) -> None:
+        self.reads.inc(count)
+        self.bytes_read.inc(size)
+
+    def count_error(self, op: int, status: Status) -> None:
+        self.errors.labels(_op_name(op), status.name).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """aiohttp app: healthz says the process answers; readyz asks `ready()` (storage started and registered)."""
+
+    def __init__(self, metrics: BookieMetrics, ready: Callable[[], str | None]):
+        self.metrics = metrics
+        self.ready = ready
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        not_ready = self.ready()
+        if not_ready:
+            return web.Response(status=503, text=f"not ready: {not_ready}\n")
+        return web.Response(text="ready\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,123 @@
+"""The bookie process: identity check, storage, wire server, HTTP probes, registration, disk and GC loops.
+
+Start order makes /readyz honest: storage replays its journal before the port opens, and the bookie registers in
+ZooKeeper only once it can serve. Shutdown (SIGTERM/SIGINT) runs the other way: unregister, stop taking requests,
+finish in-flight ones, flush and checkpoint storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from bookfleet import zk as zkclient
+from bookfleet.bookie import cookie
+from bookfleet.bookie.config import BookieConfig
+from bookfleet.bookie.diskmonitor import DiskMonitor
+from bookfleet.bookie.http import BookieMetrics, HealthServer
+from bookfleet.bookie.registration import Registration
+from bookfleet.bookie.server import BookieServer
+from bookfleet.bookie.storage import LedgerStorage
+from bookfleet.bookie.zkgc import LedgerCollector
+
+log = logging.getLogger(__name__)
+
+
+class Bookie:
+    """One bookie's parts, wired together; `run()` serves until a signal or `stop()`."""
+
+    def __init__(self, config: BookieConfig):
+        self.config = config
+        self.metrics = BookieMetrics()
+        self.storage = LedgerStorage(config.journal_dir, config.ledger_dir, config.storage)
+        self.health = HealthServer(self.metrics, self._not_ready)
+        self.server: BookieServer | None = None
+        self.registration: Registration | None = None
+        self._storage_started = False
+        self._stop = asyncio.Event()
+
+    def _not_ready(self) -> str | None:
+        if not self._storage_started:
+            return "storage is replaying its journal"
+        if self.registration is None or not self.registration.registered:
+            return "not registered in ZooKeeper"
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        config = self.config
+        await self.health.start(config.listen_host, config.http_port)
+        # kazoo's timeout is the session timeout: how long after a crash the registration disappears.
+        zk = await asyncio.to_thread(zkclient.connect, config.zk, config.zk_session_timeout)
+        try:
+            await asyncio.to_thread(
+                cookie.verify_or_create, zk, config.bookie_id, config.journal_dir, config.ledger_dir
+            )
+            await self.storage.start()
+            self._storage_started = True
+            try:
+                await self._serve(zk)
+            finally:
+                await self.storage.close()
+        finally:
+            await self.health.stop()
+            await asyncio.to_thread(zk.stop)
+            await asyncio.to_thread(zk.close)
+
+    async def _serve(self, zk) -> None:
+        config = self.config
+        self.registration = Registration(
+            zk, config.bookie_id, config.advertised_address, config.zone, self.health.port
+        )
+        monitor = DiskMonitor(
+            config.ledger_dir,
+            self.storage.used_bytes,
+            self._on_disk_change,
+            config.disk_usage_threshold,
+            config.disk_usage_lwm,
+            config.disk_quota,
+            config.disk_check_interval,
+        )
+        self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
+        collector = LedgerCollector(self.storage, zk, config.gc_interval, config.gc_grace)
+        await self.server.start(config.listen_host, config.port)
+        monitor.start()
+        self.registration.start()
+        collector.start()
+        log.info(
+            "bookie %s serving on %s:%d (advertised %s), http on %d",
+            config.bookie_id, config.listen_host, config.port, config.advertised_address, self.health.port,
+        )
+        await self._stop.wait()
+        log.info("bookie %s shutting down", config.bookie_id)
+        await collector.stop()
+        await monitor.stop()
+        await self.registration.close()
+        await self.server.stop()
+
+    def _on_disk_change(self, read_only: bool, free: int, total: int) -> None:
+        self.metrics.read_only.set(int(read_only))
+        self.metrics.used_bytes.set(self.storage.used_bytes())
+        if self.server is not None:
+            self.server.read_only = read_only
+        if self.registration is not None:
+            self.registration.update(read_only, free, total)
+
+
+def run(config: BookieConfig) -> int:
+    """Run a bookie in this process until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        bookie = Bookie(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, bookie.stop)
+        await bookie.run()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0

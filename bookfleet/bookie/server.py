@@ -1,0 +1,330 @@
+"""The bookie's wire-protocol server: frames in, storage calls, responses out in completion order.
+
+Each connection pipelines: every request runs as its own task and answers when it completes. Memory stays bounded
+per connection: at most `max_in_flight` requests run at once (reading pauses beyond that), and reading also pauses
+while the socket's write buffer is above its high-water mark, so a client that never reads gets no more work done.
+A frame that breaks the format gets one error answer and closes that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from bookfleet import wire
+from bookfleet.bookie import errors
+from bookfleet.bookie.http import BookieMetrics
+from bookfleet.wire import Op, Status
+
+log = logging.getLogger(__name__)
+
+MAX_READ_LAC_WAIT = 120.0
+"""Longest READ_LAC long poll a client may ask for; longer requests are cut to this."""
+
+RESPONSE_OVERHEAD = 1024
+"""Room kept in a frame for the response header and READ_RANGE's per-entry sizes."""
+
+_LEDGER_ID_OFFSET = {
+    Op.ADD_ENTRY: wire.MASTER_KEY_SIZE,
+    Op.READ_ENTRY: 0,
+    Op.READ_LAC: 0,
+    Op.WRITE_LAC: wire.MASTER_KEY_SIZE,
+    Op.FORCE_LEDGER: 0,
+    Op.READ_RANGE: 0,
+}
+
+
+class BookieServer:
+    """Serves `storage` (a LedgerStorage) over TCP. `read_only` is switched by the disk monitor."""
+
+    def __init__(
+        self,
+        storage,
+        metrics: BookieMetrics,
+        space: Callable[[], tuple[int, int]],
+        max_in_flight: int = 2000,
+        write_buffer_high: int = 8 * 1024 * 1024,
+    ):
+        self.storage = storage
+        self.metrics = metrics
+        self.space = space
+        self.max_in_flight = max_in_flight
+        self.write_buffer_high = write_buffer_high
+        self.read_only = False
+        self.stopping = False
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._handlers: dict[int, Callable[[wire.Frame], Awaitable[bytes]]] = {
+            Op.ADD_ENTRY: self._add_entry,
+            Op.READ_ENTRY: self._read_entry,
+            Op.READ_LAC: self._read_lac,
+            Op.WRITE_LAC: self._write_lac,
+            Op.GET_BOOKIE_INFO: self._bookie_info,
+            Op.FORCE_LEDGER: self._force_ledger,
+            Op.READ_RANGE: self._read_range,
+        }
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, answer new requests SHUTTING_DOWN, and wait for in-flight requests to finish."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        tasks = [task for conn in self.connections for task in conn.tasks]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:
+                task.cancel()
+        for conn in list(self.connections):
+            conn.close_after_flush()
+        await asyncio.sleep(0)
+
+    # --- one handler per op: parse the body, call storage, return the response body -----------------------
+
+    async def _add_entry(self, frame: wire.Frame) -> bytes:
+        started = time.perf_counter()
+        body = frame.body
+        if len(body) < wire.MASTER_KEY_SIZE:
+            raise wire.ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key")
+        entry = bytes(body[wire.MASTER_KEY_SIZE :])
+        ledger_id, entry_id, _ = wire.entry_ids(entry)
+        if self.read_only:
+            raise errors.ReadOnly("bookie is read-only: its disk usage is above the threshold")
+        recovery = bool(frame.code & wire.Flag.RECOVERY_ADD)
+        await self.storage.add_entry(ledger_id, entry_id, entry, bytes(body[: wire.MASTER_KEY_SIZE]), recovery)
+        self.metrics.observe_add(len(entry), time.perf_counter() - started)
+        return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+
+    async def _read_entry(self, frame: wire.Frame) -> bytes:
+        ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
+        if frame.code & wire.Flag.FENCE:
+            key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
+            if len(key) != wire.MASTER_KEY_SIZE:
+                raise wire.ProtocolError(f"READ_ENTRY with FENCE needs a {wire.MASTER_KEY_SIZE}-byte master key")
+            await self.storage.fence(ledger_id, key)
+        if entry_id == wire.INVALID_ENTRY_ID:
+            return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
+        entry = await self.storage.read_entry(ledger_id, entry_id)
+        self.metrics.observe_read(len(entry))
+        return entry
+
+    async def _read_lac(self, frame: wire.Frame) -> bytes:
+        ledger_id, previous, timeout_ms = wire.unpack_body(wire.READ_LAC_REQUEST, frame.body, "READ_LAC")
+        timeout = min(timeout_ms / 1000, MAX_READ_LAC_WAIT)
+        if timeout <= 0:
+            return wire.LAC.pack(self.storage.lac(ledger_id))
+        return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout))
+
+    async def _write_lac(self, frame: wire.Frame) -> bytes:
+        key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
+        ledger_id, lac = wire.unpack_body(wire.WRITE_LAC_BODY, frame.body[wire.MASTER_KEY_SIZE :], "WRITE_LAC")
+        await self.storage.set_explicit_lac(ledger_id, lac, key)
+        return b""
+
+    async def _bookie_info(self, frame: wire.Frame) -> bytes:
+        free, total = self.space()
+        state = wire.BookieState.READ_ONLY if self.read_only else wire.BookieState.WRITABLE
+        return wire.BOOKIE_INFO.pack(free, total, state)
+
+    async def _force_ledger(self, frame: wire.Frame) -> bytes:
+        (ledger_id,) = wire.unpack_body(wire.LEDGER_ID, frame.body, "FORCE_LEDGER")
+        await self.storage.force(ledger_id)
+        return wire.LEDGER_ID.pack(ledger_id)
+
+    async def _read_range(self, frame: wire.Frame) -> bytes:
+        ledger_id, first, last, max_bytes = wire.unpack_body(wire.READ_RANGE_REQUEST, frame.body, "READ_RANGE")
+        if last < first:
+            raise wire.ProtocolError(f"READ_RANGE of ledger {ledger_id}: last {last} is before first {first}")
+        max_bytes = min(max_bytes, wire.MAX_FRAME_SIZE - RESPONSE_OVERHEAD - 4 * (last - first + 1))
+        entries = await self.storage.read_range(ledger_id, first, last, max(max_bytes, 0))
+        body = wire.encode_entry_list(entries)
+        self.metrics.observe_read(len(body), count=len(entries))
+        return body
+
+
+def _describe(frame: wire.Frame) -> str:
+    """`ADD_ENTRY for ledger 5`, for error messages; only computed when something went wrong."""
+    name = Op(frame.op).name
+    offset = _LEDGER_ID_OFFSET.get(frame.op)
+    if offset is None or len(frame.body) < offset + 8:
+        return name
+    (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, offset)
+    return f"{name} for ledger {ledger_id}"
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: frame splitting, task per request, bounded in-flight work and write buffer."""
+
+    def __init__(self, server: BookieServer):
+        self.server = server
+        self.buffer = bytearray()
+        self.tasks: set[asyncio.Task] = set()
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._outgoing: list[bytes] = []
+        self._reading_paused = False
+        self._writing_paused = False
+        self._rejected = False
+        self._eof = False
+        self._loop = asyncio.get_running_loop()
+
+    # --- asyncio.Protocol -------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        self.peer = f"{host}:{port}"
+        transport.set_write_buffer_limits(high=self.server.write_buffer_high)
+        self.server.connections.add(self)
+        self.server.metrics.connections.inc()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.server.metrics.connections.dec()
+        self.buffer.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        buffer = self.buffer
+        buffer += data
+        pos, end = 0, len(buffer)
+        # Frames are dispatched one by one so a broken one still lets the requests before it run.
+        while end - pos >= wire.LENGTH_PREFIX.size:
+            (length,) = wire.LENGTH_PREFIX.unpack_from(buffer, pos)
+            try:
+                wire.check_frame_length(length)
+            except wire.ProtocolError as exc:
+                self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
+                return
+            start = pos + wire.LENGTH_PREFIX.size
+            if end - start < length:
+                break
+            pos = start + length
+            self._dispatch(buffer[start:pos])
+            if self._rejected:
+                return
+        del buffer[:pos]
+
+    def eof_received(self) -> bool:
+        # The client finished sending; answer what is in flight, then close. A partial frame is reported.
+        self._eof = True
+        if self.buffer and not self._rejected:
+            self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(self.buffer)} bytes)")
+        elif not self.tasks:
+            self._loop.call_soon(self.close_after_flush)
+        return True
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def _dispatch(self, data: bytearray) -> None:
+        try:
+            frame = wire.decode_frame(data)
+        except wire.ProtocolError as exc:
+            request_id = wire.REQUEST_HEADER.unpack_from(data)[3] if len(data) >= wire.HEADER_SIZE else 0
+            self._reject(data[1] if len(data) > 1 else 0, request_id, Status.BAD_REQUEST, str(exc))
+            return
+        handler = self.server._handlers.get(frame.op)
+        if handler is None:
+            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"unknown op {frame.op}")
+            return
+        if self.server.stopping:
+            self._send(wire.encode_error(frame.op, frame.request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            return
+        task = self._loop.create_task(self._run(handler, frame))
+        self.tasks.add(task)
+        task.add_done_callback(self._finished)
+        if len(self.tasks) >= self.server.max_in_flight:
+            self._update_reading()
+
+    async def _run(self, handler: Callable[[wire.Frame], Awaitable[bytes]], frame: wire.Frame) -> None:
+        try:
+            body = await handler(frame)
+        except wire.ProtocolError as exc:
+            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
+        except errors.BookieError as exc:
+            if exc.status == Status.INTERNAL_ERROR:
+                log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
+            self._answer_error(frame, exc.status, exc)
+        except Exception as exc:
+            log.exception("%s from %s failed", _describe(frame), self.peer)
+            self._answer_error(frame, Status.INTERNAL_ERROR, exc)
+        else:
+            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
+
+    def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception) -> None:
+        self.server.metrics.count_error(frame.op, status)
+        self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if self._reading_paused:
+            self._update_reading()
+        if not self.tasks and (self._eof or self.server.stopping):
+            self._loop.call_soon(self.close_after_flush)
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        should_pause = self._writing_paused or len(self.tasks) >= self.server.max_in_flight
+        if should_pause and not self._reading_paused:
+            self.transport.pause_reading()
+        elif not should_pause and self._reading_paused:
+            self.transport.resume_reading()
+        self._reading_paused = should_pause
+
+    # --- answers ----------------------------------------------------------------------------------------------
+
+    def _send(self, response: bytes) -> None:
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(response)
+
+    def _flush(self) -> None:
+        """One write per event-loop turn for every response completed in it."""
+        outgoing, self._outgoing = self._outgoing, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(outgoing))
+
+    def _reject_prefix(self, length: int, rest: bytearray, exc: wire.ProtocolError) -> None:
+        """A length prefix that cannot start a frame: too large (TOO_LARGE) or shorter than a header."""
+        status = Status.TOO_LARGE if length > wire.MAX_FRAME_SIZE else Status.BAD_REQUEST
+        op, request_id = 0, 0
+        if length >= wire.HEADER_SIZE and len(rest) >= wire.HEADER_SIZE:
+            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(rest)
+        self._reject(op, request_id, status, str(exc))
+
+    def _reject(self, op: int, request_id: int, status: Status, message: str) -> None:
+        """Answer a broken frame once and close this connection; other connections never notice."""
+        if self._rejected:
+            return
+        self._rejected = True
+        log.warning("closing connection from %s: %s", self.peer, message)
+        self.server.metrics.count_error(op, status)
+        self._send(wire.encode_error(op, request_id, status, message))
+        self.buffer.clear()
+        self._loop.call_soon(self.close_after_flush)
+
+    def close_after_flush(self) -> None:
+        if self._outgoing:
+            self._flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()

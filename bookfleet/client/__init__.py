@@ -1,0 +1,1 @@
+"""The ledger client side: bookie connections, metadata, placement, writers and readers."""

@@ -1,0 +1,284 @@
+"""One pipelined TCP connection to one bookie: request ids, futures, typed calls per op.
+
+Requests are written as soon as they are made and answered in whatever order the bookie completes them; a reader
+(the protocol's `data_received`) resolves the matching future. There is no per-request lock: the event loop is the
+only writer, so the connection is as cheap as the wire format allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from bookfleet import wire
+from bookfleet.wire import Op, Status
+
+
+class BookieError(Exception):
+    """A bookie answered with a status other than OK; `message` is the bookie's own explanation."""
+
+    status: Status = Status.INTERNAL_ERROR
+
+    def __init__(self, status: Status, message: str):
+        super().__init__(f"{status.name}: {message}")
+        self.status = status
+        self.message = message
+
+    @staticmethod
+    def from_status(status: int, message: str) -> BookieError:
+        try:
+            status = Status(status)
+        except ValueError:
+            return BookieError(Status.INTERNAL_ERROR, f"unknown status {status}: {message}")
+        return _ERROR_CLASSES.get(status, BookieError)(status, message)
+
+
+class NoSuchLedgerError(BookieError):
+    pass
+
+
+class NoSuchEntryError(BookieError):
+    pass
+
+
+class FencedError(BookieError):
+    pass
+
+
+class UnauthorizedError(BookieError):
+    pass
+
+
+class ReadOnlyError(BookieError):
+    pass
+
+
+class BadRequestError(BookieError):
+    pass
+
+
+class TooLargeError(BookieError):
+    pass
+
+
+class ShuttingDownError(BookieError):
+    pass
+
+
+_ERROR_CLASSES: dict[Status, type[BookieError]] = {
+    Status.NO_SUCH_LEDGER: NoSuchLedgerError,
+    Status.NO_SUCH_ENTRY: NoSuchEntryError,
+    Status.FENCED: FencedError,
+    Status.UNAUTHORIZED: UnauthorizedError,
+    Status.READ_ONLY: ReadOnlyError,
+    Status.BAD_REQUEST: BadRequestError,
+    Status.TOO_LARGE: TooLargeError,
+    Status.SHUTTING_DOWN: ShuttingDownError,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BookieSpace:
+    """What GET_BOOKIE_INFO answers: free and total bytes of the bookie's ledger storage, and its state."""
+
+    free_bytes: int
+    total_bytes: int
+    state: wire.BookieState
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port), with an error that names the bad address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bookie address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+"""Callers wait while more than this is queued for the socket, so a slow bookie cannot grow memory unbounded."""
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """Splits incoming frames and hands each to the client; pauses writers while the socket buffer is full."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.client: BookieClient | None = None
+        self.buffer = bytearray()
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.client is None:  # nothing was asked yet; keep the bytes until the client is bound
+            return
+        try:
+            frames = wire.split_frames(self.buffer)
+        except wire.ProtocolError as exc:
+            self.client._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
+            return
+        resolve = self.client._resolve
+        for frame in frames:
+            resolve(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        if self.client is not None:
+            self.client._fail(ConnectionError(f"connection to bookie {self.address} lost{reason}"))
+        self.can_write.set()
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+
+
+class BookieClient:
+    """A pipelined connection to one bookie. Create with `await BookieClient.connect("host:port")`."""
+
+    def __init__(self, address: str, transport: asyncio.Transport, protocol: _ClientProtocol):
+        self.address = address
+        self._transport = transport
+        self._protocol = protocol
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._error: ConnectionError | None = None
+        self._outgoing: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def connect(cls, address: str, timeout: float = 10.0) -> BookieClient:
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            transport, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(address), host, port), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionError(f"cannot connect to bookie {address}: {exc or 'timed out'}") from None
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        client = cls(address, transport, protocol)
+        protocol.client = client
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    # --- typed operations -------------------------------------------------------------------------------------
+
+    async def add_entry(self, master_key: bytes, entry: bytes, recovery: bool = False) -> tuple[int, int]:
+        """Store an encoded entry (see wire.encode_entry); returns (ledger_id, entry_id) once it is durable."""
+        flags = wire.Flag.RECOVERY_ADD if recovery else 0
+        body = await self._call(Op.ADD_ENTRY, master_key + entry, flags)
+        return wire.LEDGER_ENTRY.unpack(body)
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        return await self._call(Op.READ_ENTRY, wire.LEDGER_ENTRY.pack(ledger_id, entry_id))
+
+    async def read_lac_and_last(
+        self, ledger_id: int, fence: bool = False, master_key: bytes | None = None
+    ) -> tuple[int, int]:
+        """The bookie's (lac, last_entry_id) of a ledger; with `fence`, fences it first (needs the master key)."""
+        body = wire.LEDGER_ENTRY.pack(ledger_id, wire.INVALID_ENTRY_ID)
+        if fence:
+            if master_key is None:
+                raise ValueError(f"fencing ledger {ledger_id} needs its master key")
+            body += master_key
+        answer = await self._call(Op.READ_ENTRY, body, wire.Flag.FENCE if fence else 0)
+        return wire.unpack_body(wire.LAC_AND_LAST, answer, "READ_ENTRY -1 response")
+
+    async def read_lac(self, ledger_id: int, previous: int = wire.INVALID_ENTRY_ID, timeout: float = 0.0) -> int:
+        """The ledger's LAC; waits up to `timeout` seconds for it to move past `previous` (long poll)."""
+        body = wire.READ_LAC_REQUEST.pack(ledger_id, previous, max(0, int(timeout * 1000)))
+        (lac,) = wire.unpack_body(wire.LAC, await self._call(Op.READ_LAC, body), "READ_LAC response")
+        return lac
+
+    async def write_lac(self, master_key: bytes, ledger_id: int, lac: int) -> None:
+        await self._call(Op.WRITE_LAC, master_key + wire.WRITE_LAC_BODY.pack(ledger_id, lac))
+
+    async def bookie_info(self) -> BookieSpace:
+        body = await self._call(Op.GET_BOOKIE_INFO, b"")
+        free, total, state = wire.unpack_body(wire.BOOKIE_INFO, body, "GET_BOOKIE_INFO response")
+        return BookieSpace(free, total, wire.BookieState(state))
+
+    async def force_ledger(self, ledger_id: int) -> None:
+        """Returns once everything added to the ledger before this call is durable."""
+        await self._call(Op.FORCE_LEDGER, wire.LEDGER_ID.pack(ledger_id))
+
+    async def read_range(
+        self, ledger_id: int, first: int, last: int, max_bytes: int = wire.MAX_FRAME_SIZE // 2
+    ) -> list[bytes]:
+        """The present entries of [first, last] in order, up to about `max_bytes` (at least one entry)."""
+        body = await self._call(Op.READ_RANGE, wire.READ_RANGE_REQUEST.pack(ledger_id, first, last, max_bytes))
+        return wire.decode_entry_list(body)
+
+    async def close(self) -> None:
+        if not self._transport.is_closing():
+            self._transport.close()
+        self._fail(ConnectionError(f"connection to bookie {self.address} was closed by this client"))
+        await asyncio.sleep(0)
+
+    async def __aenter__(self) -> BookieClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+
+    async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
+        if self._error is not None:
+            raise self._error
+        request_id = next(self._ids)
+        future = self._loop.create_future()
+        self._pending[request_id] = future
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(wire.encode_request(op, request_id, body, flags))
+        if not self._protocol.can_write.is_set():
+            await self._protocol.can_write.wait()
+        try:
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    def _flush(self) -> None:
+        """Write every request made in this turn of the event loop with one system call."""
+        outgoing, self._outgoing = self._outgoing, []
+        if not self._transport.is_closing():
+            self._transport.write(b"".join(outgoing))
+
+    def _resolve(self, data: bytes) -> None:
+        # Response and request headers share a layout; decode_frame checks the version.
+        try:
+            frame = wire.decode_frame(data)
+        except wire.ProtocolError as exc:
+            self._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
+            return
+        future = self._pending.pop(frame.request_id, None)
+        if future is None:
+            if frame.code != Status.OK:
+                # An error about no request of ours: the bookie rejected the connection itself and closes it.
+                self._fail(ConnectionError(f"bookie {self.address}: {bytes(frame.body).decode(errors='replace')}"))
+            return
+        if future.done():
+            return
+        if frame.code == Status.OK:
+            future.set_result(bytes(frame.body))
+        else:
+            message = bytes(frame.body).decode(errors="replace")
+            future.set_exception(BookieError.from_status(frame.code, message))
+
+    def _fail(self, error: ConnectionError) -> None:
+        if self._error is None:
+            self._error = error
+        if not self._transport.is_closing():
+            self._transport.close()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(self._error)
+

@@ -1,0 +1,27 @@
+"""`bookfleet bookie`: run one bookie process."""
+
+from __future__ import annotations
+
+from bookfleet.cli import CommandError
+
+
+def register(subparsers) -> None:
+    from bookfleet.bookie import config
+
+    parser = subparsers.add_parser("bookie", help="run a bookie (storage server)")
+    config.add_arguments(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from bookfleet.bookie import config, cookie, main
+    from bookfleet.zk import ZooKeeperUnreachable
+
+    try:
+        settings = config.from_args(args)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        return main.run(settings)
+    except (cookie.CookieMismatch, ZooKeeperUnreachable) as exc:
+        raise CommandError(str(exc)) from None
