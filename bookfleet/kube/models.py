@@ -76,6 +76,13 @@ class Condition(StatusModel):
     last_transition_time: dt.datetime | None = None
 
 
+Conditions = Annotated[
+    list[Condition],
+    Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+]
+"""At most one condition per type; server-side apply merges them by type."""
+
+
 def set_condition(conditions: list[Condition], new: Condition, now: dt.datetime | None = None) -> list[Condition]:
     """Conditions with `new` in place of its type; lastTransitionTime moves only when the status changes."""
     now = now or dt.datetime.now(dt.UTC)
@@ -218,10 +225,12 @@ class BookieClusterStatus(StatusModel):
     desired_bookies: int | None = None
     ready_bookies: int | None = None
     phase: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 class BookieCluster(CustomResource):
+    """A fleet of bookies that keeps every ledger stored on it fully replicated."""
+
     kind_name: ClassVar[str] = "BookieCluster"
     plural: ClassVar[str] = "bookieclusters"
     short_names: ClassVar[tuple[str, ...]] = ("bkc",)
@@ -265,10 +274,12 @@ class BookieStatus(StatusModel):
     ledgers: int | None = None
     disk_usage: float | None = Field(None, description="used fraction of the ledger volume")
     lost_since: dt.datetime | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Conditions = Field(default_factory=list)
 
 
 class Bookie(CustomResource):
+    """One bookie of a BookieCluster: its identity, zone and volumes outlive any pod that runs it."""
+
     kind_name: ClassVar[str] = "Bookie"
     plural: ClassVar[str] = "bookies"
     short_names: ClassVar[tuple[str, ...]] = ("bk",)
@@ -317,7 +328,7 @@ class LedgerSpec(KubeModel):
 
 
 class Segment(StatusModel):
-    """The ensemble that holds entries from first_entry_id on."""
+    """The ensemble (bookie ids) that holds the ledger's entries from firstEntryId on."""
 
     first_entry_id: int
     bookies: list[str]
@@ -351,10 +362,12 @@ class LedgerStatus(StatusModel):
     segments: list[Segment] = Field(default_factory=list)
     under_replicated: UnderReplication | None = None
     repair: RepairStatus | None = None
-    conditions: list[Condition] = Field(default_factory=list, description="includes DataLoss when entries are lost")
+    conditions: Conditions = Field(default_factory=list, description="includes DataLoss when entries are lost")
 
 
 class Ledger(CustomResource):
+    """A ledger stored on a BookieCluster, with its replication health and repairs."""
+
     kind_name: ClassVar[str] = "Ledger"
     plural: ClassVar[str] = "ledgers"
     short_names: ClassVar[tuple[str, ...]] = ("ldg",)
