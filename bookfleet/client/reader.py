@@ -1,0 +1,167 @@
+"""Ledger readers: never beyond the last-add-confirmed, any replica of the write set, digest checked every time.
+
+An entry past the LAC may exist on some bookie without being acknowledged (and recovery may still decide against
+it), so a reader that is not recovering stops at the LAC: the metadata's lastEntryId once the ledger is closed, else
+the highest LAC that the last segment's bookies report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from bookfleet import wire
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.metadata import LedgerMetadata, MetadataStore
+from bookfleet.client.registry import BookiePool
+from bookfleet.client.writeset import write_set
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 256
+"""Entries read concurrently by `entries()`: enough to pipeline, little enough to bound memory."""
+
+
+class LedgerReadError(Exception):
+    """A read that cannot be served; the message names the ledger, the entry and why."""
+
+
+class EntryUnavailable(LedgerReadError):
+    def __init__(self, ledger_id: int, entry_id: int, reasons: dict[str, str], missing: int = 0):
+        detail = "; ".join(f"{bookie}: {reason}" for bookie, reason in reasons.items()) or "no replica to ask"
+        super().__init__(f"entry {entry_id} of ledger {ledger_id} could not be read ({detail})")
+        self.entry_id = entry_id
+        self.missing = missing
+        """How many replicas answered that they do not have it (recovery's proof that it was never acked)."""
+
+
+class LedgerReader:
+    """Reads one ledger. Create through `BookKeeper.open_ledger`."""
+
+    def __init__(
+        self, ledger_id: int, metadata: LedgerMetadata, password: bytes, store: MetadataStore, pool: BookiePool
+    ):
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self._store = store
+        self._pool = pool
+        self._digester = wire.Digester(metadata.digest_type, password)
+        self.last_add_confirmed = metadata.last_entry_id if metadata.is_closed else wire.INVALID_ENTRY_ID
+
+    async def read_lac(self) -> int:
+        """The LAC now: lastEntryId of a closed ledger, else the highest one the last segment's bookies know."""
+        if not self.metadata.is_closed:
+            await self.refresh()
+        if not self.metadata.is_closed:
+            answers = await asyncio.gather(
+                *(self._bookie_lac(bookie) for bookie in self.metadata.segments[-1].bookies), return_exceptions=True
+            )
+            known = [a for a in answers if isinstance(a, int)]
+            if not known:
+                raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC: {answers[0]}")
+            self.last_add_confirmed = max(self.last_add_confirmed, *known)
+        else:
+            self.last_add_confirmed = self.metadata.last_entry_id
+        return self.last_add_confirmed
+
+    async def _bookie_lac(self, bookie: str) -> int:
+        try:
+            lac, _ = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
+        except NoSuchLedgerError:
+            return wire.INVALID_ENTRY_ID  # nothing written there yet
+        return lac
+
+    async def refresh(self) -> LedgerMetadata:
+        """Re-read the metadata: an open ledger gains segments as its writer replaces bookies, and gets closed."""
+        self.metadata, _ = await asyncio.to_thread(self._store.read, self.ledger_id)
+        return self.metadata
+
+    async def read(self, entry_id: int) -> wire.Entry:
+        """One confirmed entry (entry_id <= LAC; the LAC is fetched again when entry_id is beyond the known one)."""
+        if entry_id < 0:
+            raise LedgerReadError(f"entry id {entry_id} of ledger {self.ledger_id} is negative")
+        if entry_id > self.last_add_confirmed and entry_id > await self.read_lac():
+            raise LedgerReadError(
+                f"entry {entry_id} of ledger {self.ledger_id} is beyond its last confirmed entry "
+                f"{self.last_add_confirmed}"
+            )
+        try:
+            return await read_entry(self._pool, self._digester, self.ledger_id, self.metadata, entry_id)
+        except EntryUnavailable:
+            if self.metadata.is_closed:
+                raise
+            await self.refresh()  # a newer segment may hold it
+            return await read_entry(self._pool, self._digester, self.ledger_id, self.metadata, entry_id)
+
+    async def entries(self, first: int = 0, last: int | None = None) -> AsyncIterator[wire.Entry]:
+        """Entries first..last in order (last defaults to the LAC; beyond it is an error)."""
+        lac = await self.read_lac()
+        last = lac if last is None else last
+        if first < 0 or last < first - 1:
+            raise LedgerReadError(f"bad range {first}..{last} for ledger {self.ledger_id}")
+        if last > lac:
+            raise LedgerReadError(f"entry {last} of ledger {self.ledger_id} is beyond its last confirmed entry {lac}")
+        for start in range(first, last + 1, READ_BATCH):
+            batch = range(start, min(last, start + READ_BATCH - 1) + 1)
+            for entry in await asyncio.gather(*(self.read(e) for e in batch)):
+                yield entry
+
+    async def tail(self, first: int = 0, poll_timeout: float = 1.0) -> AsyncIterator[wire.Entry]:
+        """Every entry from `first` on as it becomes confirmed, waiting with the READ_LAC long poll; ends after
+        lastEntryId once the ledger is closed."""
+        next_id = first
+        while True:
+            while next_id <= self.last_add_confirmed:
+                yield await self.read(next_id)
+                next_id += 1
+            if self.metadata.is_closed:
+                return
+            await self._wait_for_lac(poll_timeout)
+
+    async def _wait_for_lac(self, timeout: float) -> None:
+        previous = self.last_add_confirmed
+        bookies = self.metadata.segments[-1].bookies
+        polls = [asyncio.ensure_future(self._poll(bookie, previous, timeout)) for bookie in bookies]
+        try:
+            for finished in asyncio.as_completed(polls):
+                lac = await finished
+                if lac > previous:
+                    self.last_add_confirmed = lac
+                    return
+        finally:
+            for poll in polls:
+                poll.cancel()
+        await self.read_lac()  # nothing moved: the writer may have changed ensemble or closed the ledger
+
+    async def _poll(self, bookie: str, previous: int, timeout: float) -> int:
+        try:
+            return await (await self._pool.get(bookie)).read_lac(self.ledger_id, previous, timeout)
+        except (BookieError, ConnectionError):
+            return wire.INVALID_ENTRY_ID
+
+
+async def read_entry(
+    pool: BookiePool, digester: wire.Digester, ledger_id: int, metadata: LedgerMetadata, entry_id: int
+) -> wire.Entry:
+    """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this."""
+    bookies = metadata.segment_for(entry_id).bookies
+    reasons: dict[str, str] = {}
+    missing = 0
+    for position in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum):
+        bookie = bookies[position]
+        try:
+            data = await (await pool.get(bookie)).read_entry(ledger_id, entry_id)
+            entry = wire.decode_entry(digester, data)
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            missing += 1
+            reasons[bookie] = exc.message
+            continue
+        except (BookieError, ConnectionError, wire.ProtocolError) as exc:
+            reasons[bookie] = str(exc)
+            continue
+        if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
+            reasons[bookie] = f"answered with ledger {entry.ledger_id} entry {entry.entry_id}"
+            continue
+        return entry
+    raise EntryUnavailable(ledger_id, entry_id, reasons, missing)

@@ -1,0 +1,311 @@
+"""The ledger writer: quorum adds, completions in entry order, ensemble change on a bookie failure, close.
+
+Every add goes to its write set at once (many adds are in flight); it is acknowledged after Qa bookies of that set
+answered and all earlier adds were acknowledged, so the last-add-confirmed (LAC) only ever covers a contiguous
+prefix. While an ensemble change is under way completions wait, so the new segment's first entry (LAC + 1) cannot
+move under the metadata update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bookfleet import wire
+from bookfleet.client.connection import BookieClient, FencedError
+from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
+from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
+from bookfleet.client.registry import BookiePool
+from bookfleet.client.writeset import write_set
+
+log = logging.getLogger(__name__)
+
+
+class LedgerWriteError(Exception):
+    """An add or close that cannot succeed; the message names the ledger and why."""
+
+
+class LedgerFencedError(LedgerWriteError):
+    """Another client opened the ledger for recovery: this writer may no longer add."""
+
+
+class LedgerClosedError(LedgerWriteError):
+    pass
+
+
+@dataclass(slots=True, eq=False)
+class _Add:
+    entry_id: int
+    length: int
+    encoded: bytes
+    future: asyncio.Future[int]
+    sent_at: float
+    acks: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    add_timeout: float = 10.0
+    """A bookie that has not answered an add for this long is replaced like a failed one."""
+    idle_lac_delay: float = 0.05
+    """After this long without adds, the LAC is written explicitly so readers can see the last entry."""
+    placement: PlacementPolicy = PlacementPolicy.ZONE_AWARE
+
+
+class LedgerWriter:
+    """Appends to one open ledger. Create through `BookKeeper.create_ledger`; use `add` or pipelined `append`."""
+
+    def __init__(
+        self,
+        ledger_id: int,
+        metadata: LedgerMetadata,
+        version: int,
+        password: bytes,
+        store: MetadataStore,
+        pool: BookiePool,
+        settings: WriterSettings = WriterSettings(),
+    ):
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self.settings = settings
+        self._store = store
+        self._pool = pool
+        self._master_key = wire.master_key(password)
+        self._digester = wire.Digester(metadata.digest_type, password)
+        self._ensemble = list(metadata.segments[-1].bookies)
+        self._pending: collections.deque[_Add] = collections.deque()
+        self._next_entry_id = metadata.last_entry_id + 1
+        self._pushed_length = metadata.length
+        self.last_add_confirmed = metadata.last_entry_id
+        self.length = metadata.length
+        self._explicit_lac = metadata.last_entry_id
+        self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there
+        self._changing: asyncio.Task | None = None
+        self._error: LedgerWriteError | None = None
+        self._closing = False
+        self._housekeeper: asyncio.Task | None = None
+
+    async def start(self) -> LedgerWriter:
+        """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
+        for position, bookie in enumerate(self._ensemble):
+            try:
+                await self._pool.get(bookie)
+            except ConnectionError as exc:
+                self._bookie_failed(position, bookie, exc)
+        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+        return self
+
+    # --- adding ---------------------------------------------------------------------------------------------
+
+    def append(self, payload: bytes) -> asyncio.Future[int]:
+        """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably."""
+        future = asyncio.get_running_loop().create_future()
+        if self._error is not None or self._closing:
+            future.set_exception(self._error or LedgerClosedError(f"ledger {self.ledger_id} is being closed"))
+            return future
+        entry_id = self._next_entry_id
+        self._next_entry_id += 1
+        self._pushed_length += len(payload)
+        encoded = wire.encode_entry(
+            self._digester, self.ledger_id, entry_id, self.last_add_confirmed, self._pushed_length, payload
+        )
+        add = _Add(entry_id, self._pushed_length, encoded, future, time.monotonic())
+        self._pending.append(add)
+        for position in write_set(entry_id, len(self._ensemble), self.metadata.write_quorum):
+            self._send(add, position)
+        return future
+
+    async def add(self, payload: bytes) -> int:
+        """Append one entry and wait for it: returns its entry id."""
+        return await self.append(payload)
+
+    def _send(self, add: _Add, position: int) -> None:
+        if position in self._failed:
+            return  # resent to the replacement once the ensemble change is done
+        bookie = self._ensemble[position]
+        client = self._pool.connected(bookie)
+        if client is None:
+            self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
+            return
+        task = asyncio.ensure_future(client.add_entry(self._master_key, add.encoded))
+        task.add_done_callback(lambda done: self._on_answer(add, position, bookie, done))
+
+    def _on_answer(self, add: _Add, position: int, bookie: str, done: asyncio.Future) -> None:
+        error = done.exception()
+        if self._ensemble[position] != bookie:
+            return  # the answer of a bookie already replaced: its copy is not in the metadata
+        if error is None:
+            add.acks.add(bookie)
+            if len(add.acks) >= self.metadata.ack_quorum and self._pending and self._pending[0] is add:
+                self._complete_ready()
+        elif isinstance(error, FencedError):
+            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: {error.message}"))
+        else:
+            self._bookie_failed(position, bookie, error)
+
+    def _complete_ready(self) -> None:
+        """Acknowledge the contiguous prefix of adds that reached Qa (not while the ensemble is changing)."""
+        if self._changing is not None:
+            return
+        quorum = self.metadata.ack_quorum
+        pending = self._pending
+        while pending and len(pending[0].acks) >= quorum:
+            add = pending.popleft()
+            self.last_add_confirmed = add.entry_id
+            self.length = add.length
+            if not add.future.done():
+                add.future.set_result(add.entry_id)
+
+    # --- failures and ensemble change -----------------------------------------------------------------------
+
+    def _bookie_failed(self, position: int, bookie: str, error: BaseException) -> None:
+        if self._error is not None or self._failed.get(position) == bookie:
+            return
+        log.warning("ledger %d: bookie %s at position %d failed: %s", self.ledger_id, bookie, position, error)
+        self._failed[position] = bookie
+        if self._changing is None:
+            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed and self._error is None:
+                await self._replace_failed()
+        except LedgerWriteError as exc:
+            self._fail(exc)
+        except Exception as exc:
+            self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc}"))
+        finally:
+            self._changing = None
+        if self._error is None:
+            self._complete_ready()
+
+    async def _replace_failed(self) -> None:
+        failed = dict(self._failed)
+        candidates = await asyncio.to_thread(self._pool.registry.writable)
+        ensemble = list(self._ensemble)
+        excluded = set(failed.values())
+        clients: dict[int, BookieClient] = {}
+        for position in sorted(failed):
+            while position not in clients:
+                try:
+                    bookie = choose_replacement(
+                        candidates, ensemble, position, self.metadata.write_quorum, self.settings.placement, excluded
+                    )
+                except NotEnoughBookies as exc:
+                    raise LedgerWriteError(
+                        f"cannot replace bookie {failed[position]} in ledger {self.ledger_id}: {exc}"
+                    ) from None
+                try:
+                    clients[position] = await self._pool.get(bookie)
+                    ensemble[position] = bookie
+                except ConnectionError:
+                    excluded.add(bookie)
+        first_entry_id = self.last_add_confirmed + 1
+        await self._update_metadata(lambda meta: _changed(meta, first_entry_id, failed, ensemble))
+        log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
+        self._ensemble = ensemble
+        for position in failed:
+            if self._failed.get(position) == failed[position]:
+                del self._failed[position]
+        replaced = set(failed.values())
+        for add in self._pending:
+            add.acks -= replaced
+            for position in write_set(add.entry_id, len(ensemble), self.metadata.write_quorum):
+                if position in failed:
+                    self._send(add, position)
+
+    async def _update_metadata(self, change: Callable[[LedgerMetadata], LedgerMetadata]) -> None:
+        """Compare-and-set `change(metadata)`, re-reading after a conflict; fails if recovery or close got there."""
+        metadata, version = self.metadata, self.version
+        while True:
+            if metadata.state == LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
+            if metadata.state == LedgerState.CLOSED:
+                raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+            updated = change(metadata)
+            try:
+                self.version = await asyncio.to_thread(self._store.update, self.ledger_id, updated, version)
+            except MetadataVersionConflict:
+                metadata, version = await asyncio.to_thread(self._store.read, self.ledger_id)
+                continue
+            self.metadata = updated
+            return
+
+    def _fail(self, error: LedgerWriteError) -> None:
+        """Fail every pending and future add with `error` (the first failure wins)."""
+        if self._error is None:
+            log.warning("%s", error)
+            self._error = error
+        pending, self._pending = self._pending, collections.deque()
+        for add in pending:
+            if not add.future.done():
+                add.future.set_exception(self._error)
+
+    # --- background: explicit LAC and add timeouts ----------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        while self._error is None:
+            await asyncio.sleep(self.settings.idle_lac_delay)
+            if self._pending:
+                oldest = self._pending[0]
+                if time.monotonic() - oldest.sent_at > self.settings.add_timeout and self._changing is None:
+                    self._time_out(oldest)
+            elif self.last_add_confirmed > self._explicit_lac and self._changing is None:
+                await self._write_lac(self.last_add_confirmed)
+
+    def _time_out(self, add: _Add) -> None:
+        for position in write_set(add.entry_id, len(self._ensemble), self.metadata.write_quorum):
+            bookie = self._ensemble[position]
+            if bookie not in add.acks:
+                self._bookie_failed(position, bookie, TimeoutError(f"no answer to entry {add.entry_id}"))
+
+    async def _write_lac(self, lac: int) -> None:
+        """Tell the whole ensemble the LAC (best effort: a failing bookie is found by the next add)."""
+        clients = [self._pool.connected(bookie) for bookie in self._ensemble]
+        answers = await asyncio.gather(
+            *(c.write_lac(self._master_key, self.ledger_id, lac) for c in clients if c is not None),
+            return_exceptions=True,
+        )
+        if any(isinstance(a, FencedError) for a in answers):
+            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open"))
+        self._explicit_lac = lac
+
+    # --- closing --------------------------------------------------------------------------------------------
+
+    async def close(self) -> LedgerMetadata:
+        """Wait for pending adds, then record lastEntryId and length with state CLOSED; returns that metadata."""
+        self._closing = True
+        try:
+            while self._pending and self._error is None:
+                await asyncio.wait([self._pending[-1].future])
+            if self._changing is not None:
+                await asyncio.shield(self._changing)
+            if self._error is not None:
+                raise self._error
+            lac, length = self.last_add_confirmed, self.length
+            await self._update_metadata(lambda meta: meta.with_closed(lac, length))
+            return self.metadata
+        finally:
+            self._error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed")
+            if self._housekeeper is not None:
+                self._housekeeper.cancel()
+
+    async def __aenter__(self) -> LedgerWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not isinstance(self._error, LedgerClosedError):
+            await self.close()
+
+
+def _changed(
+    metadata: LedgerMetadata, first_entry_id: int, failed: dict[int, str], ensemble: list[str]
+) -> LedgerMetadata:
+    for position in sorted(failed):
+        metadata = metadata.with_ensemble_change(first_entry_id, position, ensemble[position])
+    return metadata
