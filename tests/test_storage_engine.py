@@ -1,0 +1,213 @@
+"""The bookie storage engine on real files: adds, reads, fencing, LAC, and restarts with and without a clean close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from bookfleet.bookie import journal
+from bookfleet.bookie.checkpoint import LastLogMark
+from bookfleet.bookie.entrylog import log_ids
+from bookfleet.bookie.errors import BadRequest, LedgerFenced, NoSuchEntry, NoSuchLedger, Unauthorized
+from bookfleet.bookie.storage import StorageSettings
+from bookfleet.wire import master_key
+from tests.fixtures.storage import KEY, make_entry
+
+OTHER_KEY = master_key(b"another password")
+
+
+async def add_all(storage, ledger_id, entry_ids, size=100):
+    entries = {e: make_entry(ledger_id, e, size=size) for e in entry_ids}
+    await asyncio.gather(*(storage.add_entry(ledger_id, e, data, KEY) for e, data in entries.items()))
+    return entries
+
+
+async def test_round_trip_from_memtable_then_entry_log_then_after_clean_restart(open_storage, storage_dirs):
+    storage = await open_storage()
+    entries = await add_all(storage, 7, range(50))
+    assert [await storage.read_entry(7, e) for e in range(50)] == list(entries.values())
+    assert storage.last_entry_id(7) == 49 and storage.lac(7) == 48
+
+    await storage.flush()
+    _, ledger_dir = storage_dirs
+    assert sum((ledger_dir / f"entrylog-{i}.log").stat().st_size for i in log_ids(ledger_dir)) > 50 * 100
+    assert [await storage.read_entry(7, e) for e in range(50)] == list(entries.values())
+
+    await storage.close()
+    storage = await open_storage()
+    # A clean close checkpointed everything: no journal record is left to replay, so these come from the entry log.
+    assert list(journal.replay(storage.journal_dir, LastLogMark(ledger_dir).read())) == []
+    assert [await storage.read_entry(7, e) for e in range(50)] == list(entries.values())
+    assert storage.ledger_ids() == {7} and storage.lac(7) == 48 and storage.last_entry_id(7) == 49
+
+
+async def test_memtable_flushes_by_size_without_losing_entries(open_storage):
+    storage = await open_storage(memtable_bytes=8 * 1024)
+    entries = await add_all(storage, 1, range(300), size=1000)
+    await storage.flush()
+    assert [await storage.read_entry(1, e) for e in range(300)] == list(entries.values())
+
+
+async def test_read_range_merges_memtable_and_entry_log_and_respects_max_bytes(open_storage):
+    storage = await open_storage()
+    flushed = await add_all(storage, 3, range(0, 20, 2))
+    await storage.flush()
+    in_memory = await add_all(storage, 3, range(1, 20, 2))
+    everything = {**flushed, **in_memory}
+
+    assert await storage.read_range(3, 0, 19, 1 << 20) == [everything[e] for e in range(20)]
+    assert await storage.read_range(3, 5, 9, 1 << 20) == [everything[e] for e in range(5, 10)]
+    size = len(everything[0])
+    assert await storage.read_range(3, 4, 19, 3 * size) == [everything[e] for e in range(4, 7)]
+    assert await storage.read_range(3, 4, 19, 1) == [everything[4]]  # at least one entry
+    assert await storage.read_range(3, 25, 30, 1 << 20) == []
+
+
+async def test_missing_ledger_and_entry_and_bad_input_are_named(open_storage):
+    storage = await open_storage()
+    with pytest.raises(NoSuchLedger, match="ledger 9 "):
+        await storage.read_entry(9, 0)
+    with pytest.raises(NoSuchLedger):
+        storage.lac(9)
+    await add_all(storage, 9, [0])
+    with pytest.raises(NoSuchEntry, match="ledger 9 has no entry 1"):
+        await storage.read_entry(9, 1)
+    with pytest.raises(BadRequest, match="entry header names ledger 9 entry 0, the request ledger 9 entry 5"):
+        await storage.add_entry(9, 5, make_entry(9, 0), KEY)
+    with pytest.raises(BadRequest, match="shorter than"):
+        await storage.add_entry(9, 5, b"short", KEY)
+    with pytest.raises(BadRequest, match="master key of 3 bytes"):
+        await storage.add_entry(10, 0, make_entry(10, 0), b"key")
+
+
+async def test_fencing_and_master_key_survive_restarts(open_storage):
+    storage = await open_storage()
+    await add_all(storage, 1, range(3))
+    with pytest.raises(Unauthorized):
+        await storage.add_entry(1, 3, make_entry(1, 3), OTHER_KEY)
+    with pytest.raises(Unauthorized):
+        await storage.fence(1, OTHER_KEY)
+
+    await storage.fence(1, KEY)
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(1, 3, make_entry(1, 3), KEY)
+    await storage.add_entry(1, 3, make_entry(1, 3), KEY, recovery=True)
+    assert await storage.read_entry(1, 3) == make_entry(1, 3)
+
+    # A ledger never seen here is recorded as fenced, so a stale writer cannot start it afterwards.
+    await storage.fence(2, KEY)
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(2, 0)
+
+    storage = await open_storage()  # the first is dropped without close: the journal alone carries the state
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(1, 4, make_entry(1, 4), KEY)
+    with pytest.raises(Unauthorized):
+        await storage.add_entry(1, 4, make_entry(1, 4), OTHER_KEY, recovery=True)
+    assert storage.last_entry_id(1) == 3 and storage.ledger_ids() == {1, 2}
+
+    await storage.close()
+    storage = await open_storage()  # now from the index
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+
+
+async def test_explicit_lac_and_long_poll(open_storage):
+    storage = await open_storage()
+    await add_all(storage, 4, range(3))
+    assert storage.lac(4) == 1
+    assert await storage.wait_for_lac(4, 0, timeout=5) == 1  # already past: answers at once
+    assert await storage.wait_for_lac(4, 1, timeout=0.05) == 1  # times out with the current LAC
+
+    waiting = asyncio.ensure_future(storage.wait_for_lac(4, 1, timeout=10))
+    await asyncio.sleep(0)
+    await storage.add_entry(4, 3, make_entry(4, 3), KEY)
+    assert await asyncio.wait_for(waiting, 5) == 2
+
+    waiting = asyncio.ensure_future(storage.wait_for_lac(4, 2, timeout=10))
+    await asyncio.sleep(0)
+    await storage.set_explicit_lac(4, 3, KEY)
+    assert await asyncio.wait_for(waiting, 5) == 3
+    await storage.set_explicit_lac(4, 1, KEY)  # never goes backwards
+    assert storage.lac(4) == 3
+    with pytest.raises(Unauthorized):
+        await storage.set_explicit_lac(4, 9, OTHER_KEY)
+
+    waiting = asyncio.ensure_future(storage.wait_for_lac(5, -1, timeout=10))  # a ledger that comes later
+    await asyncio.sleep(0)
+    await add_all(storage, 5, [0, 1])
+    assert await asyncio.wait_for(waiting, 5) == 0
+
+    storage = await open_storage()  # replayed from the journal
+    assert storage.lac(4) == 3
+
+
+async def test_unclean_stop_replays_the_journal_from_the_last_log_mark(open_storage):
+    storage = await open_storage(journal_roll_bytes=4096)
+    flushed = await add_all(storage, 1, range(40))
+    await storage.flush()
+    unflushed = await add_all(storage, 1, range(40, 80))
+    other = await add_all(storage, 2, range(10))
+    await storage.force(1)
+
+    storage = await open_storage(journal_roll_bytes=4096)  # the first one is dropped, never closed
+    everything = {**flushed, **unflushed}
+    assert [await storage.read_entry(1, e) for e in range(80)] == list(everything.values())
+    assert [await storage.read_entry(2, e) for e in range(10)] == list(other.values())
+    assert storage.last_entry_id(1) == 79 and storage.lac(2) == 8
+
+
+def last_journal(storage_dirs):
+    journal_dir, _ = storage_dirs
+    return journal.journal_path(journal_dir, journal.journal_seqs(journal_dir)[-1])
+
+
+async def test_torn_journal_tail_keeps_everything_before_it(open_storage, storage_dirs, caplog):
+    storage = await open_storage()
+    entries = await add_all(storage, 1, range(10))
+    path = last_journal(storage_dirs)
+    size = path.stat().st_size
+    with open(path, "r+b") as file:
+        file.truncate(size - 10)  # the last record, entry 9, loses its end
+
+    with caplog.at_level(logging.WARNING, logger="bookfleet.bookie.journal"):
+        storage = await open_storage()
+    record_size = journal.RECORD_HEADER.size + len(entries[9])
+    assert f"journal {path}: record of {len(entries[9])} bytes runs past the end of the file" in caplog.text
+    assert f"at offset {size - record_size}; dropped {record_size - 10} bytes" in caplog.text
+    assert [await storage.read_entry(1, e) for e in range(9)] == [entries[e] for e in range(9)]
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(1, 9)
+    # The bookie goes on: new adds land in a new journal file and survive the next restart.
+    await storage.add_entry(1, 9, entries[9], KEY)
+    storage = await open_storage()
+    assert await storage.read_entry(1, 9) == entries[9]
+
+
+async def test_corrupt_journal_record_stops_replay_of_its_file(open_storage, storage_dirs, caplog):
+    storage = await open_storage()
+    entries = await add_all(storage, 1, range(10))
+    path = last_journal(storage_dirs)
+    record_size = journal.RECORD_HEADER.size + len(entries[0])
+    size = path.stat().st_size
+    corrupt_at = size - 4 * record_size  # entry 6's record (records: master key, entries 0..9)
+    with open(path, "r+b") as file:
+        file.seek(corrupt_at + journal.RECORD_HEADER.size + 40)
+        file.write(b"\xff\xfe")
+
+    with caplog.at_level(logging.WARNING, logger="bookfleet.bookie.journal"):
+        storage = await open_storage()
+    assert f"checksum mismatch at offset {corrupt_at}; dropped {4 * record_size} bytes" in caplog.text
+    assert [await storage.read_entry(1, e) for e in range(6)] == [entries[e] for e in range(6)]
+    assert storage.last_entry_id(1) == 5
+
+
+async def test_settings_reject_nonsense():
+    with pytest.raises(ValueError, match="memtable_bytes must be positive"):
+        StorageSettings(memtable_bytes=0)
+    with pytest.raises(ValueError, match="compaction_live_ratio"):
+        StorageSettings(compaction_live_ratio=2)
