@@ -1,0 +1,205 @@
+"""A real bookie process over TCP: every op, fencing, the LAC long poll, probes, registration, hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import urllib.request
+
+import pytest
+
+from bookfleet import wire, zkpaths
+from bookfleet.client.connection import (
+    BookieClient,
+    FencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from bookfleet.client.registry import BookieMode, BookieRegistry
+from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+
+OTHER_KEY = wire.master_key(b"someone else")
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_every_op_round_trips(bookie_fleet, zk):
+    (bookie,) = bookie_fleet.start(1, zones=["zone-a"])
+    async with await BookieClient.connect(bookie.address) as client:
+        entries = [encode_test_entry(5, i, os.urandom(100 + i)) for i in range(10)]
+        acks = await asyncio.gather(*(client.add_entry(MASTER_KEY, e) for e in entries))
+        assert acks == [(5, i) for i in range(10)]
+
+        assert await client.read_entry(5, 3) == entries[3]
+        assert wire.decode_entry(wire.Digester("crc32c"), await client.read_entry(5, 9)).entry_id == 9
+        assert await client.read_lac_and_last(5) == (8, 9)
+        assert await client.read_range(5, 2, 6) == entries[2:7]
+        assert await client.read_range(5, 0, 9, max_bytes=300) == entries[:2]  # stops before passing max_bytes
+        assert await client.read_range(5, 8, 100) == entries[8:]
+
+        await client.write_lac(MASTER_KEY, 5, 9)
+        assert await client.read_lac(5) == 9
+        await client.force_ledger(5)
+        info = await client.bookie_info()
+        assert info.state == wire.BookieState.WRITABLE and 0 < info.free_bytes <= info.total_bytes
+
+        with pytest.raises(NoSuchLedgerError, match="READ_ENTRY for ledger 77"):
+            await client.read_entry(77, 0)
+        with pytest.raises(NoSuchEntryError, match="no entry 42"):
+            await client.read_entry(5, 42)
+        with pytest.raises(UnauthorizedError, match="ADD_ENTRY for ledger 5: master key"):
+            await client.add_entry(OTHER_KEY, encode_test_entry(5, 10, b"x"))
+        with pytest.raises(UnauthorizedError):
+            await client.write_lac(OTHER_KEY, 5, 10)
+
+    assert http_get(bookie.http_port, "/healthz") == (200, "ok\n")
+    assert http_get(bookie.http_port, "/readyz") == (200, "ready\n")
+    status, metrics = http_get(bookie.http_port, "/metrics")
+    assert status == 200
+    assert "bookie_add_entries_total 10.0" in metrics
+    assert 'bookie_request_errors_total{op="ADD_ENTRY",status="UNAUTHORIZED"} 1.0' in metrics
+    assert "bookie_add_latency_seconds_count 10.0" in metrics
+
+    registered = json.loads(zk.get(zkpaths.available(bookie.bookie_id))[0])
+    assert registered["address"] == bookie.address and registered["zone"] == "zone-a"
+    assert registered["http_port"] == bookie.http_port and registered["total_bytes"] > 0
+    (info,) = BookieRegistry(zk).writable()
+    assert (info.bookie_id, info.state) == (bookie.bookie_id, BookieMode.WRITABLE)
+
+    assert bookie.stop() == 0  # graceful: unregisters at once, no session timeout to wait for
+    assert zk.exists(zkpaths.available(bookie.bookie_id)) is None
+
+
+async def test_fencing_and_lac_long_poll(bookie_fleet):
+    (bookie,) = bookie_fleet.start(1)
+    async with await BookieClient.connect(bookie.address) as client:
+        for i in range(3):
+            await client.add_entry(MASTER_KEY, encode_test_entry(1, i, b"payload"))
+
+        # Long poll: answers as soon as the LAC passes `previous`, or with the current LAC at the timeout.
+        waiting = asyncio.create_task(client.read_lac(1, previous=1, timeout=10))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await client.add_entry(MASTER_KEY, encode_test_entry(1, 3, b"payload"))
+        assert await asyncio.wait_for(waiting, 5) == 2
+        assert await client.read_lac(1, previous=5, timeout=0.1) == 2
+
+        with pytest.raises(UnauthorizedError):
+            await client.read_lac_and_last(1, fence=True, master_key=OTHER_KEY)
+        with pytest.raises(ValueError, match="master key"):
+            await client.read_lac_and_last(1, fence=True)
+        assert await client.read_lac_and_last(1, fence=True, master_key=MASTER_KEY) == (2, 3)
+        with pytest.raises(FencedError, match="ADD_ENTRY for ledger 1: ledger 1 is fenced"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(1, 4, b"late writer"))
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(1, 4, b"recovery"), recovery=True) == (1, 4)
+
+        # Fencing a ledger this bookie never saw keeps a stale writer out of it too.
+        assert await client.read_lac_and_last(2, fence=True, master_key=MASTER_KEY) == (-1, -1)
+        with pytest.raises(FencedError):
+            await client.add_entry(MASTER_KEY, encode_test_entry(2, 0, b"stale"))
+
+
+def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[list[wire.Frame], bool]:
+    """Send raw bytes; return the frames the bookie answered and whether it closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        received = bytearray()
+        closed = False
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+            closed = True
+        except TimeoutError:
+            pass
+    return [wire.decode_frame(f) for f in wire.split_frames(received)], closed
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        lines = status.readlines()
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def status_of(frames: list[wire.Frame]) -> tuple[wire.Status, str]:
+    (frame,) = frames
+    return wire.Status(frame.code), bytes(frame.body).decode()
+
+
+async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
+    (bookie,) = bookie_fleet.start(1)
+    port = bookie.port
+    good = await BookieClient.connect(bookie.address)
+
+    async def steady_writer() -> int:
+        for i in range(300):
+            assert await good.add_entry(MASTER_KEY, encode_test_entry(9, i, b"steady")) == (9, i)
+        return 300
+
+    writer = asyncio.create_task(steady_writer())
+    header = wire.REQUEST_HEADER
+    hostile = {
+        "huge length prefix": wire.LENGTH_PREFIX.pack(2**31) + header.pack(1, 2, 0, 77),
+        "wrong version": wire.LENGTH_PREFIX.pack(12) + header.pack(9, 2, 0, 78),
+        "unknown op": wire.encode_request(99, 79),
+        "short ADD body": wire.encode_request(wire.Op.ADD_ENTRY, 80, b"\0" * 40),
+        "short length": wire.LENGTH_PREFIX.pack(3) + b"abc",
+    }
+    answers = {}
+    for name, payload in hostile.items():
+        frames, closed = await asyncio.to_thread(raw_exchange, port, payload)
+        assert closed, name
+        answers[name] = status_of(frames)
+    assert answers["huge length prefix"][0] == wire.Status.TOO_LARGE
+    assert "exceeds" in answers["huge length prefix"][1]
+    assert answers["wrong version"] == (
+        wire.Status.BAD_REQUEST,
+        "protocol version 9 is not supported (this side speaks 1)",
+    )
+    assert answers["unknown op"] == (wire.Status.BAD_REQUEST, "unknown op 99")
+    assert answers["short ADD body"][0] == wire.Status.BAD_REQUEST and "ADD_ENTRY" in answers["short ADD body"][1]
+    assert answers["short length"][0] == wire.Status.BAD_REQUEST
+
+    # A frame cut short by the end of the stream, and plain garbage: an error if one can be sent, then closed.
+    truncated = wire.encode_request(wire.Op.READ_ENTRY, 81, wire.LEDGER_ENTRY.pack(9, 0))[:-5]
+    frames, closed = await asyncio.to_thread(raw_exchange, port, truncated, True)
+    assert closed and status_of(frames)[0] == wire.Status.BAD_REQUEST and "inside a frame" in status_of(frames)[1]
+    for seed in range(5):
+        garbage = struct.pack(">I", 1000 + seed) + os.urandom(2000)
+        _, closed = await asyncio.to_thread(raw_exchange, port, garbage)
+        assert closed
+
+    # A client that floods requests and never reads: the bookie stops reading it instead of buffering without end.
+    flood = socket.create_connection(("127.0.0.1", port))
+    flood.setblocking(False)
+    chunk = wire.encode_request(wire.Op.READ_RANGE, 1, wire.READ_RANGE_REQUEST.pack(9, 0, 299, 1 << 20)) * 1000
+    limit, sent = 2000 * len(chunk), 0
+    deadline = asyncio.get_running_loop().time() + 2
+    while sent < limit and asyncio.get_running_loop().time() < deadline:
+        try:
+            sent += flood.send(chunk)
+        except BlockingIOError:
+            await asyncio.sleep(0.05)
+    assert sent < limit, "the bookie kept reading a client that never reads its answers"
+    assert rss_bytes(bookie.process.pid) < 400 * 2**20
+
+    assert await asyncio.wait_for(writer, 30) == 300
+    flood.close()
+    await good.close()
+    async with await BookieClient.connect(bookie.address) as fresh:
+        assert await fresh.read_entry(9, 299) == encode_test_entry(9, 299, b"steady")
+    assert bookie.running
