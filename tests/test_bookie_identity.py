@@ -1,0 +1,87 @@
+"""Cookies, read-only switching and garbage collection, on real bookie processes and a real ZooKeeper."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bookfleet import zkpaths
+from bookfleet.client.connection import BookieClient, NoSuchLedgerError, ReadOnlyError
+from bookfleet.fleet import BookieProcess
+from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+
+
+def refusal(bookie: BookieProcess) -> str:
+    """Start a bookie that must refuse to start; return its complaint."""
+    assert bookie.start().wait_exit(30) != 0
+    return bookie.log_tail(3)
+
+
+def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
+    (first,) = bookie_fleet.start(1)
+    first.stop()
+    cookie = json.loads(zk.get(zkpaths.cookie(first.bookie_id))[0])
+    assert cookie["bookieId"] == first.bookie_id and cookie["ledgerDir"] == str(first.ledger_dir)
+
+    moved = BookieProcess("bookie-b.example", bookie_fleet.zk, first.data_dir, port=first.port)
+    assert f"belongs to bookie {first.bookie_id}, not bookie-b.example" in refusal(moved)
+
+    first.wipe()
+    complaint = refusal(first)
+    assert f"ZooKeeper has a cookie for bookie {first.bookie_id} but its journal dir" in complaint
+    assert "the disk was wiped or replaced" in complaint
+
+    # Decommissioning deletes the ZooKeeper cookie; the wiped bookie then joins again as a new bookie.
+    zk.delete(zkpaths.cookie(first.bookie_id))
+    first.start().wait_ready()
+    first.stop()
+    zk.delete(zkpaths.cookie(first.bookie_id))
+    assert "ZooKeeper has none" in refusal(first)
+
+
+async def registered_as(zk, bookie: BookieProcess, where: str) -> None:
+    """Wait until exactly one of the two registrations exists: `available` or `readonly`."""
+    wanted, other = zkpaths.available(bookie.bookie_id), zkpaths.readonly(bookie.bookie_id)
+    if where == "readonly":
+        wanted, other = other, wanted
+    async with asyncio.timeout(10):
+        while not (zk.exists(wanted) and not zk.exists(other)):
+            await asyncio.sleep(0.02)
+
+
+async def test_read_only_when_full_and_writable_after_gc(bookie_fleet, zk):
+    (bookie,) = bookie_fleet.start(
+        1,
+        disk_quota=400_000,
+        disk_usage_threshold=0.5,
+        disk_usage_lwm=0.45,
+        disk_check_interval=0.05,
+        gc_interval=0.1,
+        gc_grace=0,
+        flush_interval=0.05,
+        journal_roll_bytes=16_384,
+        entrylog_roll_bytes=16_384,
+    )
+    zk.create(zkpaths.ledger(3), b"{}", makepath=True)  # any metadata: the bookie only checks that it exists
+    payload = b"p" * 8000
+    async with await BookieClient.connect(bookie.address) as client:
+        written = 0
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            for written in range(200):
+                await client.add_entry(MASTER_KEY, encode_test_entry(3, written, payload))
+                await asyncio.sleep(0.01)
+        assert 5 < written < 200
+        assert (await client.bookie_info()).state.name == "READ_ONLY"
+        await registered_as(zk, bookie, "readonly")
+        assert await client.read_entry(3, 0) == encode_test_entry(3, 0, payload)  # reads are still served
+
+        zk.delete(zkpaths.ledger(3))
+        async with asyncio.timeout(20):
+            while (await client.bookie_info()).state.name != "WRITABLE":
+                await asyncio.sleep(0.05)
+        with pytest.raises(NoSuchLedgerError):
+            await client.read_entry(3, 0)
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(6, 0, payload)) == (6, 0)
+    await registered_as(zk, bookie, "available")
