@@ -91,7 +91,22 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
                 out[key] = {} if isinstance(value, dict) else value
         else:
             out[key] = value
+    _default_nested_objects(out)
     return out
+
+
+def _default_nested_objects(schema: dict[str, Any]) -> None:
+    """Give optional sub-objects `default: {}`, so the API server fills their defaults even when they are omitted.
+
+    pydantic leaves `default_factory` defaults out of its schema; objects with required fields or that may be null
+    keep no default, since `{}` would not be valid for them.
+    """
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required or "default" in prop or prop.get("nullable") or prop.get("required"):
+            continue
+        if "properties" in prop:
+            prop["default"] = {}
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:
