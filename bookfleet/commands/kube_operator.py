@@ -1,0 +1,43 @@
+"""`bookfleet operator`: the Kubernetes operator (kopf) for BookieClusters, Bookies and Ledgers.
+
+The module is not called `operator`: that would shadow the standard library's module of that name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+
+from bookfleet.cli import CommandError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("operator", help="run the Kubernetes operator")
+    parser.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
+                        help="watch only this namespace (repeatable; default: the whole cluster)")
+    parser.add_argument("--zk", help="ZooKeeper connect string to use instead of each cluster's own")
+    parser.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
+    parser.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise CommandError(f"--interval must be positive, got {args.interval}")
+    if args.kubeconfig and not os.path.exists(args.kubeconfig):
+        raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
+    os.environ["BOOKFLEET_OPERATOR_INTERVAL"] = str(args.interval)
+    os.environ["BOOKFLEET_KUBECONFIG"] = args.kubeconfig or ""
+    os.environ["BOOKFLEET_OPERATOR_ZK"] = args.zk or ""
+    import kopf
+
+    importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above
+    asyncio.run(kopf.operator(
+        standalone=args.standalone, clusterwide=not args.namespaces, namespaces=args.namespaces or (),
+        liveness_endpoint=args.liveness,
+    ))
+    return 0

@@ -1,0 +1,126 @@
+"""The operator's Kubernetes calls: plain JSON over the kubernetes client's REST layer, no generated models.
+
+Creation is idempotent by name (409 means someone, maybe a previous run of this handler, already made it), and
+deletion of something already gone is a no-op: that is what makes every reconciliation safe to repeat.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from bookfleet.kube.models import GROUP, VERSION
+
+PLURALS = {
+    "Pod": "pods",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+    "Event": "events",
+    "Job": "jobs",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "SparkApplication": "sparkapplications",
+    "BookieCluster": "bookieclusters",
+    "Bookie": "bookies",
+    "Ledger": "ledgers",
+}
+CORE = "v1"
+BATCH = "batch/v1"
+CUSTOM = f"{GROUP}/{VERSION}"
+
+
+def load_config(kubeconfig: str | None) -> None:
+    """The kubernetes client's settings: a kubeconfig file when given, else the pod's service account."""
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig)
+    else:
+        kubernetes.config.load_incluster_config()
+
+
+def collection_path(api_version: str, plural: str, namespace: str | None) -> str:
+    prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+
+
+class KubeApi:
+    """JSON in, JSON out; every method names the object it failed on."""
+
+    def __init__(self, client: kubernetes.client.ApiClient | None = None):
+        self.client = client or kubernetes.client.ApiClient()
+
+    def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
+              content_type: str = "application/json") -> Any:
+        return self.client.call_api(
+            path, method, query_params=list((query or {}).items()), body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
+        )
+
+    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        try:
+            return self._call("GET", f"{collection_path(api_version, plural, namespace)}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, plural: str, namespace: str | None, labels: dict[str, str] | None = None) -> list:
+        query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
+        return self._call("GET", collection_path(api_version, plural, namespace), query=query).get("items", [])
+
+    def ensure(self, manifest: dict) -> tuple[dict, bool]:
+        """Create `manifest` unless an object of that name exists; returns (the object, whether it was created)."""
+        meta = manifest["metadata"]
+        plural = PLURALS[manifest["kind"]]
+        try:
+            return self._call("POST", collection_path(manifest["apiVersion"], plural, meta.get("namespace")),
+                              body=manifest), True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = self.get(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
+        return existing or manifest, False
+
+    def patch(self, api_version: str, plural: str, namespace: str | None, name: str, patch: dict,
+              subresource: str = "") -> dict | None:
+        """A JSON merge patch; None when the object is gone."""
+        path = f"{collection_path(api_version, plural, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+        try:
+            return self._call("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict | None:
+        return self.patch(CUSTOM, plural, namespace, name, {"status": status}, subresource="status")
+
+    def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> bool:
+        """True if something was deleted (or is being deleted), False if it was already gone."""
+        try:
+            self._call("DELETE", f"{collection_path(api_version, plural, namespace)}/{name}",
+                       body={"propagationPolicy": "Background"})
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
+        """A Kubernetes Event on `involved` (what `kubectl describe` shows)."""
+        meta = involved["metadata"]
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:10]}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+            "source": {"component": "bookfleet-operator"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self.ensure(event)

@@ -1,0 +1,60 @@
+"""What every reconciliation needs: the Kubernetes API, ZooKeeper sessions per cluster, and status helpers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from bookfleet import zk as zkclient
+from bookfleet.kube.api import KubeApi
+from bookfleet.kube.models import Condition, ConditionStatus, set_condition
+
+
+@dataclass
+class OperatorContext:
+    """Shared by all handlers; ZooKeeper sessions are opened once per connect string and reused."""
+
+    api: KubeApi
+    zk_override: str | None = None
+    _sessions: dict[str, KazooClient] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def zk(self, connect: str) -> KazooClient:
+        """A live session to a cluster's ZooKeeper (`--zk` replaces every cluster's own string when given)."""
+        connect = self.zk_override or connect
+        with self._lock:
+            client = self._sessions.get(connect)
+            if client is None:
+                client = self._sessions[connect] = zkclient.connect(connect)
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._sessions.values():
+                client.stop()
+                client.close()
+            self._sessions.clear()
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def timestamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def conditions_with(status: dict[str, Any], type_: str, ok: bool, reason: str, message: str = "") -> list[dict]:
+    """The status's conditions with one of them set (transition time kept while its status is unchanged)."""
+    current = [Condition.model_validate(c) for c in status.get("conditions") or []]
+    new = Condition(type=type_, status=ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason=reason,
+                    message=message)
+    return [c.to_wire() for c in set_condition(current, new)]
+
+
+def condition(status: dict[str, Any], type_: str) -> dict | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)

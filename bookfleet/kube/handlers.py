@@ -1,0 +1,78 @@
+"""kopf registrations only: every handler hands the object to a plain domain module.
+
+Level-based throughout: timers re-derive everything from Kubernetes and ZooKeeper on each pass, so a restarted
+operator resumes where the previous one stopped. Bookie pods are watched by label, with no finalizers on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+import kubernetes
+
+from bookfleet.kube import api, ledgers, lifecycle, resources, scaling
+from bookfleet.kube.context import OperatorContext
+from bookfleet.kube.models import GROUP, VERSION
+
+INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
+"""Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
+KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
+ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
+
+_context: OperatorContext | None = None
+
+
+def context() -> OperatorContext:
+    """Created after login, when the kubernetes client knows where the API server is."""
+    global _context
+    if _context is None:
+        _context = OperatorContext(api.KubeApi(), ZK_OVERRIDE)
+    return _context
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's per-handler ones are noise
+    settings.watching.server_timeout = 300
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """The kubeconfig given to the operator (tests, development), else the pod's service account."""
+    api.load_config(KUBECONFIG)
+    config = kubernetes.client.Configuration.get_default_copy()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization") or ""
+    scheme, _, token = header.rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl, scheme=scheme or None,
+        token=token or None, certificate_path=config.cert_file, private_key_path=config.key_file,
+    )
+
+
+@kopf.on.cleanup()
+def close(**_: Any) -> None:
+    if _context is not None:
+        _context.close()
+
+
+@kopf.timer(GROUP, VERSION, "bookieclusters", interval=INTERVAL)
+def reconcile_cluster(body: kopf.Body, **_: Any) -> None:
+    scaling.reconcile(context(), dict(body))
+
+
+@kopf.timer(GROUP, VERSION, "bookies", interval=INTERVAL)
+def reconcile_bookie(body: kopf.Body, **_: Any) -> None:
+    lifecycle.reconcile(context(), dict(body))
+
+
+@kopf.timer(GROUP, VERSION, "ledgers", interval=INTERVAL)
+def sync_ledger(body: kopf.Body, **_: Any) -> None:
+    ledgers.sync(context(), dict(body))
+
+
+@kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)
+def bookie_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+    lifecycle.on_pod_event(context(), event["type"] or "", dict(event["object"]))

@@ -1,0 +1,133 @@
+"""Ledger resources <-> ZooKeeper: create (or adopt) the ledger, then mirror its metadata and health in status.
+
+Creation is restart-safe: the id is reserved first and written to status, then the metadata is created under that
+id; a run interrupted in between finds the id in status and only finishes the creation.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+
+from kazoo.client import KazooClient
+from pydantic import ValidationError
+
+from bookfleet.client.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
+from bookfleet.client.registry import BookieRegistry
+from bookfleet.kube import repairs
+from bookfleet.kube.api import CORE, CUSTOM
+from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
+from bookfleet.kube.models import VALID, BookieCluster, Ledger
+from bookfleet.recovery.underreplication import UnderReplication
+
+DATA_LOSS = "DataLoss"
+CREATED = "Created"
+
+
+def password(ctx: OperatorContext, ledger: Ledger) -> bytes:
+    ref = ledger.spec.password_secret_ref
+    if ref is None:
+        return b""
+    secret = ctx.api.get(CORE, "secrets", ledger.metadata.namespace, ref.name)
+    if secret is None or ref.key not in (secret.get("data") or {}):
+        raise LookupError(f"secret {ref.name!r} with key {ref.key!r} not found")
+    return base64.b64decode(secret["data"][ref.key])
+
+
+def _report(ctx: OperatorContext, body: dict, type_: str, ok: bool, reason: str, message: str) -> None:
+    status = body.get("status") or {}
+    conditions = conditions_with(status, type_, ok, reason, message)
+    if conditions != status.get("conditions"):
+        ctx.api.patch_status("ledgers", body["metadata"]["namespace"], body["metadata"]["name"],
+                             {"conditions": conditions})
+        body.setdefault("status", {})["conditions"] = conditions
+
+
+def sync(ctx: OperatorContext, body: dict) -> None:
+    """One level-based pass over a Ledger (called by a timer)."""
+    meta = body["metadata"]
+    try:
+        ledger = Ledger.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _report(ctx, body, VALID, False, "InvalidSpec", problems)
+        return
+    cluster_body = ctx.api.get(CUSTOM, "bookieclusters", meta["namespace"], ledger.spec.cluster)
+    if cluster_body is None:
+        _report(ctx, body, VALID, False, "NoCluster", f"BookieCluster {ledger.spec.cluster!r} does not exist")
+        return
+    cluster = BookieCluster.model_validate(cluster_body)
+    zk = ctx.zk(cluster.spec.zookeeper)
+    store = MetadataStore(zk)
+    ledger_id = ledger.status.ledger_id
+    if ledger_id is None:
+        ledger_id = ledger.spec.ledger_id if ledger.spec.ledger_id is not None else store.new_ledger_id()
+        ctx.api.patch_status("ledgers", meta["namespace"], meta["name"], {"ledgerId": ledger_id})
+    try:
+        metadata, _ = store.read(ledger_id)
+    except NoSuchLedgerError:
+        if ledger.spec.ledger_id is not None:
+            _report(ctx, body, VALID, False, "NoSuchLedger", f"ledger {ledger_id} does not exist in ZooKeeper")
+            return
+        if not create(ctx, body, ledger, zk, ledger_id):
+            return
+        metadata, _ = store.read(ledger_id)
+    _report(ctx, body, VALID, True, "SpecValid", "")
+    ur = UnderReplication(zk)
+    marker = ur.marker(ledger_id)
+    loss = ur.data_loss(ledger_id)
+    status = {
+        "ledgerId": ledger_id,
+        "state": metadata.state.value,
+        "lastEntryId": metadata.last_entry_id,
+        "length": metadata.length,
+        "segments": [{"firstEntryId": s.first_entry_id, "bookies": list(s.bookies)} for s in metadata.segments],
+        "underReplicated": None if marker is None else {
+            "missingBookies": sorted(marker.missing_bookies),
+            "since": timestamp(dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC)),
+        },
+        "repair": repair_status(ctx, cluster, ledger_id),
+    }
+    current = body.get("status") or {}
+    if any(current.get(key) != value for key, value in status.items()):
+        ctx.api.patch_status("ledgers", meta["namespace"], meta["name"], status)
+    if loss is not None:
+        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
+    else:
+        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
+
+
+def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, ledger_id: int) -> bool:
+    """Create the ledger's metadata under the reserved id; False (with a condition saying why) if it cannot yet."""
+    spec = ledger.spec
+    try:
+        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum)
+        metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type,
+                                password(ctx, ledger))
+        MetadataStore(zk).create(metadata, ledger_id)
+    except (NotEnoughBookies, LookupError) as exc:
+        _report(ctx, body, CREATED, False, type(exc).__name__, str(exc))
+        return False
+    except MetadataError:
+        pass  # created by an earlier run that stopped before reporting it
+    _report(ctx, body, CREATED, True, "Created", f"ledger {ledger_id} on {', '.join(ensemble)}")
+    return True
+
+
+def repair_status(ctx: OperatorContext, cluster: BookieCluster, ledger_id: int) -> dict | None:
+    """The latest repair Job that covers this ledger, as the Ledger's status shows it."""
+    covering = [j for j in repairs.repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name)
+                if str(ledger_id) in (j["metadata"].get("annotations", {}).get(repairs.ANNOTATION_LEDGERS) or "")
+                .split(",")]
+    if not covering:
+        return None
+    job = covering[-1]
+    finished = repairs.finished_at(job)
+    return {
+        "job": job["metadata"]["name"],
+        "state": repairs.job_state(job).value,
+        "started": job["metadata"].get("creationTimestamp"),
+        "finished": timestamp(finished) if finished else None,
+        "attempts": len(covering),
+    }

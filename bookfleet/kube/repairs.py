@@ -1,0 +1,127 @@
+"""Repairs of a bookie's ledgers: mark them (the auditor's rule), launch a Job, track it, retry with backoff.
+
+Everything is derived from what Kubernetes and ZooKeeper hold: the attempts of one loss are the Jobs annotated with
+its loss time, named deterministically, so an operator restarted mid-repair finds them and launches nothing twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+
+from kazoo.client import KazooClient
+
+from bookfleet.client.metadata import MetadataStore
+from bookfleet.kube import resources
+from bookfleet.kube.api import BATCH, KubeApi
+from bookfleet.kube.context import OperatorContext, now
+from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
+from bookfleet.recovery.auditor import mark_lost_bookie
+from bookfleet.recovery.underreplication import UnderReplication
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_ATTEMPT = "bookfleet.io/repair-attempt"
+ANNOTATION_LEDGERS = "bookfleet.io/ledgers"
+RETRY_BASE_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+MAX_ATTEMPTS = 6
+
+
+class Outcome(enum.StrEnum):
+    WAITING = "Waiting"  # within the recovery delay, or auto-recovery is off
+    RUNNING = "Running"
+    BACKING_OFF = "BackingOff"
+    REPAIRED = "Repaired"
+    GAVE_UP = "GaveUp"
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed attempt number `attempt` (0-based): exponential, capped."""
+    return min(RETRY_BASE_SECONDS * 2**attempt, RETRY_MAX_SECONDS)
+
+
+def job_state(job: dict) -> RepairState:
+    status = job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") == "Complete":
+            return RepairState.SUCCEEDED
+        if cond.get("status") == "True" and cond.get("type") == "Failed":
+            return RepairState.FAILED
+    if status.get("succeeded"):
+        return RepairState.SUCCEEDED
+    return RepairState.RUNNING if status.get("active") or status.get("startTime") else RepairState.PENDING
+
+
+def finished_at(job: dict) -> dt.datetime | None:
+    status = job.get("status") or {}
+    stamp = status.get("completionTime") or next(
+        (c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("status") == "True"), None
+    )
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
+
+
+def repair_jobs(api: KubeApi, namespace: str, cluster: str, bookie: str | None = None) -> list[dict]:
+    """Repair Jobs of a cluster (optionally of one bookie), oldest attempt first."""
+    jobs = api.list(BATCH, "jobs", namespace, resources.labels(cluster, resources.REPAIR, bookie))
+    return sorted(jobs, key=lambda j: (j["metadata"].get("creationTimestamp", ""),
+                                       int(j["metadata"].get("annotations", {}).get(ANNOTATION_ATTEMPT, 0))))
+
+
+def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
+    """Ledgers that still need `bookie_id`: indexed on it, or marked as missing it."""
+    on_bookie = set(MetadataStore(zk).ledgers_on_bookie(bookie_id))
+    marked = {m.ledger_id for m in UnderReplication(zk).markers() if bookie_id in m.missing_bookies}
+    return sorted(on_bookie | marked)
+
+
+def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime, attempt: int) -> dict:
+    """Mark the bookie's ledgers and create attempt `attempt` of the repair (a no-op if it exists)."""
+    zk = ctx.zk(cluster.spec.zookeeper)
+    ledgers = mark_lost_bookie(zk, bookie.spec.bookie_id)
+    launcher = cluster.spec.auto_recovery.repair.launcher
+    build = resources.spark_application if launcher == RepairLauncher.SPARK_APPLICATION else resources.repair_job
+    manifest = build(cluster, bookie, since, (), attempt)
+    manifest["metadata"]["annotations"].update({
+        ANNOTATION_ATTEMPT: str(attempt),
+        ANNOTATION_LEDGERS: ",".join(map(str, ledgers)),
+    })
+    job, created = ctx.api.ensure(manifest)
+    if created:
+        log.info("launched repair %s of bookie %s (%d ledgers)", job["metadata"]["name"], bookie.metadata.name,
+                 len(ledgers))
+        ctx.api.post_event(bookie.to_wire(), "RepairLaunched",
+                           f"{manifest['kind']} {job['metadata']['name']} repairs {len(ledgers)} ledger(s)"
+                           f" (attempt {attempt + 1})")
+    return job
+
+
+def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
+    """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
+    zk = ctx.zk(cluster.spec.zookeeper)
+    ns = cluster.metadata.namespace
+    names = {resources.repair_name(cluster.metadata.name, bookie.metadata.name, since, n) for n in range(MAX_ATTEMPTS)}
+    attempts = [j for j in repair_jobs(ctx.api, ns, cluster.metadata.name, bookie.metadata.name)
+                if j["metadata"]["name"] in names]
+    if not attempts:
+        launch(ctx, cluster, bookie, since, 0)
+        return Outcome.RUNNING
+    latest = attempts[-1]
+    attempt = int(latest["metadata"]["annotations"].get(ANNOTATION_ATTEMPT, len(attempts) - 1))
+    state = job_state(latest)
+    if state in (RepairState.PENDING, RepairState.RUNNING):
+        return Outcome.RUNNING
+    if state == RepairState.SUCCEEDED:
+        left = remaining_ledgers(zk, bookie.spec.bookie_id)
+        if not left:
+            return Outcome.REPAIRED
+        log.warning("repair %s succeeded but %d ledger(s) still need %s", latest["metadata"]["name"], len(left),
+                    bookie.spec.bookie_id)
+    if attempt + 1 >= MAX_ATTEMPTS:
+        return Outcome.GAVE_UP
+    ended = finished_at(latest) or now()
+    if (now() - ended).total_seconds() < retry_delay(attempt):
+        return Outcome.BACKING_OFF
+    launch(ctx, cluster, bookie, since, attempt + 1)
+    return Outcome.RUNNING

@@ -1,0 +1,128 @@
+"""A BookieCluster's shape: Bookies for its replicas, safe scale-down, rolling upgrades, and its status.
+
+Scale-down never deletes data that is still needed: the highest ordinal is drained first (read-only, its ledgers
+repaired elsewhere, none left under-replicated, cookie removed) and only then are its pod, volumes and Bookie deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from pydantic import ValidationError
+
+from bookfleet.kube import lifecycle, repairs, resources
+from bookfleet.kube.api import CORE, CUSTOM
+from bookfleet.kube.context import OperatorContext, conditions_with, now, timestamp
+from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_DECOMMISSION_SINCE = "bookfleet.io/decommission-since"
+READY = "Ready"
+UPGRADING = "Upgrading"
+
+
+def ordinal(bookie_name: str) -> int:
+    return int(bookie_name.rsplit("-", 1)[1])
+
+
+def validate(body: dict) -> tuple[BookieCluster | None, str]:
+    """The cluster model, or None and one sentence saying what is wrong with its spec."""
+    try:
+        cluster = BookieCluster.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return None, f"invalid spec: {problems}"
+    problems = cluster_problems(cluster.spec)
+    return (None, "; ".join(problems)) if problems else (cluster, "")
+
+
+def reconcile(ctx: OperatorContext, body: dict) -> None:
+    """One level-based pass over a BookieCluster (called by a timer)."""
+    meta, status = body["metadata"], body.get("status") or {}
+    cluster, problem = validate(body)
+    if cluster is None:
+        conditions = conditions_with(status, VALID, False, "InvalidSpec", problem)
+        if conditions != status.get("conditions"):
+            ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], {"conditions": conditions})
+            ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
+        return
+    ctx.api.ensure(resources.bookies_service(cluster))
+    for manifest in resources.repair_rbac(meta["namespace"], cluster.spec.auto_recovery.repair.service_account_name):
+        ctx.api.ensure(manifest)
+    existing = {b["metadata"]["name"]: b for b in
+                ctx.api.list(CUSTOM, "bookies", meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]})}
+    for manifest in resources.bookies_for_cluster(cluster):
+        if manifest["metadata"]["name"] not in existing:
+            created, _ = ctx.api.ensure(manifest)
+            existing[created["metadata"]["name"]] = created
+    surplus = sorted((b for b in existing.values() if ordinal(b["metadata"]["name"]) >= cluster.spec.replicas),
+                     key=lambda b: ordinal(b["metadata"]["name"]), reverse=True)
+    if surplus:
+        decommission(ctx, cluster, surplus[0])
+    wanted = [b for b in existing.values() if ordinal(b["metadata"]["name"]) < cluster.spec.replicas]
+    pods = {b["metadata"]["name"]: ctx.api.get(CORE, "pods", meta["namespace"], b["metadata"]["name"])
+            for b in wanted}
+    upgrading = rolling_upgrade(ctx, cluster, wanted, pods)
+    ready = sum(lifecycle.pod_ready(pod) for pod in pods.values())
+    conditions = conditions_with(status, VALID, True, "SpecValid")
+    conditions = conditions_with({"conditions": conditions}, READY, ready == cluster.spec.replicas,
+                                 "AllReady" if ready == cluster.spec.replicas else "NotAllReady",
+                                 f"{ready}/{cluster.spec.replicas} bookies ready")
+    conditions = conditions_with({"conditions": conditions}, UPGRADING, upgrading is not None,
+                                 "RollingUpgrade" if upgrading else "UpToDate",
+                                 f"restarting {upgrading}" if upgrading else "")
+    new = {"desiredBookies": cluster.spec.replicas, "readyBookies": ready,
+           "phase": "Ready" if ready == cluster.spec.replicas and not surplus else "Reconciling",
+           "conditions": conditions}
+    if any(status.get(key) != value for key, value in new.items()):
+        ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], new)
+
+
+def rolling_upgrade(ctx: OperatorContext, cluster: BookieCluster, bookies: list[dict],
+                    pods: dict[str, dict | None]) -> str | None:
+    """Restart one pod whose image is outdated, only while every other bookie is ready; returns who restarts."""
+    outdated = [b for b in sorted(bookies, key=lambda b: ordinal(b["metadata"]["name"]))
+                if (pod := pods[b["metadata"]["name"]]) and pod["spec"]["containers"][0]["image"] != cluster.spec.image]
+    if not outdated:
+        return None
+    if not all(lifecycle.pod_ready(pod) for pod in pods.values()):
+        return next((name for name, pod in pods.items() if not lifecycle.pod_ready(pod)), None)
+    bookie = outdated[0]
+    name, ns = bookie["metadata"]["name"], bookie["metadata"]["namespace"]
+    pod = pods[name]
+    assert pod is not None
+    ctx.api.patch(CUSTOM, "bookies", ns, name,
+                  {"metadata": {"annotations": {lifecycle.ANNOTATION_PLANNED_RESTART: pod["metadata"]["uid"]}}})
+    ctx.api.delete(CORE, "pods", ns, name)
+    ctx.api.post_event(bookie, "RollingUpgrade", f"restarting {name} with image {cluster.spec.image}")
+    return name
+
+
+def decommission(ctx: OperatorContext, cluster: BookieCluster, body: dict) -> None:
+    """One step of draining a surplus bookie; its data is deleted only when nothing needs it any more."""
+    bookie = Bookie.model_validate(body)
+    ns, name = bookie.metadata.namespace, bookie.metadata.name
+    since_text = bookie.metadata.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
+    if bookie.spec.desired_state == DesiredState.WRITABLE or not since_text:
+        since = now()
+        ctx.api.patch(CUSTOM, "bookies", ns, name, {
+            "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(since)}},
+            "spec": {"desiredState": DesiredState.READ_ONLY.value},
+        })
+        ctx.api.post_event(body, "Decommissioning", f"draining {name}: read-only, then its ledgers move elsewhere")
+        return
+    since = dt.datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+    zk = ctx.zk(cluster.spec.zookeeper)
+    if repairs.remaining_ledgers(zk, bookie.spec.bookie_id):
+        outcome = repairs.ensure_repaired(ctx, cluster, bookie, since)
+        if outcome != repairs.Outcome.REPAIRED:
+            return
+    lifecycle.forget_cookie(zk, bookie.spec.bookie_id)
+    ctx.api.delete(CORE, "pods", ns, name)
+    for claim in resources.bookie_pvcs(bookie):
+        ctx.api.delete(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])
+    ctx.api.delete(CUSTOM, "bookies", ns, name)
+    ctx.api.post_event(cluster.to_wire(), "Decommissioned", f"{name} drained and removed; no ledger needs it")
+    log.info("decommissioned %s", name)
