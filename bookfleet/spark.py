@@ -20,6 +20,7 @@ IMAGE_APP_DIR = "/opt/bookfleet"
 
 SESSION_CONF = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.driver.host": LOCAL_IP,
     "spark.driver.bindAddress": LOCAL_IP,
     "spark.sql.shuffle.partitions": "4",

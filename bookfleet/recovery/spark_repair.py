@@ -12,6 +12,7 @@ Run it in process (`run_repair`, `bookfleet repair`) or through spark-submit (`p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from prometheus_client import Counter
 from bookfleet import spark as sparksettings
 from bookfleet import wire
 from bookfleet import zk as zkclient
+from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import (
     LedgerMetadata,
     MetadataStore,
@@ -49,6 +51,8 @@ BATCH_BYTES = 64 * 1024 * 1024
 TASKS_PER_CORE = 4
 PASSWORD_ENV = "BOOKFLEET_RECOVERY_PASSWORD"
 CAS_ATTEMPTS = 10
+ZK_SESSION_TIMEOUT = 4.0
+"""Short, so the ledger locks of a killed driver expire soon and a rerun can take them."""
 
 REPAIRED_ENTRIES = Counter("bookfleet_repair_entries", "Entries copied to replacement bookies by repair")
 REPAIRED_BYTES = Counter("bookfleet_repair_bytes", "Bytes copied to replacement bookies by repair")
@@ -228,15 +232,18 @@ class RepairJob:
         if age < self.open_grace_s:
             self.summary.pending.append(ledger_id)
             return None
-        from bookfleet.client.recovery import recover_ledger
-
         try:
-            recover_ledger(self.zk, ledger_id, self.password)
+            return asyncio.run(self.recover(ledger_id))
         except Exception as exc:  # any recovery failure leaves the ledger marked for the next run
             self.fail(ledger_id, f"ledger {ledger_id}: recovery open failed: {exc}")
             return None
-        metadata, _ = self.metadata.read(ledger_id)
-        return metadata
+
+    async def recover(self, ledger_id: int) -> LedgerMetadata:
+        bookkeeper = BookKeeper(self.zk)
+        try:
+            return await bookkeeper.recover_ledger(ledger_id, self.password)
+        finally:
+            await bookkeeper.close()
 
     # --- copying ----------------------------------------------------------------------------------------------
 
@@ -385,7 +392,7 @@ def run_repair(
     if password is None:
         password = os.environ.get(PASSWORD_ENV, "").encode()
     spark = sparksettings.session(master, app_name="bookfleet-repair")
-    with zkclient.session(zk) as client:
+    with zkclient.session(zk, ZK_SESSION_TIMEOUT) as client:
         job = RepairJob(client, password, throttle_mb_s, open_grace_s)
         return job.run(spark, ledgers, progress)
 

@@ -1,0 +1,262 @@
+"""The replica audit job: does every entry (or a sample) have its Qw replicas on the bookies its segment names?
+
+The auditor's periodic check reads only the first and last entry of each fragment; this job reads them all
+(READ_RANGE per bookie and fragment, digests verified) or a random sample (READ_ENTRY), on Spark, and marks
+every ledger that falls short with the bookies that lack replicas, so the repair job copies them back.
+Entries recorded as DATA_LOSS are skipped: nothing can bring them back, and re-marking them would loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+from kazoo.client import KazooClient
+
+from bookfleet import spark as sparksettings
+from bookfleet import wire
+from bookfleet import zk as zkclient
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.metadata import MetadataStore
+from bookfleet.client.metadata import NoSuchLedgerError as LedgerGone
+from bookfleet.client.registry import BookieRegistry
+from bookfleet.recovery.planner import FragmentPlan
+from bookfleet.recovery.repair import Connections, read_present
+from bookfleet.recovery.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
+from bookfleet.recovery.underreplication import UnderReplication
+
+READS_IN_FLIGHT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class AuditUnit:
+    """One closed fragment to check; `fragment` has no lost positions, only the range, ensemble and quorum."""
+
+    fragment: FragmentPlan
+    skip: frozenset[int] = frozenset()
+    """Entries recorded as DATA_LOSS."""
+
+
+@dataclass(slots=True)
+class AuditResult:
+    ledger_id: int
+    entries: int = 0
+    replicas: int = 0
+    short: dict[str, int] = field(default_factory=dict)
+    """bookie id -> entries it should hold but does not (absent or corrupt)."""
+    error: str | None = None
+
+
+@dataclass
+class AuditSummary:
+    ledgers: int = 0
+    fragments: int = 0
+    entries: int = 0
+    replicas: int = 0
+    seconds: float = 0.0
+    sample: float = 1.0
+    marked: dict[int, list[str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        document = asdict(self)
+        document["marked"] = {str(k): v for k, v in self.marked.items()}
+        return document
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"audited {self.ledgers} ledger(s), {self.fragments} fragment(s), {self.entries} entries "
+            f"({self.replicas} replicas) in {self.seconds:.1f}s; {len(self.marked)} ledger(s) marked under-replicated"
+        ]
+        lines += [f"marked ledger {ledger_id}: short on {', '.join(b)}" for ledger_id, b in sorted(self.marked.items())]
+        lines += [f"failure: {failure}" for failure in self.failures]
+        return lines
+
+
+def sampled(unit: AuditUnit, position: int, sample: float) -> list[int]:
+    """Entries `position` must hold, minus DATA_LOSS, thinned to `sample` (seeded: reruns check the same ones)."""
+    entries = [e for e in unit.fragment.entries_for(position) if e not in unit.skip]
+    if sample >= 1.0 or not entries:
+        return entries
+    rng = random.Random(f"{unit.fragment.ledger_id}/{unit.fragment.segment_index}/{position}")
+    return sorted(rng.sample(entries, max(1, round(len(entries) * sample))))
+
+
+async def check_replica(
+    unit: AuditUnit, position: int, connections: Connections, digester: wire.Digester, sample: float,
+    slots: asyncio.Semaphore,
+) -> tuple[int, int]:
+    """(entries expected, entries absent or corrupt) for one bookie of one fragment."""
+    fragment = unit.fragment
+    expected = sampled(unit, position, sample)
+    if not expected:
+        return 0, 0
+    bookie = fragment.bookies[position]
+    if bookie not in connections.addresses:
+        return len(expected), len(expected)  # not registered: none of its replicas can be read
+    client = await connections.get(bookie)
+    async with slots:
+        if sample >= 1.0:
+            try:
+                raws = await read_present(client, fragment.ledger_id, expected[0], expected[-1])
+            except NoSuchLedgerError:
+                raws = []
+        else:
+            raws = await asyncio.gather(*(read_or_none(client, fragment.ledger_id, e) for e in expected))
+    present = set()
+    for raw in raws:
+        if raw is None:
+            continue
+        try:
+            present.add(wire.decode_entry(digester, raw).entry_id)
+        except wire.ProtocolError:
+            continue
+    return len(expected), len(set(expected) - present)
+
+
+async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
+    try:
+        return await client.read_entry(ledger_id, entry_id)
+    except (NoSuchEntryError, NoSuchLedgerError):
+        return None
+
+
+async def audit_units(units: list[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
+    connections = Connections(addresses)
+    slots = asyncio.Semaphore(READS_IN_FLIGHT)
+    results = []
+    try:
+        for unit in units:
+            fragment = unit.fragment
+            result = AuditResult(fragment.ledger_id)
+            digester = wire.Digester(fragment.digest_type, password)
+            positions = range(fragment.ensemble_size)
+            checks = await asyncio.gather(
+                *(check_replica(unit, p, connections, digester, sample, slots) for p in positions),
+                return_exceptions=True,
+            )
+            for position, outcome in zip(positions, checks, strict=True):
+                bookie = fragment.bookies[position]
+                if isinstance(outcome, (OSError, BookieError, wire.ProtocolError)):
+                    result.error = f"ledger {fragment.ledger_id}: bookie {bookie}: {outcome}"
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                expected, absent = outcome
+                result.replicas += expected
+                if absent:
+                    result.short[bookie] = result.short.get(bookie, 0) + absent
+            result.entries = len({e for p in positions for e in sampled(unit, p, sample)})
+            results.append(result)
+    finally:
+        await connections.close()
+    return results
+
+
+def audit_partition(units: Iterable[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
+    """The Spark task body."""
+    return asyncio.run(audit_units(list(units), addresses, password, sample))
+
+
+def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
+    """Every closed fragment of every ledger (the open tail of a ledger being written has no known end)."""
+    store = MetadataStore(zk)
+    under_replication = UnderReplication(zk)
+    units = []
+    ledgers = 0
+    for ledger_id in store.ledger_ids():
+        try:
+            metadata, _ = store.read(ledger_id)
+        except LedgerGone:
+            continue
+        ledgers += 1
+        loss = under_replication.data_loss(ledger_id)
+        skip = frozenset(loss.entries if loss else ())
+        for fragment in metadata.fragments():
+            if fragment.last_entry_id is None or fragment.is_empty:
+                continue
+            plan = FragmentPlan(
+                ledger_id, fragment.index, fragment.first_entry_id, fragment.last_entry_id, fragment.bookies,
+                metadata.write_quorum, lost=(), replacements=(), digest_type=str(metadata.digest_type),
+            )
+            units.append(AuditUnit(plan, skip))
+    return units, ledgers
+
+
+def run_audit(
+    zk: str, sample: float = 1.0, master: str | None = sparksettings.DEFAULT_MASTER, password: bytes | None = None
+) -> AuditSummary:
+    """Audit every ledger's replicas once and mark the ledgers that fall short; the library entry point."""
+    if not 0 < sample <= 1:
+        raise ValueError(f"sample must be in (0, 1], got {sample}")
+    if password is None:
+        password = os.environ.get(PASSWORD_ENV, "").encode()
+    started = time.monotonic()
+    summary = AuditSummary(sample=sample)
+    spark = sparksettings.session(master, app_name="bookfleet-audit")
+    with zkclient.session(zk) as client:
+        units, summary.ledgers = plan_audit(client)
+        summary.fragments = len(units)
+        addresses = {info.bookie_id: info.address for info in BookieRegistry(client).all()}
+        if units:
+            context = spark.sparkContext
+            slices = min(len(units), max(1, context.defaultParallelism) * TASKS_PER_CORE)
+            results = (
+                context.parallelize(units, slices)
+                .mapPartitions(lambda part: audit_partition(part, addresses, password, sample))
+                .collect()
+            )
+        else:
+            results = []
+        short: dict[int, set[str]] = {}
+        for result in results:
+            summary.entries += result.entries
+            summary.replicas += result.replicas
+            if result.error:
+                summary.failures.append(result.error)
+            if result.short:
+                short.setdefault(result.ledger_id, set()).update(result.short)
+        under_replication = UnderReplication(client)
+        for ledger_id, bookies in sorted(short.items()):
+            under_replication.mark(ledger_id, bookies)
+            summary.marked[ledger_id] = sorted(bookies)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", default=os.environ.get("BOOKFLEET_ZK"), help="ZooKeeper connect string")
+    parser.add_argument("--sample", type=float, default=1.0, help="fraction of entries to check, in (0, 1]")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if not args.zk:
+        return "no ZooKeeper given: pass --zk HOST:PORT or set BOOKFLEET_ZK"
+    if not 0 < args.sample <= 1:
+        return f"--sample must be a fraction in (0, 1], got {args.sample}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point: the master comes from spark-submit."""
+    parser = argparse.ArgumentParser(prog="spark_audit.py", description="bookfleet replica audit job")
+    add_arguments(parser)
+    parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
+    args = parser.parse_args(argv)
+    if problem := check_arguments(args):
+        parser.error(problem)
+    summary = run_audit(args.zk, args.sample, args.master)
+    print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))
+    return 1 if summary.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

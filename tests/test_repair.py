@@ -1,0 +1,125 @@
+"""The Spark repair job against real ZooKeeper, real bookie processes and a real local SparkSession."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
+from bookfleet.client.metadata import MetadataStore
+from bookfleet.client.writeset import write_set
+from bookfleet.recovery.auditor import mark_lost_bookie
+from bookfleet.recovery.spark_repair import run_repair
+from bookfleet.recovery.underreplication import UnderReplication
+
+pytestmark = pytest.mark.spark
+
+SHAPE = LedgerShape(ensemble_size=3, write_quorum=2, ack_quorum=2)
+
+
+def lose_bookie(zk, bookie) -> list[int]:
+    """kill -9 a bookie and mark its ledgers, as the auditor does once the delay is over."""
+    bookie.kill9()
+    return mark_lost_bookie(zk, bookie.bookie_id)
+
+
+def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_lost_bookie_of_50_ledgers_is_repaired(spark, zk, zk_connect, bookie_fleet):
+    victim, *_ = bookie_fleet.start(3)
+    expected = asyncio.run(fill_ledgers(zk_connect, 50, 20, 512, SHAPE))
+    bookie_fleet.start(1)
+    assert len(lose_bookie(zk, victim)) == 50
+
+    summary = run_repair(zk_connect)
+
+    assert summary.failures == [] and summary.data_loss == {}
+    assert summary.ledgers == 50 and summary.fragments == 50
+    # with E=3, Qw=2 a position holds 2 of every 3 entries: 20 entries -> 14 or 13 copies per ledger
+    assert 13 * 50 <= summary.entries <= 14 * 50 and summary.bytes > summary.entries * 512
+    assert UnderReplication(zk).ledger_ids() == []
+    store = MetadataStore(zk)
+    assert store.ledgers_on_bookie(victim.bookie_id) == []
+    assert all(victim.bookie_id not in store.read(ledger_id)[0].bookies() for ledger_id in expected)
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+
+
+def test_repair_killed_half_way_converges_on_rerun(spark, zk, zk_connect, bookie_fleet):
+    victim, *_ = bookie_fleet.start(3)
+    expected = asyncio.run(fill_ledgers(zk_connect, 30, 40, 512, SHAPE))
+    bookie_fleet.start(1)
+    marked = lose_bookie(zk, victim)
+    under_replication = UnderReplication(zk)
+
+    # a separate driver process, throttled so it is still busy when it is killed mid-run
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "bookfleet", "repair", "--zk", zk_connect, "--master", "local[1]",
+         "--throttle-mb-s", "0.1", "--json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        wait_until(lambda: len(under_replication.ledger_ids()) < len(marked), 120, "the first repaired ledger")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    left = under_replication.ledger_ids()
+    assert 0 < len(left) < len(marked), "the driver was killed half-way"
+
+    # locks of the dead driver expire with its session; the rerun retries until it gets them (as the runner does)
+    summaries = []
+    wait_until(lambda: summaries.append(run_repair(zk_connect)) or not under_replication.ledger_ids(), 60, "rerun")
+    assert all(s.failures == [] for s in summaries)
+    assert sum(s.ledgers for s in summaries) == len(left)
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+    assert MetadataStore(zk).ledgers_on_bookie(victim.bookie_id) == []
+
+
+def test_entries_without_any_replica_are_data_loss_not_retried(spark, zk, zk_connect, bookie_fleet):
+    first, second, _ = bookie_fleet.start(3)
+    expected = asyncio.run(fill_ledgers(zk_connect, 4, 9, 256, SHAPE))
+    bookie_fleet.start(2)
+    lose_bookie(zk, first)
+    lose_bookie(zk, second)
+    store = MetadataStore(zk)
+    lost = {}
+    for ledger_id in expected:
+        ensemble = store.read(ledger_id)[0].segments[0].bookies
+        gone = {ensemble.index(first.bookie_id), ensemble.index(second.bookie_id)}
+        lost[ledger_id] = [e for e in range(9) if set(write_set(e, 3, 2)) <= gone]
+    assert all(len(entries) == 3 for entries in lost.values())  # one write set in three is exactly the lost pair
+
+    summary = run_repair(zk_connect)
+
+    assert summary.failures == []
+    assert summary.data_loss == lost
+    loss_lines = [line for line in summary.lines() if line.startswith("DATA LOSS")]
+    assert len(loss_lines) == 4 and "3 entries" in loss_lines[0]
+    under_replication = UnderReplication(zk)
+    assert {r.ledger_id: list(r.entries) for r in under_replication.data_losses()} == lost
+    assert under_replication.ledger_ids() == []  # given up, not left marked for a retry loop
+    again = run_repair(zk_connect)
+    assert (again.ledgers, again.entries, again.data_loss) == (0, 0, {})
+    gone = {ledger_id: set(entries) for ledger_id, entries in lost.items()}
+    assert asyncio.run(verify_replicas(zk_connect, expected, skip=gone)) == []
+
+
+def test_bad_flags_are_named(zk_connect):
+    result = subprocess.run(
+        [sys.executable, "-m", "bookfleet", "repair", "--zk", zk_connect, "--throttle-mb-s", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--throttle-mb-s must be positive, got 0.0" in result.stderr
