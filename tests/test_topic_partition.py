@@ -62,6 +62,7 @@ def test_topic_partitions_and_names(zk):
     assert [p.index for p in Topic(zk, "plain").partitions()] == [-1]
     Topic(zk, "split").create(3)
     assert [p.index for p in Topic(zk, "split").partitions()] == [0, 1, 2]
+    assert Topic(zk, "split").create() == 3
     with pytest.raises(TopicError, match="exists with 3 partition"):
         Topic(zk, "split").create(2)
     with pytest.raises(TopicError, match="does not exist"):

@@ -175,17 +175,21 @@ class Topic:
         self.name = check_topic_name(name)
         self.path = zkpaths.topic(name)
 
-    def create(self, partitions: int) -> int:
-        """Create the topic with `partitions` (0: non-partitioned), or check an existing one; returns the count."""
-        if partitions < 0:
+    def create(self, partitions: int | None = None) -> int:
+        """Create the topic with `partitions` (0: non-partitioned), or check an existing one; returns the count.
+
+        With None an existing topic keeps its count and a new one is non-partitioned.
+        """
+        if partitions is not None and partitions < 0:
             raise TopicError(f"topic {self.name!r}: partition count must be >= 0, got {partitions}")
         try:
-            self.zk.create(self.path, json.dumps({"partitions": partitions}).encode(), makepath=True)
+            self.zk.create(self.path, json.dumps({"partitions": partitions or 0}).encode(), makepath=True)
         except NodeExistsError:
             existing = self.partition_count()
-            if existing != partitions:
+            if partitions is not None and existing != partitions:
                 raise TopicError(f"topic {self.name!r} exists with {existing} partition(s), not {partitions}") from None
-        return partitions
+            return existing
+        return partitions or 0
 
     def partition_count(self) -> int:
         try:
