@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bookfleet.zkserver import free_port
+from bookfleet.zkserver import ZooKeeperServer, free_port
 
 
 class BookieStartError(RuntimeError):
@@ -196,3 +196,41 @@ class BookieFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StandaloneCluster:
+    """ZooKeeper (embedded unless `zk` is given) plus `bookies` bookie processes with stable ids bookie-<n>.
+
+    Everything lives under `data_dir`, so a second run on the same dir brings back the same bookies and ledgers.
+    """
+
+    def __init__(self, data_dir: Path, bookies: int, zk: str | None = None, zk_port: int | None = None):
+        self.data_dir = Path(data_dir).resolve()
+        self.bookie_count = bookies
+        self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port)
+        self.zk = zk or self.zookeeper.connect
+        self.fleet = BookieFleet(self.zk, self.data_dir)
+
+    def start(self) -> StandaloneCluster:
+        if self.zookeeper is not None:
+            self.zookeeper.start()
+        try:
+            for n in range(self.bookie_count):
+                self.fleet.add(f"bookie-{n}").start()
+            for bookie in self.fleet.bookies:
+                bookie.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.fleet.stop()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+
+    def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

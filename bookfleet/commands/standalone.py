@@ -1,0 +1,47 @@
+"""`bookfleet standalone`: ZooKeeper and N bookies on this machine, until Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from bookfleet.cli import CommandError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("standalone", help="run ZooKeeper and N bookies locally until Ctrl-C")
+    parser.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
+    parser.add_argument("--data-dir", type=Path, default=Path("data/standalone"), help="where everything is kept")
+    parser.add_argument("--zk", help="use this ZooKeeper (HOST:PORT[/chroot]) instead of an embedded one")
+    parser.add_argument("--zk-port", type=int, help="port of the embedded ZooKeeper (default: any free port)")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from bookfleet.fleet import BookieStartError, StandaloneCluster
+    from bookfleet.zkserver import ZooKeeperUnavailable
+
+    if args.bookies < 1:
+        raise CommandError(f"--bookies must be at least 1, not {args.bookies}")
+    # SIGTERM stops as cleanly as Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port)
+    try:
+        cluster.start()
+    except (BookieStartError, ZooKeeperUnavailable) as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        print(f"ZooKeeper: {cluster.zk}")
+        for bookie in cluster.fleet.bookies:
+            print(f"bookie {bookie.bookie_id} at {bookie.address} (http {bookie.http_port}), logs {bookie.log_path}")
+        print("running; Ctrl-C stops", flush=True)
+        while all(bookie.running for bookie in cluster.fleet.bookies):
+            time.sleep(0.5)
+        dead = [bookie for bookie in cluster.fleet.bookies if not bookie.running]
+        raise CommandError(f"bookie {dead[0].bookie_id} exited:\n{dead[0].log_tail()}")
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+        return 0
+    finally:
+        cluster.stop()
