@@ -1,0 +1,51 @@
+"""The replica audit job finds replicas that are gone although their bookie is up, and marks those ledgers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookfleet import zkpaths
+from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
+from bookfleet.client.metadata import MetadataStore
+from bookfleet.recovery.spark_audit import run_audit
+from bookfleet.recovery.spark_repair import run_repair
+from bookfleet.recovery.underreplication import UnderReplication
+
+pytestmark = pytest.mark.spark
+
+
+def test_audit_marks_ledgers_whose_bookie_lost_its_data(spark, zk, zk_connect, bookie_fleet):
+    bookies = bookie_fleet.start(4)
+    expected = asyncio.run(fill_ledgers(zk_connect, 8, 12, 300, LedgerShape(3, 2, 2)))
+
+    healthy = run_audit(zk_connect)
+    assert (healthy.ledgers, healthy.fragments, healthy.entries) == (8, 8, 8 * 12)
+    assert healthy.replicas == 8 * 12 * 2 and healthy.marked == {} and healthy.failures == []
+
+    # the bookie comes back on empty disks under its old id: registered and serving, but holding nothing
+    victim = bookies[0]
+    victim.stop()
+    victim.wipe()
+    zk.delete(zkpaths.cookie(victim.bookie_id))
+    victim.start().wait_ready()
+    on_victim = MetadataStore(zk).ledgers_on_bookie(victim.bookie_id)
+    assert on_victim
+
+    sampled = run_audit(zk_connect, sample=0.25)
+    assert sorted(sampled.marked) == on_victim and sampled.entries < healthy.entries
+    full = run_audit(zk_connect)
+    assert full.marked == {ledger_id: [victim.bookie_id] for ledger_id in on_victim}
+    assert "short on" in full.lines()[1]
+    under_replication = UnderReplication(zk)
+    assert [(m.ledger_id, set(m.missing_bookies)) for m in under_replication.markers()] == [
+        (ledger_id, {victim.bookie_id}) for ledger_id in on_victim
+    ]
+
+    # and the repair job puts the replicas back (on the one bookie outside each ensemble)
+    summary = run_repair(zk_connect)
+    assert summary.failures == [] and summary.ledgers == len(on_victim)
+    assert under_replication.ledger_ids() == []
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+    assert run_audit(zk_connect).marked == {}
