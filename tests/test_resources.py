@@ -1,0 +1,194 @@
+"""Manifest builders: valid Kubernetes objects with stable names, the right labels, probes and owners."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from bookfleet.kube import resources
+from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+
+LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
+
+
+def stored(manifest: dict[str, Any], uid: str) -> dict[str, Any]:
+    """The manifest as the API server returns it after create: with a uid."""
+    return {**manifest, "metadata": {**manifest["metadata"], "uid": uid}}
+
+
+@pytest.fixture
+def cluster() -> BookieCluster:
+    return BookieCluster.model_validate(
+        {
+            "metadata": {"name": "demo", "namespace": "storage", "uid": "cluster-uid"},
+            "spec": {
+                "replicas": 4,
+                "zookeeper": "zk.storage.svc:2181",
+                "zones": ["zone-a", "zone-b", "zone-c"],
+                "antiAffinity": "required",
+                "resources": {"requests": {"cpu": 1, "memory": "1Gi"}},
+                "storage": {"ledgers": {"size": "5Gi", "storageClassName": "fast"}},
+                "bookie": {"extraArgs": ["--journal-max-wait-ms", "2"]},
+                "autoRecovery": {"repair": {"executors": 3, "executorMemory": "2g", "throttleMbPerS": 50}},
+            },
+        }
+    )
+
+
+@pytest.fixture
+def bookie(cluster: BookieCluster) -> Bookie:
+    return Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[1], "bookie-uid"))
+
+
+def valid(manifest: dict[str, Any]) -> dict[str, Any]:
+    kubernetes_validate.validate(manifest, "1.30", strict=True)
+    return manifest
+
+
+def owner(manifest: dict[str, Any]) -> tuple[str, str, str]:
+    (reference,) = manifest["metadata"]["ownerReferences"]
+    assert reference["controller"] is True and reference["blockOwnerDeletion"] is True
+    return reference["kind"], reference["name"], reference["uid"]
+
+
+def test_bookies_of_a_cluster_have_stable_names_and_round_robin_zones(cluster: BookieCluster) -> None:
+    bookies = [Bookie.model_validate(manifest) for manifest in resources.bookies_for_cluster(cluster)]
+    assert [b.metadata.name for b in bookies] == ["demo-0", "demo-1", "demo-2", "demo-3"]
+    assert [b.spec.zone for b in bookies] == ["zone-a", "zone-b", "zone-c", "zone-a"]
+    assert bookies[2].spec.bookie_id == "demo-2.demo-bookies.storage.svc:3181"
+    assert bookies[0].spec.storage.ledgers.storage_class_name == "fast"
+    assert bookies[0].metadata.labels[resources.LABEL_CLUSTER] == "demo"
+    assert owner(resources.bookies_for_cluster(cluster)[0]) == ("BookieCluster", "demo", "cluster-uid")
+
+
+def test_bookie_pod(cluster: BookieCluster, bookie: Bookie) -> None:
+    pod = valid(resources.bookie_pod(cluster, bookie))
+    assert pod["metadata"]["name"] == "demo-1" and pod["metadata"]["namespace"] == "storage"
+    assert owner(pod) == ("Bookie", "demo-1", "bookie-uid")
+    pod_labels = pod["metadata"]["labels"]
+    assert pod_labels.items() >= {**resources.BOOKIE_POD_SELECTOR, "bookfleet.io/cluster": "demo"}.items()
+    assert pod_labels["bookfleet.io/bookie"] == "demo-1"
+    spec = pod["spec"]
+    assert (spec["hostname"], spec["subdomain"]) == ("demo-1", resources.service_name("demo"))
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    command = container["command"]
+    assert command[:2] == ["bookfleet", "bookie"]
+    flags = dict(zip(command[2::2], command[3::2], strict=False))
+    assert flags["--id"] == flags["--advertised-address"] == "demo-1.demo-bookies.storage.svc:3181"
+    assert (flags["--zk"], flags["--zone"], flags["--port"], flags["--http-port"]) == (
+        "zk.storage.svc:2181",
+        "zone-b",
+        "3181",
+        "8000",
+    )
+    assert (flags["--journal-dir"], flags["--ledger-dir"]) == ("/data/journal", "/data/ledgers")
+    assert flags["--disk-quota"] == str(5 * 2**30)
+    assert command[-2:] == ["--journal-max-wait-ms", "2"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["resources"] == {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {}}
+    zone_term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert zone_term == [{"matchExpressions": [{"key": resources.ZONE_LABEL, "operator": "In", "values": ["zone-b"]}]}]
+    (spread,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["topologyKey"] == resources.HOSTNAME_LABEL
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+    assert claims == {"journal": "demo-1-journal", "ledgers": "demo-1-ledgers"}
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == resources.VOLUMES
+
+
+def test_bookie_pvcs_and_headless_service(cluster: BookieCluster, bookie: Bookie) -> None:
+    journal, ledgers = (valid(pvc) for pvc in resources.bookie_pvcs(bookie))
+    assert [journal["metadata"]["name"], ledgers["metadata"]["name"]] == ["demo-1-journal", "demo-1-ledgers"]
+    assert owner(journal) == ("Bookie", "demo-1", "bookie-uid")
+    assert journal["spec"]["resources"]["requests"]["storage"] == "2Gi" and "storageClassName" not in journal["spec"]
+    assert ledgers["spec"]["storageClassName"] == "fast"
+    service = valid(resources.bookies_service(cluster))
+    assert service["metadata"]["name"] == "demo-bookies" and owner(service)[0] == "BookieCluster"
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    pod_labels = resources.bookie_pod(cluster, bookie)["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_repair_names_are_deterministic(cluster: BookieCluster, bookie: Bookie) -> None:
+    name = resources.repair_name("demo", "demo-1", LOST)
+    same_second_elsewhere = LOST.replace(microsecond=0).astimezone(dt.timezone(dt.timedelta(hours=2)))
+    assert name == resources.repair_name("demo", "demo-1", same_second_elsewhere)
+    assert name != resources.repair_name("demo", "demo-1", LOST + dt.timedelta(seconds=1))
+    assert name != resources.repair_name("demo", "demo-1", LOST, attempt=1)
+    assert name != resources.repair_name("other", "demo-1", LOST)
+    assert name.startswith("demo-1-repair-")
+    assert len(resources.repair_name("c" * 80, "b" * 80, LOST)) <= resources.MAX_NAME
+    assert resources.repair_job(cluster, bookie, LOST)["metadata"]["name"] == name
+
+
+def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: BookieCluster, bookie: Bookie) -> None:
+    job = valid(resources.repair_job(cluster, bookie, LOST, ledgers=[7, 9]))
+    assert owner(job) == ("BookieCluster", "demo", "cluster-uid")
+    assert job["metadata"]["labels"]["app.kubernetes.io/component"] == "repair"
+    assert job["metadata"]["annotations"][resources.ANNOTATION_LOST_SINCE] == "2024-05-01T12:30:15+00:00"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "bookfleet-repair" and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["image"] == cluster.spec.image
+    command = container["command"]
+    assert command[0] == "spark-submit"
+    options = dict(zip(command[1::2], command[2::2], strict=False))
+    assert options["--master"] == "k8s://https://kubernetes.default.svc"
+    assert options["--deploy-mode"] == "client"
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    assert conf["spark.kubernetes.namespace"] == "storage"
+    assert conf["spark.kubernetes.container.image"] == cluster.spec.image
+    assert conf["spark.executor.instances"] == "3" and conf["spark.executor.memory"] == "2g"
+    assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
+    application = next(arg for arg in command if arg.endswith("spark_repair.py"))
+    assert not application.startswith("local://"), "client mode reads the application from the driver's disk"
+    app_args = command[command.index(application) + 1 :]
+    assert app_args[:2] == ["--zk", "zk.storage.svc:2181"]
+    assert "7" in app_args and "9" in app_args and "50.0" in app_args
+
+
+def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> None:
+    app = resources.spark_application(cluster, bookie, LOST, ledgers=[7])
+    assert app["apiVersion"] == "sparkoperator.k8s.io/v1beta2" and app["kind"] == "SparkApplication"
+    assert app["metadata"]["name"] == resources.repair_name("demo", "demo-1", LOST)
+    spec = app["spec"]
+    assert (spec["type"], spec["mode"], spec["image"]) == ("Python", "cluster", cluster.spec.image)
+    assert spec["mainApplicationFile"].startswith("local://")
+    assert spec["arguments"][:2] == ["--zk", "zk.storage.svc:2181"]
+    assert spec["driver"]["serviceAccount"] == "bookfleet-repair"
+    assert (spec["executor"]["instances"], spec["executor"]["memory"]) == (3, "2g")
+    assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
+
+
+def test_repair_rbac_is_namespaced_and_minimal() -> None:
+    account, role, binding = (valid(obj) for obj in resources.repair_rbac("storage", "bookfleet-repair"))
+    assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
+    assert {resource for rule in role["rules"] for resource in rule["resources"]} == {
+        "pods",
+        "services",
+        "configmaps",
+        "persistentvolumeclaims",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bookfleet-repair", "namespace": "storage"}]
+
+
+def test_owner_references_need_a_stored_owner() -> None:
+    ledger = Ledger.model_validate({"metadata": {"name": "l1"}, "spec": {"cluster": "demo"}})
+    with pytest.raises(ValueError, match="Ledger 'l1' has no uid yet"):
+        resources.owner_reference(ledger)
+    body = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger", "metadata": {"name": "l1", "uid": "u"}}
+    assert resources.owner_reference(body)["uid"] == "u"
+
+
+def test_quantities() -> None:
+    assert resources.quantity_bytes("10Gi") == 10 * 2**30
+    assert resources.quantity_bytes("500M") == 500 * 10**6
+    assert resources.quantity_bytes(1024) == 1024
+    assert resources.quantity_bytes("1.5Ki") == 1536
+    with pytest.raises(ValueError, match="'10GB' is not a storage quantity"):
+        resources.quantity_bytes("10GB")
