@@ -161,6 +161,18 @@ async def test_unclean_stop_replays_the_journal_from_the_last_log_mark(open_stor
     assert storage.last_entry_id(1) == 79 and storage.lac(2) == 8
 
 
+async def test_a_cancelled_add_does_not_fail_the_others_in_its_batch(open_storage):
+    storage = await open_storage(journal_max_wait=0.05)
+    adds = [asyncio.ensure_future(storage.add_entry(1, e, make_entry(1, e), KEY)) for e in range(3)]
+    await asyncio.sleep(0)  # all three are appended and wait for the same group commit
+    adds[1].cancel()
+    await asyncio.gather(adds[0], adds[2])
+    assert adds[1].cancelled()
+    await storage.force(1)
+    # Like a lost acknowledgement: the cancelled add was journaled anyway and is stored.
+    assert [await storage.read_entry(1, e) for e in range(3)] == [make_entry(1, e) for e in range(3)]
+
+
 def last_journal(storage_dirs):
     journal_dir, _ = storage_dirs
     return journal.journal_path(journal_dir, journal.journal_seqs(journal_dir)[-1])

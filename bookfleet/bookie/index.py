@@ -64,13 +64,13 @@ class LedgerIndex:
             "SELECT log, offset, size FROM entries WHERE ledger = ? AND entry = ?", (ledger_id, entry_id)
         ).fetchone()
 
-    def locate_range(self, ledger_id: int, first: int, last: int, limit: int) -> list[tuple[int, int, int, int]]:
-        """(entry, log, offset, size) of up to `limit` flushed entries in [first, last], ascending."""
+    def locate_range(self, ledger_id: int, first: int, last: int) -> sqlite3.Cursor:
+        """A cursor over (entry, log, offset, size) of the flushed entries in [first, last], ascending; rows are
+        fetched as they are consumed, so close it when done."""
         return self._reader.execute(
-            "SELECT entry, log, offset, size FROM entries WHERE ledger = ? AND entry BETWEEN ? AND ? "
-            "ORDER BY entry LIMIT ?",
-            (ledger_id, first, last, limit),
-        ).fetchall()
+            "SELECT entry, log, offset, size FROM entries WHERE ledger = ? AND entry BETWEEN ? AND ? ORDER BY entry",
+            (ledger_id, first, last),
+        )
 
     def commit_flush(self, locations: Iterable[tuple], ledgers: Iterable[tuple]) -> None:
         """Insert entry locations and ledger rows (LedgerState.row) in one durable transaction."""

@@ -31,6 +31,8 @@ class Memtable:
         entries = self.ledgers.get(ledger_id)
         if not entries:
             return []
+        if last - first < len(entries):
+            return [e for e in range(first, last + 1) if e in entries]
         return sorted(e for e in entries if first <= e <= last)
 
     def drop(self, ledger_ids: Iterable[int]) -> None:
@@ -51,6 +53,3 @@ class Memtable:
             entries = self.ledgers[ledger_id]
             for entry_id in sorted(entries):
                 yield ledger_id, entry_id, entries[entry_id]
-
-    def __len__(self) -> int:
-        return sum(len(entries) for entries in self.ledgers.values())

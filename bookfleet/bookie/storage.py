@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import os
 import time
@@ -191,7 +192,7 @@ class LedgerStorage:
         synced = self._journal.append(RecordType.ADD, entry)
         if self._active.size >= self.settings.memtable_bytes:
             await self._memtable_full()
-        await asyncio.shield(synced)
+        await synced
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Fence a ledger: from now on only recovery adds are accepted. A ledger this bookie has never seen is
@@ -200,7 +201,7 @@ class LedgerStorage:
         state = self._authorized(ledger_id, master_key)
         state.fenced = True
         self._dirty.add(ledger_id)
-        await asyncio.shield(self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id)))
+        await self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id))
 
     async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards."""
@@ -212,14 +213,14 @@ class LedgerStorage:
             self._dirty.add(ledger_id)
             if state.lac > previous:
                 self._wake_lac_waiters(ledger_id)
-        await asyncio.shield(self._journal.append(RecordType.LAC, LEDGER_AND_LAC.pack(ledger_id, lac)))
+        await self._journal.append(RecordType.LAC, LEDGER_AND_LAC.pack(ledger_id, lac))
 
     async def force(self, ledger_id: int) -> None:
         """Return once everything accepted before this call is fdatasynced (FORCE_LEDGER)."""
         self._check_open()
         synced = self._journal.barrier()
         if synced is not None:
-            await asyncio.shield(synced)
+            await synced
 
     # --- reads -------------------------------------------------------------------------------------------------
 
@@ -252,19 +253,20 @@ class LedgerStorage:
             if memtable is not None:
                 for entry_id in memtable.entry_ids(ledger_id, first, last):
                     in_memory[entry_id] = memtable.get(ledger_id, entry_id)
-        # Entries are at least header-sized, which bounds how many index rows the byte budget could ever take.
-        limit = max(1, max_bytes // _ENTRY_HEADER.size)
-        on_disk = {row[0]: row[1:] for row in self._index.locate_range(ledger_id, first, last, limit)}
         entries: list[bytes] = []
         total = 0
-        for entry_id in sorted(in_memory.keys() | on_disk.keys()):
-            entry = in_memory.get(entry_id)
-            if entry is None:
-                entry = self._entry_logger.read(*on_disk[entry_id])
-            total += len(entry)
-            if entries and total > max_bytes:
-                break
-            entries.append(entry)
+        previous = None
+        with contextlib.closing(self._index.locate_range(ledger_id, first, last)) as on_disk:
+            # (entry,) sorts before (entry, log, offset, size): the memtable's copy of an entry comes first and wins.
+            for item in heapq.merge([(entry_id,) for entry_id in sorted(in_memory)], on_disk):
+                if item[0] == previous:
+                    continue
+                previous = item[0]
+                entry = in_memory[previous] if len(item) == 1 else self._entry_logger.read(*item[1:])
+                total += len(entry)
+                if entries and total > max_bytes:
+                    break
+                entries.append(entry)
         return entries
 
     def lac(self, ledger_id: int) -> int:
