@@ -320,6 +320,9 @@ class LedgerStorage:
         journal records and a restart does not bring them back."""
         self._check_open()
         await self.flush()
+        return await asyncio.shield(self._collect_garbage(live_ledgers))
+
+    async def _collect_garbage(self, live_ledgers: set[int]) -> GcReport:
         async with self._flush_lock:
             deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
             for ledger_id in deleted:
@@ -339,7 +342,11 @@ class LedgerStorage:
 
     async def flush(self) -> None:
         """Move the memtable into the entry log and index, make both durable, then checkpoint and drop the journal
-        files wholly before the new mark."""
+        files wholly before the new mark. Shielded: a cancelled caller must not release the lock while a worker
+        thread still writes the entry log and the index."""
+        await asyncio.shield(self._flush())
+
+    async def _flush(self) -> None:
         async with self._flush_lock:
             if not self._active.ledgers and not self._dirty:
                 return
