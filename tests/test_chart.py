@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bookfleet.cli import build_parser
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import BookieCluster, cluster_problems
 
@@ -82,6 +83,17 @@ def by_kind(objects: list[dict[str, Any]], kind: str, component: str | None = No
     ]
 
 
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """Every (apiGroup, resource, verb) a list of RBAC rules allows."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
 def test_repair_account_has_exactly_what_the_builders_grant(chart: helm.Chart) -> None:
     objects = render(chart, ALL_OPTIONAL)
     (role,) = by_kind(objects, "Role", "repair")
@@ -99,13 +111,7 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
     assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
-    granted = {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
+    granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
     built |= {("sparkoperator.k8s.io", "sparkapplications")} | {("bookfleet.io", p) for p in ("bookies", "ledgers")}
     for group, resource in built:
@@ -113,10 +119,18 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     for plural in ("bookieclusters", "bookies", "ledgers"):
         assert ("bookfleet.io", f"{plural}/status", "patch") in granted
     assert ("", "events", "create") in granted
+    assert grants(resources.REPAIR_RULES) <= granted, "creating the repair Role needs every permission it grants"
+    for kind in ("serviceaccounts", "roles", "rolebindings"):
+        group = "" if kind == "serviceaccounts" else "rbac.authorization.k8s.io"
+        assert {(group, kind, "get"), (group, kind, "create")} <= granted
+    assert not any(verb in ("escalate", "bind", "*") or "*" in (group, resource) for group, resource, verb in granted)
     assert not any(resource == "secrets" and verb != "get" for _, resource, verb in granted)
     (deployment,) = by_kind(objects, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet", "--standalone"]
+    assert command[:7] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet", "--standalone"]
+    assert command[7:] == ["--liveness", "http://0.0.0.0:8080/healthz"]
+    parsed = build_parser().parse_args(command[1:])
+    assert (parsed.namespaces, parsed.standalone) == (["bookfleet"], True)
 
 
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart: helm.Chart) -> None:

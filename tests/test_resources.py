@@ -8,6 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
 
@@ -31,7 +32,7 @@ def cluster() -> BookieCluster:
                 "antiAffinity": "required",
                 "resources": {"requests": {"cpu": 1, "memory": "1Gi"}},
                 "storage": {"ledgers": {"size": "5Gi", "storageClassName": "fast"}},
-                "bookie": {"extraArgs": ["--journal-max-wait-ms", "2"]},
+                "bookie": {"extraArgs": ["--max-in-flight", "500"]},
                 "autoRecovery": {"repair": {"executors": 3, "executorMemory": "2g", "throttleMbPerS": 50}},
             },
         }
@@ -85,9 +86,12 @@ def test_bookie_pod(cluster: BookieCluster, bookie: Bookie) -> None:
         "3181",
         "8000",
     )
+    assert flags["--listen-host"] == "0.0.0.0"
     assert (flags["--journal-dir"], flags["--ledger-dir"]) == ("/data/journal", "/data/ledgers")
     assert flags["--disk-quota"] == str(5 * 2**30)
-    assert command[-2:] == ["--journal-max-wait-ms", "2"]
+    assert command[-2:] == ["--max-in-flight", "500"]
+    parsed = build_parser().parse_args(command[1:])
+    assert (parsed.command, parsed.bookie_id, parsed.disk_quota) == ("bookie", flags["--id"], 5 * 2**30)
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["resources"] == {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {}}

@@ -214,6 +214,7 @@ def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
     """The bookie's command line; the advertised address is the stable id, never the pod IP."""
     spec, settings = cluster.spec, cluster.spec.bookie
     command = ["bookfleet", "bookie", "--id", bookie.spec.bookie_id, "--advertised-address", bookie.spec.bookie_id]
+    command += ["--listen-host", "0.0.0.0"]  # the kubelet's probes and other pods reach the pod IP, not loopback
     command += ["--port", str(settings.port), "--http-port", str(settings.http_port), "--zk", spec.zookeeper]
     if bookie.spec.zone:
         command += ["--zone", bookie.spec.zone]
