@@ -89,6 +89,7 @@ def spark_submit_command(
         conf["spark.kubernetes.pyspark.pythonVersion"] = "3"
     else:
         conf["spark.pyspark.python"] = sys.executable
+        conf["spark.pyspark.driver.python"] = sys.executable
         conf["spark.driver.host"] = LOCAL_IP
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,14 @@ def register(subparsers) -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("data/standalone"), help="where everything is kept")
     parser.add_argument("--zk", help="use this ZooKeeper (HOST:PORT[/chroot]) instead of an embedded one")
     parser.add_argument("--zk-port", type=int, help="port of the embedded ZooKeeper (default: any free port)")
+    parser.add_argument(
+        "--no-auto-recovery", action="store_true", help="run no auditor and no repair runner next to the bookies"
+    )
+    parser.add_argument(
+        "--repair-mode", choices=("in-process", "spark-submit"), default="in-process",
+        help="run the Spark repair job in this process (default) or through spark-submit",
+    )
+    parser.add_argument("--spark-master", default="local[2]", help="Spark master of the repair job (default local[2])")
     parser.set_defaults(handler=handle)
 
 
@@ -31,17 +40,29 @@ def handle(args) -> int:
         cluster.start()
     except (BookieStartError, ZooKeeperUnavailable) as exc:
         raise CommandError(str(exc)) from None
+    recovery = None
     try:
+        if not args.no_auto_recovery:
+            from bookfleet.recovery.runner import AutoRecovery
+
+            recovery = AutoRecovery(cluster.zk, mode=args.repair_mode, master=args.spark_master).start()
         print(f"ZooKeeper: {cluster.zk}")
         for bookie in cluster.fleet.bookies:
             print(f"bookie {bookie.bookie_id} at {bookie.address} (http {bookie.http_port}), logs {bookie.log_path}")
+        if not args.no_auto_recovery:
+            print("auditor and repair runner on: a lost bookie's ledgers are re-replicated", flush=True)
         print("running; Ctrl-C stops", flush=True)
         while all(bookie.running for bookie in cluster.fleet.bookies):
             time.sleep(0.5)
         dead = [bookie for bookie in cluster.fleet.bookies if not bookie.running]
+        if not args.no_auto_recovery:  # losing a bookie is what auto-recovery is for: keep serving
+            print(f"bookie {dead[0].bookie_id} exited; auto-recovery re-replicates its ledgers", flush=True)
+            threading.Event().wait()
         raise CommandError(f"bookie {dead[0].bookie_id} exited:\n{dead[0].log_tail()}")
     except KeyboardInterrupt:
         print("stopping", flush=True)
         return 0
     finally:
+        if recovery is not None:
+            recovery.stop()
         cluster.stop()

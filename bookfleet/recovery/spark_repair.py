@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from kazoo.client import KazooClient
 from prometheus_client import Counter
@@ -79,6 +79,14 @@ class RepairSummary:
         document["data_loss"] = {str(k): v for k, v in self.data_loss.items()}
         document["mb_per_s"] = round(self.bytes / 1e6 / self.seconds, 3) if self.seconds else 0.0
         return document
+
+    @classmethod
+    def from_dict(cls, document: dict) -> RepairSummary:
+        """The inverse of to_dict (what a spark-submit child prints with --json)."""
+        names = {f.name for f in fields(cls)}
+        values = {key: value for key, value in document.items() if key in names}
+        values["data_loss"] = {int(k): v for k, v in values.get("data_loss", {}).items()}
+        return cls(**values)
 
     def lines(self) -> list[str]:
         """The human summary: one line of totals, then one per failure and per ledger with lost data."""
