@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.recovery import spark_repair
 
 LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
 
@@ -153,7 +155,10 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert not application.startswith("local://"), "client mode reads the application from the driver's disk"
     app_args = command[command.index(application) + 1 :]
     assert app_args[:2] == ["--zk", "zk.storage.svc:2181"]
-    assert "7" in app_args and "9" in app_args and "50.0" in app_args
+    parser = argparse.ArgumentParser()
+    spark_repair.add_arguments(parser)
+    parsed = parser.parse_args(app_args)
+    assert (parsed.zk, list(parsed.ledgers), parsed.throttle_mb_s) == ("zk.storage.svc:2181", [7, 9], 50.0)
 
 
 def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> None:
