@@ -33,9 +33,9 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 
 from bookfleet import wire, zkpaths
-from bookfleet.client.connection import BookieClient, BookieError
+from bookfleet.client.connection import BookieError
 from bookfleet.client.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
-from bookfleet.client.registry import BookieRegistry, UnknownBookie
+from bookfleet.client.registry import BookiePool, BookieRegistry
 from bookfleet.client.writeset import stores_entry
 from bookfleet.recovery.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
 
@@ -128,12 +128,11 @@ def _writable(zk: KazooClient) -> set[str]:
 
 
 class _ReplicaChecker:
-    """Reads fragment ends from replicas; one connection per bookie for the whole check."""
+    """Reads fragment ends from replicas, over one pooled connection per bookie for the whole check."""
 
     def __init__(self, zk: KazooClient):
         self.store = MetadataStore(zk)
-        self.registry = BookieRegistry(zk)
-        self._clients: dict[str, asyncio.Task] = {}
+        self.pool = BookiePool(BookieRegistry(zk))
 
     async def damaged(self, ledger_ids: list[int]) -> dict[int, set[str]]:
         """Ledger id -> bookies failing their replica reads, for every ledger with at least one failure."""
@@ -154,7 +153,7 @@ class _ReplicaChecker:
         try:
             results = await asyncio.gather(*(one(ledger_id, *check) for ledger_id, check in checks.items()))
         finally:
-            await self._close()
+            await self.pool.close()
         return {ledger_id: failing for ledger_id, failing in zip(checks, results, strict=True) if failing}
 
     async def _failing(self, ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> set[str]:
@@ -171,27 +170,14 @@ class _ReplicaChecker:
 
     async def _has_entry(self, bookie: str, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> bool:
         try:
-            client = await self._client(bookie)
-            data = await client.read_entry(ledger_id, entry_id)
+            data = await (await self.pool.get(bookie)).read_entry(ledger_id, entry_id)
             if metadata.digest_type == wire.DigestType.CRC32C:
                 entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), data)
                 return (entry.ledger_id, entry.entry_id) == (ledger_id, entry_id)
             return wire.entry_ids(data)[:2] == (ledger_id, entry_id)  # MAC needs the password the auditor lacks
-        except (BookieError, ConnectionError, UnknownBookie, wire.ProtocolError) as exc:
+        except (BookieError, ConnectionError, wire.ProtocolError) as exc:
             log.debug("replica of ledger %d entry %d on %s failed: %s", ledger_id, entry_id, bookie, exc)
             return False
-
-    async def _client(self, bookie: str) -> BookieClient:
-        if bookie not in self._clients:
-            self._clients[bookie] = asyncio.ensure_future(BookieClient.connect(self.registry.address(bookie)))
-        return await self._clients[bookie]
-
-    async def _close(self) -> None:
-        for task in self._clients.values():
-            if task.done() and not task.exception():
-                await task.result().close()
-            elif not task.done():
-                task.cancel()
 
 
 class Auditor:

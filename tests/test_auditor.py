@@ -1,0 +1,149 @@
+"""The auditor against real bookies: lost-bookie delay, returns, election failover, stale markers, replica check."""
+
+import asyncio
+import time
+
+import pytest
+
+from bookfleet import zk as zkclient
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.metadata import MetadataStore
+from bookfleet.recovery.auditor import Auditor, check_ledgers, mark_lost_bookie
+from bookfleet.recovery.underreplication import UnderReplication
+
+
+def wait_for(condition, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.02)
+    return result
+
+
+def stays(condition, seconds):
+    """`condition` holds throughout `seconds` (for things that must NOT happen)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert condition(), condition.__doc__ or "a condition that must hold broke"
+        time.sleep(0.05)
+
+
+async def _write_ledgers(zk, count):
+    async with BookKeeper(zk) as bk:
+        for n in range(count):
+            writer = await bk.create_ledger(3, 2, 2)
+            for e in range(5):
+                await writer.add(f"ledger {n} entry {e}".encode())
+            await writer.close()
+
+
+@pytest.fixture
+def fleet(zk, bookie_fleet):
+    """Four bookies holding eight closed ledgers (E=3, Qw=2), so every bookie has some."""
+    bookies = bookie_fleet.start(4)
+    asyncio.run(_write_ledgers(zk, 8))
+    return bookies
+
+
+@pytest.fixture
+def auditor_sessions(zk_connect):
+    """Factory of auditors, each with its own ZooKeeper session; all stopped and closed at teardown."""
+    started = []
+
+    def make(name):
+        client = zkclient.connect(zk_connect)
+        auditor = Auditor(client, name, default_delay=0.0)
+        started.append((auditor, client))
+        return auditor.start(), client
+
+    yield make
+    for auditor, client in started:
+        auditor.stop()
+        client.stop()
+        client.close()
+
+
+def _markers(zk):
+    return {m.ledger_id: m.missing_bookies for m in UnderReplication(zk).markers()}
+
+
+def test_lost_bookie_is_marked_after_the_delay_read_at_run_time(zk, fleet, auditor_sessions):
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(60)
+    auditor, _ = auditor_sessions("a1")
+    assert auditor.wait_active(10)
+    lost = fleet[0]
+    expected = MetadataStore(zk).ledgers_on_bookie(lost.bookie_id)
+    assert expected
+
+    stopped_at = time.monotonic()
+    lost.stop()
+    stays(lambda: _markers(zk) == {}, 0.5)  # 60 s delay: not lost yet
+    ur.set_recovery_delay(1.2)  # the running auditor picks the new delay up through its watch
+    wait_for(lambda: _markers(zk), what="marking")
+    assert time.monotonic() - stopped_at >= 1.2  # counted from the loss
+    wait_for(lambda: _markers(zk) == {ledger_id: {lost.bookie_id} for ledger_id in expected}, what="all marked")
+
+
+def test_bookie_returning_within_the_delay_marks_nothing(zk, fleet, auditor_sessions):
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(10)
+    auditor, _ = auditor_sessions("a1")
+    assert auditor.wait_active(10)
+    fleet[1].stop()
+    fleet[1].start().wait_ready()  # same id, same cookie and data
+    ur.set_recovery_delay(0)  # a loss still pending would be marked at once now
+    stays(lambda: _markers(zk) == {}, 1.0)
+
+
+def test_disable_switch_defers_marking_until_enabled(zk, fleet, auditor_sessions):
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(0.2)
+    ur.disable()
+    auditor, _ = auditor_sessions("a1")
+    assert auditor.wait_active(10)
+    fleet[2].stop()
+    stays(lambda: _markers(zk) == {}, 0.8)
+    ur.enable()
+    expected = set(MetadataStore(zk).ledgers_on_bookie(fleet[2].bookie_id))
+    wait_for(lambda: set(_markers(zk)) == expected, what="marking after enable")
+
+
+def test_standby_takes_over_when_the_active_auditor_dies_and_still_marks(zk, fleet, auditor_sessions):
+    UnderReplication(zk).set_recovery_delay(0.3)
+    first, first_session = auditor_sessions("a1")
+    assert first.wait_active(10)
+    standby, _ = auditor_sessions("a2")
+    stays(lambda: not standby.is_active, 0.3)
+
+    first_session.stop()  # the active auditor's ZooKeeper session dies
+    assert standby.wait_active(10)
+    wait_for(lambda: not first.is_active, what="old auditor stepping down")
+    lost = fleet[3]
+    lost.stop()
+    expected = set(MetadataStore(zk).ledgers_on_bookie(lost.bookie_id))
+    wait_for(lambda: set(_markers(zk)) == expected, what="marking by the standby")
+
+
+def test_new_auditor_clears_stale_markers_and_catches_bookies_lost_while_none_ran(zk, fleet, auditor_sessions):
+    store = MetadataStore(zk)
+    back, gone = fleet[0], fleet[1]
+    stale = mark_lost_bookie(zk, back.bookie_id)  # marked, but the bookie is up with all its replicas
+    gone.stop()  # vanished while no auditor ran
+    only_gone = set(store.ledgers_on_bookie(gone.bookie_id)) - set(stale)
+    UnderReplication(zk).set_recovery_delay(0.3)
+
+    auditor, _ = auditor_sessions("a1")
+    assert auditor.wait_active(10)
+    expected = {ledger_id: {gone.bookie_id} for ledger_id in store.ledgers_on_bookie(gone.bookie_id)}
+    wait_for(lambda: _markers(zk) == expected, what="stale markers cleared and the vanished bookie marked")
+    assert only_gone <= set(expected)
+
+
+def test_replica_check_marks_ledgers_whose_replicas_fail(zk, fleet):
+    assert check_ledgers(zk) == []
+    down = fleet[2]
+    down.stop()
+    marked = check_ledgers(zk)
+    assert marked == MetadataStore(zk).ledgers_on_bookie(down.bookie_id)
+    assert all(missing == {down.bookie_id} for missing in _markers(zk).values())
