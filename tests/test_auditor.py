@@ -1,11 +1,16 @@
 """The auditor against real bookies: lost-bookie delay, returns, election failover, stale markers, replica check."""
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from bookfleet import zk as zkclient
+from bookfleet import zkpaths
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.recovery.auditor import Auditor, check_ledgers, mark_lost_bookie
@@ -50,9 +55,9 @@ def auditor_sessions(zk_connect):
     """Factory of auditors, each with its own ZooKeeper session; all stopped and closed at teardown."""
     started = []
 
-    def make(name):
+    def make(name, **settings):
         client = zkclient.connect(zk_connect)
-        auditor = Auditor(client, name, default_delay=0.0)
+        auditor = Auditor(client, name, **settings)
         started.append((auditor, client))
         return auditor.start(), client
 
@@ -140,10 +145,37 @@ def test_new_auditor_clears_stale_markers_and_catches_bookies_lost_while_none_ra
     assert only_gone <= set(expected)
 
 
-def test_replica_check_marks_ledgers_whose_replicas_fail(zk, fleet):
-    assert check_ledgers(zk) == []
+def test_periodic_replica_check_marks_ledgers_whose_replicas_fail(zk, fleet, auditor_sessions):
+    assert check_ledgers(zk) == []  # every replica answers
+    UnderReplication(zk).set_recovery_delay(3600)  # only the replica check may mark in this test
     down = fleet[2]
     down.stop()
-    marked = check_ledgers(zk)
-    assert marked == MetadataStore(zk).ledgers_on_bookie(down.bookie_id)
-    assert all(missing == {down.bookie_id} for missing in _markers(zk).values())
+    auditor, _ = auditor_sessions("a1", check_interval=0.5)
+    assert auditor.wait_active(10)
+    expected = {ledger_id: {down.bookie_id} for ledger_id in MetadataStore(zk).ledgers_on_bookie(down.bookie_id)}
+    wait_for(lambda: _markers(zk) == expected, what="marking by the periodic check")
+    assert auditor.check_now() == sorted(expected)  # idempotent: same markers again
+
+
+def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, auditor_sessions):
+    UnderReplication(zk).set_recovery_delay(0.2)
+    env = {**os.environ, "BOOKFLEET_ZK": zk_connect}
+    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
+    try:
+        wait_for(lambda: _active_auditor(zk) == "cli", what="the CLI auditor leading")
+        standby, _ = auditor_sessions("standby")
+        fleet[0].stop()
+        expected = set(MetadataStore(zk).ledgers_on_bookie(fleet[0].bookie_id))
+        wait_for(lambda: set(_markers(zk)) == expected, what="marking by the CLI auditor")
+        assert not standby.is_active
+        cli.send_signal(signal.SIGINT)
+        assert cli.wait(20) == 130
+        assert standby.wait_active(10)
+    finally:
+        cli.kill()
+        cli.wait()
+
+
+def _active_auditor(zk):
+    candidates = sorted(zk.get_children(zkpaths.AUDITOR_ELECTION)) if zk.exists(zkpaths.AUDITOR_ELECTION) else []
+    return zk.get(f"{zkpaths.AUDITOR_ELECTION}/{candidates[0]}")[0].decode() if candidates else None
