@@ -46,6 +46,7 @@ class BookieProcess:
         http_port: int | None = None,
         zone: str = "",
         advertised_address: str | None = None,
+        log_level: str = "INFO",
         **flags: object,
     ):
         self.bookie_id = bookie_id
@@ -55,6 +56,7 @@ class BookieProcess:
         self.http_port = http_port or free_port()
         self.zone = zone
         self.address = advertised_address or f"127.0.0.1:{self.port}"
+        self.log_level = log_level
         self.flags = flags
         self.journal_dir = self.data_dir / "journal"
         self.ledger_dir = self.data_dir / "ledgers"
@@ -62,7 +64,8 @@ class BookieProcess:
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "bookfleet", "bookie", "--id", self.bookie_id, "--port", str(self.port)]
+        args = [sys.executable, "-m", "bookfleet", "--log-level", self.log_level, "bookie", "--id", self.bookie_id]
+        args += ["--port", str(self.port)]
         args += ["--http-port", str(self.http_port), "--advertised-address", self.address, "--zk", self.zk]
         args += ["--journal-dir", str(self.journal_dir), "--ledger-dir", str(self.ledger_dir)]
         if self.zone:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from bookfleet.wire import Op, Status
 
@@ -16,33 +19,51 @@ def _op_name(op: int) -> str:
     return Op(op).name if op in Op._value2member_map_ else f"op_{op}"
 
 
+class _AddPathCollector:
+    """Adds are counted in plain ints and a bucket array and turned into metrics only when scraped: the add path
+    pays one bisect and three additions instead of four locked prometheus-client updates."""
+
+    def __init__(self) -> None:
+        self.adds = 0
+        self.bytes_written = 0
+        self.latency_sum = 0.0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+
+    def collect(self):
+        yield CounterMetricFamily("bookie_add_entries", "Entries added and acknowledged", value=self.adds)
+        yield CounterMetricFamily("bookie_written_bytes", "Entry bytes added", value=self.bytes_written)
+        cumulative = list(itertools.accumulate(self.latency_counts))
+        bounds = [str(bound) for bound in LATENCY_BUCKETS] + ["+Inf"]
+        yield HistogramMetricFamily(
+            "bookie_add_latency_seconds",
+            "ADD_ENTRY from receipt to durable",
+            buckets=list(zip(bounds, cumulative, strict=True)),
+            sum_value=self.latency_sum,
+        )
+
+
 class BookieMetrics:
-    """The bookie's Prometheus metrics, in a registry of its own; label children are bound once (hot path)."""
+    """The bookie's Prometheus metrics, in a registry of its own (several bookies may share a process)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.adds = Counter("bookie_add_entries", "Entries added and acknowledged", registry=self.registry)
+        self._add_path = _AddPathCollector()
+        self.registry.register(self._add_path)
         self.reads = Counter("bookie_read_entries", "Entries read", registry=self.registry)
         self.errors = Counter(
             "bookie_request_errors", "Requests answered with an error", ["op", "status"], registry=self.registry
         )
-        self.add_latency = Histogram(
-            "bookie_add_latency_seconds", "ADD_ENTRY from receipt to durable", buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.bytes_written = Counter("bookie_written_bytes", "Entry bytes added", registry=self.registry)
         self.bytes_read = Counter("bookie_read_bytes", "Entry bytes read", registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 while the bookie is read-only", registry=self.registry)
         self.connections = Gauge("bookie_connections", "Open client connections", registry=self.registry)
         self.used_bytes = Gauge("bookie_used_bytes", "Bytes used by ledger storage", registry=self.registry)
-        self._adds_inc = self.adds.inc
-        self._written_inc = self.bytes_written.inc
-        self._add_observe = self.add_latency.observe
 
     def observe_add(self, size: int, seconds: float) -> None:
-        self._adds_inc()
-        self._written_inc(size)
-        self._add_observe(seconds)
+        add_path = self._add_path
+        add_path.adds += 1
+        add_path.bytes_written += size
+        add_path.latency_sum += seconds
+        add_path.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
     def observe_read(self, size: int, count: int = 1) -> None:
         self.reads.inc(count)

@@ -9,9 +9,11 @@ A frame that breaks the format gets one error answer and closes that connection 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from bookfleet import wire
 from bookfleet.bookie import errors
@@ -25,6 +27,9 @@ MAX_READ_LAC_WAIT = 120.0
 
 RESPONSE_OVERHEAD = 1024
 """Room kept in a frame for the response header and READ_RANGE's per-entry sizes."""
+
+_RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
+_FENCE = int(wire.Flag.FENCE)
 
 _LEDGER_ID_OFFSET = {
     Op.ADD_ENTRY: wire.MASTER_KEY_SIZE,
@@ -56,7 +61,7 @@ class BookieServer:
         self.stopping = False
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
-        self._handlers: dict[int, Callable[[wire.Frame], Awaitable[bytes]]] = {
+        self._handlers: dict[int, Callable[[wire.Frame], Coroutine[Any, Any, bytes]]] = {
             Op.ADD_ENTRY: self._add_entry,
             Op.READ_ENTRY: self._read_entry,
             Op.READ_LAC: self._read_lac,
@@ -80,11 +85,10 @@ class BookieServer:
         self.stopping = True
         if self._server is not None:
             self._server.close()
-        tasks = [task for conn in self.connections for task in conn.tasks]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=timeout)
-            for task in pending:
-                task.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(conn.in_flight for conn in self.connections) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.close_after_flush()
         await asyncio.sleep(0)
@@ -100,14 +104,14 @@ class BookieServer:
         ledger_id, entry_id, _ = wire.entry_ids(entry)
         if self.read_only:
             raise errors.ReadOnly("bookie is read-only: its disk usage is above the threshold")
-        recovery = bool(frame.code & wire.Flag.RECOVERY_ADD)
+        recovery = bool(frame.code & _RECOVERY_ADD)
         await self.storage.add_entry(ledger_id, entry_id, entry, bytes(body[: wire.MASTER_KEY_SIZE]), recovery)
         self.metrics.observe_add(len(entry), time.perf_counter() - started)
         return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
 
     async def _read_entry(self, frame: wire.Frame) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
-        if frame.code & wire.Flag.FENCE:
+        if frame.code & _FENCE:
             key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
             if len(key) != wire.MASTER_KEY_SIZE:
                 raise wire.ProtocolError(f"READ_ENTRY with FENCE needs a {wire.MASTER_KEY_SIZE}-byte master key")
@@ -168,7 +172,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: BookieServer):
         self.server = server
         self.buffer = bytearray()
-        self.tasks: set[asyncio.Task] = set()
+        self.in_flight = 0
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._outgoing: list[bytes] = []
@@ -221,7 +225,7 @@ class _Connection(asyncio.Protocol):
         self._eof = True
         if self.buffer and not self._rejected:
             self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(self.buffer)} bytes)")
-        elif not self.tasks:
+        elif not self.in_flight:
             self._loop.call_soon(self.close_after_flush)
         return True
 
@@ -249,42 +253,57 @@ class _Connection(asyncio.Protocol):
         if self.server.stopping:
             self._send(wire.encode_error(frame.op, frame.request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
-        task = self._loop.create_task(self._run(handler, frame))
-        self.tasks.add(task)
-        task.add_done_callback(self._finished)
-        if len(self.tasks) >= self.server.max_in_flight:
+        self.in_flight += 1
+        if self.in_flight >= self.server.max_in_flight:
             self._update_reading()
+        self._step(handler(frame), frame)
 
-    async def _run(self, handler: Callable[[wire.Frame], Awaitable[bytes]], frame: wire.Frame) -> None:
+    def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
+        """Drive one request's coroutine without a Task.
+
+        A Task per request costs several event-loop callbacks; here a request that needs no I/O (most reads) is
+        answered before data_received returns, and an add resumes straight from its journal future's callback.
+        Requests must therefore only await futures (never need asyncio.current_task()), which storage honours.
+        """
         try:
-            body = await handler(frame)
+            waiting = request.send(None)
+        except StopIteration as finished:
+            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, finished.value))
         except wire.ProtocolError as exc:
             self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
         except errors.BookieError as exc:
             if exc.status == Status.INTERNAL_ERROR:
                 log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
             self._answer_error(frame, exc.status, exc)
+        except asyncio.CancelledError:
+            self._answer_error(frame, Status.SHUTTING_DOWN, "cancelled while the bookie shuts down")
         except Exception as exc:
             log.exception("%s from %s failed", _describe(frame), self.peer)
             self._answer_error(frame, Status.INTERNAL_ERROR, exc)
         else:
-            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
+            if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
+                self._loop.call_soon(self._step, request, frame)
+            else:
+                waiting._asyncio_future_blocking = False
+                waiting.add_done_callback(functools.partial(self._step, request, frame))
+            return
+        self._finished()
 
-    def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception) -> None:
+    def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
         self.server.metrics.count_error(frame.op, status)
         self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
-    def _finished(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
+    def _finished(self) -> None:
+        self.in_flight -= 1
         if self._reading_paused:
             self._update_reading()
-        if not self.tasks and (self._eof or self.server.stopping):
+        if not self.in_flight and (self._eof or self.server.stopping):
             self._loop.call_soon(self.close_after_flush)
 
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._writing_paused or len(self.tasks) >= self.server.max_in_flight
+        should_pause = self._writing_paused or self.in_flight >= self.server.max_in_flight
         if should_pause and not self._reading_paused:
             self.transport.pause_reading()
         elif not should_pause and self._reading_paused:
