@@ -15,10 +15,12 @@ from bookfleet import wire
 from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
 from bookfleet.client.metadata import LedgerMetadata, MetadataStore
 from bookfleet.client.registry import BookiePool
-from bookfleet.client.writeset import write_set
+from bookfleet.client.writeset import quorum_covered, write_set
 
 log = logging.getLogger(__name__)
 
+READ_TIMEOUT = 5.0
+"""How long a replica may stay silent before a read fails over to the next one."""
 READ_BATCH = 256
 """Entries read concurrently by `entries()`: enough to pipeline, little enough to bound memory."""
 
@@ -48,29 +50,52 @@ class LedgerReader:
         self._pool = pool
         self._digester = wire.Digester(metadata.digest_type, password)
         self.last_add_confirmed = metadata.last_entry_id if metadata.is_closed else wire.INVALID_ENTRY_ID
+        self.timeout = READ_TIMEOUT
 
     async def read_lac(self) -> int:
         """The LAC now: lastEntryId of a closed ledger, else the highest one the last segment's bookies know."""
         if not self.metadata.is_closed:
             await self.refresh()
         if not self.metadata.is_closed:
-            answers = await asyncio.gather(
-                *(self._bookie_lac(bookie) for bookie in self.metadata.segments[-1].bookies), return_exceptions=True
-            )
-            known = [a for a in answers if isinstance(a, int)]
-            if not known:
-                raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC: {answers[0]}")
-            self.last_add_confirmed = max(self.last_add_confirmed, *known)
+            self.last_add_confirmed = max(self.last_add_confirmed, await self._quorum_lac())
         else:
             self.last_add_confirmed = self.metadata.last_entry_id
         return self.last_add_confirmed
 
-    async def _bookie_lac(self, bookie: str) -> int:
+    async def _quorum_lac(self) -> int:
+        """The highest LAC of the last segment's bookies, once their answers cover every write quorum (or, when
+        some stay silent for `timeout`, of those that answered)."""
+        metadata = self.metadata
+        bookies = metadata.segments[-1].bookies
+        asks = [asyncio.ensure_future(self._bookie_lac(position, bookie)) for position, bookie in enumerate(bookies)]
+        answered: dict[int, int] = {}
+        errors: list[str] = []
+        try:
+            for finished in asyncio.as_completed(asks, timeout=self.timeout):
+                try:
+                    position, lac = await finished
+                except (BookieError, ConnectionError) as exc:
+                    errors.append(str(exc))
+                    continue
+                answered[position] = lac
+                covered = quorum_covered(set(answered), len(bookies), metadata.write_quorum, metadata.ack_quorum)
+                if covered:
+                    break
+        except TimeoutError:
+            pass
+        finally:
+            for ask in asks:
+                ask.cancel()
+        if not answered:
+            raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC ({'; '.join(errors)})")
+        return max(answered.values())
+
+    async def _bookie_lac(self, position: int, bookie: str) -> tuple[int, int]:
         try:
             lac, _ = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
         except NoSuchLedgerError:
-            return wire.INVALID_ENTRY_ID  # nothing written there yet
-        return lac
+            return position, wire.INVALID_ENTRY_ID  # nothing written there yet
+        return position, lac
 
     async def refresh(self) -> LedgerMetadata:
         """Re-read the metadata: an open ledger gains segments as its writer replaces bookies, and gets closed."""
@@ -142,7 +167,12 @@ class LedgerReader:
 
 
 async def read_entry(
-    pool: BookiePool, digester: wire.Digester, ledger_id: int, metadata: LedgerMetadata, entry_id: int
+    pool: BookiePool,
+    digester: wire.Digester,
+    ledger_id: int,
+    metadata: LedgerMetadata,
+    entry_id: int,
+    timeout: float = READ_TIMEOUT,
 ) -> wire.Entry:
     """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this."""
     bookies = metadata.segment_for(entry_id).bookies
@@ -151,14 +181,14 @@ async def read_entry(
     for position in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum):
         bookie = bookies[position]
         try:
-            data = await (await pool.get(bookie)).read_entry(ledger_id, entry_id)
-            entry = wire.decode_entry(digester, data)
+            client = await pool.get(bookie)
+            entry = wire.decode_entry(digester, await asyncio.wait_for(client.read_entry(ledger_id, entry_id), timeout))
         except (NoSuchEntryError, NoSuchLedgerError) as exc:
             missing += 1
             reasons[bookie] = exc.message
             continue
-        except (BookieError, ConnectionError, wire.ProtocolError) as exc:
-            reasons[bookie] = str(exc)
+        except (BookieError, ConnectionError, wire.ProtocolError, TimeoutError) as exc:
+            reasons[bookie] = str(exc) or f"no answer within {timeout:.0f}s"
             continue
         if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
             reasons[bookie] = f"answered with ledger {entry.ledger_id} entry {entry.entry_id}"

@@ -19,22 +19,13 @@ from bookfleet.client.connection import BookieError, NoSuchLedgerError
 from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.reader import EntryUnavailable, read_entry
 from bookfleet.client.registry import BookiePool
-from bookfleet.client.writeset import write_set
+from bookfleet.client.writeset import quorum_covered, write_set
 
 log = logging.getLogger(__name__)
 
 
 class RecoveryError(Exception):
     """Recovery could not prove where the ledger ends; nothing was closed, it can be retried."""
-
-
-def quorum_covered(answered: set[int], ensemble_size: int, write_quorum: int, ack_quorum: int) -> bool:
-    """Whether the answered ensemble positions leave every write set short of Qa unanswered bookies."""
-    needed = write_quorum - ack_quorum + 1
-    return all(
-        sum(p in answered for p in write_set(start, ensemble_size, write_quorum)) >= needed
-        for start in range(ensemble_size)
-    )
 
 
 async def recover_ledger(

@@ -136,6 +136,8 @@ class LedgerWriter:
         task.add_done_callback(lambda done: self._on_answer(add, position, bookie, done))
 
     def _on_answer(self, add: _Add, position: int, bookie: str, done: asyncio.Future) -> None:
+        if done.cancelled():
+            return  # the event loop is shutting down
         error = done.exception()
         if self._ensemble[position] != bookie:
             return  # the answer of a bookie already replaced: its copy is not in the metadata

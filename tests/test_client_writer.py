@@ -1,0 +1,173 @@
+"""The writer and readers against real bookie processes: striping, ack quorum, LAC visibility, ensemble change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
+from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.metadata import LedgerState
+from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
+from bookfleet.client.placement import NotEnoughBookies
+from bookfleet.client.reader import LedgerReadError
+from bookfleet.client.writer import LedgerClosedError
+from bookfleet.client.writeset import write_set
+
+
+@contextlib.contextmanager
+def paused(*bookies) -> Iterator[None]:
+    """SIGSTOP: the bookie keeps its connections but answers nothing until SIGCONT."""
+    for bookie in bookies:
+        os.kill(bookie.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for bookie in bookies:
+            os.kill(bookie.process.pid, signal.SIGCONT)
+
+
+async def stored_entries(address: str, ledger_id: int, entry_ids) -> set[int]:
+    """Which of `entry_ids` a bookie holds, asked directly over the wire."""
+    held = set()
+    async with await BookieClient.connect(address) as client:
+        for entry_id in entry_ids:
+            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
+                await client.read_entry(ledger_id, entry_id)
+                held.add(entry_id)
+    return held
+
+
+async def eventually(check, timeout: float = 10.0):
+    """Poll an async check until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while not (result := await check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+    return result
+
+
+async def test_entries_are_striped_over_the_ensemble(bookie_fleet, zk_connect):
+    bookies = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(4, 3, 3, password=b"pw")
+        assert [await writer.add(f"entry {i}".encode()) for i in range(8)] == list(range(8))
+        metadata = await writer.close()
+        ensemble = metadata.segments[0].bookies
+        for position, bookie in enumerate(ensemble):
+            expected = {e for e in range(8) if position in write_set(e, 4, 3)}
+            assert await stored_entries(bookies[bookie].address, writer.ledger_id, range(9)) == expected
+        assert metadata.state == LedgerState.CLOSED and metadata.last_entry_id == 7
+        assert metadata.length == sum(len(f"entry {i}") for i in range(8))
+        reader = await bk.open_ledger(writer.ledger_id, b"pw")
+        assert [e.payload async for e in reader.entries()] == [f"entry {i}".encode() for i in range(8)]
+
+
+async def test_ack_quorum_and_readers_never_pass_the_lac(bookie_fleet, zk_connect):
+    bookie_fleet.start(3)
+    by_id = {b.bookie_id: b for b in bookie_fleet.bookies}
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        for i in range(5):
+            await writer.add(b"%d" % i)
+        reader = await bk.open_ledger(writer.ledger_id)
+        reader.timeout = 0.5  # paused bookies stay silent; don't wait long for them
+        assert await eventually(lambda: _lac_is(reader, 4))  # explicit LAC written once the writer idles
+        first, second, third = (by_id[b] for b in writer.metadata.segments[0].bookies)
+
+        with paused(third):  # Qa=2: two answers are enough
+            assert await asyncio.wait_for(writer.add(b"5"), 10) == 5
+        with paused(second, third):  # one answer is not: entry 6 is stored on `first` only, unconfirmed
+            pending = writer.append(b"6")
+            await eventually(lambda: stored_entries(first.address, writer.ledger_id, [6]))
+            assert not pending.done()
+            assert await reader.read_lac() == 5
+            with pytest.raises(LedgerReadError, match=r"entry 6 of ledger .* beyond its last confirmed entry 5"):
+                await reader.read(6)
+        assert await asyncio.wait_for(pending, 10) == 6
+        assert await eventually(lambda: _lac_is(reader, 6))
+        assert (await reader.read(6)).payload == b"6"
+        await writer.close()
+
+
+async def _lac_is(reader, lac: int) -> bool:
+    return await reader.read_lac() == lac
+
+
+async def test_tailing_reader_follows_the_writer_until_close(bookie_fleet, zk_connect):
+    bookie_fleet.start(3)
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(3, 2, 2)
+        reader = await bk.open_ledger(writer.ledger_id)
+        tailed = []
+
+        async def tail():
+            async for entry in reader.tail(poll_timeout=0.5):
+                tailed.append(entry.payload)
+
+        tailing = asyncio.ensure_future(tail())
+        for i in range(20):
+            await writer.add(b"%d" % i)
+        await eventually(lambda: _has(tailed, 20))
+        await writer.close()
+        await asyncio.wait_for(tailing, 10)
+        assert tailed == [b"%d" % i for i in range(20)]
+        with pytest.raises(LedgerClosedError, match=f"ledger {writer.ledger_id} is closed"):
+            await writer.add(b"late")
+
+
+async def _has(items: list, count: int) -> bool:
+    return len(items) >= count
+
+
+async def test_bookie_killed_mid_stream_triggers_an_ensemble_change(bookie_fleet, zk_connect):
+    bookie_fleet.start(4)
+    by_id = {b.bookie_id: b for b in bookie_fleet.bookies}
+    payloads = [b"payload %d" % i for i in range(600)]
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        first_half = [writer.append(p) for p in payloads[:300]]
+        await asyncio.gather(*first_half[:100])
+        victim = writer.metadata.segments[0].bookies[1]
+        by_id[victim].kill9()
+        second_half = [writer.append(p) for p in payloads[300:]]
+        assert await asyncio.gather(*first_half, *second_half) == list(range(600))
+        metadata = await writer.close()
+
+        assert len(metadata.segments) == 2
+        old, new = metadata.segments
+        assert victim not in new.bookies and old.bookies[0] == new.bookies[0] and old.bookies[2] == new.bookies[2]
+        assert 100 <= new.first_entry_id <= 600
+        assert victim in metadata.bookies() and bk.metadata.ledgers_on_bookie(new.bookies[1]) == [writer.ledger_id]
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == payloads  # no gap, no duplicate
+        replacement = by_id[new.bookies[1]]
+        held = await stored_entries(replacement.address, writer.ledger_id, range(new.first_entry_id, 600))
+        assert held == set(range(new.first_entry_id, 600))
+
+
+async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
+    bookie_fleet.start(2)
+    async with BookKeeper(zk_connect) as bk:
+        with pytest.raises(NotEnoughBookies, match="need 3 writable bookies, 2 available: localhost:"):
+            await bk.create_ledger(3, 2, 2)
+        with pytest.raises(ValueError, match="E=2 Qw=3 Qa=2"):
+            await bk.create_ledger(2, 3, 2)
+        writer = await bk.create_ledger(2, 2, 1, digest_type="mac", password=b"right")
+        await writer.add(b"x")
+        with pytest.raises(WrongPasswordError, match=f"wrong password for ledger {writer.ledger_id}"):
+            await bk.open_ledger(writer.ledger_id, b"wrong")
+        with pytest.raises(UnknownLedger, match="ledger 4242 does not exist"):
+            await bk.open_ledger(4242)
+        await writer.close()
+        reader = await bk.open_ledger(writer.ledger_id, b"right")
+        with pytest.raises(LedgerReadError, match=r"entry 1 of ledger .* beyond its last confirmed entry 0"):
+            await reader.read(1)
+        bk.delete_ledger(writer.ledger_id)
+        assert bk.list_ledgers() == []
