@@ -122,9 +122,9 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
 
 
 def _writable(zk: KazooClient) -> set[str]:
-    return {info.bookie_id for info in BookieRegistry(zk).writable()} - {
-        info.bookie_id for info in BookieRegistry(zk).read_only()
-    }
+    """Bookies registered as writable and not (also, mid-switch) read-only."""
+    registry = BookieRegistry(zk)
+    return {info.bookie_id for info in registry.writable()} - {info.bookie_id for info in registry.read_only()}
 
 
 class _ReplicaChecker:
