@@ -7,6 +7,7 @@ deletion of something already gone is a no-op: that is what makes every reconcil
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -55,11 +56,15 @@ class KubeApi:
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
-        return self.client.call_api(
-            path, method, query_params=list((query or {}).items()), body=body,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
+        request = self.client.param_serialize(
+            method, path, query_params=list((query or {}).items()), body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json"}, auth_settings=["BearerToken"],
         )
+        response = self.client.call_api(*request)
+        data = response.read()
+        if response.status >= 400:
+            raise ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
+        return json.loads(data) if data else None
 
     def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
         try:

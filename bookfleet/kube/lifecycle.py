@@ -97,7 +97,8 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     ns, name = bookie.metadata.namespace, bookie.metadata.name
     pod = ctx.api.get(CORE, "pods", ns, name)
     lost_since = bookie.status.lost_since
-    if lost_since is None and (pod is None or pod_failed(pod)):
+    had_pod = bookie.status.pod is not None  # a bookie whose first pod is still to come is new, not lost
+    if lost_since is None and had_pod and (pod is None or pod_failed(pod)):
         mark_lost(ctx, body, f"pod {name} is {'gone' if pod is None else 'failed'}")
         lost_since = now()
     if lost_since is None:

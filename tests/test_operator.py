@@ -1,0 +1,151 @@
+"""The real operator (`bookfleet operator`, kopf) against the emulator, real ZooKeeper and real bookie processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bookfleet import zkpaths
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.kube.emulator import EmulatorThread
+from bookfleet.recovery.underreplication import UnderReplication
+
+NS = "default"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class OperatorProcess:
+    """`bookfleet operator` as a subprocess; restartable, like a Deployment's pod."""
+
+    def __init__(self, kube: EmulatorThread, log: Path):
+        self.kube, self.log, self.process = kube, log, None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bookfleet", "operator", "--standalone", "--namespace", NS,
+                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def operator_process(kube: EmulatorThread, tmp_path: Path) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(kube, tmp_path / "operator.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
+    return {
+        "apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "bk", "namespace": NS},
+        "spec": {"replicas": replicas, "zookeeper": zk_connect,
+                 "bookie": {"gcIntervalSeconds": 3600},
+                 "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}, **spec},
+    }
+
+
+def status(kube: EmulatorThread, plural: str, name: str) -> dict:
+    return (kube.get(plural, NS, name) or {}).get("status") or {}
+
+
+def condition(obj_status: dict, type_: str) -> dict:
+    return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
+
+
+async def write_ledger(zk_connect: str, entries: int) -> int:
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2)
+        for i in range(entries):
+            await writer.add(f"entry-{i}".encode())
+        await writer.close()
+        return writer.ledger_id
+
+
+async def read_ledger(zk_connect: str, ledger_id: int) -> list[bytes]:
+    async with BookKeeper(zk_connect) as bk:
+        reader = await bk.open_ledger(ledger_id)
+        return [entry.payload async for entry in reader.entries()]
+
+
+def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_process, zk_connect, zk):
+    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=30))
+    wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
+                                              for i in range(3)))
+    assert {b["metadata"]["name"] for b in kube.list("bookies", NS)} == {"bk-0", "bk-1", "bk-2"}
+    assert {c["metadata"]["name"] for c in kube.list("persistentvolumeclaims", NS)} == {
+        f"bk-{i}-{v}" for i in range(3) for v in ("journal", "ledgers")}
+    wait_for("cluster ready", lambda: status(kube, "bookieclusters", "bk").get("readyBookies") == 3)
+
+    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
+    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                            "metadata": {"name": "adopted", "namespace": NS},
+                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
+                                     "ledgerId": ledger_id}})
+    ledger = wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
+    assert (ledger["ledgerId"], ledger["state"], ledger["lastEntryId"]) == (ledger_id, "CLOSED", 19)
+    victim_id = ledger["segments"][0]["bookies"][0]
+    victim = victim_id.split(".")[0]
+
+    # 1. The pod comes back on its volumes within the delay: no repair.
+    old_uid = kube.get("pods", NS, victim)["metadata"]["uid"]
+    kube.delete("pods", NS, victim)
+    wait_for("loss recorded", lambda: status(kube, "bookies", victim).get("lostSince"))
+    wait_for("bookie back", lambda: not status(kube, "bookies", victim).get("lostSince"), timeout=60)
+    assert kube.get("pods", NS, victim)["metadata"]["uid"] != old_uid
+    assert condition(status(kube, "bookies", victim), "Lost")["reason"] == "BookieReturned"
+    assert kube.list("jobs", NS) == []
+    assert UnderReplication(zk).ledger_ids() == []
+
+    # 2. Pod and data lost for longer than the delay: marked, repaired by one Job, even across an operator restart.
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 1}}})
+    wait_for("bookie registered again", lambda: status(kube, "bookies", victim).get("phase") == "Running")
+    kube.delete("pods", NS, victim)
+    for volume in ("journal", "ledgers"):
+        kube.delete("persistentvolumeclaims", NS, f"{victim}-{volume}")
+    job = wait_for("repair job", lambda: kube.list("jobs", NS))[0]
+    assert UnderReplication(zk).marker(ledger_id).missing_bookies == {victim_id}
+    operator_process.kill()
+    operator_process.start()
+    wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
+             .get("completionTime"), timeout=120)
+    healed = wait_for("ledger healthy", lambda: (s := status(kube, "ledgers", "adopted")).get("repair", {})
+                      .get("state") == "Succeeded" and not s.get("underReplicated") and s, timeout=60)
+    assert all(victim_id not in segment["bookies"] for segment in healed["segments"])
+    assert condition(healed, "DataLoss")["status"] == "False"
+    assert [j["metadata"]["name"] for j in kube.list("jobs", NS)] == [job["metadata"]["name"]]
+    assert podrunner.finished_jobs == [job["metadata"]["name"]]
+    assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(20)]
+
+    # The bookie rejoins empty, with a fresh cookie, once nothing needs its old data.
+    wait_for("bookie rejoined", lambda: status(kube, "bookies", victim).get("phase") == "Running", timeout=60)
+    assert condition(status(kube, "bookies", victim), "Repaired")["status"] == "True"
+    assert zk.exists(zkpaths.cookie(victim_id))
+    reasons = {e["reason"] for e in kube.list("events", NS)}
+    assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
