@@ -1,0 +1,76 @@
+"""Recovery open against real bookies: fencing a live writer, closing at the right entry after a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.metadata import LedgerState
+from bookfleet.client.recovery import RecoveryError
+from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
+from bookfleet.client.writeset import quorum_covered
+from tests.test_client_writer import stored_entries
+
+
+def test_quorum_coverage_rule():
+    # E=3 Qw=3 Qa=2: a writer needs 2 of the 3, so 2 fenced bookies stop it; 1 does not.
+    assert quorum_covered({0, 2}, 3, 3, 2) and not quorum_covered({1}, 3, 3, 2)
+    # E=4 Qw=2 Qa=2: every pair (0,1) (1,2) (2,3) (3,0) needs one fenced member.
+    assert quorum_covered({0, 2}, 4, 2, 2) and not quorum_covered({0, 1}, 4, 2, 2)
+    # E=3 Qw=2 Qa=1: each write set needs both members fenced.
+    assert quorum_covered({0, 1, 2}, 3, 2, 1) and not quorum_covered({0, 1}, 3, 2, 1)
+
+
+async def test_recovery_fences_the_old_writer(bookie_fleet, zk_connect):
+    bookie_fleet.start(3)
+    addresses = [b.address for b in bookie_fleet.bookies]
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as new:
+        writer = await old.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(20):
+            await writer.add(b"%d" % i)
+        in_flight = [writer.append(b"in flight %d" % i) for i in range(5)]
+        reader = await new.open_ledger(writer.ledger_id, b"pw", recovery=True)
+        metadata = reader.metadata
+        assert metadata.state == LedgerState.CLOSED
+        assert 19 <= metadata.last_entry_id <= 24
+        with pytest.raises(LedgerFencedError, match=f"ledger {writer.ledger_id} was fenced"):
+            await writer.add(b"after fencing")
+        for add in in_flight:  # each either made it before the fence (and is in the ledger) or failed
+            if add.exception() is None:
+                assert add.result() <= metadata.last_entry_id
+        last = metadata.last_entry_id
+        readable = [e.payload async for e in reader.entries()]
+        assert readable[:20] == [b"%d" % i for i in range(20)] and len(readable) == last + 1
+        for address in addresses:  # nothing written after fencing reached any bookie
+            assert await stored_entries(address, writer.ledger_id, range(last + 1, last + 8)) == set()
+        assert (await new.open_ledger(writer.ledger_id, b"pw", recovery=True)).metadata == metadata
+        with pytest.raises(LedgerWriteError):
+            await writer.close()
+
+
+async def test_recovery_closes_at_the_last_entry_any_replica_holds(bookie_fleet, zk_connect):
+    bookie_fleet.start(3)
+    by_id = {b.bookie_id: b for b in bookie_fleet.bookies}
+    settings = WriterSettings(add_timeout=0.5)
+    async with BookKeeper(zk_connect, settings) as crashed, BookKeeper(zk_connect) as recoverer:
+        writer = await crashed.create_ledger(3, 3, 2)
+        for i in range(10):
+            await writer.add(b"%d" % i)
+        ensemble = [by_id[b] for b in writer.metadata.segments[0].bookies]
+        for bookie in ensemble[1:]:
+            bookie.kill9()
+        lost = writer.append(b"10")  # reaches the one bookie left: stored, never acknowledged
+        with pytest.raises(LedgerWriteError, match="cannot replace bookie"):
+            await lost
+        assert await stored_entries(ensemble[0].address, writer.ledger_id, [10]) == {10}
+
+        with pytest.raises(RecoveryError, match="cannot fence ledger"):
+            await recoverer.recover_ledger(writer.ledger_id)
+        assert recoverer.ledger_metadata(writer.ledger_id).state == LedgerState.IN_RECOVERY
+        for bookie in ensemble[1:]:
+            bookie.start().wait_ready()
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert metadata.state == LedgerState.CLOSED and metadata.last_entry_id == 10
+        assert metadata.length == sum(len(b"%d" % i) for i in range(11))
+        for bookie in ensemble:  # the recovered tail was added to its whole write set
+            assert await stored_entries(bookie.address, writer.ledger_id, range(12)) == set(range(11))
