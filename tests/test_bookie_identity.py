@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 
 import pytest
 
@@ -85,3 +87,21 @@ async def test_read_only_when_full_and_writable_after_gc(bookie_fleet, zk):
             await client.read_entry(3, 0)
         assert await client.add_entry(MASTER_KEY, encode_test_entry(6, 0, payload)) == (6, 0)
     await registered_as(zk, bookie, "available")
+
+
+async def test_registration_comes_back_after_the_session_expires(bookie_fleet, zk):
+    (bookie,) = bookie_fleet.start(1, zk_session_timeout=4)
+    first_owner = zk.exists(zkpaths.available(bookie.bookie_id)).ephemeralOwner
+    os.kill(bookie.process.pid, signal.SIGSTOP)  # a hung bookie: its session expires, its registration goes
+    try:
+        async with asyncio.timeout(30):
+            while zk.exists(zkpaths.available(bookie.bookie_id)):
+                await asyncio.sleep(0.1)
+    finally:
+        os.kill(bookie.process.pid, signal.SIGCONT)
+    async with asyncio.timeout(30):
+        while not (stat := zk.exists(zkpaths.available(bookie.bookie_id))):
+            await asyncio.sleep(0.05)
+    assert stat.ephemeralOwner != first_owner  # registered again, under the new session
+    async with await BookieClient.connect(bookie.address) as client:
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(1, 0, b"still serving")) == (1, 0)
