@@ -75,6 +75,12 @@ async def test_rollover_by_bytes_with_batches_on_partitions(zk, bookies):
             assert await consumed(bk, partition, middle) == mine[4:]
             assert await consumed(bk, partition, middle, inclusive=False) == mine[5:]
 
+        async with Producer(bk, "clicks", settings=SMALL) as keyed:  # the topic keeps its 2 partitions
+            futures = [keyed.send(f"click {n}".encode(), key=b"user-7") for n in range(4)]
+            await keyed.flush()
+        assert len({f.result().partition for f in futures}) == 1  # one key, one partition, in order
+        assert [f.result() for f in futures] == sorted(f.result() for f in futures)
+
 
 async def test_restarted_producer_fences_the_open_ledger_and_continues(zk, bookies):
     async with BookKeeper(zk) as bk:
@@ -124,3 +130,13 @@ def test_cli_producer_killed_mid_stream_loses_no_acked_message(zk_connect, booki
     for index in (0, 1):
         in_partition = [item for item in got if item[0].partition == index]
         assert in_partition == sorted(in_partition)
+
+    for args, complaint in [
+        (["nosuch"], "topic 'nosuch' does not exist"),
+        (["jobs", "--from", "1:2:3"], "has 3 part(s)"),
+        (["jobs", "--partition", "5"], "topic 'jobs' has no partition 5"),
+    ]:
+        bad = subprocess.run(
+            [sys.executable, "-m", "bookfleet", "topic", "consume", *args], env=env, capture_output=True, text=True
+        )
+        assert bad.returncode == 2 and complaint in bad.stderr, bad.stderr
