@@ -337,6 +337,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self._collect_garbage(meta["uid"])
             return new
         self.objects[key] = new
+        if rtype.plural == "customresourcedefinitions":
+            self.add_crd(new)
         self._record(rtype, "MODIFIED", new)
         return new
 
