@@ -46,36 +46,42 @@ class BookieConfig:
 
 
 _STORAGE_PREFIX = "storage_"
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(BookieConfig)}
+
+
+def _tunable(parser, name: str, help: str, kind: type | None = None) -> None:
+    """A flag whose default (and type) come from BookieConfig, so they are written down once."""
+    default = _DEFAULTS[name]
+    parser.add_argument("--" + name.replace("_", "-"), type=kind or type(default), default=default, help=help)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `bookfleet bookie` flags; storage tuning flags are generated from StorageSettings' fields."""
     parser.add_argument("--id", dest="bookie_id", help="stable bookie id, a name (default localhost:<port>)")
     parser.add_argument("--port", type=int, required=True, help="wire-protocol TCP port")
-    parser.add_argument("--http-port", type=int, default=0, help="port of /healthz /readyz /metrics (0: any free)")
-    parser.add_argument("--listen-host", default="127.0.0.1", help="interface to bind (0.0.0.0 in a pod)")
-    parser.add_argument("--advertised-address", default="", help="HOST:PORT clients dial (default 127.0.0.1:<port>)")
     parser.add_argument("--journal-dir", type=Path, required=True)
     parser.add_argument("--ledger-dir", type=Path, required=True)
     parser.add_argument("--zk", required=True, help="ZooKeeper connect string HOST:PORT[,...][/chroot]")
-    parser.add_argument("--zone", default="", help="failure zone, for zone-aware placement")
-    parser.add_argument("--disk-quota", type=int, help="bytes of ledger storage allowed (usage = used / quota)")
-    parser.add_argument("--disk-usage-threshold", type=float, default=0.95, help="turn read-only above this usage")
-    parser.add_argument("--disk-usage-lwm", type=float, default=0.90, help="turn writable again below this usage")
-    parser.add_argument("--disk-check-interval", type=float, default=2.0, help="seconds between disk checks")
-    parser.add_argument("--gc-interval", type=float, default=60.0, help="seconds between garbage collections")
-    parser.add_argument("--gc-grace", type=float, default=60.0, help="never collect a ledger seen for less than this")
-    parser.add_argument("--zk-session-timeout", type=float, default=6.0, help="seconds; a dead bookie vanishes after")
-    parser.add_argument("--max-in-flight", type=int, default=2000, help="requests per connection before reading pauses")
+    _tunable(parser, "http_port", "port of /healthz /readyz /metrics (0: any free)")
+    _tunable(parser, "listen_host", "interface to bind (0.0.0.0 in a pod)")
+    _tunable(parser, "advertised_address", "HOST:PORT clients dial (default 127.0.0.1:<port>)")
+    _tunable(parser, "zone", "failure zone, for zone-aware placement")
+    _tunable(parser, "disk_quota", "bytes of ledger storage allowed (usage = used / quota)", int)
+    _tunable(parser, "disk_usage_threshold", "turn read-only above this usage")
+    _tunable(parser, "disk_usage_lwm", "turn writable again below this usage")
+    _tunable(parser, "disk_check_interval", "seconds between disk checks")
+    _tunable(parser, "gc_interval", "seconds between garbage collections")
+    _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")
+    _tunable(parser, "zk_session_timeout", "seconds after a crash until the registration vanishes")
+    _tunable(parser, "max_in_flight", "requests per connection before reading pauses")
     tuning = parser.add_argument_group("storage tuning")
     for setting in dataclasses.fields(StorageSettings):
-        default = getattr(StorageSettings(), setting.name)
         tuning.add_argument(
             f"--{setting.name.replace('_', '-')}",
             dest=_STORAGE_PREFIX + setting.name,
-            type=type(default),
-            default=default,
-            help=f"(default {default})",
+            type=type(setting.default),
+            default=setting.default,
+            help=f"(default {setting.default})",
         )
 
 

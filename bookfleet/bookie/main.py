@@ -25,6 +25,17 @@ from bookfleet.bookie.zkgc import LedgerCollector
 log = logging.getLogger(__name__)
 
 
+class StartupError(RuntimeError):
+    """The bookie cannot start here (a port is taken, ...); the message says what to fix."""
+
+
+async def _listen(what: str, start, host: str, port: int) -> None:
+    try:
+        await start(host, port)
+    except OSError as exc:
+        raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
+
+
 class Bookie:
     """One bookie's parts, wired together; `run()` serves until a signal or `stop()`."""
 
@@ -50,7 +61,7 @@ class Bookie:
 
     async def run(self) -> None:
         config = self.config
-        await self.health.start(config.listen_host, config.http_port)
+        await _listen("HTTP", self.health.start, config.listen_host, config.http_port)
         # kazoo's timeout is the session timeout: how long after a crash the registration disappears.
         zk = await asyncio.to_thread(zkclient.connect, config.zk, config.zk_session_timeout)
         try:
@@ -84,7 +95,7 @@ class Bookie:
         )
         self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
         collector = LedgerCollector(self.storage, zk, config.gc_interval, config.gc_grace)
-        await self.server.start(config.listen_host, config.port)
+        await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
         monitor.start()
         self.registration.start()
         collector.start()

@@ -23,5 +23,5 @@ def handle(args) -> int:
         raise CommandError(str(exc)) from None
     try:
         return main.run(settings)
-    except (cookie.CookieMismatch, ZooKeeperUnreachable) as exc:
+    except (cookie.CookieMismatch, ZooKeeperUnreachable, main.StartupError) as exc:
         raise CommandError(str(exc)) from None
