@@ -12,12 +12,18 @@ from kazoo.client import KazooClient
 
 from bookfleet import wire
 from bookfleet import zk as zkclient
-from bookfleet.client.metadata import LedgerMetadata, MetadataStore, new_metadata
+from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, new_metadata
 from bookfleet.client.placement import PlacementPolicy, choose_ensemble
 from bookfleet.client.reader import LedgerReader
 from bookfleet.client.recovery import recover_ledger
 from bookfleet.client.registry import BookiePool, BookieRegistry
-from bookfleet.client.writer import LedgerWriter, WriterSettings
+from bookfleet.client.writer import (
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerWriteError,
+    LedgerWriter,
+    WriterSettings,
+)
 
 
 class WrongPasswordError(Exception):
@@ -59,6 +65,29 @@ class BookKeeper:
         metadata = new_metadata(ensemble, write_quorum, ack_quorum, digest_type, password, custom)
         ledger_id = await asyncio.to_thread(self.metadata.create, metadata)
         writer = LedgerWriter(ledger_id, metadata, 0, password, self.metadata, self.pool, self.writer_settings)
+        return await writer.start()
+
+    async def reopen_ledger(self, ledger_id: int, password: bytes = b"") -> LedgerWriter:
+        """A writer that continues an open ledger whose previous writer stopped cleanly (flushed, nothing
+        unconfirmed left behind), e.g. one `bookfleet ledger write` after another. A ledger with entries past its
+        LAC needs `recover_ledger` instead: only recovery may decide about those."""
+        metadata, version = self.metadata.read(ledger_id)
+        check_password(ledger_id, metadata, password)
+        if metadata.state == LedgerState.CLOSED:
+            raise LedgerClosedError(f"ledger {ledger_id} is closed")
+        if metadata.state == LedgerState.IN_RECOVERY:
+            raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
+        reader = LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
+        lac, last = await reader.bookie_view()
+        if last > lac:
+            raise LedgerWriteError(
+                f"ledger {ledger_id} has entries after its last confirmed entry {lac} from an earlier writer: "
+                f"recover it instead"
+            )
+        length = (await reader.read(lac)).length if lac >= 0 else 0
+        writer = LedgerWriter(
+            ledger_id, metadata, version, password, self.metadata, self.pool, self.writer_settings, lac, length
+        )
         return await writer.start()
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = False) -> LedgerReader:

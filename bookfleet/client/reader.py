@@ -57,45 +57,43 @@ class LedgerReader:
         if not self.metadata.is_closed:
             await self.refresh()
         if not self.metadata.is_closed:
-            self.last_add_confirmed = max(self.last_add_confirmed, await self._quorum_lac())
+            self.last_add_confirmed = max(self.last_add_confirmed, (await self.bookie_view())[0])
         else:
             self.last_add_confirmed = self.metadata.last_entry_id
         return self.last_add_confirmed
 
-    async def _quorum_lac(self) -> int:
-        """The highest LAC of the last segment's bookies, once their answers cover every write quorum (or, when
-        some stay silent for `timeout`, of those that answered)."""
+    async def bookie_view(self) -> tuple[int, int]:
+        """(highest LAC, highest last entry id) of the last segment's bookies, once their answers cover every
+        write quorum (or, when some stay silent for `timeout`, of those that answered)."""
         metadata = self.metadata
         bookies = metadata.segments[-1].bookies
-        asks = [asyncio.ensure_future(self._bookie_lac(position, bookie)) for position, bookie in enumerate(bookies)]
-        answered: dict[int, int] = {}
+        asks = [asyncio.ensure_future(self._bookie_view(position, bookie)) for position, bookie in enumerate(bookies)]
+        answered: dict[int, tuple[int, int]] = {}
         errors: list[str] = []
         try:
             for finished in asyncio.as_completed(asks, timeout=self.timeout):
                 try:
-                    position, lac = await finished
+                    position, view = await finished
                 except (BookieError, ConnectionError) as exc:
                     errors.append(str(exc))
                     continue
-                answered[position] = lac
-                covered = quorum_covered(set(answered), len(bookies), metadata.write_quorum, metadata.ack_quorum)
-                if covered:
+                answered[position] = view
+                if quorum_covered(set(answered), len(bookies), metadata.write_quorum, metadata.ack_quorum):
                     break
         except TimeoutError:
             pass
         finally:
-            for ask in asks:
-                ask.cancel()
+            _leave_running(asks)
         if not answered:
             raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC ({'; '.join(errors)})")
-        return max(answered.values())
+        return max(lac for lac, _ in answered.values()), max(last for _, last in answered.values())
 
-    async def _bookie_lac(self, position: int, bookie: str) -> tuple[int, int]:
+    async def _bookie_view(self, position: int, bookie: str) -> tuple[int, tuple[int, int]]:
         try:
-            lac, _ = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
+            view = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
         except NoSuchLedgerError:
-            return position, wire.INVALID_ENTRY_ID  # nothing written there yet
-        return position, lac
+            view = (wire.INVALID_ENTRY_ID, wire.INVALID_ENTRY_ID)  # nothing written there yet
+        return position, view
 
     async def refresh(self) -> LedgerMetadata:
         """Re-read the metadata: an open ledger gains segments as its writer replaces bookies, and gets closed."""
@@ -155,8 +153,7 @@ class LedgerReader:
                     self.last_add_confirmed = lac
                     return
         finally:
-            for poll in polls:
-                poll.cancel()
+            _leave_running(polls)
         await self.read_lac()  # nothing moved: the writer may have changed ensemble or closed the ledger
 
     async def _poll(self, bookie: str, previous: int, timeout: float) -> int:
@@ -164,6 +161,13 @@ class LedgerReader:
             return await (await self._pool.get(bookie)).read_lac(self.ledger_id, previous, timeout)
         except (BookieError, ConnectionError):
             return wire.INVALID_ENTRY_ID
+
+
+def _leave_running(tasks: list[asyncio.Task]) -> None:
+    """Let unneeded requests finish instead of cancelling them: a connection drops a request id on cancel, and a
+    late error answer to an id it no longer knows would end the whole connection."""
+    for task in tasks:
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 async def read_entry(

@@ -68,6 +68,8 @@ class LedgerWriter:
         store: MetadataStore,
         pool: BookiePool,
         settings: WriterSettings = WriterSettings(),
+        last_add_confirmed: int = wire.INVALID_ENTRY_ID,
+        length: int = 0,
     ):
         self.ledger_id = ledger_id
         self.metadata = metadata
@@ -79,11 +81,11 @@ class LedgerWriter:
         self._digester = wire.Digester(metadata.digest_type, password)
         self._ensemble = list(metadata.segments[-1].bookies)
         self._pending: collections.deque[_Add] = collections.deque()
-        self._next_entry_id = metadata.last_entry_id + 1
-        self._pushed_length = metadata.length
-        self.last_add_confirmed = metadata.last_entry_id
-        self.length = metadata.length
-        self._explicit_lac = metadata.last_entry_id
+        self._next_entry_id = last_add_confirmed + 1
+        self._pushed_length = length
+        self.last_add_confirmed = last_add_confirmed
+        self.length = length
+        self._explicit_lac = last_add_confirmed
         self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there
         self._changing: asyncio.Task | None = None
         self._error: LedgerWriteError | None = None
@@ -277,16 +279,28 @@ class LedgerWriter:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open"))
         self._explicit_lac = lac
 
+    async def flush(self) -> int:
+        """Wait for every pending add and tell the ensemble the LAC, so readers see the last entry too."""
+        await self._drain()
+        if self.last_add_confirmed > self._explicit_lac:
+            await self._write_lac(self.last_add_confirmed)
+        if self._error is not None:
+            raise self._error
+        return self.last_add_confirmed
+
+    async def _drain(self) -> None:
+        while self._pending and self._error is None:
+            await asyncio.wait([self._pending[-1].future])
+        if self._changing is not None:
+            await asyncio.shield(self._changing)
+
     # --- closing --------------------------------------------------------------------------------------------
 
     async def close(self) -> LedgerMetadata:
         """Wait for pending adds, then record lastEntryId and length with state CLOSED; returns that metadata."""
         self._closing = True
         try:
-            while self._pending and self._error is None:
-                await asyncio.wait([self._pending[-1].future])
-            if self._changing is not None:
-                await asyncio.shield(self._changing)
+            await self._drain()
             if self._error is not None:
                 raise self._error
             lac, length = self.last_add_confirmed, self.length
@@ -296,6 +310,14 @@ class LedgerWriter:
             self._error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed")
             if self._housekeeper is not None:
                 self._housekeeper.cancel()
+
+    async def detach(self) -> None:
+        """Stop this writer but leave the ledger open, for `BookKeeper.reopen_ledger` in another process; call
+        `flush()` first so the next writer starts after a confirmed and visible last entry."""
+        await self._drain()
+        self._error = self._error or LedgerClosedError(f"the writer of ledger {self.ledger_id} was detached")
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
 
     async def __aenter__(self) -> LedgerWriter:
         return self

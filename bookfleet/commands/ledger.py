@@ -1,0 +1,176 @@
+"""`bookfleet ledger ...`: create, write, read, close, recover, delete, inspect and list ledgers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+
+from bookfleet import wire
+from bookfleet.cli import CommandError
+from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
+from bookfleet.client.metadata import LedgerMetadata, MetadataError
+from bookfleet.client.placement import NotEnoughBookies
+from bookfleet.client.reader import LedgerReadError
+from bookfleet.client.recovery import RecoveryError
+from bookfleet.client.writer import LedgerWriteError
+from bookfleet.commands.topic import add_zk_argument, zk_session
+
+CLEAR_ERRORS = (MetadataError, WrongPasswordError, NotEnoughBookies, LedgerWriteError, LedgerReadError, RecoveryError)
+"""Errors whose message is already the one line a user needs."""
+
+
+def ledger_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ledger id must be a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"ledger id must be a non-negative integer, got {value}")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("ledger", help="create, write, read, recover and inspect ledgers")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, handler: Callable, with_id: bool = True, json_output: bool = False):
+        sub = actions.add_parser(name, help=help)
+        if with_id:
+            sub.add_argument("ledger_id", type=ledger_id, metavar="ID")
+        add_zk_argument(sub)
+        if json_output:
+            sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.set_defaults(handler=lambda args: _run(args, handler))
+        return sub
+
+    create = action("create", "create a ledger and print its id", _create, with_id=False, json_output=True)
+    create.add_argument("-e", "--ensemble", type=int, default=3, help="ensemble size E (default 3)")
+    create.add_argument("-w", "--write-quorum", type=int, default=3, help="write quorum Qw (default 3)")
+    create.add_argument("-a", "--ack-quorum", type=int, default=2, help="ack quorum Qa (default 2)")
+    create.add_argument("--digest", choices=[d.value for d in wire.DigestType], default=wire.DigestType.CRC32C)
+    create.add_argument("--placement", choices=["random", "zone-aware"], default="zone-aware")
+    _password(create)
+
+    write = action(
+        "write", "append stdin lines (or --count generated entries) to an open ledger", _write, json_output=True
+    )
+    write.add_argument("--count", type=int, help="write N generated entries instead of stdin lines")
+    write.add_argument("--size", type=int, default=100, help="bytes per generated entry (default 100)")
+    _password(write)
+
+    read = action("read", "print entries up to the last confirmed one", _read, json_output=True)
+    read.add_argument("--from", dest="first", type=int, default=0, help="first entry id (default 0)")
+    read.add_argument("--to", dest="last", type=int, help="last entry id (default: the last confirmed)")
+    _password(read)
+
+    _password(action("close", "close an open ledger whose writer has stopped", _close, json_output=True))
+    _password(action("recover", "fence a ledger, recover its tail and close it", _recover, json_output=True))
+    action("delete", "delete a ledger's metadata (bookies drop its entries at their next GC)", _delete)
+    action("info", "print a ledger's metadata with its segments", _info, json_output=True)
+    action("list", "list ledger ids", _list, with_id=False, json_output=True)
+
+
+def _password(parser) -> None:
+    parser.add_argument("--password", default="", help="the ledger's password (default empty)")
+
+
+def _run(args, handler: Callable[[BookKeeper, argparse.Namespace], Awaitable[object]]) -> int:
+    if getattr(args, "count", None) is not None and args.count < 0:
+        raise CommandError(f"--count must be >= 0, got {args.count}")
+    with zk_session(args.zk) as client:
+        try:
+            asyncio.run(_with_bookkeeper(client, args, handler))
+        except CLEAR_ERRORS as exc:
+            raise CommandError(str(exc)) from None
+        except ValueError as exc:  # bad E/Qw/Qa and similar
+            raise CommandError(str(exc)) from None
+    return 0
+
+
+async def _with_bookkeeper(client, args, handler) -> None:
+    async with BookKeeper(client) as bookkeeper:
+        await handler(bookkeeper, args)
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode()
+
+
+def _emit(args, data: object, text: str) -> None:
+    print(json.dumps(data) if getattr(args, "json", False) else text)
+
+
+async def _create(bk: BookKeeper, args) -> None:
+    writer = await bk.create_ledger(
+        args.ensemble,
+        args.write_quorum,
+        args.ack_quorum,
+        args.digest,
+        _bytes(args.password),
+        placement=args.placement,
+    )
+    await writer.detach()
+    _emit(args, {"ledger_id": writer.ledger_id}, str(writer.ledger_id))
+
+
+async def _write(bk: BookKeeper, args) -> None:
+    writer = await bk.reopen_ledger(args.ledger_id, _bytes(args.password))
+    if args.count is not None:
+        payloads = (b"%0*d" % (args.size, i) if args.size else b"" for i in range(args.count))
+    else:
+        payloads = (line.rstrip(b"\n") for line in sys.stdin.buffer)
+    pending = [writer.append(payload) for payload in payloads]
+    entry_ids = await asyncio.gather(*pending)
+    await writer.flush()
+    await writer.detach()
+    first, last = (entry_ids[0], entry_ids[-1]) if entry_ids else (None, None)
+    _emit(
+        args,
+        {"ledger_id": args.ledger_id, "entries": len(entry_ids), "first_entry_id": first, "last_entry_id": last},
+        f"wrote {len(entry_ids)} entries to ledger {args.ledger_id}" + (f" ({first}..{last})" if entry_ids else ""),
+    )
+
+
+async def _read(bk: BookKeeper, args) -> None:
+    reader = await bk.open_ledger(args.ledger_id, _bytes(args.password))
+    async for entry in reader.entries(args.first, args.last):
+        text = entry.payload.decode(errors="backslashreplace")
+        _emit(args, {"entry_id": entry.entry_id, "length": entry.length, "payload": text}, text)
+
+
+async def _close(bk: BookKeeper, args) -> None:
+    writer = await bk.reopen_ledger(args.ledger_id, _bytes(args.password))
+    _print_metadata(args, await writer.close())
+
+
+async def _recover(bk: BookKeeper, args) -> None:
+    _print_metadata(args, await bk.recover_ledger(args.ledger_id, _bytes(args.password)))
+
+
+async def _delete(bk: BookKeeper, args) -> None:
+    bk.delete_ledger(args.ledger_id)
+    print(f"deleted ledger {args.ledger_id}")
+
+
+async def _info(bk: BookKeeper, args) -> None:
+    _print_metadata(args, bk.ledger_metadata(args.ledger_id))
+
+
+async def _list(bk: BookKeeper, args) -> None:
+    ids = bk.list_ledgers()
+    _emit(args, ids, "\n".join(map(str, ids)))
+
+
+def _print_metadata(args, metadata: LedgerMetadata) -> None:
+    lines = [
+        f"ledger {args.ledger_id}: {metadata.state}, last entry {metadata.last_entry_id}, length {metadata.length}",
+        f"  E={metadata.ensemble_size} Qw={metadata.write_quorum} Qa={metadata.ack_quorum} "
+        f"digest={metadata.digest_type}",
+        *(f"  from entry {s.first_entry_id}: {', '.join(s.bookies)}" for s in metadata.segments),
+    ]
+    if metadata.custom:
+        lines.append(f"  custom: {json.dumps(metadata.custom)}")
+    _emit(args, {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}, "\n".join(lines))
