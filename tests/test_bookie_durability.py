@@ -8,11 +8,12 @@ import os
 import pytest
 
 from bookfleet.bookie.journal import journal_path, journal_seqs
-from bookfleet.client.connection import BookieClient, NoSuchEntryError
+from bookfleet.client.connection import BookieClient, NoSuchEntryError, ShuttingDownError
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
 
-async def test_kill9_under_pipelined_load_loses_no_acknowledged_entry(bookie_fleet):
+@pytest.mark.parametrize("crash", ["kill -9", "SIGTERM"])
+async def test_stop_under_pipelined_load_loses_no_acknowledged_entry(bookie_fleet, crash):
     # A short flush interval lets entries reach the entry log too, so recovery mixes both paths.
     (bookie,) = bookie_fleet.start(1, flush_interval=0.2)
     acknowledged: dict[tuple[int, int], bytes] = {}
@@ -33,7 +34,7 @@ async def test_kill9_under_pipelined_load_loses_no_acknowledged_entry(bookie_fle
                 entry_id = in_flight.pop(task)
                 if task.exception() is None:
                     acknowledged[(ledger_id, entry_id)] = entries.pop(entry_id)
-                elif isinstance(task.exception(), ConnectionError):
+                elif isinstance(task.exception(), ConnectionError | ShuttingDownError):
                     return
                 else:
                     raise task.exception()
@@ -42,7 +43,10 @@ async def test_kill9_under_pipelined_load_loses_no_acknowledged_entry(bookie_fle
     async with asyncio.timeout(30):
         while len(acknowledged) < 3000:
             await asyncio.sleep(0.01)
-    bookie.kill9()
+    if crash == "kill -9":
+        bookie.kill9()
+    else:  # graceful: in-flight adds finish, later ones are refused, the process exits cleanly
+        assert await asyncio.to_thread(bookie.stop) == 0
     await asyncio.wait_for(asyncio.gather(*writers), 10)
     assert len(acknowledged) >= 3000
 

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 MAX_READ_LAC_WAIT = 120.0
 """Longest READ_LAC long poll a client may ask for; longer requests are cut to this."""
 
-RESPONSE_OVERHEAD = 1024
-"""Room kept in a frame for the response header and READ_RANGE's per-entry sizes."""
+READ_RANGE_MAX_BYTES = (wire.MAX_FRAME_SIZE - 1024) * 9 // 10
+"""Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its 4-byte
+size prefix adds at most a ninth, and the response header fits in the 1024 bytes kept aside."""
 
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
 _FENCE = int(wire.Flag.FENCE)
@@ -148,9 +149,8 @@ class BookieServer:
     async def _read_range(self, frame: wire.Frame) -> bytes:
         ledger_id, first, last, max_bytes = wire.unpack_body(wire.READ_RANGE_REQUEST, frame.body, "READ_RANGE")
         if last < first:
-            raise wire.ProtocolError(f"READ_RANGE of ledger {ledger_id}: last {last} is before first {first}")
-        max_bytes = min(max_bytes, wire.MAX_FRAME_SIZE - RESPONSE_OVERHEAD - 4 * (last - first + 1))
-        entries = await self.storage.read_range(ledger_id, first, last, max(max_bytes, 0))
+            raise errors.BadRequest(f"last entry {last} is before first entry {first}")
+        entries = await self.storage.read_range(ledger_id, first, last, min(max_bytes, READ_RANGE_MAX_BYTES))
         body = wire.encode_entry_list(entries)
         self.metrics.observe_read(len(body), count=len(entries))
         return body
