@@ -119,3 +119,81 @@ async def verify_replicas(
         for bookie_client in clients.values():
             await bookie_client.close()
     return problems
+
+
+def register(benches) -> None:
+    parser = benches.add_parser("repair", help="restore a killed bookie's replicas with the Spark repair job")
+    parser.add_argument("--ledgers", type=int, default=1000)
+    parser.add_argument("--entries", type=int, default=100, help="entries per ledger")
+    parser.add_argument("--entry-size", type=int, default=1024, help="payload bytes per entry")
+    parser.add_argument("--bookies", type=int, default=4, help="bookies before the kill (at least 4)")
+    parser.add_argument("--write-quorum", type=int, default=2, help="Qw of the E=3 ledgers (2 or 3)")
+    parser.add_argument("--master", default="local[2]", help="Spark master")
+    parser.add_argument("--throttle-mb-s", type=float, help="repair throttle")
+    parser.add_argument("--no-verify", action="store_true", help="skip checking every replica afterwards")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.set_defaults(handler=run_bench)
+
+
+def run_bench(args) -> int:
+    import json
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from bookfleet import spark as sparksettings
+    from bookfleet.bench.baseline import raw_fsync_bandwidth
+    from bookfleet.cli import CommandError
+    from bookfleet.fleet import BookieFleet
+    from bookfleet.recovery.auditor import mark_lost_bookie
+    from bookfleet.recovery.spark_repair import run_repair
+    from bookfleet.zkserver import ZooKeeperServer
+
+    if args.bookies < 4 or min(args.ledgers, args.entries, args.entry_size) < 1 or args.write_quorum not in (2, 3):
+        raise CommandError("need --bookies >= 4, positive --ledgers/--entries/--entry-size and --write-quorum 2 or 3")
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    with tempfile.TemporaryDirectory(prefix="bench-repair-") as scratch:
+        root = Path(scratch)
+        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        with ZooKeeperServer(root / "zookeeper") as server, BookieFleet(server.connect, root / "bookies") as fleet:
+            bookies = fleet.start(args.bookies)
+            sparksettings.session(args.master, app_name="bookfleet-repair")  # JVM start is not repair time
+            say(f"writing {args.ledgers} ledgers x {args.entries} x {args.entry_size} B")
+            started = time.monotonic()
+            shape = LedgerShape(3, args.write_quorum, 2)
+            expected = asyncio.run(fill_ledgers(server.connect, args.ledgers, args.entries, args.entry_size, shape))
+            write_seconds = time.monotonic() - started
+            victim = bookies[0]
+            say(f"killing {victim.bookie_id}; repairing")
+            with zkclient.session(server.connect) as client:
+                lost_at = time.monotonic()
+                victim.kill9()
+                marked = mark_lost_bookie(client, victim.bookie_id)
+                summary = run_repair(server.connect, master=args.master, throttle_mb_s=args.throttle_mb_s)
+                recovered = time.monotonic() - lost_at
+            problems = [] if args.no_verify else asyncio.run(verify_replicas(server.connect, expected))
+    result = {
+        "bench": "repair",
+        "ledgers": args.ledgers,
+        "entries_per_ledger": args.entries,
+        "entry_size": args.entry_size,
+        "ensemble": [3, args.write_quorum, 2],
+        "master": args.master,
+        "bookies": args.bookies,
+        "data_written_mb": round(sum(map(len, expected.values())) * args.entry_size / 1e6, 1),
+        "write_seconds": round(write_seconds, 2),
+        "ledgers_marked": len(marked),
+        "ledgers_repaired": summary.ledgers,
+        "entries_restored": summary.entries,
+        "mb_restored": round(summary.bytes / 1e6, 2),
+        "repair_seconds": round(summary.seconds, 2),
+        "mb_per_s": round(summary.bytes / 1e6 / summary.seconds, 2),
+        "ledgers_per_min": round(summary.ledgers / summary.seconds * 60),
+        "seconds_loss_to_full_replication": round(recovered, 2),
+        "failures": len(summary.failures),
+        "replica_problems": len(problems),
+        "verified": not args.no_verify,
+        "baseline": {key: round(value, 3) for key, value in baseline.items()},
+    }
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0 if not summary.failures and not problems else 1

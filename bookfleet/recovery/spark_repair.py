@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -51,6 +52,8 @@ BATCH_BYTES = 64 * 1024 * 1024
 TASKS_PER_CORE = 4
 PASSWORD_ENV = "BOOKFLEET_RECOVERY_PASSWORD"
 CAS_ATTEMPTS = 10
+ZK_THREADS = 16
+"""ZooKeeper calls in flight while planning and committing: each ledger costs a few round trips and fsyncs."""
 ZK_SESSION_TIMEOUT = 4.0
 """Short, so the ledger locks of a killed driver expire soon and a rerun can take them."""
 
@@ -157,6 +160,8 @@ class RepairJob:
         self.policy = policy
         self.holder = f"repair:{socket.gethostname()}:{os.getpid()}"
         self.summary = RepairSummary()
+        self.lock = threading.Lock()
+        self.registered: set[str] = set()
 
     def run(
         self, spark, ledgers: Sequence[int] | None = None, progress: ProgressCallback | None = None
@@ -181,34 +186,32 @@ class RepairJob:
             targets = [(m.ledger_id, m) for m in self.under_replication.markers()]
         else:
             targets = [(ledger_id, self.under_replication.marker(ledger_id)) for ledger_id in ledgers]
-        registered = self.registry.all()
+        self.registered = {info.bookie_id for info in self.registry.all()}
         writable = self.registry.writable()
-        works = []
-        for ledger_id, marker in targets:
-            if not self.under_replication.acquire(ledger_id, self.holder):
-                self.summary.pending.append(ledger_id)
-                continue
-            try:
-                work = self.plan(ledger_id, marker, {info.bookie_id for info in registered}, writable)
-            except Exception:
-                self.under_replication.release(ledger_id)
-                raise
+        with ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-plan") as pool:
+            works = pool.map(lambda target: self.lock_and_plan(*target, writable), targets)
+            return [work for work in works if work is not None]
+
+    def lock_and_plan(self, ledger_id: int, marker: Marker | None, writable: list[BookieInfo]) -> LedgerWork | None:
+        if not self.under_replication.acquire(ledger_id, self.holder):
+            self.summary.pending.append(ledger_id)
+            return None
+        work = None
+        try:
+            work = self.plan(ledger_id, marker, writable)
+        finally:
             if work is None:
                 self.under_replication.release(ledger_id)
-            else:
-                works.append(work)
-        return works
+        return work
 
-    def plan(
-        self, ledger_id: int, marker: Marker | None, registered: set[str], writable: list[BookieInfo]
-    ) -> LedgerWork | None:
+    def plan(self, ledger_id: int, marker: Marker | None, writable: list[BookieInfo]) -> LedgerWork | None:
         try:
             metadata, _ = self.metadata.read(ledger_id)
         except NoSuchLedgerError:
             if marker is not None:
                 self.under_replication.clear(marker)  # deleted ledgers need no replicas
             return None
-        missing = frozenset((marker.missing_bookies if marker else set()) | (metadata.bookies() - registered))
+        missing = frozenset((marker.missing_bookies if marker else set()) | (metadata.bookies() - self.registered))
         if not metadata.is_closed:
             metadata = self.close_open_ledger(ledger_id, marker, metadata)
             if metadata is None:
@@ -222,7 +225,7 @@ class RepairJob:
             self.fail(ledger_id, f"ledger {ledger_id}: the recovery password does not match (set ${PASSWORD_ENV})")
             return None
         if not plans:
-            self.finish(ledger_id, marker, [])
+            self.finish(ledger_id, marker, metadata)
             return None
         return LedgerWork(ledger_id, marker, missing, plans)
 
@@ -274,26 +277,34 @@ class RepairJob:
             rdd = context.parallelize([plans], 1)
             return rdd.flatMap(lambda fragment_plans: repair_partition(fragment_plans, settings)).collect()
 
-        with ThreadPoolExecutor(parallelism, thread_name_prefix="repair-batch") as pool:
-            futures = {pool.submit(run_batch, batch): batch for batch in batches}
+        def committed(_future) -> None:
+            nonlocal done
+            with self.lock:
+                done += 1
+                if progress:
+                    progress(done, len(works), self.summary.bytes)
+
+        with (
+            ThreadPoolExecutor(parallelism, thread_name_prefix="repair-batch") as spark_pool,
+            ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-commit") as zk_pool,
+        ):
+            futures = {spark_pool.submit(run_batch, batch): batch for batch in batches}
             try:
                 for future in as_completed(futures):
                     batch = futures[future]
                     try:
                         results = future.result()
                     except Exception as exc:  # a task that failed twice: keep the markers, report, go on
-                        for work in batch:
-                            self.fail(work.ledger_id, f"ledger {work.ledger_id}: Spark task failed: {exc}")
-                            self.under_replication.release(work.ledger_id)
-                        continue
+                        results = []
+                        error = f"Spark task failed: {exc}"
+                    else:
+                        error = None
                     by_ledger: dict[int, list[FragmentResult]] = {}
                     for result in results:
                         by_ledger.setdefault(result.ledger_id, []).append(result)
                     for work in batch:
-                        self.commit(work, by_ledger.get(work.ledger_id, []))
-                        done += 1
-                    if progress:
-                        progress(done, len(works), self.summary.bytes)
+                        commit = zk_pool.submit(self.commit, work, by_ledger.get(work.ledger_id, []), error)
+                        commit.add_done_callback(committed)
             finally:
                 for future in futures:
                     future.cancel()
@@ -315,16 +326,18 @@ class RepairJob:
 
     # --- committing -------------------------------------------------------------------------------------------
 
-    def commit(self, work: LedgerWork, results: list[FragmentResult]) -> None:
+    def commit(self, work: LedgerWork, results: list[FragmentResult], error: str | None = None) -> None:
+        """Account for a ledger's copies; if all succeeded, record lost entries, swap bookies, clear the marker."""
         try:
-            errors = [r.error for r in results if r.error]
-            if len(results) != len(work.plans):
+            errors = [error] if error else [r.error for r in results if r.error]
+            if not errors and len(results) != len(work.plans):
                 errors.append(f"{len(work.plans) - len(results)} fragment(s) returned no result")
-            self.summary.fragments += sum(r.error is None for r in results)
             copied_entries = sum(r.entries for r in results)
             copied_bytes = sum(r.bytes for r in results)
-            self.summary.entries += copied_entries
-            self.summary.bytes += copied_bytes
+            with self.lock:
+                self.summary.fragments += sum(r.error is None for r in results)
+                self.summary.entries += copied_entries
+                self.summary.bytes += copied_bytes
             REPAIRED_ENTRIES.inc(copied_entries)
             REPAIRED_BYTES.inc(copied_bytes)
             if errors:
@@ -336,12 +349,13 @@ class RepairJob:
                 self.summary.data_loss[work.ledger_id] = lost
                 LOST_ENTRIES.inc(len(lost))
                 log.error("DATA LOSS: ledger %d lost entries %s", work.ledger_id, describe_ranges(lost))
-            if self.replace_bookies(work):
-                self.finish(work.ledger_id, work.marker, lost)
+            metadata = self.replace_bookies(work)
+            if metadata is not None:
+                self.finish(work.ledger_id, work.marker, metadata)
         finally:
             self.under_replication.release(work.ledger_id)
 
-    def replace_bookies(self, work: LedgerWork) -> bool:
+    def replace_bookies(self, work: LedgerWork) -> LedgerMetadata | None:
         """Put each replacement into its segment by compare-and-set, re-reading and re-applying on conflict."""
         for _ in range(CAS_ATTEMPTS):
             metadata, version = self.metadata.read(work.ledger_id)
@@ -350,34 +364,33 @@ class RepairJob:
                 segment = updated.segments[plan.segment_index] if plan.segment_index < len(updated.segments) else None
                 if segment is None or segment.first_entry_id != plan.first_entry_id:
                     self.fail(work.ledger_id, f"ledger {work.ledger_id}: segments changed during repair; rerun")
-                    return False
+                    return None
                 for position, replacement in zip(plan.lost, plan.replacements, strict=True):
                     current = segment.bookies[position]
                     if current == replacement:
                         continue  # a previous run got this far
                     if current != plan.bookies[position]:
                         self.fail(work.ledger_id, f"ledger {work.ledger_id}: position {position} changed to {current}")
-                        return False
+                        return None
                     updated = updated.with_replaced_bookie(plan.segment_index, position, replacement)
             if updated == metadata:
-                return True
+                return metadata
             try:
                 self.metadata.update(work.ledger_id, updated, version)
-                return True
+                return updated
             except MetadataVersionConflict:
                 continue
         self.fail(work.ledger_id, f"ledger {work.ledger_id}: metadata kept changing; {CAS_ATTEMPTS} updates failed")
-        return False
+        return None
 
-    def finish(self, ledger_id: int, marker: Marker | None, lost: list[int]) -> None:
+    def finish(self, ledger_id: int, marker: Marker | None, metadata: LedgerMetadata) -> None:
         """Clear the marker when no missing bookie is left in the ledger; a marker changed meanwhile stays."""
-        self.summary.ledgers += 1
+        with self.lock:
+            self.summary.ledgers += 1
         REPAIRED_LEDGERS.inc()
         if marker is None:
             return
-        metadata, _ = self.metadata.read(ledger_id)
-        registered = {info.bookie_id for info in self.registry.all()}
-        still_missing = metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - registered))
+        still_missing = metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - self.registered))
         if still_missing or not self.under_replication.clear(marker):
             self.summary.pending.append(ledger_id)
 
