@@ -123,3 +123,15 @@ def test_bad_flags_are_named(zk_connect):
     )
     assert result.returncode == 2
     assert "--throttle-mb-s must be positive, got 0.0" in result.stderr
+
+
+def test_nothing_is_repaired_while_replication_is_disabled(spark, zk, zk_connect):
+    under_replication = UnderReplication(zk)
+    under_replication.mark(5, ["bookie-gone"])
+    under_replication.disable()
+
+    summary = run_repair(zk_connect)
+
+    assert summary.disabled and summary.ledgers == 0
+    assert "disabled" in summary.lines()[0]
+    assert under_replication.ledger_ids() == [5]
