@@ -94,7 +94,7 @@ class Bookie:
             config.disk_check_interval,
         )
         self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
-        collector = LedgerCollector(self.storage, zk, config.gc_interval, config.gc_grace)
+        collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
         monitor.start()
         self.registration.start()
