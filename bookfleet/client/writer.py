@@ -134,8 +134,8 @@ class LedgerWriter:
         if client is None:
             self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
             return
-        task = asyncio.ensure_future(client.add_entry(self._master_key, add.encoded))
-        task.add_done_callback(lambda done: self._on_answer(add, position, bookie, done))
+        answer = client.add_entry_nowait(self._master_key, add.encoded)
+        answer.add_done_callback(lambda done: self._on_answer(add, position, bookie, done))
 
     def _on_answer(self, add: _Add, position: int, bookie: str, done: asyncio.Future) -> None:
         if done.cancelled():

@@ -1,0 +1,159 @@
+"""`bookfleet bench client`: ledger add throughput and latency through the real client and real bookie processes.
+
+An embedded ZooKeeper and N bookie processes start in a temp dir; one `LedgerWriter` keeps `--in-flight` adds
+pipelined for `--seconds` (full load), then adds at half the rate it reached (latency when not saturated). The raw
+write+fdatasync baseline of blocks of the entry size is measured in the same dir, in the same run, before the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from bookfleet.bench.baseline import percentile, raw_fsync_bandwidth
+from bookfleet.cli import CommandError
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.writer import LedgerWriter
+from bookfleet.fleet import BookieFleet
+from bookfleet.zkserver import ZooKeeperServer
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("client", help="ledger add throughput and latency through the client")
+    parser.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3)")
+    parser.add_argument("-e", "--ensemble", type=int, default=3, help="ensemble size E (default 3)")
+    parser.add_argument("-w", "--write-quorum", type=int, default=3, help="write quorum Qw (default 3)")
+    parser.add_argument("-a", "--ack-quorum", type=int, default=2, help="ack quorum Qa (default 2)")
+    parser.add_argument("--entry-size", type=int, default=1024, help="payload bytes per entry (default 1024)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
+    parser.add_argument("--in-flight", type=int, default=2000, help="adds in flight at full load (default 2000)")
+    parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=handle)
+
+
+def _summary(latencies: list[float], elapsed: float, entry_size: int) -> dict[str, float]:
+    latencies.sort()
+    return {
+        "entries": len(latencies),
+        "entries_per_s": len(latencies) / elapsed,
+        "mb_per_s": len(latencies) * entry_size / elapsed / 1e6,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+    }
+
+
+async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> list[float]:
+    """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks, no task per add)."""
+    clock = time.perf_counter
+    latencies: list[float] = []
+    finished = asyncio.get_running_loop().create_future()
+    deadline = clock() + seconds
+    outstanding = 0
+
+    def issue() -> None:
+        nonlocal outstanding
+        outstanding += 1
+        started = clock()
+        writer.append(payload).add_done_callback(lambda done: completed(done, started))
+
+    def completed(done: asyncio.Future, started: float) -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        if done.exception() is not None:
+            if not finished.done():
+                finished.set_exception(done.exception())
+            return
+        now = clock()
+        latencies.append(now - started)
+        if now < deadline:
+            issue()
+        elif outstanding == 0 and not finished.done():
+            finished.set_result(None)
+
+    for _ in range(in_flight):
+        issue()
+    await finished
+    return latencies
+
+
+async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate: float) -> list[float]:
+    """Issue adds at `rate` per second (in small bursts every millisecond) and time each one."""
+    clock = time.perf_counter
+    latencies: list[float] = []
+    pending: list[asyncio.Future] = []
+
+    def record(done: asyncio.Future, started: float) -> None:
+        if done.exception() is None:
+            latencies.append(clock() - started)
+
+    start = clock()
+    issued = 0
+    while (now := clock()) - start < seconds:
+        due = int((now - start) * rate) - issued
+        for _ in range(due):
+            future = writer.append(payload)
+            future.add_done_callback(lambda done, started=now: record(done, started))
+            pending.append(future)
+        issued += max(due, 0)
+        await asyncio.sleep(0.001)
+    await asyncio.gather(*pending)
+    return latencies
+
+
+async def _run(zk: str, args: argparse.Namespace) -> dict:
+    payload = os.urandom(args.entry_size)
+    async with BookKeeper(zk) as bookkeeper:
+        writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
+        started = time.perf_counter()
+        full = await _full_load(writer, payload, args.seconds, args.in_flight)
+        full_summary = _summary(full, time.perf_counter() - started, args.entry_size)
+        half_rate = full_summary["entries_per_s"] / 2
+        started = time.perf_counter()
+        half = await _paced_load(writer, payload, args.seconds, half_rate)
+        half_summary = _summary(half, time.perf_counter() - started, args.entry_size)
+        await writer.close()
+    return {
+        **{f"full_{name}": value for name, value in full_summary.items()},
+        "half_rate_target": half_rate,
+        **{f"half_{name}": value for name, value in half_summary.items()},
+    }
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not args.bookies >= args.ensemble >= args.write_quorum >= args.ack_quorum >= 1:
+        raise CommandError(
+            f"need bookies >= E >= Qw >= Qa >= 1, got bookies={args.bookies} E={args.ensemble} "
+            f"Qw={args.write_quorum} Qa={args.ack_quorum}"
+        )
+    if args.seconds <= 0 or args.in_flight < 1 or args.entry_size < 0:
+        raise CommandError("--seconds must be positive, --in-flight at least 1 and --entry-size at least 0")
+    with tempfile.TemporaryDirectory(prefix="bench-client-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        with ZooKeeperServer(root / "zookeeper") as zookeeper, BookieFleet(zookeeper.connect, root) as fleet:
+            fleet.start(args.bookies, log_level="WARNING")
+            result = asyncio.run(_run(zookeeper.connect, args))
+            fleet.stop()
+    report = {
+        "bookies": args.bookies,
+        "ensemble": args.ensemble,
+        "write_quorum": args.write_quorum,
+        "ack_quorum": args.ack_quorum,
+        "entry_size": args.entry_size,
+        "seconds": args.seconds,
+        "in_flight": args.in_flight,
+        **result,
+        **baseline,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for name, value in report.items():
+            print(f"{name:>24}: {value:.3f}" if isinstance(value, float) else f"{name:>24}: {value}")
+    return 0
