@@ -41,7 +41,13 @@ class OperatorContext:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+    return dt.datetime.now(dt.UTC)
+
+
+def now_rounded_up() -> dt.datetime:
+    """Now, to the next whole second: a loss time stored in status must never make a delay end early."""
+    moment = now()
+    return moment.replace(microsecond=0) + dt.timedelta(seconds=1 if moment.microsecond else 0)
 
 
 def timestamp(moment: dt.datetime) -> str:

@@ -20,7 +20,7 @@ from bookfleet.client.metadata import MetadataStore
 from bookfleet.client.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def mark_lost(ctx: OperatorContext, body: dict, reason: str) -> None:
     if status.get("lostSince"):
         return
     ctx.api.patch_status("bookies", body["metadata"]["namespace"], body["metadata"]["name"], {
-        "lostSince": timestamp(now()), "phase": BookiePhase.LOST.value,
+        "lostSince": timestamp(now_rounded_up()), "phase": BookiePhase.LOST.value,
         "conditions": conditions_with(status, LOST, True, "PodLost", reason),
     })
     ctx.api.post_event(body, "BookieLost", reason, warning=True)
@@ -100,7 +100,7 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     had_pod = bookie.status.pod is not None  # a bookie whose first pod is still to come is new, not lost
     if lost_since is None and had_pod and (pod is None or pod_failed(pod)):
         mark_lost(ctx, body, f"pod {name} is {'gone' if pod is None else 'failed'}")
-        lost_since = now()
+        lost_since = now_rounded_up()
     if lost_since is None:
         ensure_volumes_and_pod(ctx, cluster, bookie)
     else:

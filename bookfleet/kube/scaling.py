@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def decommission(ctx: OperatorContext, cluster: BookieCluster, body: dict) -> No
     ns, name = bookie.metadata.namespace, bookie.metadata.name
     since_text = bookie.metadata.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
     if bookie.spec.desired_state == DesiredState.WRITABLE or not since_text:
-        since = now()
+        since = now_rounded_up()
         ctx.api.patch(CUSTOM, "bookies", ns, name, {
             "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(since)}},
             "spec": {"desiredState": DesiredState.READ_ONLY.value},
