@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
+from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.client.writeset import write_set
 from bookfleet.recovery.auditor import mark_lost_bookie
@@ -55,6 +57,37 @@ def test_lost_bookie_of_50_ledgers_is_repaired(spark, zk, zk_connect, bookie_fle
     assert store.ledgers_on_bookie(victim.bookie_id) == []
     assert all(victim.bookie_id not in store.read(ledger_id)[0].bookies() for ledger_id in expected)
     assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+
+
+def test_open_ledger_is_fenced_and_closed_after_its_grace_period(spark, zk, zk_connect, bookie_fleet):
+    victim, *_ = bookie_fleet.start(3)
+    ledger_id, digests = asyncio.run(write_without_closing(zk_connect, 30))
+    bookie_fleet.start(1)
+    lose_bookie(zk, victim)
+    under_replication = UnderReplication(zk)
+
+    young = run_repair(zk_connect, open_grace_s=3600)
+    assert (young.ledgers, young.pending, young.failures) == (0, [ledger_id], [])
+    assert under_replication.ledger_ids() == [ledger_id]
+
+    summary = run_repair(zk_connect, open_grace_s=0)
+    assert (summary.ledgers, summary.failures) == (1, [])
+    metadata = MetadataStore(zk).read(ledger_id)[0]
+    assert metadata.is_closed and metadata.last_entry_id == 29
+    assert victim.bookie_id not in metadata.bookies()
+    assert asyncio.run(verify_replicas(zk_connect, {ledger_id: digests})) == []
+
+
+async def write_without_closing(zk_connect: str, entries: int) -> tuple[int, list[bytes]]:
+    """A ledger whose writer went away without closing it: its metadata stays OPEN.
+
+    Qw=3 > Qa=2, so recovery can rewrite its tail to Qa survivors (the client's recovery does no ensemble change).
+    """
+    payloads = [os.urandom(100) for _ in range(entries)]
+    async with BookKeeper(zk_connect) as bookkeeper:
+        writer = await bookkeeper.create_ledger(3, 3, 2)
+        await asyncio.gather(*(writer.append(payload) for payload in payloads))
+    return writer.ledger_id, [hashlib.sha256(payload).digest() for payload in payloads]
 
 
 def test_repair_killed_half_way_converges_on_rerun(spark, zk, zk_connect, bookie_fleet):
