@@ -94,6 +94,12 @@ async def test_fencing_and_lac_long_poll(bookie_fleet):
         assert await asyncio.wait_for(waiting, 5) == 2
         assert await client.read_lac(1, previous=5, timeout=0.1) == 2
 
+        # A caller that gives up early: the bookie's late answer (here an error) must not harm the connection.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.read_lac(99, previous=0, timeout=0.3), 0.05)
+        await asyncio.sleep(0.4)
+        assert await client.read_lac(1) == 2
+
         with pytest.raises(UnauthorizedError):
             await client.read_lac_and_last(1, fence=True, master_key=OTHER_KEY)
         with pytest.raises(ValueError, match="master key"):

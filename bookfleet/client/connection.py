@@ -282,10 +282,9 @@ class BookieClient:
             return
         future = self._pending.pop(frame.request_id, None)
         if future is None:
-            if frame.code != Status.OK:
-                # An error about no request of ours: the bookie rejected the connection itself and closes it.
+            if frame.request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
                 self._fail(ConnectionError(f"bookie {self.address}: {bytes(frame.body).decode(errors='replace')}"))
-            return
+            return  # the answer to a request its caller gave up on (cancelled or timed out)
         if future.done():
             return
         if frame.code == Status.OK:
