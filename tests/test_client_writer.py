@@ -16,7 +16,7 @@ from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLe
 from bookfleet.client.metadata import LedgerState
 from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
 from bookfleet.client.placement import NotEnoughBookies
-from bookfleet.client.reader import LedgerReadError
+from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
 from bookfleet.client.writer import LedgerClosedError
 from bookfleet.client.writeset import write_set
 
@@ -166,7 +166,11 @@ async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
         with pytest.raises(UnknownLedger, match="ledger 4242 does not exist"):
             await bk.open_ledger(4242)
         await writer.close()
+        forged = LedgerReader(writer.ledger_id, bk.ledger_metadata(writer.ledger_id), b"wrong", bk.metadata, bk.pool)
+        with pytest.raises(EntryUnavailable, match=r"entry 0 of ledger \d+ could not be read \(.*digest mismatch"):
+            await forged.read(0)  # every replica was tried and every digest checked
         reader = await bk.open_ledger(writer.ledger_id, b"right")
+        assert (await reader.read(0)).payload == b"x"
         with pytest.raises(LedgerReadError, match=r"entry 1 of ledger .* beyond its last confirmed entry 0"):
             await reader.read(1)
         bk.delete_ledger(writer.ledger_id)

@@ -217,8 +217,10 @@ class LedgerWriter:
             if self._failed.get(position) == failed[position]:
                 del self._failed[position]
         replaced = set(failed.values())
+        now = time.monotonic()
         for add in self._pending:
             add.acks -= replaced
+            add.sent_at = now
             for position in write_set(add.entry_id, len(ensemble), self.metadata.write_quorum):
                 if position in failed:
                     self._send(add, position)
