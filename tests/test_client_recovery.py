@@ -9,7 +9,7 @@ from bookfleet.client.metadata import LedgerState
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
 from bookfleet.client.writeset import quorum_covered
-from tests.test_client_writer import stored_entries
+from tests.test_client_writer import eventually, stored_entries
 
 
 def test_quorum_coverage_rule():
@@ -62,7 +62,7 @@ async def test_recovery_closes_at_the_last_entry_any_replica_holds(bookie_fleet,
         lost = writer.append(b"10")  # reaches the one bookie left: stored, never acknowledged
         with pytest.raises(LedgerWriteError, match="cannot replace bookie"):
             await lost
-        assert await stored_entries(ensemble[0].address, writer.ledger_id, [10]) == {10}
+        assert await eventually(lambda: stored_entries(ensemble[0].address, writer.ledger_id, [10])) == {10}
 
         with pytest.raises(RecoveryError, match="cannot fence ledger"):
             await recoverer.recover_ledger(writer.ledger_id)
