@@ -80,6 +80,10 @@ class LedgerWriter:
         self._master_key = wire.master_key(password)
         self._digester = wire.Digester(metadata.digest_type, password)
         self._ensemble = list(metadata.segments[-1].bookies)
+        self._write_sets = [
+            write_set(e, metadata.ensemble_size, metadata.write_quorum) for e in range(len(self._ensemble))
+        ]
+        """Write sets repeat every E entries: computed once, indexed by entry_id mod E on the hot path."""
         self._pending: collections.deque[_Add] = collections.deque()
         self._next_entry_id = last_add_confirmed + 1
         self._pushed_length = length
@@ -118,7 +122,7 @@ class LedgerWriter:
         )
         add = _Add(entry_id, self._pushed_length, encoded, future, time.monotonic())
         self._pending.append(add)
-        for position in write_set(entry_id, len(self._ensemble), self.metadata.write_quorum):
+        for position in self._write_sets[entry_id % len(self._write_sets)]:
             self._send(add, position)
         return future
 
@@ -221,7 +225,7 @@ class LedgerWriter:
         for add in self._pending:
             add.acks -= replaced
             add.sent_at = now
-            for position in write_set(add.entry_id, len(ensemble), self.metadata.write_quorum):
+            for position in self._write_sets[add.entry_id % len(self._write_sets)]:
                 if position in failed:
                     self._send(add, position)
 
@@ -265,7 +269,7 @@ class LedgerWriter:
                 await self._write_lac(self.last_add_confirmed)
 
     def _time_out(self, add: _Add) -> None:
-        for position in write_set(add.entry_id, len(self._ensemble), self.metadata.write_quorum):
+        for position in self._write_sets[add.entry_id % len(self._write_sets)]:
             bookie = self._ensemble[position]
             if bookie not in add.acks:
                 self._bookie_failed(position, bookie, TimeoutError(f"no answer to entry {add.entry_id}"))
