@@ -15,6 +15,7 @@ import pytest
 
 from bookfleet import zkpaths
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.metadata import MetadataStore
 from bookfleet.kube.emulator import EmulatorThread
 from bookfleet.recovery.underreplication import UnderReplication
 
@@ -149,3 +150,47 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     assert zk.exists(zkpaths.cookie(victim_id))
     reasons = {e["reason"] for e in kube.list("events", NS)}
     assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
+
+
+def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner, operator_process, zk_connect, zk):
+    kube.create("bookieclusters", {**bookie_cluster(zk_connect, replicas=2, zones=["a", "b", "c"]),
+                                   "metadata": {"name": "bad", "namespace": NS}})
+    invalid = wait_for("Valid condition", lambda: condition(status(kube, "bookieclusters", "bad"), "Valid"))
+    assert invalid["status"] == "False" and "zones: c would have no bookie" in invalid["message"]
+
+    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=30))
+    wait_for("cluster ready", lambda: status(kube, "bookieclusters", "bk").get("readyBookies") == 3)
+    assert kube.list("bookies", NS, "bookfleet.io/cluster=bad") == []
+
+    # Rolling upgrade: one bookie at a time, each back and ready before the next goes.
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"image": "bookfleet/bookie:0.2.0"}})
+    most_down = 0
+
+    def upgraded() -> bool:
+        nonlocal most_down
+        pods = {p["metadata"]["name"]: p for p in kube.list("pods", NS, "bookfleet.io/cluster=bk")}
+        ready = [n for n, p in pods.items() if condition(p.get("status") or {}, "Ready").get("status") == "True"]
+        most_down = max(most_down, 3 - len(ready))
+        return len(ready) == 3 and all(p["spec"]["containers"][0]["image"].endswith("0.2.0") for p in pods.values())
+
+    wait_for("all bookies upgraded", upgraded, interval=0.05, timeout=90)
+    assert most_down == 1
+    assert all(not status(kube, "bookies", f"bk-{i}").get("lostSince") for i in range(3))
+
+    # Scale down: the highest ordinal is drained (its ledgers repaired elsewhere) before anything is deleted.
+    last_id = kube.get("bookies", NS, "bk-2")["spec"]["bookieId"]
+    ledger_ids = [asyncio.run(write_ledger(zk_connect, 5))]
+    while last_id not in MetadataStore(zk).read(ledger_ids[-1])[0].segments[0].bookies:
+        ledger_ids.append(asyncio.run(write_ledger(zk_connect, 5)))  # until one needs bk-2 (placement is random)
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"replicas": 2}})
+    wait_for("bk-2 removed", lambda: kube.get("bookies", NS, "bk-2") is None, timeout=120)
+    assert kube.get("pods", NS, "bk-2") is None
+    assert not any(c["metadata"]["name"].startswith("bk-2-") for c in kube.list("persistentvolumeclaims", NS))
+    assert zk.exists(zkpaths.cookie(last_id)) is None
+    assert UnderReplication(zk).ledger_ids() == []
+    [repair] = kube.list("jobs", NS)
+    assert repair["metadata"]["labels"]["bookfleet.io/bookie"] == "bk-2"
+    for ledger_id in ledger_ids:
+        assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(5)]
+    wait_for("cluster ready at 2", lambda: (s := status(kube, "bookieclusters", "bk")).get("desiredBookies") == 2
+             and s.get("phase") == "Ready")

@@ -98,6 +98,11 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     pod = ctx.api.get(CORE, "pods", ns, name)
     lost_since = bookie.status.lost_since
     had_pod = bookie.status.pod is not None  # a bookie whose first pod is still to come is new, not lost
+    planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
+    if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
+        ctx.api.patch(CUSTOM, "bookies", ns, name, {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: None}}})
+    elif planned and pod is None:
+        had_pod = False  # the operator deleted it on purpose (rolling upgrade): recreate, do not repair
     if lost_since is None and had_pod and (pod is None or pod_failed(pod)):
         mark_lost(ctx, body, f"pod {name} is {'gone' if pod is None else 'failed'}")
         lost_since = now_rounded_up()
