@@ -147,7 +147,7 @@ def status_of(frames: list[wire.Frame]) -> tuple[wire.Status, str]:
 
 
 async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
-    (bookie,) = bookie_fleet.start(1)
+    (bookie,) = bookie_fleet.start(1, max_in_flight=8)
     port = bookie.port
     good = await BookieClient.connect(bookie.address)
 
@@ -204,6 +204,14 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     assert rss_bytes(bookie.process.pid) < 400 * 2**20
 
     assert await asyncio.wait_for(writer, 30) == 300
+
+    # The in-flight bound: with 8 long polls running, a 9th request waits until one of them has answered.
+    polls = [asyncio.create_task(good.read_lac(9, previous=1000, timeout=0.5)) for _ in range(8)]
+    await asyncio.sleep(0.05)
+    asked = asyncio.get_running_loop().time()
+    assert (await asyncio.wait_for(good.bookie_info(), 10)).total_bytes > 0
+    assert asyncio.get_running_loop().time() - asked > 0.3  # it waited for the polls' 0.5 s timeout
+    assert await asyncio.gather(*polls) == [298] * 8
     flood.close()
     await good.close()
     async with await BookieClient.connect(bookie.address) as fresh:

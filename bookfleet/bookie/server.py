@@ -1,8 +1,9 @@
 """The bookie's wire-protocol server: frames in, storage calls, responses out in completion order.
 
-Each connection pipelines: every request runs as its own task and answers when it completes. Memory stays bounded
-per connection: at most `max_in_flight` requests run at once (reading pauses beyond that), and reading also pauses
-while the socket's write buffer is above its high-water mark, so a client that never reads gets no more work done.
+Each connection pipelines: every request is started as soon as its frame is read and answers when it completes.
+Memory stays bounded per connection: at most `max_in_flight` requests run at once (reading pauses beyond that), and
+reading also pauses while the socket's write buffer is above its high-water mark, so a client that never reads gets
+no more work done.
 A frame that breaks the format gets one error answer and closes that connection only.
 """
 
@@ -60,6 +61,7 @@ class BookieServer:
         self.write_buffer_high = write_buffer_high
         self.read_only = False
         self.stopping = False
+        self._long_polls = 0
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._handlers: dict[int, Callable[[wire.Frame], Coroutine[Any, Any, bytes]]] = {
@@ -76,11 +78,6 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
 
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "server not started"
-        return self._server.sockets[0].getsockname()[1]
-
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer new requests SHUTTING_DOWN, and wait for in-flight requests to finish."""
         self.stopping = True
@@ -88,7 +85,8 @@ class BookieServer:
             self._server.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while any(conn.in_flight for conn in self.connections) and loop.time() < deadline:
+        # Long polls are not work in progress: they are answered when storage closes and wakes them.
+        while sum(conn.in_flight for conn in self.connections) > self._long_polls and loop.time() < deadline:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.close_after_flush()
@@ -128,7 +126,11 @@ class BookieServer:
         timeout = min(timeout_ms / 1000, MAX_READ_LAC_WAIT)
         if timeout <= 0:
             return wire.LAC.pack(self.storage.lac(ledger_id))
-        return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout))
+        self._long_polls += 1
+        try:
+            return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout))
+        finally:
+            self._long_polls -= 1
 
     async def _write_lac(self, frame: wire.Frame) -> bytes:
         key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
@@ -167,7 +169,7 @@ def _describe(frame: wire.Frame) -> str:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: frame splitting, task per request, bounded in-flight work and write buffer."""
+    """One client connection: frame splitting, requests started in order, bounded in-flight work and write buffer."""
 
     def __init__(self, server: BookieServer):
         self.server = server
@@ -180,6 +182,7 @@ class _Connection(asyncio.Protocol):
         self._writing_paused = False
         self._rejected = False
         self._eof = False
+        self._processing = False
         self._loop = asyncio.get_running_loop()
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------------
@@ -198,36 +201,47 @@ class _Connection(asyncio.Protocol):
         self.buffer.clear()
 
     def data_received(self, data: bytes) -> None:
-        if self._rejected:
-            return
-        buffer = self.buffer
-        buffer += data
-        pos, end = 0, len(buffer)
-        # Frames are dispatched one by one so a broken one still lets the requests before it run.
-        while end - pos >= wire.LENGTH_PREFIX.size:
-            (length,) = wire.LENGTH_PREFIX.unpack_from(buffer, pos)
-            try:
-                wire.check_frame_length(length)
-            except wire.ProtocolError as exc:
-                self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
-                return
-            start = pos + wire.LENGTH_PREFIX.size
-            if end - start < length:
-                break
-            pos = start + length
-            self._dispatch(buffer[start:pos])
-            if self._rejected:
-                return
-        del buffer[:pos]
+        if not self._rejected:
+            self.buffer += data
+            self._process()
 
     def eof_received(self) -> bool:
-        # The client finished sending; answer what is in flight, then close. A partial frame is reported.
+        # The client finished sending: answer what it asked, then close; a partial frame left over is reported.
         self._eof = True
-        if self.buffer and not self._rejected:
-            self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(self.buffer)} bytes)")
-        elif not self.in_flight:
-            self._loop.call_soon(self.close_after_flush)
+        self._process()
         return True
+
+    def _process(self) -> None:
+        """Start the buffered requests, as many as the in-flight bound allows; the rest wait in the buffer."""
+        if self._processing:  # a request that completed at once, from inside the loop below
+            return
+        self._processing = True
+        buffer = self.buffer
+        pos, end = 0, len(buffer)
+        try:
+            while end - pos >= wire.LENGTH_PREFIX.size and self.in_flight < self.server.max_in_flight:
+                (length,) = wire.LENGTH_PREFIX.unpack_from(buffer, pos)
+                try:
+                    wire.check_frame_length(length)
+                except wire.ProtocolError as exc:
+                    self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
+                    return
+                start = pos + wire.LENGTH_PREFIX.size
+                if end - start < length:
+                    break
+                pos = start + length
+                self._dispatch(buffer[start:pos])
+                if self._rejected:
+                    return
+            del buffer[:pos]
+        finally:
+            self._processing = False
+        self._update_reading()
+        if self._eof and self.in_flight < self.server.max_in_flight:
+            if buffer:
+                self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
+            elif not self.in_flight:
+                self._loop.call_soon(self.close_after_flush)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -254,8 +268,6 @@ class _Connection(asyncio.Protocol):
             self._send(wire.encode_error(frame.op, frame.request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
         self.in_flight += 1
-        if self.in_flight >= self.server.max_in_flight:
-            self._update_reading()
         self._step(handler(frame), frame)
 
     def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
@@ -295,9 +307,11 @@ class _Connection(asyncio.Protocol):
 
     def _finished(self) -> None:
         self.in_flight -= 1
-        if self._reading_paused:
+        if self.in_flight == self.server.max_in_flight - 1 or self._eof:
+            self._process()  # requests that waited for the in-flight bound, or the end of the stream
+        elif self._reading_paused:
             self._update_reading()
-        if not self.in_flight and (self._eof or self.server.stopping):
+        if not self.in_flight and self.server.stopping:
             self._loop.call_soon(self.close_after_flush)
 
     def _update_reading(self) -> None:
