@@ -32,15 +32,23 @@ async def recover_ledger(
     ledger_id: int, password: bytes, store: MetadataStore, pool: BookiePool, fence_timeout: float = 10.0
 ) -> LedgerMetadata:
     """Fence, recover the tail and close the ledger; returns the closed metadata (as is, if already closed)."""
-    metadata, version = await asyncio.to_thread(store.read, ledger_id)
+    while True:  # a writer's ensemble change may race with marking the ledger IN_RECOVERY
+        metadata, version = await asyncio.to_thread(store.read, ledger_id)
+        if metadata.state != LedgerState.OPEN:
+            break
+        try:
+            version = await _cas(store, ledger_id, metadata.with_state(LedgerState.IN_RECOVERY), version)
+        except MetadataVersionConflict:
+            continue
+        metadata = metadata.with_state(LedgerState.IN_RECOVERY)
+        break
     if metadata.is_closed:
         return metadata
-    if metadata.state == LedgerState.OPEN:
-        recovering = metadata.with_state(LedgerState.IN_RECOVERY)
-        version = await _cas(store, ledger_id, recovering, version)
-        metadata = recovering
     master_key = wire.master_key(password)
-    lac = await _fence(ledger_id, metadata, master_key, pool, fence_timeout)
+    # Entries before the last segment were confirmed when the writer opened that segment (at its LAC + 1).
+    lac = max(
+        await _fence(ledger_id, metadata, master_key, pool, fence_timeout), metadata.segments[-1].first_entry_id - 1
+    )
     digester = wire.Digester(metadata.digest_type, password)
     last, length = lac, 0
     if lac >= 0:
