@@ -240,9 +240,6 @@ class MetadataStore:
             raise NoSuchLedgerError(ledger_id) from None
         return LedgerMetadata.from_json(data), stat.version
 
-    def exists(self, ledger_id: int) -> bool:
-        return self.zk.exists(zkpaths.ledger(ledger_id)) is not None
-
     def update(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
         """Compare-and-set: write `metadata` if the znode is still at `version` (-1: any); returns the new version."""
         old, current = self.read(ledger_id)

@@ -38,11 +38,6 @@ class BookieInfo(BaseModel):
     state: BookieMode = BookieMode.WRITABLE
     free_bytes: int = 0
 
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, _, port = self.address.rpartition(":")
-        return host, int(port)
-
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()
 
