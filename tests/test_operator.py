@@ -15,7 +15,7 @@ import pytest
 
 from bookfleet import zkpaths
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import MetadataStore
+from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.kube.emulator import EmulatorThread
 from bookfleet.recovery.underreplication import UnderReplication
 
@@ -194,3 +194,48 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
         assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(5)]
     wait_for("cluster ready at 2", lambda: (s := status(kube, "bookieclusters", "bk")).get("desiredBookies") == 2
              and s.get("phase") == "Ready")
+
+
+def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(kube, operator_process, zk_connect, zk):
+    """No pod-runner: pods never run, so the test plays the Job's outcome itself."""
+    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0))
+    wait_for("bk-0's pod recorded", lambda: status(kube, "bookies", "bk-0").get("pod"))
+    lost_id = kube.get("bookies", NS, "bk-0")["spec"]["bookieId"]
+    ledger_id = MetadataStore(zk).create(new_metadata([lost_id, "elsewhere:3181"], 2, 2))
+    kube.delete("pods", NS, "bk-0")
+    for volume in ("journal", "ledgers"):
+        kube.delete("persistentvolumeclaims", NS, f"bk-0-{volume}")
+    first = wait_for("first attempt", lambda: kube.list("jobs", NS))[0]
+    assert UnderReplication(zk).marker(ledger_id).missing_bookies == {lost_id}
+    failed = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}
+    kube.patch("jobs", NS, first["metadata"]["name"], {"status": failed}, subresource="status")
+    repaired = wait_for("RepairFailed condition",
+                        lambda: (c := condition(status(kube, "bookies", "bk-0"), "Repaired")).get("reason")
+                        == "RepairFailed" and c)
+    assert repaired["status"] == "False"
+    assert len(kube.list("jobs", NS)) == 1  # backing off
+    second = wait_for("second attempt", lambda: len(jobs := kube.list("jobs", NS)) == 2 and jobs[1], timeout=30)
+    assert second["metadata"]["annotations"]["bookfleet.io/repair-attempt"] == "1"
+
+    # A Ledger without an id gets one, and its metadata in ZooKeeper.
+    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                            "metadata": {"name": "fresh", "namespace": NS},
+                            "spec": {"cluster": "bk", "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}})
+    created = wait_for("ledger created", lambda: condition(status(kube, "ledgers", "fresh"), "Created"))
+    assert created["status"] == "False" and "NotEnoughBookies" in created["reason"]  # no bookie runs here
+    zk.create(zkpaths.available("solo:3181"), b'{"bookie_id": "solo:3181", "address": "127.0.0.1:1"}',
+              makepath=True, ephemeral=True)
+    fresh = wait_for("ledger state", lambda: (s := status(kube, "ledgers", "fresh")).get("state") and s)
+    assert fresh["state"] == "OPEN" and fresh["segments"] == [{"firstEntryId": 0, "bookies": ["solo:3181"]}]
+    assert MetadataStore(zk).read(fresh["ledgerId"])[0].ensemble_size == 1
+    assert fresh.get("repair") is None and fresh.get("underReplicated") is None
+
+    # An adopted ledger shows its under-replication and both repair attempts.
+    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                            "metadata": {"name": "lost", "namespace": NS},
+                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
+                                     "ledgerId": ledger_id}})
+    lost = wait_for("repair on the ledger's status", lambda: (s := status(kube, "ledgers", "lost")).get("repair") and s)
+    assert lost["underReplicated"]["missingBookies"] == [lost_id]
+    assert (lost["repair"]["job"], lost["repair"]["attempts"]) == (second["metadata"]["name"], 2)

@@ -33,6 +33,7 @@ PLURALS = {
 CORE = "v1"
 BATCH = "batch/v1"
 CUSTOM = f"{GROUP}/{VERSION}"
+SPARK = "sparkoperator.k8s.io/v1beta2"
 
 
 def load_config(kubeconfig: str | None) -> None:
@@ -53,6 +54,7 @@ class KubeApi:
 
     def __init__(self, client: kubernetes.client.ApiClient | None = None):
         self.client = client or kubernetes.client.ApiClient()
+        self._served: dict[tuple[str, str], bool] = {}
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
@@ -77,6 +79,18 @@ class KubeApi:
     def list(self, api_version: str, plural: str, namespace: str | None, labels: dict[str, str] | None = None) -> list:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         return self._call("GET", collection_path(api_version, plural, namespace), query=query).get("items", [])
+
+    def served(self, api_version: str, plural: str, namespace: str) -> bool:
+        """Whether the API server knows the resource (e.g. SparkApplication only with the Spark operator)."""
+        if (api_version, plural) not in self._served:
+            try:
+                self._call("GET", collection_path(api_version, plural, namespace), query={"limit": "1"})
+                self._served[(api_version, plural)] = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return False
+        return True
 
     def ensure(self, manifest: dict) -> tuple[dict, bool]:
         """Create `manifest` unless an object of that name exists; returns (the object, whether it was created)."""

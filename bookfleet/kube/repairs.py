@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.kube import resources
-from bookfleet.kube.api import BATCH, KubeApi
+from bookfleet.kube.api import BATCH, SPARK, KubeApi
 from bookfleet.kube.context import OperatorContext, now
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
 from bookfleet.recovery.auditor import mark_lost_bookie
@@ -42,8 +42,16 @@ def retry_delay(attempt: int) -> float:
     return min(RETRY_BASE_SECONDS * 2**attempt, RETRY_MAX_SECONDS)
 
 
+SPARK_STATES = {"COMPLETED": RepairState.SUCCEEDED, "FAILED": RepairState.FAILED,
+                "SUBMISSION_FAILED": RepairState.FAILED, "RUNNING": RepairState.RUNNING}
+"""SparkApplication status.applicationState.state values of the Spark operator that end or start a repair."""
+
+
 def job_state(job: dict) -> RepairState:
+    """The state of a repair Job or SparkApplication."""
     status = job.get("status") or {}
+    if job.get("kind") == "SparkApplication":
+        return SPARK_STATES.get((status.get("applicationState") or {}).get("state", ""), RepairState.PENDING)
     for cond in status.get("conditions") or []:
         if cond.get("status") == "True" and cond.get("type") == "Complete":
             return RepairState.SUCCEEDED
@@ -56,15 +64,18 @@ def job_state(job: dict) -> RepairState:
 
 def finished_at(job: dict) -> dt.datetime | None:
     status = job.get("status") or {}
-    stamp = status.get("completionTime") or next(
+    stamp = status.get("completionTime") or status.get("terminationTime") or next(
         (c.get("lastTransitionTime") for c in status.get("conditions") or [] if c.get("status") == "True"), None
     )
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
 
 
 def repair_jobs(api: KubeApi, namespace: str, cluster: str, bookie: str | None = None) -> list[dict]:
-    """Repair Jobs of a cluster (optionally of one bookie), oldest attempt first."""
-    jobs = api.list(BATCH, "jobs", namespace, resources.labels(cluster, resources.REPAIR, bookie))
+    """Repair Jobs and SparkApplications of a cluster (optionally of one bookie), oldest attempt first."""
+    selector = resources.labels(cluster, resources.REPAIR, bookie)
+    jobs = api.list(BATCH, "jobs", namespace, selector)
+    if api.served(SPARK, "sparkapplications", namespace):
+        jobs += api.list(SPARK, "sparkapplications", namespace, selector)
     return sorted(jobs, key=lambda j: (j["metadata"].get("creationTimestamp", ""),
                                        int(j["metadata"].get("annotations", {}).get(ANNOTATION_ATTEMPT, 0))))
 
