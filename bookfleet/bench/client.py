@@ -1,7 +1,8 @@
 """`bookfleet bench client`: ledger add throughput and latency through the real client and real bookie processes.
 
 An embedded ZooKeeper and N bookie processes start in a temp dir; one `LedgerWriter` keeps `--in-flight` adds
-pipelined for `--seconds` (full load), then adds at half the rate it reached (latency when not saturated). The raw
+pipelined for `--seconds` (full load), then adds at half the rate it reached (latency when not saturated); the
+client's own CPU per entry shows how much of the machine the bookies had left. The raw
 write+fdatasync baseline of blocks of the entry size is measured in the same dir, in the same run, before the load.
 """
 
@@ -110,9 +111,10 @@ async def _run(zk: str, args: argparse.Namespace) -> dict:
     payload = os.urandom(args.entry_size)
     async with BookKeeper(zk) as bookkeeper:
         writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         full = await _full_load(writer, payload, args.seconds, args.in_flight)
         full_summary = _summary(full, time.perf_counter() - started, args.entry_size)
+        full_summary["client_cpu_us_per_entry"] = (time.process_time() - cpu) / max(len(full), 1) * 1e6
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
         half = await _paced_load(writer, payload, args.seconds, half_rate)
