@@ -145,7 +145,6 @@ class BookieClient:
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._error: ConnectionError | None = None
-        self._corked: list[bytes] = []
         self._outgoing: list[bytes] = []
         self._loop = asyncio.get_running_loop()
 
@@ -177,25 +176,9 @@ class BookieClient:
         return wire.LEDGER_ENTRY.unpack(body)
 
     def add_entry_nowait(self, master_key: bytes, entry: bytes, recovery: bool = False) -> asyncio.Future[bytes]:
-        """ADD_ENTRY as a bare future (no coroutine, no task): for a writer that pipelines thousands of adds and
-        attaches callbacks; the frames of one loop iteration go out in one write. Fails like `add_entry`."""
-        future = asyncio.get_running_loop().create_future()
-        if self._error is not None:
-            future.set_exception(self._error)
-            return future
-        request_id = next(self._ids)
-        self._pending[request_id] = future
-        flags = wire.Flag.RECOVERY_ADD if recovery else 0
-        self._corked.append(wire.encode_request(Op.ADD_ENTRY, request_id, master_key + entry, flags))
-        if len(self._corked) == 1:
-            asyncio.get_running_loop().call_soon(self._uncork)
-        return future
-
-    def _uncork(self) -> None:
-        """One socket write for every add queued in this loop iteration instead of one send() per add."""
-        frames, self._corked = self._corked, []
-        if self._error is None:
-            self._transport.write(b"".join(frames))
+        """ADD_ENTRY as a bare future of the response body (no coroutine, no task): for a writer that pipelines
+        thousands of adds and attaches callbacks. Fails like `add_entry`; ignores write backpressure."""
+        return self._request(Op.ADD_ENTRY, master_key + entry, wire.Flag.RECOVERY_ADD if recovery else 0)
 
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         return await self._call(Op.READ_ENTRY, wire.LEDGER_ENTRY.pack(ledger_id, entry_id))
@@ -251,21 +234,25 @@ class BookieClient:
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
-    async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
-        if self._error is not None:
-            raise self._error
-        request_id = next(self._ids)
+    def _request(self, op: Op, body: bytes, flags: int = 0) -> asyncio.Future[bytes]:
+        """Queue one request; its future resolves with the response body or fails with BookieError or
+        ConnectionError. A caller that gives up just drops the future: the late answer is ignored."""
         future = self._loop.create_future()
+        if self._error is not None:
+            future.set_exception(self._error)
+            return future
+        request_id = next(self._ids)
         self._pending[request_id] = future
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(wire.encode_request(op, request_id, body, flags))
+        return future
+
+    async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
+        future = self._request(op, body, flags)
         if not self._protocol.can_write.is_set():
             await self._protocol.can_write.wait()
-        try:
-            return await future
-        finally:
-            self._pending.pop(request_id, None)
+        return await future
 
     def _flush(self) -> None:
         """Write every request made in this turn of the event loop with one system call."""
@@ -284,8 +271,8 @@ class BookieClient:
         if future is None:
             if frame.request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
                 self._fail(ConnectionError(f"bookie {self.address}: {bytes(frame.body).decode(errors='replace')}"))
-            return  # the answer to a request its caller gave up on (cancelled or timed out)
-        if future.done():
+            return
+        if future.done():  # the answer to a request its caller gave up on (cancelled or timed out)
             return
         if frame.code == Status.OK:
             future.set_result(bytes(frame.body))
