@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +28,26 @@ SESSION_CONF = {
     "spark.python.worker.reuse": "true",
     "spark.task.maxFailures": "2",
 }
+
+
+LOG4J2_PROPERTIES = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+"""Spark's JVM logs errors only: its default profile fills a terminal (and the demo) with startup notices."""
+
+
+def log4j2_config() -> Path:
+    """The log4j2 file for the driver JVM, written once per user under the temp dir."""
+    path = Path(tempfile.gettempdir()) / f"bookfleet-spark-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != LOG4J2_PROPERTIES:
+        path.write_text(LOG4J2_PROPERTIES)
+    return path
 
 
 def prepare_environment() -> None:
@@ -49,6 +70,7 @@ def session(master: str | None = DEFAULT_MASTER, app_name: str = "bookfleet"):
         builder = builder.master(master)
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
+    builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j2_config()}")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

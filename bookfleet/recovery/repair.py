@@ -23,7 +23,7 @@ from bookfleet.recovery.planner import FragmentPlan
 CHUNK_BYTES = 256 * 1024
 """About this much data per read/write/verify round of one fragment."""
 MAX_CHUNK_ENTRIES = 512
-CHUNKS_IN_FLIGHT = 16
+CHUNKS_IN_FLIGHT = 32
 """Chunks copied concurrently by one task: enough to keep the bookies' group commit full."""
 READ_BATCH_BYTES = 2 * 1024 * 1024
 
@@ -132,6 +132,9 @@ class FragmentCopier:
         self.digester = wire.Digester(plan.digest_type, settings.password)
         self.master_key = wire.master_key(settings.password)
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)
+        # write sets repeat every E entries: look targets and sources up by entry_id % E
+        self.targets = [plan.targets(residue) for residue in range(plan.ensemble_size)]
+        self.sources = [plan.sources(residue) for residue in range(plan.ensemble_size)]
 
     def chunks(self) -> list[list[int]]:
         needed = self.plan.needed_entries()
@@ -151,16 +154,17 @@ class FragmentCopier:
             self.result.error = f"ledger {self.plan.ledger_id} segment {self.plan.segment_index}: {exc}"
             return
         self.result.entries += len(found)
-        self.result.bytes += sum(len(found[e]) * len(self.plan.targets(e)) for e in found)
+        size = self.plan.ensemble_size
+        self.result.bytes += sum(len(raw) * len(self.targets[e % size]) for e, raw in found.items())
 
     async def read(self, entries: list[int], turn: int) -> tuple[dict[int, bytes], dict[int, str]]:
         """Entries read and verified from survivors; for the rest, why a survivor could not be asked."""
         found: dict[int, bytes] = {}
         unreachable: dict[int, str] = {}
-        survivors = self.plan.survivors
+        survivors, size = self.plan.survivors, self.plan.ensemble_size
         order = survivors[turn % len(survivors) :] + survivors[: turn % len(survivors)]  # spread reads
         for bookie in order:
-            want = [e for e in entries if e not in found and bookie in self.plan.sources(e)]
+            want = [e for e in entries if e not in found and bookie in self.sources[e % size]]
             if not want:
                 continue
             try:
@@ -186,18 +190,16 @@ class FragmentCopier:
 
     async def write_and_verify(self, found: dict[int, bytes]) -> None:
         writes: dict[str, dict[int, bytes]] = {}
+        size = self.plan.ensemble_size
         for entry_id, raw in found.items():
-            for target in self.plan.targets(entry_id):
+            for target in self.targets[entry_id % size]:
                 writes.setdefault(target, {})[entry_id] = raw
         await asyncio.gather(*(self.write_to(target, entries) for target, entries in writes.items()))
 
     async def write_to(self, target: str, entries: dict[int, bytes]) -> None:
         client = await self.connections.get(target)
-        adds = []
-        for raw in entries.values():
-            await self.bucket.take(len(raw))
-            adds.append(asyncio.ensure_future(client.add_entry(self.master_key, raw, recovery=True)))
-        await asyncio.gather(*adds)
+        await self.bucket.take(sum(map(len, entries.values())))
+        await asyncio.gather(*(client.add_entry(self.master_key, raw, recovery=True) for raw in entries.values()))
         ids = sorted(entries)
         stored = {wire.entry_ids(raw)[1]: raw for raw in await self.read_range(target, ids[0], ids[-1])}
         for entry_id in ids:
