@@ -36,3 +36,5 @@ def test_examples_apply_and_match_the_models(kube):
         assert stored["spec"] == document["spec"]
         MODELS[document["kind"]].model_validate(stored)
     assert " created" not in kubectl(kube, "apply", "--validate=false", "-f", str(REPO / "examples"))
+    header, row = kubectl(kube, "get", "ledgers").splitlines()
+    assert header.split()[:3] == ["NAME", "LEDGER", "ID"] and row.split()[0] == "demo-ledger"

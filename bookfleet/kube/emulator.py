@@ -41,6 +41,8 @@ class ResourceType:
     kind: str
     namespaced: bool = True
     status_subresource: bool = False
+    printer_columns: tuple[tuple[str, str, str, int], ...] = ()
+    """(name, type, jsonPath, priority) of a CRD's additionalPrinterColumns: what `kubectl get` shows."""
 
     @property
     def api_version(self) -> str:
@@ -232,6 +234,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 group=spec["group"], version=version["name"], plural=spec["names"]["plural"],
                 kind=spec["names"]["kind"], namespaced=spec.get("scope", "Namespaced") == "Namespaced",
                 status_subresource="status" in version.get("subresources", {}),
+                printer_columns=tuple((c["name"], c.get("type", "string"), c["jsonPath"], c.get("priority", 0))
+                                      for c in version.get("additionalPrinterColumns", [])),
             ))
 
     # -- state changes (all callers hold the event loop; none of these await) --
@@ -414,8 +418,11 @@ class KubeEmulator(kmock.KubernetesScaffold):
         method, name, namespace, params = request.method, request.name, request.namespace, request.params
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request, rtype)
+        as_table = "as=Table" in request.headers.get("Accept", "")
         if method == "GET" and name is None:
             items = self.list(rtype, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+            if as_table:
+                return _json(self._table(rtype, items))
             return _json({"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List",
                           "metadata": {"resourceVersion": str(self.version)}, "items": items})
         if method == "POST" and name is None:
@@ -423,7 +430,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
         if name is None:
             raise _error(405, "MethodNotAllowed", f"{method} on a collection of {rtype.plural} is not supported")
         if method == "GET":
-            return _json(self.get(rtype, namespace, name))
+            found = self.get(rtype, namespace, name)
+            return _json(self._table(rtype, [found]) if as_table else found)
         if method == "DELETE":
             return _json(self.delete(rtype, namespace, name))
         if method == "PUT":
@@ -443,15 +451,29 @@ class KubeEmulator(kmock.KubernetesScaffold):
             return _json(self.update(rtype, namespace, name, change, request.subresource))
         raise _error(405, "MethodNotAllowed", f"{method} is not supported")
 
+    def _table(self, rtype: ResourceType, items: list[dict]) -> dict:
+        """What `kubectl get` asks for: a meta.k8s.io Table with the CRD's printer columns (or Name and Age)."""
+        columns = rtype.printer_columns or (("Age", "date", ".metadata.creationTimestamp", 0),)
+        definitions = [{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}]
+        definitions += [{"name": name, "type": type_, "format": "", "description": "", "priority": priority}
+                        for name, type_, _, priority in columns]
+        rows = [{"cells": [obj["metadata"]["name"]] + [_cell(obj, path, type_) for _, type_, path, _ in columns],
+                 "object": {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                            "metadata": obj["metadata"]}} for obj in items]
+        return {"apiVersion": "meta.k8s.io/v1", "kind": "Table", "metadata": {"resourceVersion": str(self.version)},
+                "columnDefinitions": definitions, "rows": rows}
+
     async def _watch(self, request: ApiRequest, rtype: ResourceType) -> aiohttp.web.StreamResponse:
         params = request.params
         namespace, name = request.namespace, request.name
         wanted_labels = label_selector(params["labelSelector"]) if params.get("labelSelector") else None
+        wanted_fields = _field_selector(params["fieldSelector"]) if params.get("fieldSelector") else None
 
         def wanted(event: dict) -> bool:
             meta = event["object"]["metadata"]
             return ((not namespace or meta.get("namespace") == namespace) and (not name or meta["name"] == name)
-                    and (wanted_labels is None or wanted_labels(meta.get("labels") or {})))
+                    and (wanted_labels is None or wanted_labels(meta.get("labels") or {}))
+                    and (wanted_fields is None or wanted_fields(event["object"])))
 
         since = params.get("resourceVersion", "")
         if since in ("", "0"):
@@ -519,6 +541,27 @@ class ApiRequest:
         return cls(raw=raw, method=raw.method, group=group, version=version, plural=rest[0],
                    name=rest[1] if len(rest) > 1 else None, subresource="/".join(rest[2:]) or None,
                    namespace=namespace, params=dict(raw.query), headers=dict(raw.headers), data=data)
+
+
+def _cell(obj: dict, path: str, type_: str) -> Any:
+    """A printer column's value: a dotted jsonPath, dates shown as ages like the real API server does."""
+    value: Any = obj
+    for part in path.strip(".").split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if type_ == "date" and isinstance(value, str):
+        seconds = (datetime.datetime.now(datetime.UTC)
+                   - datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))).total_seconds()
+        return _age(seconds)
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return value
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(int(seconds), 0)}s"
 
 
 def _mark_deleted(obj: dict) -> dict:
