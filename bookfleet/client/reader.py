@@ -83,7 +83,8 @@ class LedgerReader:
         except TimeoutError:
             pass
         finally:
-            _leave_running(asks)
+            for ask in asks:
+                ask.cancel()
         if not answered:
             raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC ({'; '.join(errors)})")
         return max(lac for lac, _ in answered.values()), max(last for _, last in answered.values())
@@ -153,7 +154,8 @@ class LedgerReader:
                     self.last_add_confirmed = lac
                     return
         finally:
-            _leave_running(polls)
+            for poll in polls:
+                poll.cancel()
         await self.read_lac()  # nothing moved: the writer may have changed ensemble or closed the ledger
 
     async def _poll(self, bookie: str, previous: int, timeout: float) -> int:
@@ -161,13 +163,6 @@ class LedgerReader:
             return await (await self._pool.get(bookie)).read_lac(self.ledger_id, previous, timeout)
         except (BookieError, ConnectionError):
             return wire.INVALID_ENTRY_ID
-
-
-def _leave_running(tasks: list[asyncio.Task]) -> None:
-    """Let unneeded requests finish instead of cancelling them: a connection drops a request id on cancel, and a
-    late error answer to an id it no longer knows would end the whole connection."""
-    for task in tasks:
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 async def read_entry(
