@@ -92,7 +92,7 @@ async def write_without_closing(zk_connect: str, entries: int) -> tuple[int, lis
 
 def test_repair_killed_half_way_converges_on_rerun(spark, zk, zk_connect, bookie_fleet):
     victim, *_ = bookie_fleet.start(3)
-    expected = asyncio.run(fill_ledgers(zk_connect, 30, 40, 512, SHAPE))
+    expected = asyncio.run(fill_ledgers(zk_connect, 20, 30, 256, SHAPE))
     bookie_fleet.start(1)
     marked = lose_bookie(zk, victim)
     under_replication = UnderReplication(zk)
@@ -100,7 +100,7 @@ def test_repair_killed_half_way_converges_on_rerun(spark, zk, zk_connect, bookie
     # a separate driver process, throttled so it is still busy when it is killed mid-run
     driver = subprocess.Popen(
         [sys.executable, "-m", "bookfleet", "repair", "--zk", zk_connect, "--master", "local[1]",
-         "--throttle-mb-s", "0.1", "--json"],
+         "--throttle-mb-s", "0.05", "--json"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
