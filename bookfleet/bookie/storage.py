@@ -45,9 +45,9 @@ _ENTRY_HEADER = wire.ENTRY_HEADER
 
 @dataclass(frozen=True)
 class StorageSettings:
-    journal_max_wait: float = 0.001
-    """Seconds a journal batch may wait for more records before it is written; 0 writes as soon as the previous
-    sync ends."""
+    journal_max_wait: float = 0.0
+    """Seconds a journal batch may wait for more records before it is written. The default 0 writes as soon as the
+    previous sync ends: under load the records that arrived during that sync form the next group commit."""
     journal_flush_bytes: int = 512 * 1024
     """A batch this large is written at once, without waiting."""
     journal_roll_bytes: int = 256 * 1024 * 1024
