@@ -162,6 +162,8 @@ class FragmentCopier:
         found: dict[int, bytes] = {}
         unreachable: dict[int, str] = {}
         survivors, size = self.plan.survivors, self.plan.ensemble_size
+        if not survivors:
+            return found, unreachable  # every position of the segment is lost: nothing left to read
         order = survivors[turn % len(survivors) :] + survivors[: turn % len(survivors)]  # spread reads
         for bookie in order:
             want = [e for e in entries if e not in found and bookie in self.sources[e % size]]

@@ -90,7 +90,11 @@ def sampled(unit: AuditUnit, position: int, sample: float) -> list[int]:
 
 
 async def check_replica(
-    unit: AuditUnit, position: int, connections: Connections, digester: wire.Digester, sample: float,
+    unit: AuditUnit,
+    position: int,
+    connections: Connections,
+    digester: wire.Digester,
+    sample: float,
     slots: asyncio.Semaphore,
 ) -> tuple[int, int]:
     """(entries expected, entries absent or corrupt) for one bookie of one fragment."""
@@ -183,8 +187,15 @@ def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
             if fragment.last_entry_id is None or fragment.is_empty:
                 continue
             plan = FragmentPlan(
-                ledger_id, fragment.index, fragment.first_entry_id, fragment.last_entry_id, fragment.bookies,
-                metadata.write_quorum, lost=(), replacements=(), digest_type=str(metadata.digest_type),
+                ledger_id,
+                fragment.index,
+                fragment.first_entry_id,
+                fragment.last_entry_id,
+                fragment.bookies,
+                metadata.write_quorum,
+                lost=(),
+                replacements=(),
+                digest_type=str(metadata.digest_type),
             )
             units.append(AuditUnit(plan, skip))
     return units, ledgers

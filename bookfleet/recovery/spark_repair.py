@@ -2,9 +2,11 @@
 
 The driver reads the markers (or the ledgers it was given), takes each ledger's repair lock, fences and closes
 ledgers left OPEN longer than the grace period, plans the damaged fragments and ships batches of them to Spark
-tasks (bookfleet.recovery.repair). As each batch returns, every ledger in it whose copies all succeeded gets its
-segments rewritten by compare-and-set and its marker cleared by compare-and-set, so a run killed half-way keeps
-what it finished and a rerun converges: a copy whose metadata update never happened is simply made again.
+tasks (bookfleet.recovery.repair). The driver, not the task, holds the lock: from planning through the metadata
+swap, so the ephemeral lock covers the whole repair of a ledger and dies with a killed driver; tasks only copy.
+As each batch returns, every ledger in it whose copies all succeeded gets its segments rewritten by
+compare-and-set and its marker cleared by compare-and-set, so a run killed half-way keeps what it finished and a
+rerun converges: a copy whose metadata update never happened is simply made again.
 
 Run it in process (`run_repair`, `bookfleet repair`) or through spark-submit (`python spark_repair.py --zk ...`).
 """
@@ -127,7 +129,6 @@ class LedgerWork:
 
     ledger_id: int
     marker: Marker | None
-    missing: frozenset[str]
     plans: list[FragmentPlan]
 
     @property
@@ -227,7 +228,7 @@ class RepairJob:
         if not plans:
             self.finish(ledger_id, marker, metadata)
             return None
-        return LedgerWork(ledger_id, marker, missing, plans)
+        return LedgerWork(ledger_id, marker, plans)
 
     def chooser(self, writable: list[BookieInfo]):
         def choose(ensemble, position, write_quorum, avoid) -> str:
