@@ -132,36 +132,40 @@ async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
         return None
 
 
+async def audit_unit(
+    unit: AuditUnit, connections: Connections, password: bytes, sample: float, slots: asyncio.Semaphore
+) -> AuditResult:
+    """Check every bookie of one fragment at once."""
+    fragment = unit.fragment
+    result = AuditResult(fragment.ledger_id)
+    digester = wire.Digester(fragment.digest_type, password)
+    positions = range(fragment.ensemble_size)
+    checks = await asyncio.gather(
+        *(check_replica(unit, p, connections, digester, sample, slots) for p in positions), return_exceptions=True
+    )
+    for position, outcome in zip(positions, checks, strict=True):
+        bookie = fragment.bookies[position]
+        if isinstance(outcome, (OSError, BookieError, wire.ProtocolError)):
+            result.error = f"ledger {fragment.ledger_id}: bookie {bookie}: {outcome}"
+            continue
+        if isinstance(outcome, BaseException):
+            raise outcome
+        expected, absent = outcome
+        result.replicas += expected
+        if absent:
+            result.short[bookie] = result.short.get(bookie, 0) + absent
+    result.entries = len({e for p in positions for e in sampled(unit, p, sample)})
+    return result
+
+
 async def audit_units(units: list[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
+    """All fragments of a task concurrently; READS_IN_FLIGHT bounds the reads outstanding."""
     connections = Connections(addresses)
     slots = asyncio.Semaphore(READS_IN_FLIGHT)
-    results = []
     try:
-        for unit in units:
-            fragment = unit.fragment
-            result = AuditResult(fragment.ledger_id)
-            digester = wire.Digester(fragment.digest_type, password)
-            positions = range(fragment.ensemble_size)
-            checks = await asyncio.gather(
-                *(check_replica(unit, p, connections, digester, sample, slots) for p in positions),
-                return_exceptions=True,
-            )
-            for position, outcome in zip(positions, checks, strict=True):
-                bookie = fragment.bookies[position]
-                if isinstance(outcome, (OSError, BookieError, wire.ProtocolError)):
-                    result.error = f"ledger {fragment.ledger_id}: bookie {bookie}: {outcome}"
-                    continue
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                expected, absent = outcome
-                result.replicas += expected
-                if absent:
-                    result.short[bookie] = result.short.get(bookie, 0) + absent
-            result.entries = len({e for p in positions for e in sampled(unit, p, sample)})
-            results.append(result)
+        return await asyncio.gather(*(audit_unit(unit, connections, password, sample, slots) for unit in units))
     finally:
         await connections.close()
-    return results
 
 
 def audit_partition(units: Iterable[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
