@@ -196,27 +196,38 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
              and s.get("phase") == "Ready")
 
 
-def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(kube, operator_process, zk_connect, zk):
-    """No pod-runner: pods never run, so the test plays the Job's outcome itself."""
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0))
+FAILED_STATUS = {
+    "job": lambda stamp: {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": stamp}]},
+    "sparkapplication": lambda stamp: {"applicationState": {"state": "FAILED"}, "terminationTime": stamp},
+}
+
+
+@pytest.mark.parametrize("launcher", ["job", "sparkapplication"])
+def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher, kube, operator_process, zk_connect,
+                                                                       zk):
+    """No pod-runner: pods never run, so the test plays the repair's outcome itself."""
+    plural = f"{launcher}s"
+    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0, autoRecovery={
+        "lostBookieRecoveryDelaySeconds": 0, "repair": {"launcher": launcher}}))
     wait_for("bk-0's pod recorded", lambda: status(kube, "bookies", "bk-0").get("pod"))
     lost_id = kube.get("bookies", NS, "bk-0")["spec"]["bookieId"]
     ledger_id = MetadataStore(zk).create(new_metadata([lost_id, "elsewhere:3181"], 2, 2))
     kube.delete("pods", NS, "bk-0")
     for volume in ("journal", "ledgers"):
         kube.delete("persistentvolumeclaims", NS, f"bk-0-{volume}")
-    first = wait_for("first attempt", lambda: kube.list("jobs", NS))[0]
+    first = wait_for("first attempt", lambda: kube.list(plural, NS))[0]
     assert UnderReplication(zk).marker(ledger_id).missing_bookies == {lost_id}
-    failed = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]}
-    kube.patch("jobs", NS, first["metadata"]["name"], {"status": failed}, subresource="status")
+    failed = FAILED_STATUS[launcher](time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    kube.patch(plural, NS, first["metadata"]["name"], {"status": failed}, subresource="status")
     repaired = wait_for("RepairFailed condition",
                         lambda: (c := condition(status(kube, "bookies", "bk-0"), "Repaired")).get("reason")
                         == "RepairFailed" and c)
     assert repaired["status"] == "False"
-    assert len(kube.list("jobs", NS)) == 1  # backing off
-    second = wait_for("second attempt", lambda: len(jobs := kube.list("jobs", NS)) == 2 and jobs[1], timeout=30)
+    assert len(kube.list(plural, NS)) == 1  # backing off
+    second = wait_for("second attempt", lambda: len(jobs := kube.list(plural, NS)) == 2 and jobs[1], timeout=30)
     assert second["metadata"]["annotations"]["bookfleet.io/repair-attempt"] == "1"
+    assert kube.list("jobs" if launcher != "job" else "sparkapplications", NS) == []
 
     # A Ledger without an id gets one, and its metadata in ZooKeeper.
     kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
@@ -239,3 +250,8 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(kube, ope
     lost = wait_for("repair on the ledger's status", lambda: (s := status(kube, "ledgers", "lost")).get("repair") and s)
     assert lost["underReplicated"]["missingBookies"] == [lost_id]
     assert (lost["repair"]["job"], lost["repair"]["attempts"]) == (second["metadata"]["name"], 2)
+    assert condition(lost, "DataLoss")["status"] == "False"
+    UnderReplication(zk).mark_data_loss(ledger_id, [3, 4])
+    data_loss = wait_for("DataLoss", lambda: (c := condition(status(kube, "ledgers", "lost"), "DataLoss"))
+                         .get("status") == "True" and c)
+    assert "[3, 4]" in data_loss["message"]
