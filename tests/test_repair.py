@@ -19,6 +19,7 @@ from bookfleet.client.writeset import write_set
 from bookfleet.recovery.auditor import mark_lost_bookie
 from bookfleet.recovery.spark_repair import run_repair
 from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.spark import app_path, spark_submit_command
 
 pytestmark = pytest.mark.spark
 
@@ -147,6 +148,21 @@ def test_entries_without_any_replica_are_data_loss_not_retried(spark, zk, zk_con
     assert (again.ledgers, again.entries, again.data_loss) == (0, 0, {})
     gone = {ledger_id: set(entries) for ledger_id, entries in lost.items()}
     assert asyncio.run(verify_replicas(zk_connect, expected, skip=gone)) == []
+
+
+def test_spark_submit_command_for_local_runs_and_cluster_images():
+    local = spark_submit_command("local[2]", "zk:2181/chroot", [7, 9], throttle_mb_s=5)
+    assert local[0].endswith("pyspark/bin/spark-submit") and local[1:3] == ["--master", "local[2]"]
+    app = local.index(app_path("spark_repair", None))
+    assert local[app].endswith("bookfleet/recovery/spark_repair.py")
+    assert local[app + 1 :] == ["--zk", "zk:2181/chroot", "--ledger", "7", "--ledger", "9", "--throttle-mb-s", "5"]
+    assert f"spark.pyspark.python={sys.executable}" in local
+
+    cluster = spark_submit_command("k8s://https://api:6443", "zk:2181", executors=4, executor_memory="2g", image="bf:1")
+    assert "local:///opt/bookfleet/spark_repair.py" in cluster
+    for conf in ("spark.kubernetes.container.image=bf:1", "spark.executor.instances=4", "spark.executor.memory=2g"):
+        assert conf in cluster
+    assert cluster[cluster.index("--deploy-mode") + 1] == "cluster"
 
 
 def test_bad_flags_are_named(zk_connect):
