@@ -60,7 +60,3 @@ def conditions_with(status: dict[str, Any], type_: str, ok: bool, reason: str, m
     new = Condition(type=type_, status=ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason=reason,
                     message=message)
     return [c.to_wire() for c in set_condition(current, new)]
-
-
-def condition(status: dict[str, Any], type_: str) -> dict | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)

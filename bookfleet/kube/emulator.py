@@ -20,7 +20,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -672,6 +672,3 @@ class EmulatorThread:
             return self.emulator.version, [event for _, event in self.emulator.events_since(since)]
 
         return self.call(wait)
-
-    def iter_objects(self) -> Iterator[dict]:
-        yield from copy.deepcopy(self.call(lambda: list(self.emulator.objects.values())))

@@ -30,7 +30,6 @@ MAX_ATTEMPTS = 6
 
 
 class Outcome(enum.StrEnum):
-    WAITING = "Waiting"  # within the recovery delay, or auto-recovery is off
     RUNNING = "Running"
     BACKING_OFF = "BackingOff"
     REPAIRED = "Repaired"
