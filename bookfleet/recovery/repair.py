@@ -26,6 +26,8 @@ MAX_CHUNK_ENTRIES = 512
 CHUNKS_IN_FLIGHT = 32
 """Chunks copied concurrently by one task: enough to keep the bookies' group commit full."""
 READ_BATCH_BYTES = 2 * 1024 * 1024
+CHUNK_TIMEOUT = 120.0
+"""A bookie that stops answering (hung, not dead) fails the chunk instead of hanging the task forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +220,12 @@ async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettin
 
     async def run(copier: FragmentCopier, chunk: list[int], turn: int) -> None:
         async with slots:
-            await copier.copy_chunk(chunk, turn)
+            try:
+                async with asyncio.timeout(CHUNK_TIMEOUT):
+                    await copier.copy_chunk(chunk, turn)
+            except TimeoutError:
+                span = f"entries {chunk[0]}-{chunk[-1]}"
+                copier.result.error = f"ledger {copier.plan.ledger_id}: {span} took over {CHUNK_TIMEOUT:.0f}s"
 
     try:
         await asyncio.gather(

@@ -33,6 +33,8 @@ from bookfleet.recovery.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
 from bookfleet.recovery.underreplication import UnderReplication
 
 READS_IN_FLIGHT = 64
+CHECK_TIMEOUT = 120.0
+"""A hung bookie fails its check (reported, not marked) instead of hanging the task."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,9 @@ async def audit_unit(
     digester = wire.Digester(fragment.digest_type, password)
     positions = range(fragment.ensemble_size)
     checks = await asyncio.gather(
-        *(check_replica(unit, p, connections, digester, sample, slots) for p in positions), return_exceptions=True
+        *(asyncio.wait_for(check_replica(unit, p, connections, digester, sample, slots), CHECK_TIMEOUT)
+          for p in positions),
+        return_exceptions=True,
     )
     for position, outcome in zip(positions, checks, strict=True):
         bookie = fragment.bookies[position]
