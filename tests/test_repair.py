@@ -17,7 +17,7 @@ from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.client.writeset import write_set
 from bookfleet.recovery.auditor import mark_lost_bookie
-from bookfleet.recovery.spark_repair import run_repair
+from bookfleet.recovery.spark_repair import RepairJob, run_repair
 from bookfleet.recovery.underreplication import UnderReplication
 from bookfleet.spark import app_path, spark_submit_command
 
@@ -57,6 +57,28 @@ def test_lost_bookie_of_50_ledgers_is_repaired(spark, zk, zk_connect, bookie_fle
     store = MetadataStore(zk)
     assert store.ledgers_on_bookie(victim.bookie_id) == []
     assert all(victim.bookie_id not in store.read(ledger_id)[0].bookies() for ledger_id in expected)
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+
+
+def test_a_bookie_lost_during_a_repair_keeps_its_marker(spark, zk, zk_connect, bookie_fleet):
+    first, second, _ = bookie_fleet.start(3)
+    expected = asyncio.run(fill_ledgers(zk_connect, 4, 10, 200, LedgerShape(3, 3, 2)))
+    bookie_fleet.start(2)
+    lose_bookie(zk, first)
+    job = RepairJob(zk)
+    works = job.prepare(None)  # planned and locked against the first loss only
+    lose_bookie(zk, second)  # the auditor merges the second loss into the markers meanwhile
+
+    job.copy(spark, works, None)
+
+    assert job.summary.failures == [] and job.summary.ledgers == 4  # copies read from the last survivor
+    under_replication = UnderReplication(zk)
+    markers = under_replication.markers()
+    assert [set(m.missing_bookies) for m in markers] == [{first.bookie_id, second.bookie_id}] * 4
+    assert sorted(job.summary.pending) == sorted(expected)
+    rerun = run_repair(zk_connect)
+    assert (rerun.ledgers, rerun.failures) == (4, [])
+    assert under_replication.ledger_ids() == []
     assert asyncio.run(verify_replicas(zk_connect, expected)) == []
 
 
