@@ -219,21 +219,19 @@ def run_audit(
         password = os.environ.get(PASSWORD_ENV, "").encode()
     started = time.monotonic()
     summary = AuditSummary(sample=sample)
-    spark = sparksettings.session(master, app_name="bookfleet-audit")
     with zkclient.session(zk) as client:
         units, summary.ledgers = plan_audit(client)
         summary.fragments = len(units)
         addresses = {info.bookie_id: info.address for info in BookieRegistry(client).all()}
+        results = []
         if units:
-            context = spark.sparkContext
+            context = sparksettings.session(master, app_name="bookfleet-audit").sparkContext
             slices = min(len(units), max(1, context.defaultParallelism) * TASKS_PER_CORE)
             results = (
                 context.parallelize(units, slices)
                 .mapPartitions(lambda part: audit_partition(part, addresses, password, sample))
                 .collect()
             )
-        else:
-            results = []
         short: dict[int, set[str]] = {}
         for result in results:
             summary.entries += result.entries

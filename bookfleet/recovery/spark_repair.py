@@ -165,8 +165,12 @@ class RepairJob:
         self.registered: set[str] = set()
 
     def run(
-        self, spark, ledgers: Sequence[int] | None = None, progress: ProgressCallback | None = None
+        self,
+        spark: Callable[[], object],
+        ledgers: Sequence[int] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> RepairSummary:
+        """One pass; `spark` makes the SparkSession, called only when there is something to copy."""
         started = time.monotonic()
         try:
             if self.under_replication.is_disabled():
@@ -174,7 +178,7 @@ class RepairJob:
                 return self.summary
             works = self.prepare(ledgers)
             if works:
-                self.copy(spark, works, progress)
+                self.copy(spark(), works, progress)
         finally:
             self.summary.seconds = time.monotonic() - started
         return self.summary
@@ -413,10 +417,9 @@ def run_repair(
     """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`."""
     if password is None:
         password = os.environ.get(PASSWORD_ENV, "").encode()
-    spark = sparksettings.session(master, app_name="bookfleet-repair")
     with zkclient.session(zk, ZK_SESSION_TIMEOUT) as client:
         job = RepairJob(client, password, throttle_mb_s, open_grace_s)
-        return job.run(spark, ledgers, progress)
+        return job.run(lambda: sparksettings.session(master, app_name="bookfleet-repair"), ledgers, progress)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
