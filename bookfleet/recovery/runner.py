@@ -57,6 +57,8 @@ class RepairRunner:
         self.on_summary = on_summary
         self.progress = progress
         self.summaries: list[RepairSummary] = []
+        self.checks = 0
+        """How many times the runner looked at the switch and the markers (a liveness figure)."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,6 +77,7 @@ class RepairRunner:
         backoff = self.poll_interval
         while not self._stopping.is_set():
             try:
+                self.checks += 1
                 if self.under_replication.is_disabled() or not self.under_replication.ledger_ids():
                     self._stopping.wait(self.poll_interval)
                     continue
