@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
@@ -157,10 +158,13 @@ def test_entries_without_any_replica_are_data_loss_not_retried(spark, zk, zk_con
         lost[ledger_id] = [e for e in range(9) if set(write_set(e, 3, 2)) <= gone]
     assert all(len(entries) == 3 for entries in lost.values())  # one write set in three is exactly the lost pair
 
+    lost_before = REGISTRY.get_sample_value("bookfleet_repair_data_loss_entries_total") or 0
+
     summary = run_repair(zk_connect)
 
     assert summary.failures == []
     assert summary.data_loss == lost
+    assert REGISTRY.get_sample_value("bookfleet_repair_data_loss_entries_total") == lost_before + 12
     loss_lines = [line for line in summary.lines() if line.startswith("DATA LOSS")]
     assert len(loss_lines) == 4 and "3 entries" in loss_lines[0]
     under_replication = UnderReplication(zk)

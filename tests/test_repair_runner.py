@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import pytest
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
-from bookfleet.recovery.runner import RepairRunner
+from bookfleet.recovery.runner import AutoRecovery, RepairRunner
 from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.zkserver import free_port
 from tests.test_repair import lose_bookie, wait_until
 
 pytestmark = pytest.mark.spark
@@ -33,3 +35,13 @@ def test_runner_waits_for_the_switch_then_repairs_through_spark_submit(zk, zk_co
     assert sum(s.ledgers for s in runner.summaries) == len(marked)
     assert all(s.failures == [] for s in runner.summaries)
     assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+
+
+def test_auto_recovery_serves_the_repair_counters(zk_connect):
+    port = free_port()
+    with AutoRecovery(zk_connect, metrics_port=port, poll_interval=0.1) as recovery:
+        assert recovery.auditor.wait_active(30)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+    assert "bookfleet_repair_data_loss_entries_total" in metrics
+    assert "bookfleet_repair_bytes_total" in metrics

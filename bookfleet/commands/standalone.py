@@ -24,6 +24,7 @@ def register(subparsers) -> None:
         help="run the Spark repair job in this process (default) or through spark-submit",
     )
     parser.add_argument("--spark-master", default="local[2]", help="Spark master of the repair job (default local[2])")
+    parser.add_argument("--metrics-port", type=int, help="serve the repair counters for Prometheus on this port")
     parser.set_defaults(handler=handle)
 
 
@@ -45,7 +46,9 @@ def handle(args) -> int:
         if not args.no_auto_recovery:
             from bookfleet.recovery.runner import AutoRecovery
 
-            recovery = AutoRecovery(cluster.zk, mode=args.repair_mode, master=args.spark_master).start()
+            recovery = AutoRecovery(
+                cluster.zk, metrics_port=args.metrics_port, mode=args.repair_mode, master=args.spark_master
+            ).start()
         print(f"ZooKeeper: {cluster.zk}")
         for bookie in cluster.fleet.bookies:
             print(f"bookie {bookie.bookie_id} at {bookie.address} (http {bookie.http_port}), logs {bookie.log_path}")

@@ -14,6 +14,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 
+import prometheus_client
 from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
@@ -111,17 +112,27 @@ class RepairRunner:
 
 
 class AutoRecovery:
-    """What `bookfleet standalone` adds to its bookies: an auditor candidate and a repair runner, one session."""
+    """What `bookfleet standalone` adds to its bookies: an auditor candidate and a repair runner, one session.
 
-    def __init__(self, zk_connect: str, check_interval: float = WEEK, **runner_options):
+    With `metrics_port`, the repair counters (entries, bytes, ledgers, DATA_LOSS entries) of in-process runs are
+    served for Prometheus at http://127.0.0.1:<port>/metrics.
+    """
+
+    def __init__(
+        self, zk_connect: str, check_interval: float = WEEK, metrics_port: int | None = None, **runner_options
+    ):
         self.zk_connect = zk_connect
         self.check_interval = check_interval
+        self.metrics_port = metrics_port
         self.runner_options = runner_options
         self.zk: KazooClient | None = None
         self.auditor: Auditor | None = None
         self.runner: RepairRunner | None = None
+        self.metrics_server = None
 
     def start(self) -> AutoRecovery:
+        if self.metrics_port is not None:
+            self.metrics_server, _ = prometheus_client.start_http_server(self.metrics_port, addr="127.0.0.1")
         self.zk = zkclient.connect(self.zk_connect)
         self.auditor = Auditor(self.zk, check_interval=self.check_interval).start()
         self.runner = RepairRunner(self.zk, self.zk_connect, **self.runner_options).start()
@@ -135,6 +146,8 @@ class AutoRecovery:
         if self.zk is not None:
             self.zk.stop()
             self.zk.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
 
     def __enter__(self) -> AutoRecovery:
         return self.start()
