@@ -203,7 +203,9 @@ class FragmentCopier:
     async def write_to(self, target: str, entries: dict[int, bytes]) -> None:
         client = await self.connections.get(target)
         await self.bucket.take(sum(map(len, entries.values())))
-        await asyncio.gather(*(client.add_entry(self.master_key, raw, recovery=True) for raw in entries.values()))
+        # bare futures, no task per add: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded too
+        adds = [client.add_entry_nowait(self.master_key, raw, recovery=True) for raw in entries.values()]
+        await asyncio.gather(*adds)
         ids = sorted(entries)
         stored = {wire.entry_ids(raw)[1]: raw for raw in await self.read_range(target, ids[0], ids[-1])}
         for entry_id in ids:
