@@ -72,5 +72,9 @@ async def test_recovery_closes_at_the_last_entry_any_replica_holds(bookie_fleet,
         metadata = await recoverer.recover_ledger(writer.ledger_id)
         assert metadata.state == LedgerState.CLOSED and metadata.last_entry_id == 10
         assert metadata.length == sum(len(b"%d" % i) for i in range(11))
-        for bookie in ensemble:  # the recovered tail was added to its whole write set
-            assert await stored_entries(bookie.address, writer.ledger_id, range(12)) == set(range(11))
+        stored = {b.bookie_id: await stored_entries(b.address, writer.ledger_id, range(12)) for b in ensemble}
+        # The survivor acknowledged everything; a killed bookie may have lagged behind the Qa acks before it died.
+        assert stored[ensemble[0].bookie_id] == set(range(11))
+        for entry in range(10):  # every acknowledged entry kept at least Qa replicas
+            assert sum(entry in entries for entries in stored.values()) >= 2, (entry, stored)
+        assert all(10 in entries for entries in stored.values())  # the recovered tail reached its whole write set
