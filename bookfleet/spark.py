@@ -6,13 +6,13 @@ The repair and audit jobs run the same code whether the driver lives in this pro
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-
-import pyspark
 
 DEFAULT_MASTER = "local[2]"
 LOCAL_IP = "127.0.0.1"
@@ -78,7 +78,12 @@ def session(master: str | None = DEFAULT_MASTER, app_name: str = "bookfleet"):
 
 def spark_submit_binary() -> str:
     """spark-submit from the pyspark wheel, so no separate Spark install is needed."""
-    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+    (package_dir,) = importlib.util.find_spec("pyspark").submodule_search_locations
+    return str(Path(package_dir) / "bin" / "spark-submit")
+
+
+def spark_version() -> str:
+    return importlib.metadata.version("pyspark")
 
 
 def app_path(job: str, image: str | None) -> str:

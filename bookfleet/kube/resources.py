@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import pyspark
-
 from bookfleet import spark
 from bookfleet.kube.models import (
     API_VERSION,
@@ -468,7 +466,7 @@ def spark_application(
             "imagePullPolicy": cluster.spec.image_pull_policy,
             "mainApplicationFile": app,
             "arguments": app_args,
-            "sparkVersion": pyspark.__version__,
+            "sparkVersion": spark.spark_version(),
             "sparkConf": confs,
             "restartPolicy": {
                 "type": "OnFailure",
