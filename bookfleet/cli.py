@@ -16,7 +16,9 @@ class CommandError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bookfleet", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
