@@ -1,4 +1,5 @@
-"""Cookies, read-only switching and garbage collection, on real bookie processes and a real ZooKeeper."""
+"""Cookies, read-only switching (disk full, forced through ZooKeeper) and garbage collection, on real bookie
+processes and a real ZooKeeper."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import signal
 
 import pytest
 
-from bookfleet import zkpaths
+from bookfleet import cli, wire, zkpaths
+from bookfleet.client import bookiestate
+from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerError, ReadOnlyError
+from bookfleet.client.placement import NotEnoughBookies
+from bookfleet.client.registry import BookieRegistry
 from bookfleet.fleet import BookieProcess
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
@@ -87,6 +92,43 @@ async def test_read_only_when_full_and_writable_after_gc(bookie_fleet, zk):
             await client.read_entry(3, 0)
         assert await client.add_entry(MASTER_KEY, encode_test_entry(6, 0, payload)) == (6, 0)
     await registered_as(zk, bookie, "available")
+
+
+async def test_read_only_forced_through_zookeeper_until_cleared(bookie_fleet, zk_connect, zk, capsys):
+    bookies = bookie_fleet.start(3)
+    target, others = bookies[0], sorted(b.bookie_id for b in bookies[1:])
+    readonly = ("bookies", "readonly", target.bookie_id, "--zk", zk_connect)
+    assert cli.main(["bookies", "readonly", "no-such-bookie:1", "--zk", zk_connect]) == 2
+    assert "no bookie no-such-bookie:1: ZooKeeper has no cookie" in capsys.readouterr().err
+
+    async with await BookieClient.connect(target.address) as client:
+        await client.add_entry(MASTER_KEY, encode_test_entry(4, 0, b"before"))
+        assert cli.main([*readonly, "--reason", "draining for maintenance"]) == 0
+        assert bookiestate.read(zk, target.bookie_id) == bookiestate.BookieState(
+            read_only=True, reason="draining for maintenance")
+        await registered_as(zk, target, "readonly")
+        with pytest.raises(ReadOnlyError, match=r"forced read-only in ZooKeeper \(draining for maintenance\)"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(4, 1, b"refused"))
+        assert await client.read_entry(4, 0) == encode_test_entry(4, 0, b"before")  # reads are still served
+        assert (await client.bookie_info()).state == wire.BookieState.READ_ONLY
+    assert sorted(info.bookie_id for info in BookieRegistry(zk).writable()) == others
+    async with BookKeeper(zk_connect) as bk:
+        with pytest.raises(NotEnoughBookies, match="need 3 writable bookies, 2 available"):
+            await bk.create_ledger(ensemble_size=3, write_quorum=2)
+        writer = await bk.create_ledger(ensemble_size=2, write_quorum=2)
+        assert sorted(writer.metadata.segments[0].bookies) == others
+        await writer.close()
+
+    target.stop()  # level-based: a restarted bookie comes up read-only while the switch is set
+    target.start().wait_ready()
+    await registered_as(zk, target, "readonly")
+
+    assert cli.main([*readonly, "--clear"]) == 0
+    assert bookiestate.read(zk, target.bookie_id) is None
+    await registered_as(zk, target, "available")
+    async with await BookieClient.connect(target.address) as client:
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(4, 1, b"after")) == (4, 1)
+        assert (await client.bookie_info()).state == wire.BookieState.WRITABLE
 
 
 async def test_registration_comes_back_after_the_session_expires(bookie_fleet, zk):

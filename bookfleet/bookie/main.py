@@ -1,4 +1,5 @@
-"""The bookie process: identity check, storage, wire server, HTTP probes, registration, disk and GC loops.
+"""The bookie process: identity check, storage, wire server, HTTP probes, registration, read-only switching (disk
+monitor and ZooKeeper), GC loop.
 
 Start order makes /readyz honest: storage replays its journal before the port opens, and the bookie registers in
 ZooKeeper only once it can serve. Shutdown (SIGTERM/SIGINT) runs the other way: unregister, stop taking requests,
@@ -17,6 +18,7 @@ from bookfleet.bookie import cookie
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
 from bookfleet.bookie.http import BookieMetrics, HealthServer
+from bookfleet.bookie.readonly import ReadOnlyState
 from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
@@ -46,6 +48,7 @@ class Bookie:
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None
         self.registration: Registration | None = None
+        self.read_only: ReadOnlyState | None = None
         self._storage_started = False
         self._stop = asyncio.Event()
 
@@ -94,7 +97,9 @@ class Bookie:
             config.disk_check_interval,
         )
         self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
+        self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
+        await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
         monitor.start()
         self.registration.start()
@@ -107,16 +112,24 @@ class Bookie:
         log.info("bookie %s shutting down", config.bookie_id)
         await collector.stop()
         await monitor.stop()
+        self.read_only.stop()
         await self.registration.close()
         await self.server.stop()
 
-    def _on_disk_change(self, read_only: bool, free: int, total: int) -> None:
-        self.metrics.read_only.set(int(read_only))
+    def _on_disk_change(self, disk_full: bool, free: int, total: int) -> None:
         self.metrics.used_bytes.set(self.storage.used_bytes())
-        if self.server is not None:
-            self.server.read_only = read_only
         if self.registration is not None:
-            self.registration.update(read_only, free, total)
+            self.registration.update(free_bytes=free, total_bytes=total)
+        if self.read_only is not None:
+            self.read_only.set_disk_full(disk_full)
+
+    def _on_read_only_change(self, reason: str | None) -> None:
+        """The disk monitor or ZooKeeper switched the bookie: adds, GET_BOOKIE_INFO and registration follow."""
+        self.metrics.read_only.set(int(reason is not None))
+        if self.server is not None:
+            self.server.read_only = reason
+        if self.registration is not None:
+            self.registration.update(read_only=reason is not None)
 
 
 def run(config: BookieConfig) -> int:

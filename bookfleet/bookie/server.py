@@ -44,7 +44,8 @@ _LEDGER_ID_OFFSET = {
 
 
 class BookieServer:
-    """Serves `storage` (a LedgerStorage) over TCP. `read_only` is switched by the disk monitor."""
+    """Serves `storage` (a LedgerStorage) over TCP. `read_only` (why adds are refused; None: writable) is switched
+    by the bookie's ReadOnlyState."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class BookieServer:
         self.space = space
         self.max_in_flight = max_in_flight
         self.write_buffer_high = write_buffer_high
-        self.read_only = False
+        self.read_only: str | None = None
         self.stopping = False
         self._long_polls = 0
         self.connections: set[_Connection] = set()
@@ -101,8 +102,8 @@ class BookieServer:
             raise wire.ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key")
         entry = bytes(body[wire.MASTER_KEY_SIZE :])
         ledger_id, entry_id, _ = wire.entry_ids(entry)
-        if self.read_only:
-            raise errors.ReadOnly("bookie is read-only: its disk usage is above the threshold")
+        if self.read_only is not None:
+            raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
         recovery = bool(frame.code & _RECOVERY_ADD)
         await self.storage.add_entry(ledger_id, entry_id, entry, bytes(body[: wire.MASTER_KEY_SIZE]), recovery)
         self.metrics.observe_add(len(entry), time.perf_counter() - started)
@@ -140,7 +141,7 @@ class BookieServer:
 
     async def _bookie_info(self, frame: wire.Frame) -> bytes:
         free, total = self.space()
-        state = wire.BookieState.READ_ONLY if self.read_only else wire.BookieState.WRITABLE
+        state = wire.BookieState.READ_ONLY if self.read_only is not None else wire.BookieState.WRITABLE
         return wire.BOOKIE_INFO.pack(free, total, state)
 
     async def _force_ledger(self, frame: wire.Frame) -> bytes:

@@ -1,9 +1,13 @@
-"""`bookfleet bookies list`: the registered bookies, writable and read-only."""
+"""`bookfleet bookies list`: the registered bookies, writable and read-only; `bookfleet bookies readonly ID`: force
+a bookie read-only (or, with --clear, lift it) through its state node in ZooKeeper."""
 
 from __future__ import annotations
 
 import json
 
+from bookfleet import zkpaths
+from bookfleet.cli import CommandError
+from bookfleet.client import bookiestate
 from bookfleet.client.registry import BookieRegistry
 from bookfleet.commands.topic import add_zk_argument, zk_session
 
@@ -15,6 +19,14 @@ def register(subparsers) -> None:
     add_zk_argument(listing)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
+    readonly = actions.add_parser(
+        "readonly", help="force a bookie read-only (adds refused, reads served) or lift it with --clear"
+    )
+    add_zk_argument(readonly)
+    readonly.add_argument("bookie_id", metavar="ID", help="the bookie's id")
+    readonly.add_argument("--clear", action="store_true", help="lift the forced read-only state")
+    readonly.add_argument("--reason", default="set with bookfleet bookies readonly", help="why (shown to writers)")
+    readonly.set_defaults(handler=run_readonly)
 
 
 def run_list(args) -> int:
@@ -26,4 +38,17 @@ def run_list(args) -> int:
         for info in bookies:
             zone = info.zone or "-"
             print(f"{info.bookie_id}\t{info.address}\tzone={zone}\t{info.state}\tfree={info.free_bytes}")
+    return 0
+
+
+def run_readonly(args) -> int:
+    with zk_session(args.zk) as client:
+        if args.clear:
+            bookiestate.clear(client, args.bookie_id)
+            print(f"{args.bookie_id}: no longer forced read-only")
+        elif not client.exists(zkpaths.cookie(args.bookie_id)):
+            raise CommandError(f"no bookie {args.bookie_id}: ZooKeeper has no cookie for it (check the id)")
+        else:
+            bookiestate.set_read_only(client, args.bookie_id, args.reason)
+            print(f"{args.bookie_id}: forced read-only ({args.reason})")
     return 0

@@ -1,0 +1,80 @@
+"""Whether the bookie takes adds: read-only while its disk is too full or while ZooKeeper forces it.
+
+The forced switch is the bookie's state node (client.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
+it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.recipe.watchers import DataWatch
+
+from bookfleet import zkpaths
+from bookfleet.client import bookiestate
+
+log = logging.getLogger(__name__)
+
+DISK_FULL = "its disk usage is above the threshold"
+
+
+class ReadOnlyState:
+    """Combines the disk monitor's verdict and the forced switch; calls `on_change(reason)` when the combined
+    reason changes (None: writable). Everything but the watch callback runs on the event loop."""
+
+    def __init__(self, zk: KazooClient, bookie_id: str, on_change: Callable[[str | None], None]):
+        self.zk = zk
+        self.bookie_id = bookie_id
+        self.on_change = on_change
+        self.disk_full = False
+        self.forced: str | None = None
+        """The switch's reason while ZooKeeper forces the bookie read-only."""
+        self._loop = asyncio.get_running_loop()
+        self._stopped = False
+
+    def reason(self) -> str | None:
+        reasons = [DISK_FULL] if self.disk_full else []
+        if self.forced is not None:
+            reasons.append(f"forced read-only in ZooKeeper ({self.forced or 'no reason given'})")
+        return "; ".join(reasons) or None
+
+    async def start(self) -> None:
+        """Read the switch and watch it. Its first value is applied before this returns: the watch's first callback
+        is queued on the loop before the worker thread's completion is."""
+        await asyncio.to_thread(DataWatch, self.zk, zkpaths.bookie_state(self.bookie_id), self._watched)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def set_disk_full(self, full: bool) -> None:
+        before, self.disk_full = self.reason(), full
+        self._changed(before)
+
+    def _watched(self, data: bytes | None, _stat) -> bool:
+        """kazoo's thread: hand the node's data to the loop; returning False ends the watch."""
+        if self._stopped:
+            return False
+        self._loop.call_soon_threadsafe(self._set_forced, data)
+        return True
+
+    def _set_forced(self, data: bytes | None) -> None:
+        try:
+            state = bookiestate.parse(self.bookie_id, data)
+        except ValueError as exc:
+            log.error("%s; keeping the current state", exc)
+            return
+        forced = state.reason if state is not None and state.read_only else None
+        if forced != self.forced:
+            if forced is None:
+                log.info("ZooKeeper no longer forces bookie %s read-only", self.bookie_id)
+            else:
+                log.warning("ZooKeeper forces bookie %s read-only: %s", self.bookie_id, forced or "no reason given")
+            before, self.forced = self.reason(), forced
+            self._changed(before)
+
+    def _changed(self, before: str | None) -> None:
+        if (now := self.reason()) != before:
+            self.on_change(now)
