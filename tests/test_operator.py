@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bookfleet import zkpaths
+from bookfleet.client import bookiestate
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.kube.emulator import EmulatorThread
@@ -183,7 +184,16 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
     while last_id not in MetadataStore(zk).read(ledger_ids[-1])[0].segments[0].bookies:
         ledger_ids.append(asyncio.run(write_ledger(zk_connect, 5)))  # until one needs bk-2 (placement is random)
     kube.patch("bookieclusters", NS, "bk", {"spec": {"replicas": 2}})
-    wait_for("bk-2 removed", lambda: kube.get("bookies", NS, "bk-2") is None, timeout=120)
+    read_only_during_repair = []
+
+    def removed() -> bool:
+        if kube.list("jobs", NS):
+            read_only_during_repair.append(zk.exists(zkpaths.readonly(last_id)) is not None)
+        return kube.get("bookies", NS, "bk-2") is None
+
+    wait_for("bk-2 removed", removed, timeout=120)
+    assert any(read_only_during_repair)  # forced read-only through ZooKeeper while its ledgers moved
+    assert bookiestate.read(zk, last_id) is None
     assert kube.get("pods", NS, "bk-2") is None
     assert not any(c["metadata"]["name"].startswith("bk-2-") for c in kube.list("persistentvolumeclaims", NS))
     assert zk.exists(zkpaths.cookie(last_id)) is None

@@ -2,6 +2,8 @@
 
 Scale-down never deletes data that is still needed: the highest ordinal is drained first (read-only, its ledgers
 repaired elsewhere, none left under-replicated, cookie removed) and only then are its pod, volumes and Bookie deleted.
+A Bookie whose desiredState is not Writable is forced read-only through its ZooKeeper state node (level-based, on
+every pass), so the bookie itself refuses adds and leaves the writable registrations that placement picks from.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from kazoo.client import KazooClient
 from pydantic import ValidationError
 
+from bookfleet.client import bookiestate
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
@@ -57,6 +61,7 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
         if manifest["metadata"]["name"] not in existing:
             created, _ = ctx.api.ensure(manifest)
             existing[created["metadata"]["name"]] = created
+    sync_read_only(ctx.zk(cluster.spec.zookeeper), existing.values())
     surplus = sorted((b for b in existing.values() if ordinal(b["metadata"]["name"]) >= cluster.spec.replicas),
                      key=lambda b: ordinal(b["metadata"]["name"]), reverse=True)
     if surplus:
@@ -78,6 +83,17 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
            "conditions": conditions}
     if any(status.get(key) != value for key, value in new.items()):
         ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], new)
+
+
+def sync_read_only(zk: KazooClient, bookies) -> None:
+    """Force read-only exactly the Bookies whose desiredState is not Writable (one listing, writes only on change)."""
+    forced = bookiestate.forced_ids(zk)
+    for body in bookies:
+        bookie_id, desired = body["spec"]["bookieId"], body["spec"].get("desiredState", DesiredState.WRITABLE)
+        if desired != DesiredState.WRITABLE and bookie_id not in forced:
+            bookiestate.set_read_only(zk, bookie_id, f"Bookie {body['metadata']['name']} is {desired}")
+        elif desired == DesiredState.WRITABLE and bookie_id in forced:
+            bookiestate.clear(zk, bookie_id)
 
 
 def rolling_upgrade(ctx: OperatorContext, cluster: BookieCluster, bookies: list[dict],
@@ -120,9 +136,12 @@ def decommission(ctx: OperatorContext, cluster: BookieCluster, body: dict) -> No
         if outcome != repairs.Outcome.REPAIRED:
             return
     lifecycle.forget_cookie(zk, bookie.spec.bookie_id)
-    ctx.api.delete(CORE, "pods", ns, name)
+    pod_left = ctx.api.delete(CORE, "pods", ns, name)
     for claim in resources.bookie_pvcs(bookie):
         ctx.api.delete(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])
+    if pod_left:
+        return  # the switch goes only after the bookie process: it must not turn writable on its way out
+    bookiestate.clear(zk, bookie.spec.bookie_id)
     ctx.api.delete(CUSTOM, "bookies", ns, name)
     ctx.api.post_event(cluster.to_wire(), "Decommissioned", f"{name} drained and removed; no ledger needs it")
     log.info("decommissioned %s", name)
