@@ -22,7 +22,9 @@ import enum
 import hashlib
 import hmac
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -100,6 +102,8 @@ BOOKIE_INFO = struct.Struct(">QQB")
 LEDGER_ID = struct.Struct(">Q")
 READ_RANGE_REQUEST = struct.Struct(">QqqI")
 COUNT = struct.Struct(">I")
+ADD_RESPONSE = struct.Struct(">IBBHQQq")
+"""A whole OK ADD_ENTRY response frame: length prefix, header, ledger_id, entry_id."""
 
 
 class ProtocolError(Exception):
@@ -133,8 +137,16 @@ def decode_entry_list(body: bytes | memoryview) -> list[bytes]:
 
 
 def encode_request(op: Op, request_id: int, body: bytes = b"", flags: int = 0) -> bytes:
-    header = REQUEST_HEADER.pack(PROTOCOL_VERSION, op, flags, request_id)
-    return LENGTH_PREFIX.pack(HEADER_SIZE + len(body)) + header + body
+    return encode_request_head(op, request_id, len(body), flags) + body
+
+
+def encode_request_head(op: Op, request_id: int, body_size: int, flags: int = 0) -> bytes:
+    """Length prefix and header of a request whose body follows: a body shared by several requests (one entry sent
+    to its whole write set) is then never copied per request."""
+    return _REQUEST_HEAD.pack(HEADER_SIZE + body_size, PROTOCOL_VERSION, op, flags, request_id)
+
+
+_REQUEST_HEAD = struct.Struct(">I" + REQUEST_HEADER.format.lstrip(">"))
 
 
 def encode_response(op: int, request_id: int, status: Status = Status.OK, body: bytes = b"") -> bytes:
@@ -146,14 +158,19 @@ def encode_error(op: int, request_id: int, status: Status, message: str) -> byte
     return encode_response(op, request_id, status, message.encode())
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+def encode_add_responses(acks: Iterable[tuple[int, int, int]]) -> bytes:
+    """OK ADD_ENTRY responses for (request_id, ledger_id, entry_id) triples, back to back."""
+    size, version, op, pack = HEADER_SIZE + LEDGER_ENTRY.size, PROTOCOL_VERSION, Op.ADD_ENTRY, ADD_RESPONSE.pack
+    return b"".join([pack(size, version, op, 0, request_id, ledger, entry) for request_id, ledger, entry in acks])
+
+
+class Frame(NamedTuple):
     """A decoded frame: `code` is the flags of a request or the status of a response."""
 
     op: int
     code: int
     request_id: int
-    body: memoryview
+    body: bytes | memoryview
 
 
 def check_frame_length(length: int, max_frame_size: int = MAX_FRAME_SIZE) -> None:
@@ -163,30 +180,35 @@ def check_frame_length(length: int, max_frame_size: int = MAX_FRAME_SIZE) -> Non
         raise ProtocolError(f"frame of {length} bytes exceeds the {max_frame_size}-byte limit")
 
 
+def decode_header(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int, int]:
+    """(op, code, request_id) of the header at `offset` (the caller knows it is there); checks the version."""
+    version, op, code, request_id = REQUEST_HEADER.unpack_from(data, offset)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
+    return op, code, request_id
+
+
 def decode_frame(frame: bytes | memoryview) -> Frame:
     """Decode a frame without its length prefix."""
     view = memoryview(frame)
     if len(view) < HEADER_SIZE:
         raise ProtocolError(f"frame of {len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    version, op, code, request_id = REQUEST_HEADER.unpack_from(view)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
-    return Frame(op, code, request_id, view[HEADER_SIZE:])
+    return Frame(*decode_header(view), view[HEADER_SIZE:])
 
 
-def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[bytes]:
-    """Take every whole frame (without its prefix) off the front of `buffer`; a partial frame stays."""
+def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[Frame]:
+    """Decode and take every whole frame off the front of `buffer` (bodies are bytes); a partial frame stays."""
     frames = []
     pos = 0
     end = len(buffer)
     while end - pos >= LENGTH_PREFIX.size:
         (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
         check_frame_length(length, max_frame_size)
-        if end - pos - LENGTH_PREFIX.size < length:
-            break
         start = pos + LENGTH_PREFIX.size
-        frames.append(bytes(buffer[start : start + length]))
+        if end - start < length:
+            break
         pos = start + length
+        frames.append(Frame(*decode_header(buffer, start), bytes(buffer[start + HEADER_SIZE : pos])))
     del buffer[:pos]
     return frames
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bookfleet import wire
@@ -114,7 +115,7 @@ class _ClientProtocol(asyncio.Protocol):
         if self.client is None:  # nothing was asked yet; keep the bytes until the client is bound
             return
         try:
-            frames = wire.split_frames(self.buffer)
+            frames = wire.split_frames(self.buffer)  # response and request headers share a layout
         except wire.ProtocolError as exc:
             self.client._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
             return
@@ -135,6 +136,28 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write.set()
 
 
+class _AnswerCallback:
+    """Stands where a pending request's future would (`done`, `set_result`, `set_exception`) and calls a plain
+    function instead: the answer costs no future and no callback scheduled on the event loop."""
+
+    __slots__ = ("_answered", "_callback")
+
+    def __init__(self, callback: Callable[[BaseException | None], None]):
+        self._callback = callback
+        self._answered = False
+
+    def done(self) -> bool:
+        return self._answered
+
+    def set_result(self, _body: bytes) -> None:
+        self._answered = True
+        self._callback(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._answered = True
+        self._callback(error)
+
+
 class BookieClient:
     """A pipelined connection to one bookie. Create with `await BookieClient.connect("host:port")`."""
 
@@ -142,7 +165,7 @@ class BookieClient:
         self.address = address
         self._transport = transport
         self._protocol = protocol
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future | _AnswerCallback] = {}
         self._ids = itertools.count(1)
         self._error: ConnectionError | None = None
         self._outgoing: list[bytes] = []
@@ -179,6 +202,14 @@ class BookieClient:
         """ADD_ENTRY as a bare future of the response body (no coroutine, no task): for a writer that pipelines
         thousands of adds and attaches callbacks. Fails like `add_entry`; ignores write backpressure."""
         return self._request(Op.ADD_ENTRY, master_key + entry, wire.Flag.RECOVERY_ADD if recovery else 0)
+
+    def add_entry_callback(
+        self, body: bytes, callback: Callable[[BaseException | None], None], recovery: bool = False
+    ) -> None:
+        """ADD_ENTRY of `body` = master key + encoded entry (built once, shared by a whole write set, never copied
+        here); `callback(None)` once durable or `callback(error)`, called straight from the reader: no future, no
+        event-loop turn. The ledger writer's hot path; ignores write backpressure."""
+        self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, _AnswerCallback(callback))
 
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         return await self._call(Op.READ_ENTRY, wire.LEDGER_ENTRY.pack(ledger_id, entry_id))
@@ -238,15 +269,18 @@ class BookieClient:
         """Queue one request; its future resolves with the response body or fails with BookieError or
         ConnectionError. A caller that gives up just drops the future: the late answer is ignored."""
         future = self._loop.create_future()
+        self._enqueue(op, body, flags, future)
+        return future
+
+    def _enqueue(self, op: Op, body: bytes, flags: int, waiter: asyncio.Future | _AnswerCallback) -> None:
         if self._error is not None:
-            future.set_exception(self._error)
-            return future
+            waiter.set_exception(self._error)
+            return
         request_id = next(self._ids)
-        self._pending[request_id] = future
+        self._pending[request_id] = waiter
         if not self._outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing.append(wire.encode_request(op, request_id, body, flags))
-        return future
+        self._outgoing += (wire.encode_request_head(op, request_id, len(body), flags), body)
 
     async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
         future = self._request(op, body, flags)
@@ -260,25 +294,18 @@ class BookieClient:
         if not self._transport.is_closing():
             self._transport.write(b"".join(outgoing))
 
-    def _resolve(self, data: bytes) -> None:
-        # Response and request headers share a layout; decode_frame checks the version.
-        try:
-            frame = wire.decode_frame(data)
-        except wire.ProtocolError as exc:
-            self._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
-            return
+    def _resolve(self, frame: wire.Frame) -> None:
         future = self._pending.pop(frame.request_id, None)
         if future is None:
             if frame.request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
-                self._fail(ConnectionError(f"bookie {self.address}: {bytes(frame.body).decode(errors='replace')}"))
+                self._fail(ConnectionError(f"bookie {self.address}: {frame.body.decode(errors='replace')}"))
             return
         if future.done():  # the answer to a request its caller gave up on (cancelled or timed out)
             return
         if frame.code == Status.OK:
-            future.set_result(bytes(frame.body))
+            future.set_result(frame.body)
         else:
-            message = bytes(frame.body).decode(errors="replace")
-            future.set_exception(BookieError.from_status(frame.code, message))
+            future.set_exception(BookieError.from_status(frame.code, frame.body.decode(errors="replace")))
 
     def _fail(self, error: ConnectionError) -> None:
         if self._error is None:

@@ -4,6 +4,11 @@ Every add goes to its write set at once (many adds are in flight); it is acknowl
 answered and all earlier adds were acknowledged, so the last-add-confirmed (LAC) only ever covers a contiguous
 prefix. While an ensemble change is under way completions wait, so the new segment's first entry (LAC + 1) cannot
 move under the metadata update.
+
+Per add the hot path builds one ADD_ENTRY body (master key + encoded entry) shared by the whole write set; each
+bookie answers through a plain callback (no future, no task), acks are a bitmask of ensemble positions, and only the
+head of the pending queue is ever looked at. Recovery open uses the same writer (`recovery=True`) to add the
+ledger's tail again, so a dead bookie is replaced there by the very same ensemble-change rule.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, FencedError
@@ -41,10 +47,12 @@ class LedgerClosedError(LedgerWriteError):
 class _Add:
     entry_id: int
     length: int
-    encoded: bytes
+    body: bytes
+    """The ADD_ENTRY body, master key + encoded entry: built once, sent unchanged to every bookie of the set."""
     future: asyncio.Future[int]
     sent_at: float
-    acks: set[str] = field(default_factory=set)
+    acks: int = 0
+    """Bit p set: ensemble position p has the entry durably."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,7 @@ class LedgerWriter:
         settings: WriterSettings = WriterSettings(),
         last_add_confirmed: int = wire.INVALID_ENTRY_ID,
         length: int = 0,
+        recovery: bool = False,
     ):
         self.ledger_id = ledger_id
         self.metadata = metadata
@@ -95,6 +104,9 @@ class LedgerWriter:
         self._error: LedgerWriteError | None = None
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
+        self._recovery = recovery
+        """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
+        that is IN_RECOVERY, and writes no explicit LAC (closing makes the tail visible)."""
 
     async def start(self) -> LedgerWriter:
         """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
@@ -110,17 +122,25 @@ class LedgerWriter:
 
     def append(self, payload: bytes) -> asyncio.Future[int]:
         """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably."""
+        entry_id, length = self._next_entry_id, self._pushed_length + len(payload)
+        return self._push(entry_id, length, payload, self.last_add_confirmed)
+
+    def recovery_add(self, entry: wire.Entry) -> asyncio.Future[int]:
+        """Recovery open: add a recovered entry again, as its writer encoded it (its own LAC and length), to its
+        full write set; it must be the next entry of this writer."""
+        if entry.entry_id != self._next_entry_id:
+            raise ValueError(f"recovered entry {entry.entry_id} of ledger {self.ledger_id} is not the next one")
+        return self._push(entry.entry_id, entry.length, entry.payload, entry.lac)
+
+    def _push(self, entry_id: int, length: int, payload: bytes, lac: int) -> asyncio.Future[int]:
         future = asyncio.get_running_loop().create_future()
         if self._error is not None or self._closing:
             future.set_exception(self._error or LedgerClosedError(f"ledger {self.ledger_id} is being closed"))
             return future
-        entry_id = self._next_entry_id
-        self._next_entry_id += 1
-        self._pushed_length += len(payload)
-        encoded = wire.encode_entry(
-            self._digester, self.ledger_id, entry_id, self.last_add_confirmed, self._pushed_length, payload
-        )
-        add = _Add(entry_id, self._pushed_length, encoded, future, time.monotonic())
+        self._next_entry_id = entry_id + 1
+        self._pushed_length = length
+        body = self._master_key + wire.encode_entry(self._digester, self.ledger_id, entry_id, lac, length, payload)
+        add = _Add(entry_id, length, body, future, time.monotonic())
         self._pending.append(add)
         for position in self._write_sets[entry_id % len(self._write_sets)]:
             self._send(add, position)
@@ -138,18 +158,14 @@ class LedgerWriter:
         if client is None:
             self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
             return
-        answer = client.add_entry_nowait(self._master_key, add.encoded)
-        answer.add_done_callback(lambda done: self._on_answer(add, position, bookie, done))
+        client.add_entry_callback(add.body, partial(self._on_answer, add, position, bookie), self._recovery)
 
-    def _on_answer(self, add: _Add, position: int, bookie: str, done: asyncio.Future) -> None:
-        if done.cancelled():
-            return  # the event loop is shutting down
-        error = done.exception()
+    def _on_answer(self, add: _Add, position: int, bookie: str, error: BaseException | None) -> None:
         if self._ensemble[position] != bookie:
             return  # the answer of a bookie already replaced: its copy is not in the metadata
         if error is None:
-            add.acks.add(bookie)
-            if len(add.acks) >= self.metadata.ack_quorum and self._pending and self._pending[0] is add:
+            add.acks |= 1 << position
+            if self._pending and self._pending[0] is add and add.acks.bit_count() >= self.metadata.ack_quorum:
                 self._complete_ready()
         elif isinstance(error, FencedError):
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: {error.message}"))
@@ -162,7 +178,7 @@ class LedgerWriter:
             return
         quorum = self.metadata.ack_quorum
         pending = self._pending
-        while pending and len(pending[0].acks) >= quorum:
+        while pending and pending[0].acks.bit_count() >= quorum:
             add = pending.popleft()
             self.last_add_confirmed = add.entry_id
             self.length = add.length
@@ -220,10 +236,10 @@ class LedgerWriter:
         for position in failed:
             if self._failed.get(position) == failed[position]:
                 del self._failed[position]
-        replaced = set(failed.values())
+        kept = ~sum(1 << position for position in failed)
         now = time.monotonic()
         for add in self._pending:
-            add.acks -= replaced
+            add.acks &= kept
             add.sent_at = now
             for position in self._write_sets[add.entry_id % len(self._write_sets)]:
                 if position in failed:
@@ -233,7 +249,7 @@ class LedgerWriter:
         """Compare-and-set `change(metadata)`, re-reading after a conflict; fails if recovery or close got there."""
         metadata, version = self.metadata, self.version
         while True:
-            if metadata.state == LedgerState.IN_RECOVERY:
+            if metadata.state == LedgerState.IN_RECOVERY and not self._recovery:
                 raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
             if metadata.state == LedgerState.CLOSED:
                 raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
@@ -265,14 +281,14 @@ class LedgerWriter:
                 oldest = self._pending[0]
                 if time.monotonic() - oldest.sent_at > self.settings.add_timeout and self._changing is None:
                     self._time_out(oldest)
-            elif self.last_add_confirmed > self._explicit_lac and self._changing is None:
+            elif self.last_add_confirmed > self._explicit_lac and self._changing is None and not self._recovery:
                 await self._write_lac(self.last_add_confirmed)
 
     def _time_out(self, add: _Add) -> None:
         for position in self._write_sets[add.entry_id % len(self._write_sets)]:
-            bookie = self._ensemble[position]
-            if bookie not in add.acks:
-                self._bookie_failed(position, bookie, TimeoutError(f"no answer to entry {add.entry_id}"))
+            if not add.acks >> position & 1:
+                timeout = TimeoutError(f"no answer to entry {add.entry_id}")
+                self._bookie_failed(position, self._ensemble[position], timeout)
 
     async def _write_lac(self, lac: int) -> None:
         """Tell the whole ensemble the LAC (best effort: a failing bookie is found by the next add)."""
