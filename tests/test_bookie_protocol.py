@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import struct
 import urllib.request
@@ -69,6 +70,10 @@ async def test_every_op_round_trips(bookie_fleet, zk):
     assert "bookie_add_entries_total 10.0" in metrics
     assert 'bookie_request_errors_total{op="ADD_ENTRY",status="UNAUTHORIZED"} 1.0' in metrics
     assert "bookie_add_latency_seconds_count 10.0" in metrics
+    syncs = float(re.search(r"^bookie_journal_sync_latency_seconds_count (\S+)$", metrics, re.M)[1])
+    synced = float(re.search(r"^bookie_journal_synced_bytes_total (\S+)$", metrics, re.M)[1])
+    assert syncs >= 1 and synced > sum(map(len, entries))  # group commits: write + fdatasync of every record
+    assert f'bookie_journal_sync_latency_seconds_bucket{{le="+Inf"}} {syncs}' in metrics
 
     registered = json.loads(zk.get(zkpaths.available(bookie.bookie_id))[0])
     assert registered["address"] == bookie.address and registered["zone"] == "zone-a"

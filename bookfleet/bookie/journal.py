@@ -16,7 +16,8 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -131,11 +132,20 @@ def _replay_file(path: Path, offset: int) -> Iterator[tuple[RecordType, bytes]]:
 class Journal:
     """Append-only, group-committed journal in one directory."""
 
-    def __init__(self, directory: Path, max_wait: float, flush_bytes: int, roll_bytes: int):
+    def __init__(
+        self,
+        directory: Path,
+        max_wait: float,
+        flush_bytes: int,
+        roll_bytes: int,
+        on_sync: Callable[[int, float], None] | None = None,
+    ):
+        """`on_sync(bytes, seconds)` is called on the event loop after each group commit's write+fdatasync."""
         self.directory = directory
         self._max_wait = max_wait
         self._flush_bytes = flush_bytes
         self._roll_bytes = roll_bytes
+        self._on_sync = on_sync
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._batch: Batch | None = None
@@ -218,12 +228,15 @@ class Journal:
         self._fd, self._seq, self._offset = fd, seq, 0
         self.synced = JournalPosition(seq, 0)
 
-    def _write_and_sync(self, pieces: list[bytes]) -> None:
+    def _write_and_sync(self, pieces: list[bytes]) -> float:
+        """Write and fdatasync; returns the seconds it took."""
+        started = time.perf_counter()
         data = b"".join(pieces)
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]
         os.fdatasync(self._fd)
+        return time.perf_counter() - started
 
     async def _write_batches(self) -> None:
         loop = asyncio.get_running_loop()
@@ -238,7 +251,9 @@ class Journal:
             pieces, size, batch = self._pending, self._pending_bytes, self._batch
             self._pending, self._pending_bytes, self._batch = [], 0, Batch()
             try:
-                await asyncio.to_thread(self._write_and_sync, pieces)
+                seconds = await asyncio.to_thread(self._write_and_sync, pieces)
+                if self._on_sync is not None:
+                    self._on_sync(size, seconds)
                 self._offset += size
                 self.synced = JournalPosition(self._seq, self._offset)
                 if self._offset >= self._roll_bytes:

@@ -44,7 +44,9 @@ class Bookie:
     def __init__(self, config: BookieConfig):
         self.config = config
         self.metrics = BookieMetrics()
-        self.storage = LedgerStorage(config.journal_dir, config.ledger_dir, config.storage)
+        self.storage = LedgerStorage(
+            config.journal_dir, config.ledger_dir, config.storage, self.metrics.observe_journal_sync
+        )
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None
         self.registration: Registration | None = None

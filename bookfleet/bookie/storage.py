@@ -18,6 +18,7 @@ import heapq
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,14 @@ class StorageSettings:
 class LedgerStorage:
     """A bookie's ledgers on disk; see DESIGN.md for the contract. Every acknowledging call returns after fdatasync."""
 
-    def __init__(self, journal_dir: Path, ledger_dir: Path, settings: StorageSettings | None = None):
+    def __init__(
+        self,
+        journal_dir: Path,
+        ledger_dir: Path,
+        settings: StorageSettings | None = None,
+        on_journal_sync: Callable[[int, float], None] | None = None,
+    ):
+        """`on_journal_sync(bytes, seconds)`: called after each journal group commit (Journal's `on_sync`)."""
         self.journal_dir = Path(journal_dir)
         self.ledger_dir = Path(ledger_dir)
         self.settings = settings or StorageSettings()
@@ -83,6 +91,7 @@ class LedgerStorage:
             self.settings.journal_max_wait,
             self.settings.journal_flush_bytes,
             self.settings.journal_roll_bytes,
+            on_journal_sync,
         )
         self._mark = LastLogMark(self.ledger_dir)
         self._index: LedgerIndex | None = None
