@@ -134,7 +134,7 @@ def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[l
             closed = True
         except TimeoutError:
             pass
-    return [wire.decode_frame(f) for f in wire.split_frames(received)], closed
+    return wire.split_frames(received), closed
 
 
 def rss_bytes(pid: int) -> int:

@@ -42,10 +42,18 @@ def test_split_frames_keeps_a_partial_frame():
     second = wire.encode_request(wire.Op.GET_BOOKIE_INFO, 2)
     buffer = bytearray(first + second[:5])
     frames = wire.split_frames(buffer)
-    assert len(frames) == 1 and wire.decode_frame(frames[0]).request_id == 1
+    assert len(frames) == 1 and frames[0].request_id == 1
     buffer += second[5:]
     (frame,) = wire.split_frames(buffer)
-    assert wire.decode_frame(frame).op == wire.Op.GET_BOOKIE_INFO and not buffer
+    assert frame.op == wire.Op.GET_BOOKIE_INFO and not buffer
+
+
+def test_batched_add_responses_decode_like_single_ones():
+    buffer = bytearray(wire.encode_add_responses([(7, 3, 0), (8, 3, 1)]))
+    assert [(f.op, f.code, f.request_id, wire.LEDGER_ENTRY.unpack(f.body)) for f in wire.split_frames(buffer)] == [
+        (wire.Op.ADD_ENTRY, wire.Status.OK, 7, (3, 0)),
+        (wire.Op.ADD_ENTRY, wire.Status.OK, 8, (3, 1)),
+    ]
 
 
 @pytest.mark.parametrize(

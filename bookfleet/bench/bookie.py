@@ -1,7 +1,9 @@
 """`bookfleet bench bookie`: add throughput and latency of one real bookie process, next to raw fsync bandwidth.
 
 The bookie runs as its own process (temp dirs, embedded ZooKeeper, fsync'd journal) exactly as `bookfleet bookie`
-would; the load comes from pipelined BookieClient connections, several adds in flight on each. The raw baseline is
+would; the load comes from pipelined BookieClient connections, several adds in flight on each, each ack sending the
+next add from its future's callback (no task per add: the load generator must not be the bottleneck; its CPU per
+entry is reported next to the bookie's). The raw baseline is
 write+fdatasync of blocks of the entry size in the same temp dir, measured in the same run before the load.
 """
 
@@ -23,6 +25,12 @@ from bookfleet.fleet import BookieProcess
 from bookfleet.zkserver import ZooKeeperServer
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("bookie", help="ADD_ENTRY throughput and latency of one bookie process")
     parser.add_argument("--entry-size", type=int, default=1024, help="payload bytes per entry (default 1024)")
@@ -40,30 +48,55 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=handle)
 
 
-async def _load(address: str, entry_size: int, seconds: float, connections: int, in_flight: int) -> dict:
+async def _load(
+    address: str, bookie_pid: int, entry_size: int, seconds: float, connections: int, in_flight: int
+) -> dict:
     digester = wire.Digester(wire.DigestType.CRC32C)
     key = wire.master_key(b"bench")
     payload = os.urandom(entry_size)
     latencies: list[float] = []
+    record = latencies.append
+    clock = time.perf_counter
     clients = [await BookieClient.connect(address) for _ in range(connections)]
+    done = asyncio.get_running_loop().create_future()
+    open_slots = connections * in_flight
     deadline = 0.0
 
-    async def worker(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
-        record = latencies.append
-        clock = time.perf_counter
-        while (started := clock()) < deadline:
-            entry_id = next_ids[0]
-            next_ids[0] += 1
-            entry = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload)
-            await client.add_entry(key, entry)
-            record(clock() - started)
+    def add(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
+        entry_id = next_ids[0]
+        next_ids[0] += 1
+        entry = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload)
+        started = clock()
+        client.add_entry_nowait(key, entry).add_done_callback(
+            lambda answer: acked(answer, started, client, ledger_id, next_ids)
+        )
 
-    deadline = time.perf_counter() + seconds
-    started = time.perf_counter()
-    await asyncio.gather(
-        *(worker(client, n + 1, ids) for n, client in enumerate(clients) for ids in [[0]] for _ in range(in_flight))
-    )
+    def acked(answer: asyncio.Future, started: float, *slot) -> None:
+        nonlocal open_slots
+        if done.done():
+            return
+        if answer.exception() is not None:
+            done.set_exception(answer.exception())
+            return
+        now = clock()
+        record(now - started)
+        if now < deadline:
+            add(*slot)
+            return
+        open_slots -= 1
+        if not open_slots:
+            done.set_result(None)
+
+    deadline = clock() + seconds
+    started = clock()
+    client_cpu, bookie_cpu = time.process_time(), _cpu_seconds(bookie_pid)
+    for n, client in enumerate(clients):
+        next_ids = [0]
+        for _ in range(in_flight):
+            add(client, n + 1, next_ids)
+    await done
     elapsed = time.perf_counter() - started
+    client_cpu, bookie_cpu = time.process_time() - client_cpu, _cpu_seconds(bookie_pid) - bookie_cpu
     for client in clients:
         await client.close()
     latencies.sort()
@@ -73,6 +106,8 @@ async def _load(address: str, entry_size: int, seconds: float, connections: int,
         "mb_per_s": len(latencies) * entry_size / elapsed / 1e6,
         "p50_ms": percentile(latencies, 0.50) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
+        "bookie_cpu_us_per_entry": bookie_cpu / len(latencies) * 1e6,
+        "client_cpu_us_per_entry": client_cpu / len(latencies) * 1e6,
     }
 
 
@@ -98,9 +133,10 @@ def handle(args: argparse.Namespace) -> int:
             )
             try:
                 bookie.start().wait_ready()
-                result = asyncio.run(
-                    _load(bookie.address, args.entry_size, args.seconds, args.connections, args.in_flight)
+                load = _load(
+                    bookie.address, bookie.process.pid, args.entry_size, args.seconds, args.connections, args.in_flight
                 )
+                result = asyncio.run(load)
             finally:
                 bookie.stop()
     report = {

@@ -1,6 +1,8 @@
 """The bookie's wire-protocol server: frames in, storage calls, responses out in completion order.
 
 Each connection pipelines: every request is started as soon as its frame is read and answers when it completes.
+An add is applied at once and waits for its journal group commit; the adds of one connection that share a commit
+are answered together, from one callback, with one write.
 Memory stays bounded per connection: at most `max_in_flight` requests run at once (reading pauses beyond that), and
 reading also pauses while the socket's write buffer is above its high-water mark, so a client that never reads gets
 no more work done.
@@ -66,7 +68,6 @@ class BookieServer:
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._handlers: dict[int, Callable[[wire.Frame], Coroutine[Any, Any, bytes]]] = {
-            Op.ADD_ENTRY: self._add_entry,
             Op.READ_ENTRY: self._read_entry,
             Op.READ_LAC: self._read_lac,
             Op.WRITE_LAC: self._write_lac,
@@ -95,19 +96,17 @@ class BookieServer:
 
     # --- one handler per op: parse the body, call storage, return the response body -----------------------
 
-    async def _add_entry(self, frame: wire.Frame) -> bytes:
-        started = time.perf_counter()
-        body = frame.body
+    def _add_entry(self, body: bytes | bytearray, flags: int) -> tuple[int, int, asyncio.Future[None]]:
+        """Apply an ADD_ENTRY body at once: (ledger_id, entry_id, the future of its group commit)."""
         if len(body) < wire.MASTER_KEY_SIZE:
             raise wire.ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key")
         entry = bytes(body[wire.MASTER_KEY_SIZE :])
         ledger_id, entry_id, _ = wire.entry_ids(entry)
         if self.read_only is not None:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
-        recovery = bool(frame.code & _RECOVERY_ADD)
-        await self.storage.add_entry(ledger_id, entry_id, entry, bytes(body[: wire.MASTER_KEY_SIZE]), recovery)
-        self.metrics.observe_add(len(entry), time.perf_counter() - started)
-        return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+        key = bytes(body[: wire.MASTER_KEY_SIZE])
+        synced = self.storage.add_entry_nowait(ledger_id, entry_id, entry, key, bool(flags & _RECOVERY_ADD))
+        return ledger_id, entry_id, synced
 
     async def _read_entry(self, frame: wire.Frame) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
@@ -179,6 +178,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._outgoing: list[bytes] = []
+        self._adds: dict[asyncio.Future[None], list[tuple[int, int, int, int, float]]] = {}
+        """Adds waiting for each group commit: (request_id, ledger_id, entry_id, entry size, receipt time)."""
         self._reading_paused = False
         self._writing_paused = False
         self._rejected = False
@@ -231,7 +232,7 @@ class _Connection(asyncio.Protocol):
                 if end - start < length:
                     break
                 pos = start + length
-                self._dispatch(buffer[start:pos])
+                self._dispatch(buffer, start, pos)
                 if self._rejected:
                     return
             del buffer[:pos]
@@ -254,22 +255,56 @@ class _Connection(asyncio.Protocol):
 
     # --- requests ---------------------------------------------------------------------------------------------
 
-    def _dispatch(self, data: bytearray) -> None:
+    def _dispatch(self, buffer: bytearray, start: int, end: int) -> None:
+        """Start the request framed in buffer[start:end] (checked to hold at least a header)."""
         try:
-            frame = wire.decode_frame(data)
+            op, flags, request_id = wire.decode_header(buffer, start)
         except wire.ProtocolError as exc:
-            request_id = wire.REQUEST_HEADER.unpack_from(data)[3] if len(data) >= wire.HEADER_SIZE else 0
-            self._reject(data[1] if len(data) > 1 else 0, request_id, Status.BAD_REQUEST, str(exc))
+            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
+            self._reject(op, request_id, Status.BAD_REQUEST, str(exc))
             return
-        handler = self.server._handlers.get(frame.op)
-        if handler is None:
-            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"unknown op {frame.op}")
+        handler = self.server._handlers.get(op)
+        if handler is None and op != Op.ADD_ENTRY:
+            self._reject(op, request_id, Status.BAD_REQUEST, f"unknown op {op}")
             return
         if self.server.stopping:
-            self._send(wire.encode_error(frame.op, frame.request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            return
+        body = buffer[start + wire.HEADER_SIZE : end]
+        if handler is not None:
+            frame = wire.Frame(op, flags, request_id, memoryview(body))
+            self.in_flight += 1
+            self._step(handler(frame), frame)
+            return
+        try:
+            ledger_id, entry_id, synced = self.server._add_entry(body, flags)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._failed(wire.Frame(op, flags, request_id, memoryview(body)), exc)
             return
         self.in_flight += 1
-        self._step(handler(frame), frame)
+        waiting = self._adds.get(synced)
+        if waiting is None:
+            waiting = self._adds[synced] = []
+            synced.add_done_callback(self._adds_synced)
+        waiting.append((request_id, ledger_id, entry_id, len(body) - wire.MASTER_KEY_SIZE, time.perf_counter()))
+
+    def _adds_synced(self, synced: asyncio.Future[None]) -> None:
+        """Answer every add of this connection that waited for this group commit."""
+        adds = self._adds.pop(synced)
+        error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
+        if error is None:
+            self._send(wire.encode_add_responses([add[:3] for add in adds]))
+            now, observe = time.perf_counter(), self.server.metrics.observe_add
+            for add in adds:
+                observe(add[3], now - add[4])
+        else:
+            status = error.status if isinstance(error, errors.BookieError) else Status.INTERNAL_ERROR
+            log.error("%d adds from %s failed: %s", len(adds), self.peer, error)
+            for request_id, ledger_id, *_ in adds:
+                self.server.metrics.count_error(Op.ADD_ENTRY, status)
+                message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
+                self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+        self._finished(len(adds))
 
     def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
         """Drive one request's coroutine without a Task.
@@ -282,17 +317,8 @@ class _Connection(asyncio.Protocol):
             waiting = request.send(None)
         except StopIteration as finished:
             self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, finished.value))
-        except wire.ProtocolError as exc:
-            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
-        except errors.BookieError as exc:
-            if exc.status == Status.INTERNAL_ERROR:
-                log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
-            self._answer_error(frame, exc.status, exc)
-        except asyncio.CancelledError:
-            self._answer_error(frame, Status.SHUTTING_DOWN, "cancelled while the bookie shuts down")
-        except Exception as exc:
-            log.exception("%s from %s failed", _describe(frame), self.peer)
-            self._answer_error(frame, Status.INTERNAL_ERROR, exc)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._failed(frame, exc)
         else:
             if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
                 self._loop.call_soon(self._step, request, frame)
@@ -302,13 +328,28 @@ class _Connection(asyncio.Protocol):
             return
         self._finished()
 
+    def _failed(self, frame: wire.Frame, exc: BaseException) -> None:
+        """Answer a request that raised; a malformed body closes the connection."""
+        if isinstance(exc, wire.ProtocolError):
+            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
+        elif isinstance(exc, errors.BookieError):
+            if exc.status == Status.INTERNAL_ERROR:
+                log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
+            self._answer_error(frame, exc.status, exc)
+        elif isinstance(exc, asyncio.CancelledError):
+            self._answer_error(frame, Status.SHUTTING_DOWN, "cancelled while the bookie shuts down")
+        else:
+            log.error("%s from %s failed", _describe(frame), self.peer, exc_info=exc)
+            self._answer_error(frame, Status.INTERNAL_ERROR, exc)
+
     def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
         self.server.metrics.count_error(frame.op, status)
         self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
-    def _finished(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == self.server.max_in_flight - 1 or self._eof:
+    def _finished(self, count: int = 1) -> None:
+        was_full = self.in_flight >= self.server.max_in_flight
+        self.in_flight -= count
+        if was_full or self._eof:
             self._process()  # requests that waited for the in-flight bound, or the end of the stream
         elif self._reading_paused:
             self._update_reading()

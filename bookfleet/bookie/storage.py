@@ -176,6 +176,14 @@ class LedgerStorage:
         self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
     ) -> None:
         """Store an encoded entry durably. The first master key seen for a ledger becomes its key."""
+        await self.add_entry_nowait(ledger_id, entry_id, entry, master_key, recovery)
+
+    def add_entry_nowait(
+        self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
+    ) -> asyncio.Future[None]:
+        """`add_entry` without a coroutine: checks and applies the add at once (raising what add_entry raises) and
+        returns the future that resolves once it is durable. Adds resolved by the same group commit share one
+        future, so a server can answer them together. Await it directly: it ignores cancellation."""
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
         if len(entry) < _ENTRY_HEADER.size:
@@ -200,7 +208,14 @@ class LedgerStorage:
         self._put(state, ledger_id, entry_id, lac, entry)
         synced = self._journal.append(RecordType.ADD, entry)
         if self._active.size >= self.settings.memtable_bytes:
-            await self._memtable_full()
+            flushing = self._memtable_full()
+            if flushing is not None:
+                return asyncio.ensure_future(self._synced_after(flushing, synced))
+        return synced
+
+    @staticmethod
+    async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
+        await asyncio.shield(flushing)
         await synced
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
@@ -384,12 +399,14 @@ class LedgerStorage:
         self._mark.write(mark)
         self._journal.remove_before(mark)
 
-    async def _memtable_full(self) -> None:
-        """Start a flush of the full memtable; if one is still running, wait for it (backpressure on adds)."""
+    def _memtable_full(self) -> asyncio.Task[None] | None:
+        """Start a flush of the full memtable; if one is still running and the memtable has grown to twice its size,
+        return that flush: the add waits for it too (backpressure on adds)."""
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_logged())
         elif self._active.size >= 2 * self.settings.memtable_bytes:
-            await asyncio.shield(self._flush_task)
+            return self._flush_task
+        return None
 
     async def _flush_logged(self) -> None:
         try:
