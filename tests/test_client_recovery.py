@@ -78,3 +78,31 @@ async def test_recovery_closes_at_the_last_entry_any_replica_holds(bookie_fleet,
         for entry in range(10):  # every acknowledged entry kept at least Qa replicas
             assert sum(entry in entries for entries in stored.values()) >= 2, (entry, stored)
         assert all(10 in entries for entries in stored.values())  # the recovered tail reached its whole write set
+
+
+async def test_recovery_replaces_a_dead_write_set_bookie(bookie_fleet, zk_connect):
+    """Qw == Qa with a write-set bookie killed -9: recovery changes the ensemble to re-add the tail to a full set."""
+    bookie_fleet.start(2)
+    by_id = {b.bookie_id: b for b in bookie_fleet.bookies}
+    quiet = WriterSettings(idle_lac_delay=3600.0)  # no explicit LAC: the last entry stays past the bookies' LAC
+    async with BookKeeper(zk_connect, quiet) as crashed, BookKeeper(zk_connect) as recoverer:
+        writer = await crashed.create_ledger(2, 2, 2)
+        acked = [await writer.add(b"%d" % i) for i in range(10)]
+        assert acked == list(range(10))
+        spare = bookie_fleet.add().start()
+        spare.wait_ready()
+        survivor, dead = (by_id[b] for b in writer.metadata.segments[0].bookies)
+        dead.kill9()
+
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert metadata.state == LedgerState.CLOSED and metadata.last_entry_id == 9
+        assert metadata.length == sum(len(b"%d" % i) for i in range(10))
+        # Entry 9 carried LAC 8, so it was the tail: re-added from LAC + 1 on the survivor and the spare.
+        assert [(s.first_entry_id, list(s.bookies)) for s in metadata.segments] == [
+            (0, [survivor.bookie_id, dead.bookie_id]),
+            (9, [survivor.bookie_id, spare.bookie_id]),
+        ]
+        assert await stored_entries(spare.address, writer.ledger_id, range(12)) == {9}
+        assert await stored_entries(survivor.address, writer.ledger_id, range(12)) == set(range(10))
+        reader = await recoverer.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]

@@ -95,7 +95,9 @@ class BookKeeper:
         metadata = self.ledger_metadata(ledger_id)
         check_password(ledger_id, metadata, password)
         if recovery:
-            metadata = await recover_ledger(ledger_id, password, self.metadata, self.pool)
+            metadata = await recover_ledger(
+                ledger_id, password, self.metadata, self.pool, settings=self.writer_settings
+            )
         return LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
 
     async def recover_ledger(self, ledger_id: int, password: bytes = b"") -> LedgerMetadata:

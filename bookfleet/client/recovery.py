@@ -7,6 +7,10 @@
    (added again to its whole write set with RECOVERY_ADD); the first entry that at least Qw - Qa + 1 replicas of its
    write set do not have was never acknowledged, and recovery stops before it.
 4. Close the ledger at the last recovered entry.
+
+The tail is re-added by a `LedgerWriter` in recovery mode, as BookKeeper does: a write-set bookie that is dead or
+fails is replaced by the writer's own ensemble change (same placement rule, new segment from the recovered LAC + 1),
+so the tail ends on a full write set even when Qw == Qa. Reads keep using the ensemble the old writer wrote to.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from bookfleet.client.connection import BookieError, NoSuchLedgerError
 from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.reader import EntryUnavailable, read_entry
 from bookfleet.client.registry import BookiePool
-from bookfleet.client.writeset import quorum_covered, write_set
+from bookfleet.client.writer import LedgerClosedError, LedgerWriteError, LedgerWriter, WriterSettings
+from bookfleet.client.writeset import quorum_covered
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +34,12 @@ class RecoveryError(Exception):
 
 
 async def recover_ledger(
-    ledger_id: int, password: bytes, store: MetadataStore, pool: BookiePool, fence_timeout: float = 10.0
+    ledger_id: int,
+    password: bytes,
+    store: MetadataStore,
+    pool: BookiePool,
+    fence_timeout: float = 10.0,
+    settings: WriterSettings | None = None,
 ) -> LedgerMetadata:
     """Fence, recover the tail and close the ledger; returns the closed metadata (as is, if already closed)."""
     while True:  # a writer's ensemble change may race with marking the ledger IN_RECOVERY
@@ -50,28 +60,33 @@ async def recover_ledger(
         await _fence(ledger_id, metadata, master_key, pool, fence_timeout), metadata.segments[-1].first_entry_id - 1
     )
     digester = wire.Digester(metadata.digest_type, password)
-    last, length = lac, 0
-    if lac >= 0:
-        length = (await read_entry(pool, digester, ledger_id, metadata, lac)).length
+    length = (await read_entry(pool, digester, ledger_id, metadata, lac)).length if lac >= 0 else 0
+    settings = settings or WriterSettings()
+    writer = LedgerWriter(ledger_id, metadata, version, password, store, pool, settings, lac, length, recovery=True)
     quorum_missing = metadata.write_quorum - metadata.ack_quorum + 1
-    while True:
-        try:
-            entry = await read_entry(pool, digester, ledger_id, metadata, last + 1)
-        except EntryUnavailable as exc:
-            if exc.missing >= quorum_missing:
-                break
-            raise RecoveryError(f"cannot recover ledger {ledger_id}: {exc}") from None
-        await _recovery_add(ledger_id, metadata, master_key, pool, entry, digester)
-        last, length = entry.entry_id, entry.length
-    closed = metadata.with_closed(last, length)
     try:
-        await _cas(store, ledger_id, closed, version)
-    except MetadataVersionConflict:
+        while True:
+            entry_id = writer.last_add_confirmed + 1
+            try:
+                entry = await read_entry(pool, digester, ledger_id, metadata, entry_id)
+            except EntryUnavailable as exc:
+                if exc.missing >= quorum_missing:
+                    break
+                raise RecoveryError(f"cannot recover ledger {ledger_id}: {exc}") from None
+            if entry_id == lac + 1:
+                await writer.start()  # only a ledger with a tail to re-add replaces unreachable bookies
+            await writer.recovery_add(entry)
+        closed = await writer.close()
+    except LedgerClosedError:
         current, _ = await asyncio.to_thread(store.read, ledger_id)
         if current.is_closed:
             return current  # another recovery closed it first, at the same point
         raise
-    log.info("ledger %d recovered and closed at entry %d (length %d)", ledger_id, last, length)
+    except LedgerWriteError as exc:
+        raise RecoveryError(f"cannot recover ledger {ledger_id}: {exc}") from None
+    finally:
+        await writer.detach()
+    log.info("ledger %d recovered and closed at entry %d (length %d)", ledger_id, closed.last_entry_id, closed.length)
     return closed
 
 
@@ -110,25 +125,3 @@ async def _fence(ledger_id: int, metadata: LedgerMetadata, master_key: bytes, po
             f"cannot fence ledger {ledger_id}: too few bookies of every write set answered ({'; '.join(failures)})"
         )
     return max(lacs)
-
-
-async def _recovery_add(
-    ledger_id: int,
-    metadata: LedgerMetadata,
-    master_key: bytes,
-    pool: BookiePool,
-    entry: wire.Entry,
-    digester: wire.Digester,
-) -> None:
-    """Write a recovered entry to its whole write set; Qa copies are enough to close, repair restores the rest."""
-    encoded = wire.encode_entry(digester, ledger_id, entry.entry_id, entry.lac, entry.length, entry.payload)
-    bookies = metadata.segment_for(entry.entry_id).bookies
-
-    async def add(bookie: str) -> None:
-        await (await pool.get(bookie)).add_entry(master_key, encoded, recovery=True)
-
-    positions = write_set(entry.entry_id, metadata.ensemble_size, metadata.write_quorum)
-    answers = await asyncio.gather(*(add(bookies[p]) for p in positions), return_exceptions=True)
-    errors = [f"{bookies[p]}: {a}" for p, a in zip(positions, answers, strict=True) if isinstance(a, Exception)]
-    if len(positions) - len(errors) < metadata.ack_quorum:
-        raise RecoveryError(f"cannot recover entry {entry.entry_id} of ledger {ledger_id}: {'; '.join(errors)}")
