@@ -84,26 +84,33 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
 
 
 async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate: float) -> list[float]:
-    """Issue adds at `rate` per second (in small bursts every millisecond) and time each one."""
+    """Issue adds at `rate` per second, those due at each millisecond tick, and time each one. Only a count of the
+    outstanding adds is kept (holding every future would make the garbage collector's pauses part of the figure)."""
     clock = time.perf_counter
     latencies: list[float] = []
-    pending: list[asyncio.Future] = []
+    finished = asyncio.get_running_loop().create_future()
+    outstanding = 0
+    start = clock()
+    deadline = start + seconds
 
-    def record(done: asyncio.Future, started: float) -> None:
+    def completed(done: asyncio.Future, started: float) -> None:
+        nonlocal outstanding
+        outstanding -= 1
         if done.exception() is None:
             latencies.append(clock() - started)
+        if outstanding == 0 and clock() >= deadline and not finished.done():
+            finished.set_result(None)
 
-    start = clock()
     issued = 0
-    while (now := clock()) - start < seconds:
+    while (now := clock()) < deadline:
         due = int((now - start) * rate) - issued
         for _ in range(due):
-            future = writer.append(payload)
-            future.add_done_callback(lambda done, started=now: record(done, started))
-            pending.append(future)
-        issued += max(due, 0)
-        await asyncio.sleep(0.001)
-    await asyncio.gather(*pending)
+            writer.append(payload).add_done_callback(lambda done, started=now: completed(done, started))
+        outstanding += due
+        issued += due
+        await asyncio.sleep(0.001 - (clock() - start) % 0.001)  # to the next tick, whatever this one cost
+    if outstanding:
+        await finished
     return latencies
 
 
