@@ -2,8 +2,8 @@
 
 The bookie runs as its own process (temp dirs, embedded ZooKeeper, fsync'd journal) exactly as `bookfleet bookie`
 would; the load comes from pipelined BookieClient connections, several adds in flight on each, each ack sending the
-next add from its future's callback (no task per add: the load generator must not be the bottleneck; its CPU per
-entry is reported next to the bookie's). The raw baseline is
+next add from its callback (the ledger writer's path: no task or future per add, since the load generator must not be
+the bottleneck; its CPU per entry is reported next to the bookie's). The raw baseline is
 write+fdatasync of blocks of the entry size in the same temp dir, measured in the same run before the load.
 """
 
@@ -67,16 +67,14 @@ async def _load(
         next_ids[0] += 1
         entry = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload)
         started = clock()
-        client.add_entry_nowait(key, entry).add_done_callback(
-            lambda answer: acked(answer, started, client, ledger_id, next_ids)
-        )
+        client.add_entry_callback(key + entry, lambda error: acked(error, started, client, ledger_id, next_ids))
 
-    def acked(answer: asyncio.Future, started: float, *slot) -> None:
+    def acked(error: BaseException | None, started: float, *slot) -> None:
         nonlocal open_slots
         if done.done():
             return
-        if answer.exception() is not None:
-            done.set_exception(answer.exception())
+        if error is not None:
+            done.set_exception(error)
             return
         now = clock()
         record(now - started)

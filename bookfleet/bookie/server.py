@@ -34,6 +34,7 @@ size prefix adds at most a ninth, and the response header fits in the 1024 bytes
 
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
 _FENCE = int(wire.Flag.FENCE)
+_MIN_ADD_BODY = wire.MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
 
 _LEDGER_ID_OFFSET = {
     Op.ADD_ENTRY: wire.MASTER_KEY_SIZE,
@@ -96,17 +97,16 @@ class BookieServer:
 
     # --- one handler per op: parse the body, call storage, return the response body -----------------------
 
-    def _add_entry(self, body: bytes | bytearray, flags: int) -> tuple[int, int, asyncio.Future[None]]:
+    def _add_entry(self, body: bytearray, flags: int) -> tuple[int, int, asyncio.Future[None]]:
         """Apply an ADD_ENTRY body at once: (ledger_id, entry_id, the future of its group commit)."""
-        if len(body) < wire.MASTER_KEY_SIZE:
-            raise wire.ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key")
-        entry = bytes(body[wire.MASTER_KEY_SIZE :])
-        ledger_id, entry_id, _ = wire.entry_ids(entry)
+        if len(body) < _MIN_ADD_BODY:
+            raise wire.ProtocolError(
+                f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key and an entry header"
+            )
         if self.read_only is not None:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
-        key = bytes(body[: wire.MASTER_KEY_SIZE])
-        synced = self.storage.add_entry_nowait(ledger_id, entry_id, entry, key, bool(flags & _RECOVERY_ADD))
-        return ledger_id, entry_id, synced
+        entry = bytes(body[wire.MASTER_KEY_SIZE :])
+        return self.storage.add_entry_nowait(entry, body[: wire.MASTER_KEY_SIZE], bool(flags & _RECOVERY_ADD))
 
     async def _read_entry(self, frame: wire.Frame) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")

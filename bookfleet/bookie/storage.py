@@ -176,24 +176,27 @@ class LedgerStorage:
         self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
     ) -> None:
         """Store an encoded entry durably. The first master key seen for a ledger becomes its key."""
-        await self.add_entry_nowait(ledger_id, entry_id, entry, master_key, recovery)
+        if len(entry) >= _ENTRY_HEADER.size:
+            header_ledger, header_entry, _, _ = _ENTRY_HEADER.unpack_from(entry)
+            if header_ledger != ledger_id or header_entry != entry_id:
+                raise BadRequest(
+                    f"entry header names ledger {header_ledger} entry {header_entry}, "
+                    f"the request ledger {ledger_id} entry {entry_id}"
+                )
+        await self.add_entry_nowait(entry, master_key, recovery)[2]
 
     def add_entry_nowait(
-        self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
-    ) -> asyncio.Future[None]:
-        """`add_entry` without a coroutine: checks and applies the add at once (raising what add_entry raises) and
-        returns the future that resolves once it is durable. Adds resolved by the same group commit share one
-        future, so a server can answer them together. Await it directly: it ignores cancellation."""
+        self, entry: bytes, master_key: bytes, recovery: bool = False
+    ) -> tuple[int, int, asyncio.Future[None]]:
+        """`add_entry` without a coroutine, for the entry its header names: checks and applies the add at once
+        (raising what add_entry raises) and returns (ledger_id, entry_id, the future that resolves once it is
+        durable). Adds resolved by the same group commit share one future, so a server can answer them together.
+        Await it directly: it ignores cancellation. A bytes-like master key is fine (it is compared or copied)."""
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
         if len(entry) < _ENTRY_HEADER.size:
             raise BadRequest(f"entry of {len(entry)} bytes is shorter than the {_ENTRY_HEADER.size}-byte header")
-        header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(entry)
-        if header_ledger != ledger_id or header_entry != entry_id:
-            raise BadRequest(
-                f"entry header names ledger {header_ledger} entry {header_entry}, "
-                f"the request ledger {ledger_id} entry {entry_id}"
-            )
+        ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(entry)
         if entry_id < 0:
             raise BadRequest(f"entry id {entry_id} is negative")
         state = self._ledgers.get(ledger_id)
@@ -210,8 +213,8 @@ class LedgerStorage:
         if self._active.size >= self.settings.memtable_bytes:
             flushing = self._memtable_full()
             if flushing is not None:
-                return asyncio.ensure_future(self._synced_after(flushing, synced))
-        return synced
+                synced = asyncio.ensure_future(self._synced_after(flushing, synced))
+        return ledger_id, entry_id, synced
 
     @staticmethod
     async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
@@ -427,9 +430,12 @@ class LedgerStorage:
         if entry_id > state.last_entry:
             state.last_entry = entry_id
         if lac > state.entry_lac:
+            if not self._lac_waiters:
+                state.entry_lac = lac
+                return
             previous = state.lac
             state.entry_lac = lac
-            if self._lac_waiters and state.lac > previous:
+            if state.lac > previous:
                 self._wake_lac_waiters(ledger_id)
 
     def _create(self, ledger_id: int, master_key: bytes) -> LedgerState:
