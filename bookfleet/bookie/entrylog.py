@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from bookfleet.bookie.journal import fsync_dir
+from bookfleet.bookie.journal import fsync_dir, write_all
 
 RECORD_HEADER = struct.Struct(">IQq")
 PREFIX = "entrylog-"
@@ -62,7 +62,7 @@ class EntryLogger:
         pieces: list[bytes] = []
         for ledger_id, entry_id, entry in entries:
             if self._offset >= self._roll_bytes:
-                self._write(pieces)
+                write_all(self._fd, pieces)
                 pieces = []
                 self._unsynced.append(self._fd)
                 self._open(self._log_id + 1)
@@ -71,7 +71,7 @@ class EntryLogger:
             self._offset += RECORD_HEADER.size
             rows.append((ledger_id, entry_id, self._log_id, self._offset, len(entry)))
             self._offset += len(entry)
-        self._write(pieces)
+        write_all(self._fd, pieces)
         return rows
 
     def sync(self) -> None:
@@ -123,8 +123,3 @@ class EntryLogger:
         self._fd = os.open(self.path(log_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         fsync_dir(self.directory)
         self._log_id, self._offset = log_id, 0
-
-    def _write(self, pieces: list[bytes]) -> None:
-        view = memoryview(b"".join(pieces))
-        while view:
-            view = view[os.write(self._fd, view) :]

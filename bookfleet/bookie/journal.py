@@ -76,6 +76,21 @@ def journal_seqs(directory: Path) -> list[int]:
     return sorted(seqs)
 
 
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
+
+
+def write_all(fd: int, pieces: list[bytes]) -> None:
+    """Write `pieces` in order with writev, so a batch is never joined into one more copy; a short write (rare on
+    a file) is finished with plain writes."""
+    for first in range(0, len(pieces), _IOV_MAX):
+        chunk = pieces[first : first + _IOV_MAX]
+        written = os.writev(fd, chunk)
+        if written < sum(map(len, chunk)):
+            rest = memoryview(b"".join(chunk))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a created, renamed or removed name in `directory` durable."""
     fd = os.open(directory, os.O_RDONLY)
@@ -231,10 +246,7 @@ class Journal:
     def _write_and_sync(self, pieces: list[bytes]) -> float:
         """Write and fdatasync; returns the seconds it took."""
         started = time.perf_counter()
-        data = b"".join(pieces)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        write_all(self._fd, pieces)
         os.fdatasync(self._fd)
         return time.perf_counter() - started
 

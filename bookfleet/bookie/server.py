@@ -97,16 +97,19 @@ class BookieServer:
 
     # --- one handler per op: parse the body, call storage, return the response body -----------------------
 
-    def _add_entry(self, body: bytearray, flags: int) -> tuple[int, int, asyncio.Future[None]]:
-        """Apply an ADD_ENTRY body at once: (ledger_id, entry_id, the future of its group commit)."""
-        if len(body) < _MIN_ADD_BODY:
+    def _add_entry(self, buffer: bytearray, start: int, end: int, flags: int) -> tuple[int, int, asyncio.Future[None]]:
+        """Apply the ADD_ENTRY body in buffer[start:end] at once: (ledger_id, entry_id, the future of its group
+        commit). The entry is copied once, straight out of the receive buffer."""
+        if end - start < _MIN_ADD_BODY:
             raise wire.ProtocolError(
-                f"ADD_ENTRY body of {len(body)} bytes is shorter than the master key and an entry header"
+                f"ADD_ENTRY body of {end - start} bytes is shorter than the master key and an entry header"
             )
         if self.read_only is not None:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
-        entry = bytes(body[wire.MASTER_KEY_SIZE :])
-        return self.storage.add_entry_nowait(entry, body[: wire.MASTER_KEY_SIZE], bool(flags & _RECOVERY_ADD))
+        key_end = start + wire.MASTER_KEY_SIZE
+        with memoryview(buffer) as view:
+            entry = bytes(view[key_end:end])
+        return self.storage.add_entry_nowait(entry, buffer[start:key_end], bool(flags & _RECOVERY_ADD))
 
     async def _read_entry(self, frame: wire.Frame) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
@@ -270,23 +273,23 @@ class _Connection(asyncio.Protocol):
         if self.server.stopping:
             self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
-        body = buffer[start + wire.HEADER_SIZE : end]
+        start += wire.HEADER_SIZE
         if handler is not None:
-            frame = wire.Frame(op, flags, request_id, memoryview(body))
+            frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1
             self._step(handler(frame), frame)
             return
         try:
-            ledger_id, entry_id, synced = self.server._add_entry(body, flags)
+            ledger_id, entry_id, synced = self.server._add_entry(buffer, start, end, flags)
         except (Exception, asyncio.CancelledError) as exc:
-            self._failed(wire.Frame(op, flags, request_id, memoryview(body)), exc)
+            self._failed(wire.Frame(op, flags, request_id, memoryview(buffer[start:end])), exc)
             return
         self.in_flight += 1
         waiting = self._adds.get(synced)
         if waiting is None:
             waiting = self._adds[synced] = []
             synced.add_done_callback(self._adds_synced)
-        waiting.append((request_id, ledger_id, entry_id, len(body) - wire.MASTER_KEY_SIZE, time.perf_counter()))
+        waiting.append((request_id, ledger_id, entry_id, end - start - wire.MASTER_KEY_SIZE, time.perf_counter()))
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit."""
