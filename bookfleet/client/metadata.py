@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -240,23 +240,43 @@ class MetadataStore:
             raise NoSuchLedgerError(ledger_id) from None
         return LedgerMetadata.from_json(data), stat.version
 
+    def read_all(self, ledger_ids: Iterable[int]) -> dict[int, tuple[LedgerMetadata, int] | None]:
+        """read() of many ledgers in one pipeline of asynchronous gets; None for a ledger that does not exist."""
+        reads = [(ledger_id, self.zk.get_async(zkpaths.ledger(ledger_id))) for ledger_id in ledger_ids]
+        found: dict[int, tuple[LedgerMetadata, int] | None] = {}
+        for ledger_id, read in reads:
+            try:
+                data, stat = read.get()
+            except NoNodeError:
+                found[ledger_id] = None
+            else:
+                found[ledger_id] = LedgerMetadata.from_json(data), stat.version
+        return found
+
     def update(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
         """Compare-and-set: write `metadata` if the znode is still at `version` (-1: any); returns the new version."""
         old, current = self.read(ledger_id)
         if version not in (-1, current):
             raise MetadataVersionConflict(ledger_id, version)
-        added = metadata.bookies() - old.bookies()
-        removed = old.bookies() - metadata.bookies()
-        self._ensure_parents([zkpaths.bookie_index_entry(b, ledger_id) for b in added])
+        self._ensure_parents([zkpaths.bookie_index_entry(b, ledger_id) for b in metadata.bookies() - old.bookies()])
         txn = self.zk.transaction()
-        txn.set_data(zkpaths.ledger(ledger_id), metadata.to_json(), version=current)
-        for bookie in sorted(added):
-            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
-        for bookie in sorted(removed):
-            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
+        self.update_in(txn, ledger_id, old, metadata, current)
         results = txn.commit()
         self._raise_failure(ledger_id, current, results)
         return results[0].version
+
+    @staticmethod
+    def update_in(
+        txn: TransactionRequest, ledger_id: int, old: LedgerMetadata, metadata: LedgerMetadata, version: int
+    ) -> None:
+        """update() as the first operations of the caller's transaction: `old` is the metadata read at `version`.
+        The transaction fails on the version, and on a bookie whose index parent does not exist yet (update()
+        creates those)."""
+        txn.set_data(zkpaths.ledger(ledger_id), metadata.to_json(), version=version)
+        for bookie in sorted(metadata.bookies() - old.bookies()):
+            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
+        for bookie in sorted(old.bookies() - metadata.bookies()):
+            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
 
     def delete(self, ledger_id: int, version: int = -1) -> None:
         """Remove the metadata and its index entries (version -1: whatever version it has)."""

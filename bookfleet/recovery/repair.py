@@ -1,8 +1,10 @@
 """Copying fragments to their replacement bookies: plain asyncio Python that runs inside one Spark task.
 
-Each entry is read from a surviving replica (digest verified, failing over to the next replica), written with
-RECOVERY_ADD to every replacement that must hold it, and read back to check the copy is byte-identical. Reads are
-READ_RANGE batches and writes are pipelined on one connection per bookie, with many chunks in flight.
+Each entry is read from a surviving replica (digest verified, failing over to the next replica) and written with
+RECOVERY_ADD to every replacement that must hold it. There is no read-back: a bookie answers an add only after the
+entry is fdatasynced, and the bytes it stored are the ones whose digest was just verified (any later reader checks
+that digest again), so a successful answer already proves a durable, intact copy. Reads are READ_RANGE batches and
+writes are pipelined on one connection per bookie, with many chunks in flight.
 
 An entry that every surviving replica definitively lacks (no such entry or ledger, or a corrupt copy) is lost and
 reported, never retried; an entry that could not be read because a bookie was unreachable is a failure, which the
@@ -21,7 +23,7 @@ from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryEr
 from bookfleet.recovery.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
-"""About this much data per read/write/verify round of one fragment."""
+"""About this much data per read/write round of one fragment."""
 MAX_CHUNK_ENTRIES = 512
 CHUNKS_IN_FLIGHT = 32
 """Chunks copied concurrently by one task: enough to keep the bookies' group commit full."""
@@ -55,7 +57,7 @@ class FragmentResult:
 
     @property
     def complete(self) -> bool:
-        """Every entry that still exists somewhere was copied and verified."""
+        """Every entry that still exists somewhere was copied and acknowledged durable."""
         return self.error is None
 
 
@@ -151,7 +153,7 @@ class FragmentCopier:
             first = min(unreachable)
             self.result.error = f"entry {first} of ledger {self.plan.ledger_id}: {unreachable[first]}"
         try:
-            await self.write_and_verify(found)
+            await self.write(found)
         except (OSError, BookieError, wire.ProtocolError) as exc:
             self.result.error = f"ledger {self.plan.ledger_id} segment {self.plan.segment_index}: {exc}"
             return
@@ -181,6 +183,8 @@ class FragmentCopier:
             wanted = set(want)
             for raw in raw_entries:
                 try:
+                    if wire.entry_ids(raw)[1] not in wanted:
+                        continue  # another entry this survivor holds in the range: its digest is not needed
                     entry = wire.decode_entry(self.digester, raw)
                 except wire.ProtocolError:
                     continue  # a corrupt copy counts as absent: the next survivor may have a good one
@@ -192,25 +196,19 @@ class FragmentCopier:
     async def read_range(self, bookie: str, first: int, last: int) -> list[bytes]:
         return await read_present(await self.connections.get(bookie), self.plan.ledger_id, first, last)
 
-    async def write_and_verify(self, found: dict[int, bytes]) -> None:
-        writes: dict[str, dict[int, bytes]] = {}
+    async def write(self, found: dict[int, bytes]) -> None:
+        writes: dict[str, list[bytes]] = {}
         size = self.plan.ensemble_size
         for entry_id, raw in found.items():
             for target in self.targets[entry_id % size]:
-                writes.setdefault(target, {})[entry_id] = raw
+                writes.setdefault(target, []).append(raw)
         await asyncio.gather(*(self.write_to(target, entries) for target, entries in writes.items()))
 
-    async def write_to(self, target: str, entries: dict[int, bytes]) -> None:
+    async def write_to(self, target: str, entries: list[bytes]) -> None:
         client = await self.connections.get(target)
-        await self.bucket.take(sum(map(len, entries.values())))
+        await self.bucket.take(sum(map(len, entries)))
         # bare futures, no task per add: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded too
-        adds = [client.add_entry_nowait(self.master_key, raw, recovery=True) for raw in entries.values()]
-        await asyncio.gather(*adds)
-        ids = sorted(entries)
-        stored = {wire.entry_ids(raw)[1]: raw for raw in await self.read_range(target, ids[0], ids[-1])}
-        for entry_id in ids:
-            if stored.get(entry_id) != entries[entry_id]:
-                raise wire.ProtocolError(f"bookie {target} returned a different entry {entry_id} after the copy")
+        await asyncio.gather(*(client.add_entry_nowait(self.master_key, raw, recovery=True) for raw in entries))
 
 
 async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettings) -> list[FragmentResult]:

@@ -37,7 +37,6 @@ from bookfleet.client.metadata import (
     LedgerMetadata,
     MetadataStore,
     MetadataVersionConflict,
-    NoSuchLedgerError,
 )
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.client.registry import BookieInfo, BookieRegistry
@@ -51,7 +50,9 @@ DEFAULT_OPEN_GRACE_S = 30.0
 """How long an OPEN ledger's writer gets to replace a lost bookie itself before repair fences the ledger."""
 BATCH_BYTES = 64 * 1024 * 1024
 """Upper bound of data per Spark task: small enough to report progress and commit often."""
-TASKS_PER_CORE = 4
+TASKS_PER_CORE = 2
+"""Batches per Spark core: two waves, so the first wave commits while the second copies; more tasks cost more
+than they overlap (each Spark task pays a fixed start-up: job scheduling, the Python worker's file setup)."""
 PASSWORD_ENV = "BOOKFLEET_RECOVERY_PASSWORD"
 CAS_ATTEMPTS = 10
 ZK_THREADS = 16
@@ -130,6 +131,9 @@ class LedgerWork:
     ledger_id: int
     marker: Marker | None
     plans: list[FragmentPlan]
+    metadata: LedgerMetadata
+    version: int
+    """The metadata the plans were made from, and its znode version: the commit's compare-and-set expects it."""
 
     @property
     def size(self) -> int:
@@ -186,41 +190,59 @@ class RepairJob:
     # --- planning ---------------------------------------------------------------------------------------------
 
     def prepare(self, ledgers: Sequence[int] | None) -> list[LedgerWork]:
-        """Lock and plan every ledger to repair now; the others land in `pending` or `failures`."""
+        """Lock and plan every ledger to repair now; the others land in `pending` or `failures`.
+
+        Markers, locks and metadata are read and taken in pipelines of asynchronous ZooKeeper calls, not one
+        round trip after another per ledger."""
         if ledgers is None:
-            targets = [(m.ledger_id, m) for m in self.under_replication.markers()]
+            markers: dict[int, Marker | None] = {m.ledger_id: m for m in self.under_replication.markers()}
         else:
-            targets = [(ledger_id, self.under_replication.marker(ledger_id)) for ledger_id in ledgers]
+            markers = self.under_replication.read_markers(ledgers)
         self.registered = {info.bookie_id for info in self.registry.all()}
         writable = self.registry.writable()
-        with ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-plan") as pool:
-            works = pool.map(lambda target: self.lock_and_plan(*target, writable), targets)
-            return [work for work in works if work is not None]
+        locked = self.under_replication.acquire_all(markers, self.holder)
+        self.summary.pending += [ledger_id for ledger_id in markers if ledger_id not in locked]
+        stored = self.metadata.read_all(ledger_id for ledger_id in markers if ledger_id in locked)
 
-    def lock_and_plan(self, ledger_id: int, marker: Marker | None, writable: list[BookieInfo]) -> LedgerWork | None:
-        if not self.under_replication.acquire(ledger_id, self.holder):
-            self.summary.pending.append(ledger_id)
-            return None
+        def plan(ledger_id: int) -> LedgerWork | None:
+            return self.plan_locked(ledger_id, markers[ledger_id], stored[ledger_id], writable)
+
+        with ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-plan") as pool:  # recovery opens block
+            return [work for work in pool.map(plan, stored) if work is not None]
+
+    def plan_locked(
+        self,
+        ledger_id: int,
+        marker: Marker | None,
+        stored: tuple[LedgerMetadata, int] | None,
+        writable: list[BookieInfo],
+    ) -> LedgerWork | None:
+        """plan(), releasing the lock when there is nothing to copy."""
         work = None
         try:
-            work = self.plan(ledger_id, marker, writable)
+            work = self.plan(ledger_id, marker, stored, writable)
         finally:
             if work is None:
                 self.under_replication.release(ledger_id)
         return work
 
-    def plan(self, ledger_id: int, marker: Marker | None, writable: list[BookieInfo]) -> LedgerWork | None:
-        try:
-            metadata, _ = self.metadata.read(ledger_id)
-        except NoSuchLedgerError:
+    def plan(
+        self,
+        ledger_id: int,
+        marker: Marker | None,
+        stored: tuple[LedgerMetadata, int] | None,
+        writable: list[BookieInfo],
+    ) -> LedgerWork | None:
+        if stored is None:
             if marker is not None:
                 self.under_replication.clear(marker)  # deleted ledgers need no replicas
             return None
+        metadata, version = stored
         missing = frozenset((marker.missing_bookies if marker else set()) | (metadata.bookies() - self.registered))
         if not metadata.is_closed:
-            metadata = self.close_open_ledger(ledger_id, marker, metadata)
-            if metadata is None:
+            if self.close_open_ledger(ledger_id, marker, metadata) is None:
                 return None
+            metadata, version = self.metadata.read(ledger_id)
         try:
             plans = plan_ledger(ledger_id, metadata, missing, self.chooser(writable))
         except NotEnoughBookies as exc:
@@ -232,7 +254,7 @@ class RepairJob:
         if not plans:
             self.finish(ledger_id, marker, metadata)
             return None
-        return LedgerWork(ledger_id, marker, plans)
+        return LedgerWork(ledger_id, marker, plans, metadata, version)
 
     def chooser(self, writable: list[BookieInfo]):
         def choose(ensemble, position, write_quorum, avoid) -> str:
@@ -282,7 +304,7 @@ class RepairJob:
             rdd = context.parallelize([plans], 1)
             return rdd.flatMap(lambda fragment_plans: repair_partition(fragment_plans, settings)).collect()
 
-        def committed(_future) -> None:
+        def committed() -> None:
             nonlocal done
             with self.lock:
                 done += 1
@@ -307,9 +329,7 @@ class RepairJob:
                     by_ledger: dict[int, list[FragmentResult]] = {}
                     for result in results:
                         by_ledger.setdefault(result.ledger_id, []).append(result)
-                    for work in batch:
-                        commit = zk_pool.submit(self.commit, work, by_ledger.get(work.ledger_id, []), error)
-                        commit.add_done_callback(committed)
+                    zk_pool.submit(self.commit_batch, batch, by_ledger, error, committed)
             finally:
                 for future in futures:
                     future.cancel()
@@ -331,55 +351,97 @@ class RepairJob:
 
     # --- committing -------------------------------------------------------------------------------------------
 
-    def commit(self, work: LedgerWork, results: list[FragmentResult], error: str | None = None) -> None:
-        """Account for a ledger's copies; if all succeeded, record lost entries, swap bookies, clear the marker."""
-        try:
-            errors = [error] if error else [r.error for r in results if r.error]
-            if not errors and len(results) != len(work.plans):
-                errors.append(f"{len(work.plans) - len(results)} fragment(s) returned no result")
-            copied_entries = sum(r.entries for r in results)
-            copied_bytes = sum(r.bytes for r in results)
-            with self.lock:
-                self.summary.fragments += sum(r.error is None for r in results)
-                self.summary.entries += copied_entries
-                self.summary.bytes += copied_bytes
-            REPAIRED_ENTRIES.inc(copied_entries)
-            REPAIRED_BYTES.inc(copied_bytes)
-            if errors:
-                self.fail(work.ledger_id, f"ledger {work.ledger_id}: {errors[0]}")
-                return
-            lost = sorted({e for r in results for e in r.lost})
-            if lost:
-                self.under_replication.mark_data_loss(work.ledger_id, lost)
-                self.summary.data_loss[work.ledger_id] = lost
-                LOST_ENTRIES.inc(len(lost))
-                log.error("DATA LOSS: ledger %d lost entries %s", work.ledger_id, describe_ranges(lost))
-            metadata = self.replace_bookies(work)
-            if metadata is not None:
-                self.finish(work.ledger_id, work.marker, metadata)
-        finally:
+    def commit_batch(
+        self,
+        batch: list[LedgerWork],
+        by_ledger: dict[int, list[FragmentResult]],
+        error: str | None,
+        committed: Callable[[], None],
+    ) -> None:
+        """Commit the ledgers of a returned batch, one ZooKeeper transaction each, all in flight at once."""
+        started = []
+        for work in batch:
+            try:
+                if self.account(work, by_ledger.get(work.ledger_id, []), error):
+                    started.append((work, *self.start_swap(work)))
+                    continue
+            except Exception as exc:  # ZooKeeper trouble: the ledger stays marked for the next run
+                self.fail(work.ledger_id, f"ledger {work.ledger_id}: commit failed: {exc}")
             self.under_replication.release(work.ledger_id)
+            committed()
+        cleared = []
+        for work, clears, releases, transaction in started:
+            applied = False
+            try:
+                applied = self.end_swap(work, clears, transaction)
+            except Exception as exc:
+                self.fail(work.ledger_id, f"ledger {work.ledger_id}: commit failed: {exc}")
+            finally:
+                if not (applied and releases):
+                    self.under_replication.release(work.ledger_id)
+            if applied and clears:
+                cleared.append(work.ledger_id)
+            committed()
+        self.under_replication.prune_levels(self.under_replication.shared_levels(cleared))
+
+    def account(self, work: LedgerWork, results: list[FragmentResult], error: str | None = None) -> bool:
+        """Count a ledger's copies and record its lost entries; False (and a failure) unless all copies succeeded."""
+        errors = [error] if error else [r.error for r in results if r.error]
+        if not errors and len(results) != len(work.plans):
+            errors.append(f"{len(work.plans) - len(results)} fragment(s) returned no result")
+        copied_entries = sum(r.entries for r in results)
+        copied_bytes = sum(r.bytes for r in results)
+        with self.lock:
+            self.summary.fragments += sum(r.error is None for r in results)
+            self.summary.entries += copied_entries
+            self.summary.bytes += copied_bytes
+        REPAIRED_ENTRIES.inc(copied_entries)
+        REPAIRED_BYTES.inc(copied_bytes)
+        if errors:
+            self.fail(work.ledger_id, f"ledger {work.ledger_id}: {errors[0]}")
+            return False
+        lost = sorted({e for r in results for e in r.lost})
+        if lost:
+            self.under_replication.mark_data_loss(work.ledger_id, lost)
+            self.summary.data_loss[work.ledger_id] = lost
+            LOST_ENTRIES.inc(len(lost))
+            log.error("DATA LOSS: ledger %d lost entries %s", work.ledger_id, describe_ranges(lost))
+        return True
+
+    def start_swap(self, work: LedgerWork):
+        """Send the commit of a ledger as one transaction: its bookie swap by compare-and-set against the planned
+        metadata, the marker's clear by compare-and-set when nothing it names is left, and the lock's release.
+        Returns (clears the marker, releases the lock, the transaction's asynchronous result)."""
+        updated = self.replaced(work, work.metadata)
+        txn = self.zk.transaction()
+        self.metadata.update_in(txn, work.ledger_id, work.metadata, updated, work.version)
+        clears = work.marker is not None and self.clearable(work.marker, updated)
+        if clears:
+            self.under_replication.clear_in(txn, work.marker)
+        releases = self.under_replication.release_in(txn, work.ledger_id)
+        return clears, releases, txn.commit_async()
+
+    def end_swap(self, work: LedgerWork, clears: bool, transaction) -> bool:
+        """Wait for start_swap's transaction; True if it was applied. If any part failed (metadata or marker changed
+        meanwhile, a new bookie's index parent missing, the lock lost), nothing was: redo it step by step from a
+        fresh read."""
+        if not any(isinstance(result, Exception) for result in transaction.get()):
+            self.count_repaired()
+            if work.marker is not None and not clears:
+                self.summary.pending.append(work.ledger_id)
+            return True
+        metadata = self.replace_bookies(work)
+        if metadata is not None:
+            self.finish(work.ledger_id, work.marker, metadata)
+        return False
 
     def replace_bookies(self, work: LedgerWork) -> LedgerMetadata | None:
         """Put each replacement into its segment by compare-and-set, re-reading and re-applying on conflict."""
         for _ in range(CAS_ATTEMPTS):
             metadata, version = self.metadata.read(work.ledger_id)
-            updated = metadata
-            for plan in work.plans:
-                segment = updated.segments[plan.segment_index] if plan.segment_index < len(updated.segments) else None
-                if segment is None or segment.first_entry_id != plan.first_entry_id:
-                    self.fail(work.ledger_id, f"ledger {work.ledger_id}: segments changed during repair; rerun")
-                    return None
-                for position, replacement in zip(plan.lost, plan.replacements, strict=True):
-                    current = segment.bookies[position]
-                    if current == replacement:
-                        continue  # a previous run got this far
-                    if current != plan.bookies[position]:
-                        self.fail(work.ledger_id, f"ledger {work.ledger_id}: position {position} changed to {current}")
-                        return None
-                    updated = updated.with_replaced_bookie(plan.segment_index, position, replacement)
-            if updated == metadata:
-                return metadata
+            updated = self.replaced(work, metadata)
+            if updated is None or updated == metadata:
+                return updated
             try:
                 self.metadata.update(work.ledger_id, updated, version)
                 return updated
@@ -388,16 +450,38 @@ class RepairJob:
         self.fail(work.ledger_id, f"ledger {work.ledger_id}: metadata kept changing; {CAS_ATTEMPTS} updates failed")
         return None
 
+    def replaced(self, work: LedgerWork, metadata: LedgerMetadata) -> LedgerMetadata | None:
+        """`metadata` with the work's replacements in their segments; None (and a failure) if those changed."""
+        updated = metadata
+        for plan in work.plans:
+            segment = updated.segments[plan.segment_index] if plan.segment_index < len(updated.segments) else None
+            if segment is None or segment.first_entry_id != plan.first_entry_id:
+                self.fail(work.ledger_id, f"ledger {work.ledger_id}: segments changed during repair; rerun")
+                return None
+            for position, replacement in zip(plan.lost, plan.replacements, strict=True):
+                current = segment.bookies[position]
+                if current == replacement:
+                    continue  # a previous run got this far
+                if current != plan.bookies[position]:
+                    self.fail(work.ledger_id, f"ledger {work.ledger_id}: position {position} changed to {current}")
+                    return None
+                updated = updated.with_replaced_bookie(plan.segment_index, position, replacement)
+        return updated
+
     def finish(self, ledger_id: int, marker: Marker | None, metadata: LedgerMetadata) -> None:
         """Clear the marker when no missing bookie is left in the ledger; a marker changed meanwhile stays."""
+        self.count_repaired()
+        if marker is not None and not (self.clearable(marker, metadata) and self.under_replication.clear(marker)):
+            self.summary.pending.append(ledger_id)
+
+    def clearable(self, marker: Marker, metadata: LedgerMetadata) -> bool:
+        """No bookie the marker names, nor any unregistered one, is left in the ledger."""
+        return not metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - self.registered))
+
+    def count_repaired(self) -> None:
         with self.lock:
             self.summary.ledgers += 1
         REPAIRED_LEDGERS.inc()
-        if marker is None:
-            return
-        still_missing = metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - self.registered))
-        if still_missing or not self.under_replication.clear(marker):
-            self.summary.pending.append(ledger_id)
 
     def fail(self, ledger_id: int, message: str) -> None:
         log.warning("repair: %s", message)

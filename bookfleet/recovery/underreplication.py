@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from bookfleet import zkpaths
@@ -72,6 +72,8 @@ class UnderReplication:
 
     def __init__(self, zk: KazooClient):
         self.zk = zk
+        self.held: dict[int, int] = {}
+        """ledger id -> the session that took its lock through this object (an ephemeral dies with its session)."""
 
     # --- markers --------------------------------------------------------------------------------------------
 
@@ -101,30 +103,30 @@ class UnderReplication:
             return Marker(ledger_id, merged, current.ctime, stat.version)
 
     def marker(self, ledger_id: int) -> Marker | None:
-        path = zkpaths.underreplicated(ledger_id)
-        try:
-            data, stat = self.zk.get(path)
-        except NoNodeError:
-            return None
-        document = _decode(data, path)
-        return Marker(ledger_id, frozenset(document.get("missingBookies", ())), document.get("ctime", 0), stat.version)
+        return self.read_markers([ledger_id])[ledger_id]
+
+    def read_markers(self, ledger_ids: Iterable[int]) -> dict[int, Marker | None]:
+        """The markers of these ledgers (None: not marked), read in one pipeline of asynchronous gets."""
+        reads = [(ledger_id, self.zk.get_async(zkpaths.underreplicated(ledger_id))) for ledger_id in ledger_ids]
+        found: dict[int, Marker | None] = {}
+        for ledger_id, read in reads:
+            try:
+                data, stat = read.get()
+            except NoNodeError:
+                found[ledger_id] = None
+                continue
+            document = _decode(data, zkpaths.underreplicated(ledger_id))
+            missing = frozenset(document.get("missingBookies", ()))
+            found[ledger_id] = Marker(ledger_id, missing, document.get("ctime", 0), stat.version)
+        return found
 
     def markers(self) -> list[Marker]:
         """Every marker, by ledger id; walks the four hex levels (markers cleared meanwhile are skipped)."""
-        found = []
-        for ledger_id in self.ledger_ids():
-            marker = self.marker(ledger_id)
-            if marker is not None:
-                found.append(marker)
-        return found
+        return [marker for marker in self.read_markers(self.ledger_ids()).values() if marker is not None]
 
     def ledger_ids(self) -> list[int]:
         """Ids of the marked ledgers, sorted."""
-        ids = []
-        for path in self._walk(zkpaths.UR_LEDGERS, depth=4):
-            for leaf in self._children(path):
-                ids.append(zkpaths.ledger_id_from_marker(f"{path}/{leaf}"))
-        return sorted(ids)
+        return sorted(zkpaths.ledger_id_from_marker(path) for path in self._walk(zkpaths.UR_LEDGERS, depth=5))
 
     def clear(self, marker: Marker) -> bool:
         """Remove a marker only if nobody changed it since `marker` was read; False when it changed or is gone.
@@ -137,29 +139,83 @@ class UnderReplication:
             self.zk.delete(path, version=marker.version)
         except (BadVersionError, NoNodeError):
             return False
-        self._prune_empty_levels(path)
+        self.prune_levels([path.rsplit("/", 1)[0]])
         return True
+
+    def clear_in(self, txn: TransactionRequest, marker: Marker) -> None:
+        """clear(marker) as part of the caller's transaction (all or nothing), with the marker's own level (every
+        ledger id has its own last 4-hex level); once it committed, prune_levels(shared_levels(...))."""
+        path = zkpaths.underreplicated(marker.ledger_id)
+        txn.delete(path, version=marker.version)
+        txn.delete(path.rsplit("/", 1)[0])
+
+    @staticmethod
+    def shared_levels(cleared: Iterable[int]) -> set[str]:
+        """The levels above the ones clear_in() removed with these ledgers' markers."""
+        return {zkpaths.underreplicated(ledger_id).rsplit("/", 2)[0] for ledger_id in cleared}
+
+    def prune_levels(self, levels: Iterable[str]) -> None:
+        """Remove these hex levels and those above them while left empty, so listing stays proportional to the
+        markers (best effort); each distinct level is tried once, a whole depth at a time in one pipeline."""
+        pending = set(levels) - {zkpaths.UR_LEDGERS}
+        while pending:
+            deletes = [(path, self.zk.delete_async(path)) for path in sorted(pending)]
+            pending = set()
+            for path, delete in deletes:
+                try:
+                    delete.get()
+                except (NotEmptyError, NoNodeError):
+                    continue
+                pending.add(path.rsplit("/", 1)[0])
+            pending.discard(zkpaths.UR_LEDGERS)
 
     # --- locks ----------------------------------------------------------------------------------------------
 
     def acquire(self, ledger_id: int, holder: str | None = None) -> bool:
         """Take the ledger's repair lock; False if someone else holds it. Ephemeral: dies with the session."""
-        holder = holder or f"{socket.gethostname()}:{os.getpid()}"
-        try:
-            self.zk.create(zkpaths.underreplication_lock(ledger_id), holder.encode(), ephemeral=True, makepath=True)
-        except NodeExistsError:
-            return False
-        return True
+        return ledger_id in self.acquire_all([ledger_id], holder)
+
+    def acquire_all(self, ledger_ids: Iterable[int], holder: str | None = None) -> set[int]:
+        """acquire() for many ledgers in one pipeline of asynchronous creates; returns the ids locked."""
+        data = (holder or f"{socket.gethostname()}:{os.getpid()}").encode()
+        session = self._session()
+        lock = zkpaths.underreplication_lock
+        creates = [
+            (ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True, makepath=True))
+            for ledger_id in ledger_ids
+        ]
+        taken = set()
+        for ledger_id, create in creates:
+            try:
+                create.get()
+            except NodeExistsError:
+                continue
+            self.held[ledger_id] = session
+            taken.add(ledger_id)
+        return taken
 
     def release(self, ledger_id: int) -> None:
         """Drop the ledger's lock if this session holds it (never someone else's)."""
+        self.held.pop(ledger_id, None)
         path = zkpaths.underreplication_lock(ledger_id)
         try:
             _, stat = self.zk.get(path)
-            if stat.ephemeralOwner == self.zk.client_id[0]:
+            if stat.ephemeralOwner == self._session():
                 self.zk.delete(path, version=stat.version)
         except (NoNodeError, BadVersionError):
             pass
+
+    def release_in(self, txn: TransactionRequest, ledger_id: int) -> bool:
+        """release() as part of the caller's transaction, when this object took the lock in the session the client
+        still has (so the lock is surely ours); False, and nothing added, when that is not known: call release()."""
+        if self.held.get(ledger_id) != self._session():
+            return False
+        txn.delete(zkpaths.underreplication_lock(ledger_id))
+        self.held.pop(ledger_id)
+        return True
+
+    def _session(self) -> int | None:
+        return self.zk.client_id[0] if self.zk.client_id else None
 
     def is_locked(self, ledger_id: int) -> bool:
         return self.zk.exists(zkpaths.underreplication_lock(ledger_id)) is not None
@@ -264,23 +320,18 @@ class UnderReplication:
         except NoNodeError:
             return []
 
-    def _walk(self, root: str, depth: int) -> Iterable[str]:
-        """Paths `depth` levels below `root`."""
-        if depth == 0:
-            yield root
-            return
-        for child in sorted(self._children(root)):
-            yield from self._walk(f"{root}/{child}", depth - 1)
-
-    def _prune_empty_levels(self, marker_path: str) -> None:
-        """Remove hex levels left empty, so listing stays proportional to the markers (best effort)."""
-        parent = marker_path.rsplit("/", 1)[0]
-        while parent != zkpaths.UR_LEDGERS:
-            try:
-                self.zk.delete(parent)
-            except (NotEmptyError, NoNodeError):
-                return
-            parent = parent.rsplit("/", 1)[0]
+    def _walk(self, root: str, depth: int) -> list[str]:
+        """Paths `depth` levels below `root`; each depth is listed in one pipeline of asynchronous calls."""
+        paths = [root]
+        for _ in range(depth):
+            listings = [(path, self.zk.get_children_async(path)) for path in paths]
+            paths = []
+            for path, listing in listings:
+                try:
+                    paths += [f"{path}/{child}" for child in sorted(listing.get())]
+                except NoNodeError:
+                    continue  # cleared meanwhile
+        return paths
 
 
 def _delay_from(data: bytes, default: float) -> float:
