@@ -60,17 +60,22 @@ class EntryLogger:
         """Write entries (not yet durable: call sync); returns (ledger, entry, log, offset, size) rows."""
         rows = []
         pieces: list[bytes] = []
+        pack, header_size = RECORD_HEADER.pack, RECORD_HEADER.size  # a flush runs this loop per entry
+        log_id, offset = self._log_id, self._offset
         for ledger_id, entry_id, entry in entries:
-            if self._offset >= self._roll_bytes:
+            if offset >= self._roll_bytes:
+                self._offset = offset
                 write_all(self._fd, pieces)
                 pieces = []
                 self._unsynced.append(self._fd)
-                self._open(self._log_id + 1)
-            pieces.append(RECORD_HEADER.pack(len(entry), ledger_id, entry_id))
-            pieces.append(entry)
-            self._offset += RECORD_HEADER.size
-            rows.append((ledger_id, entry_id, self._log_id, self._offset, len(entry)))
-            self._offset += len(entry)
+                self._open(log_id + 1)
+                log_id, offset = self._log_id, self._offset
+            size = len(entry)
+            pieces += (pack(size, ledger_id, entry_id), entry)
+            offset += header_size
+            rows.append((ledger_id, entry_id, log_id, offset, size))
+            offset += size
+        self._offset = offset
         write_all(self._fd, pieces)
         return rows
 
