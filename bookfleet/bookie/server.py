@@ -171,6 +171,20 @@ def _describe(frame: wire.Frame) -> str:
     return f"{name} for ledger {ledger_id}"
 
 
+class _WaitingAdds:
+    """The adds of one connection waiting for one group commit."""
+
+    __slots__ = ("acks", "size", "starts")
+
+    def __init__(self) -> None:
+        self.acks: list[tuple[int, int, int]] = []
+        """(request_id, ledger_id, entry_id) of each add."""
+        self.starts: list[float] = []
+        """When each add was received (perf_counter)."""
+        self.size = 0
+        """Entry bytes of them all."""
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: frame splitting, requests started in order, bounded in-flight work and write buffer."""
 
@@ -181,8 +195,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._outgoing: list[bytes] = []
-        self._adds: dict[asyncio.Future[None], list[tuple[int, int, int, int, float]]] = {}
-        """Adds waiting for each group commit: (request_id, ledger_id, entry_id, entry size, receipt time)."""
+        self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
+        """Adds waiting for each group commit."""
         self._reading_paused = False
         self._writing_paused = False
         self._rejected = False
@@ -287,27 +301,27 @@ class _Connection(asyncio.Protocol):
         self.in_flight += 1
         waiting = self._adds.get(synced)
         if waiting is None:
-            waiting = self._adds[synced] = []
+            waiting = self._adds[synced] = _WaitingAdds()
             synced.add_done_callback(self._adds_synced)
-        waiting.append((request_id, ledger_id, entry_id, end - start - wire.MASTER_KEY_SIZE, time.perf_counter()))
+        waiting.acks.append((request_id, ledger_id, entry_id))
+        waiting.starts.append(time.perf_counter())
+        waiting.size += end - start - wire.MASTER_KEY_SIZE
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit."""
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
-            self._send(wire.encode_add_responses([add[:3] for add in adds]))
-            now, observe = time.perf_counter(), self.server.metrics.observe_add
-            for add in adds:
-                observe(add[3], now - add[4])
+            self._send(wire.encode_add_responses(adds.acks))
+            self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
             status = error.status if isinstance(error, errors.BookieError) else Status.INTERNAL_ERROR
-            log.error("%d adds from %s failed: %s", len(adds), self.peer, error)
-            for request_id, ledger_id, *_ in adds:
+            log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
+            for request_id, ledger_id, _ in adds.acks:
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
                 message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
                 self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
-        self._finished(len(adds))
+        self._finished(len(adds.acks))
 
     def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
         """Drive one request's coroutine without a Task.
