@@ -201,14 +201,20 @@ def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> lis
     frames = []
     pos = 0
     end = len(buffer)
+    # Per frame: one unpack of prefix and header, the checks inline; a client splits every answer it gets here.
+    unpack_length, unpack, new_frame = LENGTH_PREFIX.unpack_from, _REQUEST_HEAD.unpack_from, Frame._make
     while end - pos >= LENGTH_PREFIX.size:
-        (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
-        check_frame_length(length, max_frame_size)
+        (length,) = unpack_length(buffer, pos)
+        if not HEADER_SIZE <= length <= max_frame_size:
+            check_frame_length(length, max_frame_size)
         start = pos + LENGTH_PREFIX.size
         if end - start < length:
             break
+        _, version, op, code, request_id = unpack(buffer, pos)
+        if version != PROTOCOL_VERSION:
+            decode_header(buffer, start)  # raises, naming the version
         pos = start + length
-        frames.append(Frame(*decode_header(buffer, start), bytes(buffer[start + HEADER_SIZE : pos])))
+        frames.append(new_frame((op, code, request_id, bytes(buffer[start + HEADER_SIZE : pos]))))
     del buffer[:pos]
     return frames
 
