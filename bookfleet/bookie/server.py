@@ -237,14 +237,16 @@ class _Connection(asyncio.Protocol):
         self._processing = True
         buffer = self.buffer
         pos, end = 0, len(buffer)
+        unpack_length, max_in_flight = wire.LENGTH_PREFIX.unpack_from, self.server.max_in_flight
         try:
-            while end - pos >= wire.LENGTH_PREFIX.size and self.in_flight < self.server.max_in_flight:
-                (length,) = wire.LENGTH_PREFIX.unpack_from(buffer, pos)
-                try:
-                    wire.check_frame_length(length)
-                except wire.ProtocolError as exc:
-                    self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
-                    return
+            while end - pos >= wire.LENGTH_PREFIX.size and self.in_flight < max_in_flight:
+                (length,) = unpack_length(buffer, pos)
+                if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
+                    try:
+                        wire.check_frame_length(length)
+                    except wire.ProtocolError as exc:
+                        self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
+                        return
                 start = pos + wire.LENGTH_PREFIX.size
                 if end - start < length:
                     break
