@@ -19,6 +19,31 @@ def test_marking_is_idempotent_and_merges_missing_bookies(zk):
     assert zk.exists(zkpaths.underreplicated(5))
 
 
+def test_mark_all_marks_new_ledgers_and_merges_into_existing_markers(zk):
+    ur = UnderReplication(zk)
+    kept = ur.mark(2, ["b1"])
+    ur.mark(3, ["b2"])
+    marked = ur.mark_all([1, 2, 3], ["b1"])
+    assert [m.ledger_id for m in marked] == [1, 2, 3]
+    assert marked[0].missing_bookies == {"b1"} and marked[0] == ur.marker(1)
+    assert marked[1] == kept  # already missing b1: untouched
+    assert marked[2].missing_bookies == {"b1", "b2"} and marked[2] == ur.marker(3)
+    assert ur.ledger_ids() == [1, 2, 3]
+
+
+def test_cleared_markers_leave_no_empty_levels(zk):
+    ur = UnderReplication(zk)
+    markers = ur.mark_all([7, 8, 70000], ["b1"])
+    txn = zk.transaction()
+    for marker in markers[:2]:
+        ur.clear_in(txn, marker)
+    assert not any(isinstance(result, Exception) for result in txn.commit())
+    ur.prune_levels(ur.shared_levels([7, 8]))
+    assert ur.ledger_ids() == [70000]
+    assert ur.clear(markers[2])
+    assert zk.get_children(zkpaths.UR_LEDGERS) == []
+
+
 def test_concurrent_marks_lose_no_bookie(zk, zk_connect):
     clients = [zkclient.connect(zk_connect) for _ in range(4)]
     try:

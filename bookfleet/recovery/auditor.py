@@ -54,9 +54,7 @@ def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
     Uses the bookie index, so the cost is the bookie's ledgers, never a scan of all metadata.
     """
     ledger_ids = MetadataStore(zk).ledgers_on_bookie(bookie_id)
-    under_replication = UnderReplication(zk)
-    for ledger_id in ledger_ids:
-        under_replication.mark(ledger_id, [bookie_id])
+    UnderReplication(zk).mark_all(ledger_ids, [bookie_id])
     if ledger_ids:
         log.info("bookie %s is lost: marked %d ledger(s) under-replicated", bookie_id, len(ledger_ids))
     return ledger_ids

@@ -102,6 +102,31 @@ class UnderReplication:
                 continue
             return Marker(ledger_id, merged, current.ctime, stat.version)
 
+    def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str]) -> list[Marker]:
+        """mark() of many ledgers missing the same bookies: unmarked ledgers are marked in one pipeline of
+        asynchronous creates, the others (or any that changed meanwhile) go through mark()."""
+        missing = frozenset(missing_bookies)
+        if not missing:
+            raise ValueError("marking ledgers needs at least one missing bookie")
+        current = self.read_markers(ledger_ids)
+        ctime = _now_ms()
+        document = _encode({"missingBookies": sorted(missing), "ctime": ctime})
+        creates = [
+            (ledger_id, self.zk.create_async(zkpaths.underreplicated(ledger_id), document, makepath=True))
+            for ledger_id, marker in current.items()
+            if marker is None
+        ]
+        for ledger_id, create in creates:
+            try:
+                create.get()
+            except (NodeExistsError, NoNodeError):
+                continue  # marked meanwhile, or a level pruned under us: mark() below sorts it out
+            current[ledger_id] = Marker(ledger_id, missing, ctime, 0)
+        return [
+            marker if marker is not None and missing <= marker.missing_bookies else self.mark(ledger_id, missing)
+            for ledger_id, marker in current.items()
+        ]
+
     def marker(self, ledger_id: int) -> Marker | None:
         return self.read_markers([ledger_id])[ledger_id]
 
