@@ -335,14 +335,14 @@ class RepairJob:
                     future.cancel()
 
     @staticmethod
-    def batches(works: list[LedgerWork], at_least: int) -> list[list[LedgerWork]]:
-        """Whole ledgers per batch (a ledger commits once), at least `at_least` batches when there is enough work."""
-        total = sum(work.size for work in works)
-        limit = max(1, min(BATCH_BYTES, total // at_least))
+    def batches(works: list[LedgerWork], count: int) -> list[list[LedgerWork]]:
+        """Whole ledgers per batch (a ledger commits once): about `count` batches of equal data when there is
+        enough work, more when that would put over about BATCH_BYTES in one."""
+        limit = max(1.0, min(BATCH_BYTES, sum(work.size for work in works) / count))
         batches: list[list[LedgerWork]] = [[]]
         filled = 0
         for work in works:
-            if batches[-1] and filled + work.size > limit:
+            if batches[-1] and filled + work.size / 2 > limit:  # a ledger joins the batch it fits best
                 batches.append([])
                 filled = 0
             batches[-1].append(work)
