@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ def test_demo_reaches_a_verified_healthy_fleet():
     result = subprocess.run(
         [sys.executable, "-m", "bookfleet", "demo", "--exit-when-healthy", "--timeout", "90"],
         capture_output=True, text=True, timeout=240,
+        env={**os.environ, "COLUMNS": "200"},  # rich wraps at 80 columns without a terminal
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
