@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -21,7 +22,32 @@ class ZooKeeperUnavailable(RuntimeError):
     """The ZooKeeper server could not be started; the message says why and what to install."""
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port that is free now, chosen below the kernel's ephemeral range: a port from that range can be
+    taken as the local end of any outgoing connection before (or while) a server binds it again on restart."""
+    low = _ephemeral_range()[0]
+    candidates = random.sample(range(max(1024, low - 12000), low), 64) if low > 2048 else []
+    for port in candidates:
+        if port in _handed_out:  # handed out earlier, perhaps not bound yet
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
