@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args) or 0
     except KeyboardInterrupt:
         return 130
-    except CommandError as exc:
-        print(f"bookfleet {args.command}: {exc}", file=sys.stderr)
+    except (CommandError, TimeoutError) as exc:
+        print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
         return 2
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from bookfleet import polling, zkpaths
 from bookfleet import zk as zkclient
-from bookfleet import zkpaths
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.recovery.auditor import Auditor, check_ledgers, mark_lost_bookie
@@ -18,11 +18,7 @@ from bookfleet.recovery.underreplication import UnderReplication
 
 
 def wait_for(condition, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
-        time.sleep(0.02)
-    return result
+    return polling.wait_for(condition, timeout, what, interval=0.02)
 
 
 def stays(condition, seconds):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bookfleet import zkpaths
+from bookfleet import polling, zkpaths
 from bookfleet.client import bookiestate
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore, new_metadata
@@ -25,13 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return polling.wait_for(check, timeout, what, interval)
 
 
 class OperatorProcess:

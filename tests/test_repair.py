@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from prometheus_client import REGISTRY
@@ -17,6 +16,7 @@ from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.metadata import MetadataStore
 from bookfleet.client.writeset import write_set
+from bookfleet.polling import wait_for
 from bookfleet.recovery.auditor import mark_lost_bookie
 from bookfleet.recovery.spark_repair import RepairJob, run_repair
 from bookfleet.recovery.underreplication import UnderReplication
@@ -34,12 +34,7 @@ def lose_bookie(zk, bookie) -> list[int]:
 
 
 def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(condition, timeout, what)
 
 
 def test_lost_bookie_of_50_ledgers_is_repaired(spark, zk, zk_connect, bookie_fleet):

@@ -27,6 +27,7 @@ from bookfleet.cli import CommandError
 from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.polling import wait_for
 from bookfleet.recovery.underreplication import UnderReplication
 from bookfleet.zkserver import ZooKeeperServer
 
@@ -45,12 +46,7 @@ def register(subparsers) -> None:
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.01)
-    raise CommandError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return wait_for(check, timeout, what, interval=0.01)
 
 
 def _cluster(name: str, replicas: int, zookeeper: str, delay: int) -> dict:

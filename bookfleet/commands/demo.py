@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from bookfleet.cli import CommandError
+from bookfleet.polling import wait_for
 
 
 def register(subparsers) -> None:
@@ -40,16 +41,6 @@ def check_arguments(args) -> None:
     for name in ("ledgers", "entries", "entry_size"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-
-
-def wait_for(condition, timeout: float, what: str):
-    """Poll `condition` every 0.1 s until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise CommandError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def most_marked(under_replication, samples: int = 10) -> int:
