@@ -6,12 +6,15 @@ The repair and audit jobs run the same code whether the driver lives in this pro
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
+import json
+import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DEFAULT_MASTER = "local[2]"
@@ -126,3 +129,25 @@ def spark_submit_command(
     if throttle_mb_s:
         command += ["--throttle-mb-s", str(throttle_mb_s)]
     return command
+
+
+def job_main(
+    argv: list[str] | None,
+    prog: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    check_arguments: Callable[[argparse.Namespace], str | None],
+    run: Callable[[argparse.Namespace], object],
+) -> int:
+    """The spark-submit entry point of a job (repair, audit): flags, one summary printed, exit 1 on failures.
+    The master comes from spark-submit unless --master is given."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
+    args = parser.parse_args(argv)
+    if problem := check_arguments(args):
+        parser.error(problem)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run(args)
+    print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))
+    return 1 if summary.failures else 0

@@ -31,6 +31,19 @@ def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) 
     }
 
 
+def load_summary(latencies: list[float], elapsed: float, entry_size: int) -> dict[str, float]:
+    """Entries/s, MB/s and p50/p99 latency (ms) of a load; sorts `latencies` (seconds) in place."""
+    latencies.sort()
+    count = len(latencies)
+    return {
+        "entries": count,
+        "entries_per_s": count / elapsed,
+        "mb_per_s": count * entry_size / elapsed / 1e6,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+    }
+
+
 def percentile(sorted_values: list[float], fraction: float) -> float:
     if not sorted_values:
         return float("nan")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bookfleet import wire
-from bookfleet.bench.baseline import percentile, raw_fsync_bandwidth
+from bookfleet.bench.baseline import load_summary, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
 from bookfleet.fleet import BookieProcess
@@ -97,13 +97,8 @@ async def _load(
     client_cpu, bookie_cpu = time.process_time() - client_cpu, _cpu_seconds(bookie_pid) - bookie_cpu
     for client in clients:
         await client.close()
-    latencies.sort()
     return {
-        "entries": len(latencies),
-        "entries_per_s": len(latencies) / elapsed,
-        "mb_per_s": len(latencies) * entry_size / elapsed / 1e6,
-        "p50_ms": percentile(latencies, 0.50) * 1000,
-        "p99_ms": percentile(latencies, 0.99) * 1000,
+        **load_summary(latencies, elapsed, entry_size),
         "bookie_cpu_us_per_entry": bookie_cpu / len(latencies) * 1e6,
         "client_cpu_us_per_entry": client_cpu / len(latencies) * 1e6,
     }

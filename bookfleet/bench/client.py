@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bookfleet.bench.baseline import percentile, raw_fsync_bandwidth
+from bookfleet.bench.baseline import load_summary, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
@@ -36,17 +36,6 @@ def register(subparsers) -> None:
     parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
-
-
-def _summary(latencies: list[float], elapsed: float, entry_size: int) -> dict[str, float]:
-    latencies.sort()
-    return {
-        "entries": len(latencies),
-        "entries_per_s": len(latencies) / elapsed,
-        "mb_per_s": len(latencies) * entry_size / elapsed / 1e6,
-        "p50_ms": percentile(latencies, 0.50) * 1000,
-        "p99_ms": percentile(latencies, 0.99) * 1000,
-    }
 
 
 async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> list[float]:
@@ -120,12 +109,12 @@ async def _run(zk: str, args: argparse.Namespace) -> dict:
         writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
         started, cpu = time.perf_counter(), time.process_time()
         full = await _full_load(writer, payload, args.seconds, args.in_flight)
-        full_summary = _summary(full, time.perf_counter() - started, args.entry_size)
+        full_summary = load_summary(full, time.perf_counter() - started, args.entry_size)
         full_summary["client_cpu_us_per_entry"] = (time.process_time() - cpu) / max(len(full), 1) * 1e6
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
         half = await _paced_load(writer, payload, args.seconds, half_rate)
-        half_summary = _summary(half, time.perf_counter() - started, args.entry_size)
+        half_summary = load_summary(half, time.perf_counter() - started, args.entry_size)
         await writer.close()
     return {
         **{f"full_{name}": value for name, value in full_summary.items()},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import sys
@@ -263,16 +262,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: the master comes from spark-submit."""
-    parser = argparse.ArgumentParser(prog="spark_audit.py", description="bookfleet replica audit job")
-    add_arguments(parser)
-    parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
-    args = parser.parse_args(argv)
-    if problem := check_arguments(args):
-        parser.error(problem)
-    summary = run_audit(args.zk, args.sample, args.master)
-    print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))
-    return 1 if summary.failures else 0
+    return sparksettings.job_main(
+        argv, "spark_audit.py", "bookfleet replica audit job", add_arguments, check_arguments,
+        lambda args: run_audit(args.zk, args.sample, args.master),
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -534,17 +533,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: the master comes from spark-submit."""
-    parser = argparse.ArgumentParser(prog="spark_repair.py", description="bookfleet repair job")
-    add_arguments(parser)
-    parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
-    args = parser.parse_args(argv)
-    if problem := check_arguments(args):
-        parser.error(problem)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run_repair(args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s)
-    print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))
-    return 1 if summary.failures else 0
+    return sparksettings.job_main(
+        argv, "spark_repair.py", "bookfleet repair job", add_arguments, check_arguments,
+        lambda args: run_repair(args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s),
+    )
 
 
 if __name__ == "__main__":
