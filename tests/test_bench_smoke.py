@@ -1,0 +1,28 @@
+"""The benchmarks run and report their figures with a same-run baseline (no speed is asserted: that is their job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("bench", "keys"),
+    [
+        (["bookie", "--seconds", "1"], ["entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "raw_fsync_mb_per_s"]),
+        (
+            ["client", "--bookies", "3", "-e", "3", "-w", "3", "-a", "2", "--seconds", "1"],
+            ["full_entries_per_s", "full_p99_ms", "half_entries_per_s", "half_p99_ms", "raw_fsync_ops_per_s"],
+        ),
+    ],
+)
+def test_bench_prints_one_json_object_with_its_baseline(bench, keys, tmp_path):
+    command = [sys.executable, "-m", "bookfleet", "--log-level", "WARNING", "bench", *bench]
+    result = subprocess.run([*command, "--dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in keys:
+        assert figures[key] > 0, (key, figures)
