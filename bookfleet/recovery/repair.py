@@ -55,11 +55,6 @@ class FragmentResult:
     lost: list[int] = field(default_factory=list)
     error: str | None = None
 
-    @property
-    def complete(self) -> bool:
-        """Every entry that still exists somewhere was copied and acknowledged durable."""
-        return self.error is None
-
 
 class TokenBucket:
     """Bytes per second shared by every fragment of a task; bursts up to one second's worth."""
