@@ -17,6 +17,7 @@ import contextlib
 import heapq
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +55,9 @@ class StorageSettings:
     journal_roll_bytes: int = 256 * 1024 * 1024
     memtable_bytes: int = 64 * 1024 * 1024
     """Flush the memtable to the entry log once it holds this much."""
-    flush_interval: float = 1.0
-    """Seconds between timed flushes of whatever the memtable holds."""
+    flush_interval: float = 0.25
+    """Seconds between timed flushes of whatever the memtable holds: frequent small flushes keep each stall of the
+    event loop short (a flush's entry-log writes and index commit hold the GIL)."""
     entrylog_roll_bytes: int = 512 * 1024 * 1024
     compaction_live_ratio: float = 0.5
     """GC compacts an entry log whose live bytes are under this fraction of its size."""
@@ -418,9 +420,13 @@ class LedgerStorage:
             log.exception("memtable flush failed; its entries stay in memory and in the journal")
 
     async def _flush_periodically(self) -> None:
+        """Timed flushes start at a random phase and keep a little jitter, so bookies started together do not all
+        stall in the same instant: with Qa < Qw the other bookies' acks carry the adds while one of them flushes."""
+        interval = self.settings.flush_interval
+        await asyncio.sleep(random.uniform(0, interval))
         while True:
-            await asyncio.sleep(self.settings.flush_interval)
             await self._flush_logged()
+            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
 
     # --- helpers -----------------------------------------------------------------------------------------------
 
