@@ -175,10 +175,6 @@ class Journal:
         self.synced = JournalPosition(0, 0)
         """Everything before this position is fdatasynced."""
 
-    @property
-    def current_seq(self) -> int:
-        return self._seq
-
     async def start(self) -> None:
         """Start a new journal file (never append to one a crash may have torn) and the writer task."""
         self.directory.mkdir(parents=True, exist_ok=True)

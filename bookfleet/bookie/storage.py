@@ -304,9 +304,6 @@ class LedgerStorage:
     def last_entry_id(self, ledger_id: int) -> int:
         return self._state(ledger_id).last_entry
 
-    def is_fenced(self, ledger_id: int) -> bool:
-        return self._state(ledger_id).fenced
-
     async def wait_for_lac(self, ledger_id: int, previous: int, timeout: float) -> int:
         """The ledger's LAC once it is above `previous`, or whatever it is when `timeout` seconds have passed.
         A ledger not yet on this bookie is waited for too; NoSuchLedger if it still is not there at the end."""
