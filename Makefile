@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench lint crds clean
+.PHONY: setup run test chaos bench lint crds clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,9 @@ run: setup
 test: setup
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+chaos: setup
+	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
 
 bench: setup
 	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json
