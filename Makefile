@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test chaos bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo chaos bench lint crds clean
 
 setup: $(STAMP)
 
@@ -17,9 +17,23 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/bookfleet demo
 
-test: setup
+test: setup kube-binaries
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+# The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
+kube-binaries:
+	@if command -v go >/dev/null; then scripts/build-kube.sh >/dev/null; \
+	else echo "no Go toolchain: the cluster tier will be skipped"; fi
+
+test-cluster: setup kube-binaries
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+
+cluster: setup
+	$(PY) -m tests.cluster
+
+cluster-demo: setup
+	$(PY) -m tests.cluster.demo
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
