@@ -3,9 +3,9 @@
 import threading
 import time
 
-from bookfleet import zk as zkclient
-from bookfleet import zkpaths
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta import zkpaths
+from bookfleet.meta.underreplication import UnderReplication
 
 
 def test_marking_is_idempotent_and_merges_missing_bookies(zk):
