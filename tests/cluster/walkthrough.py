@@ -131,7 +131,8 @@ def client_run(cluster: LocalCluster, name: str, script: str) -> str:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        # The label the chart's NetworkPolicies admit to bookies and ZooKeeper.
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"bookfleet.io/client": "true"}},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},

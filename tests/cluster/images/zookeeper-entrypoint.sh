@@ -8,8 +8,10 @@ set -e
 : "${ZOO_DATA_DIR:=/data}" "${ZOO_DATA_LOG_DIR:=/datalog}" "${ZOO_TICK_TIME:=2000}" "${ZOO_INIT_LIMIT:=5}"
 : "${ZOO_SYNC_LIMIT:=2}" "${ZOO_MAX_CLIENT_CNXNS:=60}" "${ZOO_STANDALONE_ENABLED:=true}"
 : "${ZOO_ADMINSERVER_ENABLED:=true}" "${ZOO_AUTOPURGE_PURGEINTERVAL:=0}" "${ZOO_AUTOPURGE_SNAPRETAINCOUNT:=3}"
-# The image's /conf is writable by its user; here a private directory stands in for it.
-: "${ZOO_CONF_DIR:=$(mktemp -d -t zookeeper-conf.XXXXXX)}"
+# The image's ZOO_CONF_DIR is /conf; where the pod mounts nothing there, a private directory stands in for it.
+if [[ -z "${ZOO_CONF_DIR:-}" ]]; then
+    if [[ -d /conf ]]; then ZOO_CONF_DIR=/conf; else ZOO_CONF_DIR="$(mktemp -d -t zookeeper-conf.XXXXXX)"; fi
+fi
 export ZOO_CONF_DIR ZOO_DATA_DIR ZOO_DATA_LOG_DIR ZOOCFGDIR="$ZOO_CONF_DIR"
 CONFIG="$ZOO_CONF_DIR/zoo.cfg"
 if [[ ! -f "$CONFIG" ]]; then
