@@ -19,11 +19,12 @@ from tests.cluster.pki import Pki
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
-CONTROLLERS = ",".join([
-    "job", "cronjob", "statefulset", "deployment", "replicaset", "garbage-collector", "pvc-protection",
-    "pv-protection", "persistentvolume-binder", "node-lifecycle", "namespace", "serviceaccount",
-    "serviceaccount-token", "root-ca-certificate-publisher", "endpoint", "endpointslice", "disruption",
-    "ttl-after-finished", "podgc", "legacy-serviceaccount-token-cleaner",
+CONTROLLERS = ",".join(f"{name}-controller" for name in [
+    "job", "cronjob", "statefulset", "deployment", "replicaset", "garbage-collector",
+    "persistentvolumeclaim-protection", "persistentvolume-protection", "persistentvolume-binder", "node-lifecycle",
+    "taint-eviction", "namespace", "serviceaccount", "serviceaccount-token", "root-ca-certificate-publisher",
+    "endpoints", "endpointslice", "disruption", "ttl-after-finished", "pod-garbage-collector",
+    "clusterrole-aggregation", "legacy-serviceaccount-token-cleaner",
 ])
 
 

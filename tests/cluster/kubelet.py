@@ -6,11 +6,11 @@ Development and test tooling only: it lives under tests/ and is never part of th
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -386,6 +386,8 @@ class Kubelet:
                 log.warning("left %s behind (not empty or still mounted)", path)
 
 
-def dt_micro() -> str:
-    """A MicroTime for Lease.spec.renewTime."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+def dt_micro() -> dt.datetime:
+    """A MicroTime for Lease.spec.renewTime. The client re-serializes date strings with isoformat(), which drops a
+    zero fraction that MicroTime requires: hand it a datetime whose microseconds are never zero."""
+    stamp = dt.datetime.now(dt.UTC)
+    return stamp.replace(microsecond=stamp.microsecond or 1)
