@@ -150,6 +150,8 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert conf["spark.kubernetes.container.image"] == cluster.spec.image
     assert conf["spark.executor.instances"] == "3" and conf["spark.executor.memory"] == "2g"
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
+    assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
     assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
     application = next(arg for arg in command if arg.endswith("spark_repair.py"))
     assert not application.startswith("local://"), "client mode reads the application from the driver's disk"
