@@ -27,6 +27,8 @@ def main() -> int:
         say(f"writing {ENTRIES} entries to the example Ledger (E=3, Qw=3, Qa=2) from a client pod ...")
         closed = walkthrough.write_entries(cluster, ENTRIES)
         ledger_id = closed["ledgerId"]
+        say("scaling to 4 bookies: the lost bookie's replicas need a bookie outside the ledger's ensemble")
+        walkthrough.scale(cluster, 4)
         victim = closed["segments"][0]["bookies"][0].split(".")[0]
         say(f"ledger {ledger_id} closed at entry {closed['lastEntryId']}; deleting bookie pod {victim} and its PVCs")
         lost_at = time.monotonic()

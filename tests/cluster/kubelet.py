@@ -278,9 +278,10 @@ class Kubelet:
     def _delete_finally(self, pod: dict[str, Any]) -> None:
         """The kubelet's last word on a terminated pod: delete with grace 0 so the API object goes."""
         try:
+            # In the body: the API server ignores the query's gracePeriodSeconds when a body is sent.
             self.api.delete_namespaced_pod(
-                pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period_seconds=0,
-                body={"preconditions": {"uid": pod["metadata"]["uid"]}},
+                pod["metadata"]["name"], pod["metadata"]["namespace"],
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": pod["metadata"]["uid"]}},
             )
         except ApiException as error:
             if error.status not in (404, 409):

@@ -21,8 +21,15 @@ def main() -> None:
     with open(sys.argv[1]) as file:
         spec = json.load(file)
     mount("--make-rprivate", "/")
-    for volume in spec["mounts"]:
-        mount("--bind", volume["source"], volume["target"])
+    # Hold every source open first: a volume mounted at /tmp must not hide a later source that lives under /tmp.
+    sources = [os.open(volume["source"], os.O_PATH) for volume in spec["mounts"]]
+    for directory in spec["hidden"]:
+        mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", directory)
+    for volume, source in zip(spec["mounts"], sources, strict=True):
+        target = volume["target"]
+        if not os.path.lexists(target):  # only inside a hidden directory's tmpfs: the kubelet made the others
+            os.makedirs(target)
+        mount("--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{source}", target)
         if volume["readOnly"]:
             mount("-o", "remount,bind,ro", volume["target"])
     if spec["readOnlyRootFilesystem"]:

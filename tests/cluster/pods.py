@@ -359,9 +359,11 @@ class PodWorker:
             read_only = bool(mount.get("readOnly"))
             mounts.append({"source": str(source), "target": mount["mountPath"], "readOnly": read_only})
         for mount in mounts:
-            self.kubelet.mount_point(mount["target"], Path(mount["source"]).is_dir())
+            if not any(Path(mount["target"]).is_relative_to(hidden) for hidden in image.hidden):
+                self.kubelet.mount_point(mount["target"], Path(mount["source"]).is_dir())
         return {
-            "argv": argv, "env": env, "mounts": mounts, "hostname": self.spec.get("hostname", self.name)[:63],
+            "argv": argv, "env": env, "mounts": mounts, "hidden": image.hidden,
+            "hostname": self.spec.get("hostname", self.name)[:63],
             "workingDir": container.get("workingDir", "/tmp"), **self._security(container, image),
         }
 

@@ -158,8 +158,10 @@ def client_run(cluster: LocalCluster, name: str, script: str) -> str:
 
 def write_entries(cluster: LocalCluster, count: int) -> dict[str, Any]:
     """`count` entries into the example Ledger, then closed; the Ledger's status once it shows CLOSED."""
-    ledger_id = wait_for(lambda: ledger_status(cluster).get("ledgerId"), timeout=120, what="the Ledger's id",
-                         interval=1.0)
+    # Ledger ids start at 0: wait for the field, not for a truthy value.
+    status = wait_for(lambda: (s := ledger_status(cluster)).get("ledgerId") is not None and s, timeout=120,
+                      what="the Ledger's id", interval=1.0)
+    ledger_id = status["ledgerId"]
     client_run(cluster, "writer", f"bookfleet ledger write {ledger_id} --count {count} --size 8 "
                                   f"&& bookfleet ledger close {ledger_id}")
     return wait_for(lambda: (s := ledger_status(cluster)).get("state") == "CLOSED" and s, timeout=120,
@@ -169,6 +171,15 @@ def write_entries(cluster: LocalCluster, count: int) -> dict[str, Any]:
 def read_entries(cluster: LocalCluster, ledger_id: int) -> list[str]:
     output = client_run(cluster, "reader", f"bookfleet ledger read {ledger_id} --json")
     return [json.loads(line)["payload"] for line in output.splitlines() if line.startswith("{")]
+
+
+def scale(cluster: LocalCluster, replicas: int) -> None:
+    """`replicas` Ready bookies. A lost bookie's ledgers need a bookie outside their ensemble to be copied to: with
+    E=3 on three bookies, a fourth one."""
+    cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, "demo", "--type", "merge",
+                    "-p", json.dumps({"spec": {"replicas": replicas}}))
+    wait_for(lambda: len(pods := bookie_pods(cluster)) == replicas and all(map(ready, pods)),
+             timeout=600, what=f"{replicas} Ready bookie pods", interval=2.0)
 
 
 def lose_bookie(cluster: LocalCluster, victim: str, delay_seconds: int) -> None:
@@ -187,31 +198,32 @@ def job_outcome(cluster: LocalCluster, name: str) -> str | None:
 @dataclass(frozen=True)
 class Repair:
     job: str
-    driver: str
+    drivers: list[str]
     executors: list[str]
     outcome: str
 
 
 def watch_repair(cluster: LocalCluster, say: Callable[[str], None] = lambda _: None) -> Repair:
-    """The repair Job, its driver pod, the executor pods Spark creates, and how the Job ended."""
+    """The repair Job, its driver pods (one per attempt), the executor pods Spark creates, and how the Job ended."""
     job = wait_for(lambda: cluster.get("jobs", "-n", NAMESPACE, "-l", REPAIR_SELECTOR)["items"],
                    timeout=300, what="the repair Job", interval=2.0)[0]["metadata"]["name"]
     say(f"repair Job: {job}")
-    driver = wait_for(lambda: cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={job}")["items"],
-                      timeout=300, what="the repair Job's pod", interval=2.0)[0]["metadata"]["name"]
-    say(f"Spark driver pod: {driver}")
+    drivers: set[str] = set()
     executors: set[str] = set()
 
     def ended() -> str | None:
-        pods = cluster.get("pods", "-n", NAMESPACE, "-l", "spark-role=executor")["items"]
-        for pod in pods:
-            if pod["metadata"]["name"] not in executors and _owner(pod) == driver:
+        for pod in cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={job}")["items"]:
+            if pod["metadata"]["name"] not in drivers:
+                drivers.add(pod["metadata"]["name"])
+                say(f"Spark driver pod: {pod['metadata']['name']}")
+        for pod in cluster.get("pods", "-n", NAMESPACE, "-l", "spark-role=executor")["items"]:
+            if pod["metadata"]["name"] not in executors and _owner(pod) in drivers:
                 executors.add(pod["metadata"]["name"])
                 say(f"Spark executor pod: {pod['metadata']['name']} on {pod['spec'].get('nodeName')}")
         return job_outcome(cluster, job)
 
     outcome = wait_for(ended, timeout=900, what="the repair Job to end", interval=2.0)
-    return Repair(job, driver, sorted(executors), outcome)
+    return Repair(job, sorted(drivers), sorted(executors), outcome)
 
 
 def _owner(pod: dict[str, Any]) -> str | None:

@@ -13,13 +13,25 @@ VENV_BIN = Path(sys.executable).parent
 
 @dataclass(frozen=True)
 class Image:
-    """One image: files it places (image path -> local path, bind-mounted in the pod), entrypoint, cmd, user, env."""
+    """One image: files it places (image path -> local path, bind-mounted in the pod), entrypoint, cmd, user, env;
+    `hidden` directories are covered by an empty tmpfs first (a host home the image's user could not enter)."""
 
     files: dict[str, Path]
     entrypoint: list[str]
     cmd: list[str]
     user: int
     env: dict[str, str] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)
+
+
+def _python_home() -> tuple[dict[str, Path], list[str]]:
+    """The interpreter behind the virtualenv, reachable by the image's non-root user: when it lives under a directory
+    others cannot enter (pyenv under /root), that directory becomes an empty tmpfs with just the interpreter in it."""
+    prefix = Path(sys.base_prefix)
+    closed = [p for p in reversed(prefix.parents) if p != Path("/") and not p.stat().st_mode & 0o001]
+    if not closed:
+        return {}, []
+    return {str(prefix): prefix}, [str(closed[0])]
 
 
 def _python_env() -> dict[str, str]:
@@ -59,20 +71,24 @@ def _accounts(state: Path, user: str, uid: int) -> dict[str, Path]:
 
 def resolve(reference: str, state: Path) -> Image | None:
     """The local stand-in for an image reference, or None when there is none (the pod then fails to start)."""
+    python, hidden = _python_home()
     repository = reference.rsplit(":", 1)[0] if ":" in reference.rsplit("/", 1)[-1] else reference
     if repository.endswith("bookfleet/bookie"):
         return Image(
-            {**_bookie_files(state), **_accounts(state, "bookfleet", 10001)}, ["/opt/bookfleet/entrypoint.sh"],
-            ["bookfleet", "bookie", "--help"], 10001, _python_env(),
+            {**python, **_bookie_files(state), **_accounts(state, "bookfleet", 10001)},
+            ["/opt/bookfleet/entrypoint.sh"], ["bookfleet", "bookie", "--help"], 10001, _python_env(), hidden,
         )
     if repository.endswith("bookfleet/operator"):
-        return Image(_accounts(state, "bookfleet", 10001), ["bookfleet"], ["operator"], 10001, _python_env())
+        return Image(
+            {**python, **_accounts(state, "bookfleet", 10001)}, ["bookfleet"], ["operator"], 10001, _python_env(),
+            hidden,
+        )
     if repository.split("/")[-1] == "zookeeper":
         env = _python_env()
         env["PATH"] = f"{HERE / 'zookeeper-bin'}:{env['PATH']}"
         return Image(
-            {"/docker-entrypoint.sh": HERE / "zookeeper-entrypoint.sh", **_accounts(state, "zookeeper", 1000)},
-            ["/docker-entrypoint.sh"],
-            ["zkServer.sh", "start-foreground"], 1000, {**env, "HOME": "/tmp"},
+            {**python, "/docker-entrypoint.sh": HERE / "zookeeper-entrypoint.sh",
+             **_accounts(state, "zookeeper", 1000)},
+            ["/docker-entrypoint.sh"], ["zkServer.sh", "start-foreground"], 1000, {**env, "HOME": "/tmp"}, hidden,
         )
     return None
