@@ -61,7 +61,7 @@ def operator_process(kube: EmulatorThread, tmp_path: Path) -> Iterator[OperatorP
 def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
     return {
         "apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "bk", "namespace": NS},
-        "spec": {"replicas": replicas, "zookeeper": zk_connect,
+        "spec": {"replicas": replicas, "zookeeper": zk_connect, "security": {"tls": "Disabled"},
                  "bookie": {"gcIntervalSeconds": 3600},
                  "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}, **spec},
     }

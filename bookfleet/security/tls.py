@@ -1,4 +1,5 @@
-"""TLS contexts for the bookie protocol, from a TLS directory (`ca.pem`, `cert.pem`, `key.pem`), reloaded on change.
+"""TLS contexts for the bookie protocol, from a TLS directory (`ca.pem`, `cert.pem`, `key.pem`, or a mounted
+kubernetes.io/tls Secret's `ca.crt`, `tls.crt`, `tls.key`), reloaded on change.
 
 Both ends authenticate (mutual TLS): a bookie requires a client certificate signed by the cluster CA, and a client
 verifies the bookie's certificate against the CA and the host name it dialled. `refresh()` is called before every
@@ -21,6 +22,9 @@ from pathlib import Path
 
 from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
 
+KUBERNETES_FILES = ("ca.crt", "tls.crt", "tls.key")
+"""The same three files as a kubernetes.io/tls Secret (and cert-manager) names them."""
+
 log = logging.getLogger(__name__)
 
 TLS_DIR_ENV = "BOOKFLEET_TLS_DIR"
@@ -42,7 +46,11 @@ class ReloadingContext:
 
     @property
     def files(self) -> tuple[Path, Path, Path]:
-        return self.directory / CA_FILE, self.directory / CERT_FILE, self.directory / KEY_FILE
+        names = (CA_FILE, CERT_FILE, KEY_FILE)
+        if not (self.directory / CA_FILE).exists() and (self.directory / KUBERNETES_FILES[0]).exists():
+            names = KUBERNETES_FILES
+        ca, cert, key = (self.directory / name for name in names)
+        return ca, cert, key
 
     def _new_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if self.server else ssl.PROTOCOL_TLS_CLIENT)
