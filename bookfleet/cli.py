@@ -11,8 +11,8 @@ import sys
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import commands
+from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.security import options as security_options
-from bookfleet.zk import ZK_AUTH_ENV
 
 
 class CommandError(Exception):

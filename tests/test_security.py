@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from bookfleet import wire, zkpaths
-from bookfleet import zk as zkclient
+from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta import zkpaths
+from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.polling import wait_for
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, client_context
-from bookfleet.zk import ZK_AUTH_ENV
 from tests.fixtures.bookies import encode_test_entry
 
 ZK_AUTH = "fleet:s3cret"

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bookfleet import wire
-from bookfleet import zk as zkclient
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, BookieError
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.client.registry import BookieRegistry
 from bookfleet.client.writeset import stores_entry
-from bookfleet.recovery.repair import read_present
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.replication.repair import read_present
 
 WRITES_IN_FLIGHT = 256
 LEDGERS_IN_FLIGHT = 8
@@ -142,11 +142,11 @@ def run_bench(args) -> int:
     from pathlib import Path
 
     from bookfleet import spark as sparksettings
-    from bookfleet.bench.baseline import raw_fsync_bandwidth
+    from bookfleet.bench.baseline import same_run_baselines
     from bookfleet.cli import CommandError
     from bookfleet.fleet import BookieFleet
-    from bookfleet.recovery.auditor import mark_lost_bookie
-    from bookfleet.recovery.spark_repair import run_repair
+    from bookfleet.replication.auditor import mark_lost_bookie
+    from bookfleet.replication.spark_repair import run_repair
     from bookfleet.zkserver import ZooKeeperServer
 
     if args.bookies < 4 or min(args.ledgers, args.entries, args.entry_size) < 1 or args.write_quorum not in (2, 3):
@@ -154,7 +154,7 @@ def run_bench(args) -> int:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-repair-") as scratch:
         root = Path(scratch)
-        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as server, BookieFleet(server.connect, root / "bookies") as fleet:
             bookies = fleet.start(args.bookies)
             sparksettings.session(args.master, app_name="bookfleet-repair")  # JVM start is not repair time

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from bookfleet import zkpaths
 from bookfleet.bookie.errors import UnknownLedger
-from bookfleet.client.metadata import LedgerMetadata
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import LedgerMetadata
 
 
 class LedgerAdmission:

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 
-from bookfleet import zk as zkclient
 from bookfleet.bookie import cookie
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.config import BookieConfig
@@ -24,6 +23,7 @@ from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
+from bookfleet.meta import zk as zkclient
 from bookfleet.security.tls import ReloadingContext, TlsConfigError, server_context
 
 log = logging.getLogger(__name__)

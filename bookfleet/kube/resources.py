@@ -23,8 +23,8 @@ from bookfleet.kube.models import (
     Volume,
     zone_of,
 )
+from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.security.tls import KUBERNETES_FILES, TLS_DIR_ENV
-from bookfleet.zk import ZK_AUTH_ENV
 
 APP = "bookfleet"
 LABEL_NAME = "app.kubernetes.io/name"

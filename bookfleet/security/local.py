@@ -15,10 +15,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.security.certs import CertificateAuthority, load_or_create_ca, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, use_client_tls
-from bookfleet.zk import ZK_AUTH_ENV
 
 ZK_USER = "bookfleet"
 LOCAL_NAMES = ("127.0.0.1", "localhost")

@@ -1,7 +1,7 @@
 """The CLI's security flags, shared by every command that talks to ZooKeeper or bookies.
 
 `--zk-auth USER:PASSWORD` (default `$BOOKFLEET_ZK_AUTH`) and `--tls-dir DIR` (default `$BOOKFLEET_TLS_DIR`) are
-put into the environment, where `bookfleet.zk.connect` and `BookieClient.connect` find them; child processes
+put into the environment, where `bookfleet.meta.zk.connect` and `BookieClient.connect` find them; child processes
 (spark-submit, Spark executors) inherit them, so a whole command runs as one identity.
 """
 
@@ -12,9 +12,9 @@ import os
 
 from kazoo.client import KazooClient
 
-from bookfleet.client.registry import BookieRegistry
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.security.tls import TLS_DIR_ENV, TlsConfigError, client_context, use_client_tls
-from bookfleet.zk import ZK_AUTH_ENV
 
 
 class SecurityFlagError(ValueError):
