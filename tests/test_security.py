@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,38 @@ def test_cli_against_a_secure_fleet_needs_its_tls_dir(zk_connect, tmp_path: Path
         read = _cli("ledger", "read", ledger_id, "--zk", zk_connect, "--json", env=secure)
         assert read.returncode == 0, read.stderr
         assert read.stdout.count("entry_id") == 3 or len(read.stdout.strip().splitlines()) == 3
+
+
+def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
+    data_dir = tmp_path / "fleet"
+    env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV)}
+    command = [sys.executable, "-m", "bookfleet", "--log-level", "WARNING", "standalone", "--secure", "--bookies", "3"]
+    standalone = subprocess.Popen(
+        [*command, "--no-auto-recovery", "--data-dir", str(data_dir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("running"):
+            line = standalone.stdout.readline()
+            assert line, "standalone exited:\n" + "".join(lines)
+            lines.append(line)
+        exports = dict(
+            line.strip().removeprefix("export ").split("=", 1) for line in lines if line.strip().startswith("export ")
+        )
+        zk = next(line.split()[1] for line in lines if line.startswith("ZooKeeper:"))
+        assert exports[TLS_DIR_ENV] == str(data_dir.resolve() / "tls" / "client")
+        assert sorted(p.name for p in Path(exports[TLS_DIR_ENV]).iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+        client = {**env, **exports}
+
+        created = _cli("ledger", "create", "--zk", zk, env=client)
+        assert created.returncode == 0, created.stderr
+        ledger_id = created.stdout.strip()
+        assert _cli("ledger", "write", ledger_id, "--count", "2", "--zk", zk, env=client).returncode == 0
+        without_tls = _cli("ledger", "read", ledger_id, "--zk", zk, env={**client, TLS_DIR_ENV: ""})
+        assert without_tls.returncode == 2 and "requires mutual TLS" in without_tls.stderr
+        with zkclient.session(zk) as anonymous, pytest.raises(NoAuthError):
+            anonymous.create(f"{zkpaths.AVAILABLE}/fake-bookie", b"{}", ephemeral=True)
+    finally:
+        os.killpg(standalone.pid, signal.SIGINT)
+        standalone.wait(60)
