@@ -21,6 +21,7 @@ from pathlib import Path
 from bookfleet.security import local as local_security
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
+from bookfleet.security.tls import bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
@@ -178,7 +179,8 @@ class BookieFleet:
         data_dir = self.data_dir / f"bookie-{len(self.bookies)}"
         flags = {**self.default_flags, **bookie_flags}
         if self.ca is not None:
-            issued = self.ca.issue(bookie_id, [Role.BOOKIE], LOOPBACK_NAMES)
+            names = dict.fromkeys((*LOOPBACK_NAMES, bookie_host(bookie_id)))
+            issued = self.ca.issue(bookie_id, [Role.BOOKIE], names)
             flags.setdefault("tls_dir", write_tls_dir(data_dir / "tls", issued))
         bookie = BookieProcess(bookie_id, self.zk, data_dir, port=port, zone=zone, **flags)
         self.bookies.append(bookie)

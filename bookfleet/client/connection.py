@@ -183,17 +183,23 @@ class BookieClient:
 
     @classmethod
     async def connect(
-        cls, address: str, timeout: float = 10.0, tls: tlsconfig.ReloadingContext | None = None
+        cls,
+        address: str,
+        timeout: float = 10.0,
+        tls: tlsconfig.ReloadingContext | None = None,
+        bookie_id: str | None = None,
     ) -> BookieClient:
         """Connect over mutual TLS with `tls`, or with the process's identity from `$BOOKFLEET_TLS_DIR`; plain TCP
-        when there is neither. Over TLS the peer must be a bookie: its certificate carries the `bookie` role."""
+        when there is neither. Over TLS the peer must be a bookie: its certificate carries the `bookie` role and
+        names `bookie_id`'s host (its stable DNS id, whatever address it registered), or the dialled host."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         tls = tls or tlsconfig.client_context()
         ssl_options = {}
         if tls is not None:
             tls.refresh()
-            ssl_options = {"ssl": tls.context, "server_hostname": host}
+            server_name = tlsconfig.bookie_host(bookie_id) if bookie_id else host
+            ssl_options = {"ssl": tls.context, "server_hostname": server_name}
         try:
             transport, protocol = await asyncio.wait_for(
                 loop.create_connection(lambda: _ClientProtocol(address, tls is not None), host, port, **ssl_options),

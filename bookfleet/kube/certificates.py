@@ -32,6 +32,7 @@ from bookfleet.kube.resources import (
 )
 from bookfleet.security.certs import CertificateAuthority, IssuedCertificate
 from bookfleet.security.roles import Role
+from bookfleet.security.tls import bookie_host
 
 CA_PRIVATE_KEY = "ca.key"
 CERT_MANAGER_API = "cert-manager.io/v1"
@@ -50,16 +51,12 @@ class Identity:
 def identities(cluster: BookieCluster, bookies: list[Bookie]) -> list[Identity]:
     """The bookies' certificates (their DNS id, without the port) and the replicator's."""
     needed = [
-        Identity(bookie_secret_name(b.metadata.name), b.metadata.name, (Role.BOOKIE,), (_host(b.spec.bookie_id),))
+        Identity(bookie_secret_name(b.metadata.name), b.metadata.name, (Role.BOOKIE,), (bookie_host(b.spec.bookie_id),))
         for b in bookies
     ]
     name = cluster.metadata.name
     needed.append(Identity(replicator_secret_name(name), f"{name}-replicator", (Role.REPLICATOR,)))
     return needed
-
-
-def _host(bookie_id: str) -> str:
-    return bookie_id.rsplit(":", 1)[0]
 
 
 def _decoded(secret: Mapping[str, Any] | None) -> dict[str, bytes]:

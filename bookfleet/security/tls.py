@@ -93,6 +93,13 @@ class ReloadingContext:
         return True
 
 
+def bookie_host(bookie_id: str) -> str:
+    """The name a bookie's certificate must carry: its stable id without the port (`bk-0.bk-bookies.ns.svc:3181`
+    -> `bk-0.bk-bookies.ns.svc`, `bookie-0` -> `bookie-0`)."""
+    host, sep, port = bookie_id.rpartition(":")
+    return host.strip("[]") if sep and port.isdigit() else bookie_id
+
+
 def server_context(directory: Path) -> ReloadingContext:
     """A bookie's context: presents its certificate, requires a client certificate signed by the CA."""
     return ReloadingContext(directory, server=True)
