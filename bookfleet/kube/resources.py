@@ -121,6 +121,10 @@ def tls_enabled(cluster: BookieCluster) -> bool:
     return cluster.spec.security.tls != TlsMode.DISABLED
 
 
+def tls_mount() -> dict[str, Any]:
+    return {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+
+
 def tls_volume(secret: str) -> dict[str, Any]:
     return {"name": TLS_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
 
@@ -323,7 +327,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
     if env := security_env(cluster, with_tls_dir=False):
         container["env"] = env
     if tls_enabled(cluster):
-        container["volumeMounts"].append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
+        container["volumeMounts"].append(tls_mount())
         volumes.append(tls_volume(bookie_secret_name(name)))
     pod_spec: dict[str, Any] = {
         "hostname": name,
@@ -440,14 +444,6 @@ def _spark_security(cluster: BookieCluster, *pods: str) -> dict[str, str]:
     return settings
 
 
-def _repair_tls_volumes(cluster: BookieCluster, container: dict[str, Any]) -> dict[str, Any]:
-    """The driver's TLS directory: the replicator's Secret (mount added to `container`, volume returned)."""
-    if not tls_enabled(cluster):
-        return {}
-    container["volumeMounts"] = [{"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}]
-    return {"volumes": [tls_volume(replicator_secret_name(cluster.metadata.name))]}
-
-
 def _conf(settings: Mapping[str, str]) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
 
@@ -497,6 +493,15 @@ def repair_job(
         ],
         "securityContext": _security_context(),
     }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": repair.service_account_name,
+        "restartPolicy": "Never",
+        "securityContext": _pod_security_context(),
+        "containers": [container],
+    }
+    if tls_enabled(cluster):  # the driver's TLS directory: the replicator's certificate
+        container["volumeMounts"] = [tls_mount()]
+        pod_spec["volumes"] = [tls_volume(replicator_secret_name(cluster.metadata.name))]
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
     manifest = {
@@ -507,13 +512,7 @@ def repair_job(
             "backoffLimit": repair.backoff_limit,
             "template": {
                 "metadata": {"labels": job_labels},
-                "spec": {
-                    "serviceAccountName": repair.service_account_name,
-                    "restartPolicy": "Never",
-                    "securityContext": _pod_security_context(),
-                    "containers": [container],
-                    **_repair_tls_volumes(cluster, container),
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -21,7 +21,6 @@ from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, use_client_tls
 
 ZK_USER = "bookfleet"
-LOCAL_NAMES = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -59,5 +58,5 @@ def prepare(data_dir: Path) -> LocalSecurity:
     root = Path(data_dir).resolve() / "tls"
     ca = load_or_create_ca(root / "ca")
     client_dir = write_tls_dir(root / "client", ca.issue("cli", [Role.CLIENT]))
-    fleet_dir = write_tls_dir(root / "fleet", ca.issue("fleet", [Role.REPLICATOR, Role.ADMIN], LOCAL_NAMES))
+    fleet_dir = write_tls_dir(root / "fleet", ca.issue("fleet", [Role.REPLICATOR, Role.ADMIN]))
     return LocalSecurity(ca, client_dir, fleet_dir, _zk_auth(root / "zk-auth"))
