@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo chaos bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries cluster chaos bench lint crds clean
 
 setup: $(STAMP)
 
@@ -31,9 +31,6 @@ test-cluster: setup kube-binaries
 
 cluster: setup
 	$(PY) -m tests.cluster
-
-cluster-demo: setup
-	$(PY) -m tests.cluster.demo
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
