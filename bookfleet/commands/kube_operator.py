@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
     parser.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, log_level_default="INFO")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--spark-master", default="local[2]", help="Spark master of the repair job (default local[2])")
     parser.add_argument("--metrics-port", type=int, help="serve the repair counters for Prometheus on this port")
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, log_level_default="INFO")
 
 
 def handle(args) -> int:
