@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 
 from bookfleet import wire
 from bookfleet.cli import CommandError
-from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
+from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError, check_password
 from bookfleet.client.metadata import LedgerMetadata, MetadataError
 from bookfleet.client.placement import NotEnoughBookies
-from bookfleet.client.reader import LedgerReadError
+from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerWriteError
 from bookfleet.commands.topic import add_zk_argument, zk_session
@@ -69,7 +69,15 @@ def register(subparsers) -> None:
     _password(action("close", "close an open ledger whose writer has stopped", _close, json_output=True))
     _password(action("recover", "fence a ledger, recover its tail and close it", _recover, json_output=True))
     action("delete", "delete a ledger's metadata (bookies drop its entries at their next GC)", _delete)
-    action("info", "print a ledger's metadata with its segments", _info, json_output=True)
+    _password(
+        action(
+            "info",
+            "print a ledger's metadata with its segments; for an open ledger also the LAC and length its bookies "
+            "report (the length needs --password)",
+            _info,
+            json_output=True,
+        )
+    )
     action("list", "list ledger ids", _list, with_id=False, json_output=True)
 
 
@@ -156,7 +164,28 @@ async def _delete(bk: BookKeeper, args) -> None:
 
 
 async def _info(bk: BookKeeper, args) -> None:
-    _print_metadata(args, bk.ledger_metadata(args.ledger_id))
+    metadata = bk.ledger_metadata(args.ledger_id)
+    report = None if metadata.is_closed else await _bookies_report(bk, args.ledger_id, metadata, _bytes(args.password))
+    _print_metadata(args, metadata, report)
+
+
+async def _bookies_report(bk: BookKeeper, ledger_id: int, metadata: LedgerMetadata, password: bytes) -> dict:
+    """What a reader of a ledger that is not closed sees: the metadata's last entry and length are only set at
+    close, so the LAC comes from the last segment's bookies and the length from the entry at the LAC (its digest
+    is checked, hence the password)."""
+    reader = LedgerReader(ledger_id, metadata, password, bk.metadata, bk.pool)
+    try:
+        lac, last_stored = await reader.bookie_view()
+    except LedgerReadError as exc:
+        return {"error": str(exc)}
+    report: dict = {"last_add_confirmed": lac, "last_entry_stored": last_stored, "length": 0 if lac < 0 else None}
+    if lac >= 0:
+        try:
+            check_password(ledger_id, metadata, password)
+            report["length"] = (await reader.read(lac)).length
+        except (WrongPasswordError, LedgerReadError) as exc:
+            report["error"] = f"length unknown: {exc}"
+    return report
 
 
 async def _list(bk: BookKeeper, args) -> None:
@@ -164,13 +193,36 @@ async def _list(bk: BookKeeper, args) -> None:
     _emit(args, ids, "\n".join(map(str, ids)))
 
 
-def _print_metadata(args, metadata: LedgerMetadata) -> None:
+def _print_metadata(args, metadata: LedgerMetadata, bookies_report: dict | None = None) -> None:
+    """The metadata; for a ledger not closed yet, beside it what its bookies report (`bookies_report`)."""
+    head = f"ledger {args.ledger_id}: {metadata.state}"
+    if metadata.is_closed:
+        head += f", last entry {metadata.last_entry_id}, length {metadata.length}"
+    else:
+        head += " (the metadata's last entry and length are set at close)"
     lines = [
-        f"ledger {args.ledger_id}: {metadata.state}, last entry {metadata.last_entry_id}, length {metadata.length}",
+        head,
         f"  E={metadata.ensemble_size} Qw={metadata.write_quorum} Qa={metadata.ack_quorum} "
         f"digest={metadata.digest_type}",
         *(f"  from entry {s.first_entry_id}: {', '.join(s.bookies)}" for s in metadata.segments),
     ]
+    if bookies_report is not None:
+        lines.insert(1, _describe_report(bookies_report))
     if metadata.custom:
         lines.append(f"  custom: {json.dumps(metadata.custom)}")
-    _emit(args, {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}, "\n".join(lines))
+    document = {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}
+    if not metadata.is_closed:
+        document["bookies_report"] = bookies_report
+    _emit(args, document, "\n".join(lines))
+
+
+def _describe_report(report: dict) -> str:
+    if "last_add_confirmed" not in report:
+        return f"  bookies report: nothing ({report['error']})"
+    length = report["length"] if report["length"] is not None else "unknown"
+    line = f"  bookies report: last confirmed entry {report['last_add_confirmed']}, length {length}"
+    if report["last_entry_stored"] > report["last_add_confirmed"]:
+        line += f"; entries up to {report['last_entry_stored']} stored but not confirmed"
+    if report.get("error"):
+        line += f" ({report['error']})"
+    return line
