@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test chaos bench lint crds clean
+.PHONY: setup run test chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ test: setup
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
+
+floors: setup
+	bash scripts/check-floors.sh
 
 bench: setup
 	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json
