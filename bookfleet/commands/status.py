@@ -62,7 +62,7 @@ def show(console: Console, status: FleetStatus, as_json: bool) -> None:
     if as_json:
         print(status.model_dump_json(), flush=True)
     else:
-        console.print(render(status))
+        console.print(render(status), soft_wrap=True)
 
 
 def render(status: FleetStatus) -> Group:
@@ -89,7 +89,7 @@ def render(status: FleetStatus) -> Group:
 
     ledgers = (
         f"ledgers: {counts.total} ({counts.open} open, {counts.in_recovery} in recovery, {counts.closed} closed); "
-        f"{counts.under_replicated} under-replicated, {counts.data_loss} with data loss"
+        f"{counts.under_replicated} under-replicated, {counts.data_loss} data loss"
     )
     if status.data_loss_ledgers:
         ledgers += f" ({', '.join(map(str, status.data_loss_ledgers))})"
