@@ -44,6 +44,17 @@ def test_commands_print_only_their_output_and_one_error_line(zk, zk_connect):
     verbose = bookfleet("-v", "ledger", "list", "--zk", zk_connect)
     assert verbose.returncode == 0 and "INFO kazoo.client: Connecting to" in verbose.stderr
 
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "bookfleet", "status", "--watch", "0.2", "--json", "--zk", zk_connect],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        first, second = (json.loads(watch.stdout.readline()) for _ in range(2))
+    finally:
+        watch.kill()
+        watch.wait()
+    assert first["healthy"] and second["taken_at"] > first["taken_at"]
+
     assert bookfleet("--version").stdout == f"bookfleet {version('bookfleet')}\n"
     completion = bookfleet("--print-completion", "bash")
     assert completion.returncode == 0 and "underreplicated" in completion.stdout and "autorecovery" in completion.stdout
