@@ -61,7 +61,7 @@ def test_commands_print_only_their_output_and_one_error_line(zk, zk_connect):
 
 
 def test_info_of_an_open_ledger_shows_what_its_bookies_report(bookie_fleet, zk_connect, capsys):
-    bookie_fleet.start(3)
+    bookies = bookie_fleet.start(3)
     zk = ("--zk", zk_connect)
     _, out, _ = run(capsys, "ledger", "create", "--password", "pw", *zk)
     ledger = out.strip()
@@ -80,6 +80,16 @@ def test_info_of_an_open_ledger_shows_what_its_bookies_report(bookie_fleet, zk_c
     ]
     code, out, _ = run(capsys, "ledger", "info", ledger, *zk)  # the length needs the digest, so the password
     assert "bookies report: last confirmed entry 1, length unknown (length unknown: wrong password" in out
+
+    bookies[0].stop()  # a replica down: the others still answer for the LAC and the entry
+    code, out, _ = run(capsys, "ledger", "info", ledger, "--json", "--password", "pw", *zk)
+    assert json.loads(out)["bookies_report"] == {"last_add_confirmed": 1, "last_entry_stored": 1, "length": 10}
+    for bookie in bookies[1:]:
+        bookie.stop()
+    code, out, _ = run(capsys, "ledger", "info", ledger, "--password", "pw", *zk)
+    assert code == 0 and f"  bookies report: nothing (no bookie of ledger {ledger} answered for its LAC" in out
+    for bookie in bookies:
+        bookie.start().wait_ready()
 
     run(capsys, "ledger", "close", ledger, "--password", "pw", *zk)
     code, out, _ = run(capsys, "ledger", "info", ledger, "--json", *zk)
@@ -153,3 +163,13 @@ def test_status_of_a_live_fleet(bookie_fleet, zk, zk_connect, capsys):
     assert run(capsys, "autorecovery", "enable", *flag)[0] == 0
     code, out, _ = run(capsys, "autorecovery", "status", "--json", *flag)
     assert json.loads(out)["replication_disabled"] is False and not under_replication.is_disabled()
+
+
+def test_an_unexpected_failure_is_one_line_and_exit_1(capsys, monkeypatch):
+    def broken(args) -> int:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr("bookfleet.commands.autorecovery.run_status", broken)
+    code, out, err = run(capsys, "autorecovery", "status", "--zk", "127.0.0.1:1")
+    assert (code, out) == (1, "")
+    assert err == "bookfleet autorecovery: unexpected RuntimeError: disk on fire (--log-level DEBUG shows where)\n"
