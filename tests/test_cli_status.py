@@ -8,9 +8,9 @@ import sys
 from importlib.metadata import version
 
 from bookfleet import cli
+from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
-from bookfleet.recovery.auditor import Auditor
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.replication.auditor import Auditor
 
 
 def bookfleet(*argv: str, stdin: str = "") -> subprocess.CompletedProcess:

@@ -8,8 +8,8 @@ import math
 
 from bookfleet.cli import CommandError
 from bookfleet.commands.topic import add_zk_argument, zk_session
-from bookfleet.fleetstatus import auditor_status
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.fleetstatus import auditor_status
+from bookfleet.meta.underreplication import UnderReplication
 
 
 def register(subparsers) -> None:

@@ -1,5 +1,5 @@
 """`bookfleet status [--json] [--watch]`: is my fleet healthy? Bookies, ledgers, under-replication, the auditor and
-running repairs, from bookfleet.fleetstatus (the facts the operator reports too)."""
+running repairs, from bookfleet.meta.fleetstatus (the facts the operator reports too)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bookfleet.commands.topic import add_zk_argument, zk_session
-from bookfleet.fleetstatus import FleetStatus, fleet_status
+from bookfleet.meta.fleetstatus import FleetStatus, fleet_status
 
 DEFAULT_WATCH_INTERVAL = 2.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from bookfleet.commands.topic import add_zk_argument, zk_session
-from bookfleet.fleetstatus import under_replicated_ledgers
+from bookfleet.meta.fleetstatus import under_replicated_ledgers
 
 
 def register(subparsers) -> None:

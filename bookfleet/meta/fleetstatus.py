@@ -19,11 +19,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pydantic import BaseModel, computed_field
 
-from bookfleet import zkpaths
-from bookfleet.client import bookiestate
-from bookfleet.client.metadata import LedgerState, MetadataStore
-from bookfleet.client.registry import BookieRegistry
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta.metadata import LedgerState, MetadataStore
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import UnderReplication
 
 
 class BookieStatus(BaseModel):
@@ -148,7 +147,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieStatus]:
 
 
 def auditor_status(zk: KazooClient) -> AuditorStatus:
-    """The elected auditor: the candidate with the lowest sequence number leads (bookfleet.recovery.auditor)."""
+    """The elected auditor: the candidate with the lowest sequence number leads (bookfleet.replication.auditor)."""
     under_replication = UnderReplication(zk)
     candidates = sorted(_children(zk, zkpaths.AUDITOR_ELECTION))
     active = None
