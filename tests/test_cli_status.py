@@ -79,7 +79,7 @@ def test_info_of_an_open_ledger_shows_what_its_bookies_report(bookie_fleet, zk_c
         "  bookies report: last confirmed entry 1, length 10",
     ]
     code, out, _ = run(capsys, "ledger", "info", ledger, *zk)  # the length needs the digest, so the password
-    assert "bookies report: last confirmed entry 1, length unknown (length unknown: wrong password" in out
+    assert "bookies report: last confirmed entry 1, length unknown (wrong password for ledger" in out
 
     bookies[0].stop()  # a replica down: the others still answer for the LAC and the entry
     code, out, _ = run(capsys, "ledger", "info", ledger, "--json", "--password", "pw", *zk)

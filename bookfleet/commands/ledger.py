@@ -8,6 +8,8 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 
+from pydantic import BaseModel
+
 from bookfleet import wire
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError, check_password
@@ -169,22 +171,31 @@ async def _info(bk: BookKeeper, args) -> None:
     _print_metadata(args, metadata, report)
 
 
-async def _bookies_report(bk: BookKeeper, ledger_id: int, metadata: LedgerMetadata, password: bytes) -> dict:
-    """What a reader of a ledger that is not closed sees: the metadata's last entry and length are only set at
-    close, so the LAC comes from the last segment's bookies and the length from the entry at the LAC (its digest
-    is checked, hence the password)."""
+class BookiesReport(BaseModel):
+    """What the bookies of a ledger not closed yet report: its metadata's last entry and length are only set at
+    close, so a reader's LAC comes from the last segment's bookies and the length from the entry at the LAC."""
+
+    last_add_confirmed: int | None = None
+    last_entry_stored: int | None = None
+    """The highest entry a bookie holds: above the LAC, entries written but not (yet) acknowledged."""
+    length: int | None = None
+    error: str | None = None
+    """Why the bookies, or the length (its entry's digest needs the password), could not be read."""
+
+
+async def _bookies_report(bk: BookKeeper, ledger_id: int, metadata: LedgerMetadata, password: bytes) -> BookiesReport:
     reader = LedgerReader(ledger_id, metadata, password, bk.metadata, bk.pool)
     try:
         lac, last_stored = await reader.bookie_view()
     except LedgerReadError as exc:
-        return {"error": str(exc)}
-    report: dict = {"last_add_confirmed": lac, "last_entry_stored": last_stored, "length": 0 if lac < 0 else None}
+        return BookiesReport(error=str(exc))
+    report = BookiesReport(last_add_confirmed=lac, last_entry_stored=last_stored, length=0 if lac < 0 else None)
     if lac >= 0:
         try:
             check_password(ledger_id, metadata, password)
-            report["length"] = (await reader.read(lac)).length
+            report.length = (await reader.read(lac)).length
         except (WrongPasswordError, LedgerReadError) as exc:
-            report["error"] = f"length unknown: {exc}"
+            report.error = str(exc)
     return report
 
 
@@ -193,7 +204,7 @@ async def _list(bk: BookKeeper, args) -> None:
     _emit(args, ids, "\n".join(map(str, ids)))
 
 
-def _print_metadata(args, metadata: LedgerMetadata, bookies_report: dict | None = None) -> None:
+def _print_metadata(args, metadata: LedgerMetadata, bookies_report: BookiesReport | None = None) -> None:
     """The metadata; for a ledger not closed yet, beside it what its bookies report (`bookies_report`)."""
     head = f"ledger {args.ledger_id}: {metadata.state}"
     if metadata.is_closed:
@@ -212,17 +223,17 @@ def _print_metadata(args, metadata: LedgerMetadata, bookies_report: dict | None 
         lines.append(f"  custom: {json.dumps(metadata.custom)}")
     document = {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}
     if not metadata.is_closed:
-        document["bookies_report"] = bookies_report
+        document["bookies_report"] = bookies_report.model_dump(exclude_none=True) if bookies_report else None
     _emit(args, document, "\n".join(lines))
 
 
-def _describe_report(report: dict) -> str:
-    if "last_add_confirmed" not in report:
-        return f"  bookies report: nothing ({report['error']})"
-    length = report["length"] if report["length"] is not None else "unknown"
-    line = f"  bookies report: last confirmed entry {report['last_add_confirmed']}, length {length}"
-    if report["last_entry_stored"] > report["last_add_confirmed"]:
-        line += f"; entries up to {report['last_entry_stored']} stored but not confirmed"
-    if report.get("error"):
-        line += f" ({report['error']})"
+def _describe_report(report: BookiesReport) -> str:
+    if report.last_add_confirmed is None:
+        return f"  bookies report: nothing ({report.error})"
+    length = "unknown" if report.length is None else report.length
+    line = f"  bookies report: last confirmed entry {report.last_add_confirmed}, length {length}"
+    if report.last_entry_stored is not None and report.last_entry_stored > report.last_add_confirmed:
+        line += f"; entries up to {report.last_entry_stored} stored but not confirmed"
+    if report.error:
+        line += f" ({report.error})"
     return line
