@@ -14,8 +14,11 @@ import sys
 from importlib.metadata import version
 
 import shtab
+from kazoo.exceptions import NoAuthError
 
 from bookfleet import commands
+from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.security import options as security_options
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args)
     try:
+        security_options.apply(args)
         return args.handler(args) or 0
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (CommandError, TimeoutError) as exc:
+    except NoAuthError:
+        message = f"ZooKeeper refused access: pass the fleet's credential (--zk-auth USER:PASSWORD or ${ZK_AUTH_ENV})"
+        print(f"bookfleet {args.command}: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except (CommandError, TimeoutError, security_options.SecurityFlagError) as exc:
         print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as exc:
