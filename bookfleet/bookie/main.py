@@ -23,6 +23,7 @@ from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
+from bookfleet.client.registry import BookieRegistry
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Bookie:
             await asyncio.to_thread(
                 cookie.verify_or_create, zk, config.bookie_id, config.journal_dir, config.ledger_dir
             )
+            await asyncio.to_thread(BookieRegistry(zk).record_address, config.bookie_id, config.advertised_address)
             await self.storage.start()
             self._storage_started = True
             try:

@@ -1,0 +1,141 @@
+"""Repair under faults: it never declares data lost, nor writes a replacement into the metadata, while a replica
+might still answer. Real ZooKeeper, real bookie processes, a real local SparkSession."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+
+import pytest
+
+from bookfleet import wire
+from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.connection import BookieClient
+from bookfleet.client.metadata import MetadataStore, new_metadata
+from bookfleet.client.registry import BookieRegistry
+from bookfleet.polling import wait_for
+from bookfleet.recovery.auditor import mark_lost_bookie
+from bookfleet.recovery.spark_repair import run_repair
+from bookfleet.recovery.underreplication import UnderReplication
+
+pytestmark = pytest.mark.spark
+
+PAIR = LedgerShape(ensemble_size=2, write_quorum=2, ack_quorum=2)
+DIGESTER = wire.Digester(wire.DigestType.CRC32C, b"")
+MASTER_KEY = wire.master_key(b"")
+
+
+@contextlib.contextmanager
+def frozen(bookie):
+    """SIGSTOP the bookie (disk intact, silent, its session expiring), SIGCONT on the way out."""
+    os.kill(bookie.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(bookie.process.pid, signal.SIGCONT)
+
+
+def registered(zk) -> set[str]:
+    return {info.bookie_id for info in BookieRegistry(zk).all()}
+
+
+def test_a_frozen_survivor_is_waited_for_never_declared_lost(spark, zk, zk_connect, bookie_fleet):
+    lost, survivor = bookie_fleet.start(2, zk_session_timeout=2)
+    expected = asyncio.run(fill_ledgers(zk_connect, 1, 100, 256, PAIR))
+    (ledger_id,) = expected
+    bookie_fleet.start(2)
+    store = MetadataStore(zk)
+    before = store.read(ledger_id)[0]
+    lost.kill9()
+    assert mark_lost_bookie(zk, lost.bookie_id) == [ledger_id]
+    under_replication = UnderReplication(zk)
+
+    with frozen(survivor):
+        wait_for(lambda: survivor.bookie_id not in registered(zk), 60, "the frozen bookie's session to expire")
+        during = run_repair(zk_connect)
+        assert during.data_loss == {} and during.entries == 0
+        assert during.failures and survivor.bookie_id in during.failures[0]
+        assert under_replication.ledger_ids() == [ledger_id]  # still marked, retried later
+        assert store.read(ledger_id)[0] == before  # no replacement that holds nothing
+
+    wait_for(lambda: survivor.bookie_id in registered(zk), 60, "the thawed bookie to register again")
+    after = run_repair(zk_connect)
+    assert (after.failures, after.data_loss, after.ledgers) == ([], {}, 1)
+    assert under_replication.ledger_ids() == [] and under_replication.data_losses() == []
+    assert lost.bookie_id not in store.read(ledger_id)[0].bookies()
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+    assert asyncio.run(read_back(zk_connect, ledger_id)) == expected[ledger_id]
+
+
+async def read_back(zk_connect: str, ledger_id: int) -> list[bytes]:
+    async with BookKeeper(zk_connect) as bookkeeper:
+        reader = await bookkeeper.open_ledger(ledger_id)
+        return [hashlib.sha256(entry.payload).digest() async for entry in reader.entries()]
+
+
+def handmade_ledger(zk, bookies, entries: int, copies) -> int:
+    """A closed E=Qw=Qa=2 ledger on `bookies`, written entry by entry: `copies(ledger_id, entry_id, bookie_id)` is
+    the raw entry that bookie gets (None: nothing), as a faulty writer or disk would leave the replicas."""
+    store = MetadataStore(zk)
+    ids = [bookie.bookie_id for bookie in bookies]
+    ledger_id = store.create(new_metadata(ids, write_quorum=2, ack_quorum=2))
+
+    async def write() -> None:
+        for bookie in bookies:
+            async with await BookieClient.connect(bookie.address) as client:
+                for entry_id in range(entries):
+                    raw = copies(ledger_id, entry_id, bookie.bookie_id)
+                    if raw is not None:
+                        await client.add_entry(MASTER_KEY, raw)
+
+    asyncio.run(write())
+    metadata, version = store.read(ledger_id)
+    store.update(ledger_id, metadata.with_closed(entries - 1, entries * 100), version)
+    return ledger_id
+
+
+def good_entry(ledger_id: int, entry_id: int) -> bytes:
+    return wire.encode_entry(DIGESTER, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * 100, bytes(100))
+
+
+def corrupt_entry(ledger_id: int, entry_id: int) -> bytes:
+    raw = bytearray(good_entry(ledger_id, entry_id))
+    raw[-1] ^= 0xFF  # the payload no longer matches its digest
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("damage", ["lacks", "corrupt"])
+def test_data_loss_when_the_last_survivor_lacks_the_entry_or_holds_it_corrupt(
+    spark, zk, zk_connect, bookie_fleet, damage
+):
+    lost, survivor, spare = bookie_fleet.start(3)
+
+    def copies(ledger_id: int, entry_id: int, bookie_id: str) -> bytes | None:
+        if bookie_id == survivor.bookie_id and entry_id >= 5:
+            return corrupt_entry(ledger_id, entry_id) if damage == "corrupt" else None
+        return good_entry(ledger_id, entry_id)
+
+    ledger_id = handmade_ledger(zk, [lost, survivor], 10, copies)
+    lost.kill9()
+    mark_lost_bookie(zk, lost.bookie_id)
+
+    summary = run_repair(zk_connect)
+
+    assert summary.failures == [] and summary.data_loss == {ledger_id: [5, 6, 7, 8, 9]}
+    assert summary.entries == 5  # the good ones went to the replacement
+    metadata = MetadataStore(zk).read(ledger_id)[0]
+    assert metadata.segments[0].bookies == (spare.bookie_id, survivor.bookie_id)
+    assert UnderReplication(zk).ledger_ids() == []
+    assert [r.entries for r in UnderReplication(zk).data_losses()] == [(5, 6, 7, 8, 9)]
+    assert asyncio.run(entries_held(spare, ledger_id, 9)) == [0, 1, 2, 3, 4]
+
+
+async def entries_held(bookie, ledger_id: int, last: int) -> list[int]:
+    """Ids of the verified entries 0..last the bookie holds."""
+    async with await BookieClient.connect(bookie.address) as client:
+        raws = await client.read_range(ledger_id, 0, last)
+    return [wire.decode_entry(DIGESTER, raw).entry_id for raw in raws]
