@@ -19,7 +19,7 @@ from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.client.registry import BookieRegistry
 from bookfleet.polling import wait_for
 from bookfleet.recovery.auditor import mark_lost_bookie
-from bookfleet.recovery.spark_repair import run_repair
+from bookfleet.recovery.spark_repair import RepairSummary, run_repair
 from bookfleet.recovery.underreplication import UnderReplication
 
 pytestmark = pytest.mark.spark
@@ -139,3 +139,43 @@ async def entries_held(bookie, ledger_id: int, last: int) -> list[int]:
     async with await BookieClient.connect(bookie.address) as client:
         raws = await client.read_range(ledger_id, 0, last)
     return [wire.decode_entry(DIGESTER, raw).entry_id for raw in raws]
+
+
+def test_a_live_writer_keeps_writing_while_its_replaced_bookie_is_repaired(spark, zk, zk_connect, bookie_fleet):
+    """The lost bookie sits only in a closed segment (the writer replaced it): repair copies that segment and leaves
+    the ledger open, so its writer never sees LedgerFencedError (BookKeeper's rule)."""
+    bookies = {bookie.bookie_id: bookie for bookie in bookie_fleet.start(4)}
+    store = MetadataStore(zk)
+
+    async def scenario() -> tuple[int, list[bytes], RepairSummary, str]:
+        async with BookKeeper(zk_connect) as bookkeeper:
+            writer = await bookkeeper.create_ledger(3, 3, 2)
+            payloads: list[bytes] = []
+
+            async def write(count: int) -> None:
+                for _ in range(count):
+                    payload = os.urandom(100)
+                    await writer.add(payload)
+                    payloads.append(payload)
+
+            await write(20)
+            victim = writer.metadata.segments[0].bookies[0]
+            bookies[victim].kill9()
+            await write(20)  # the writer replaces the victim: its segment is closed
+            assert len(writer.metadata.segments) == 2 and victim not in writer.metadata.segments[-1].bookies
+            mark_lost_bookie(zk, victim)
+
+            repair = asyncio.ensure_future(asyncio.to_thread(run_repair, zk_connect, open_grace_s=0))
+            while not repair.done():
+                await write(5)  # the writer goes on throughout the repair
+            summary = await repair
+            await write(20)
+            await writer.close()
+            return writer.ledger_id, [hashlib.sha256(p).digest() for p in payloads], summary, victim
+
+    ledger_id, digests, summary, victim = asyncio.run(scenario())
+    assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {})
+    metadata = store.read(ledger_id)[0]
+    assert metadata.is_closed and metadata.last_entry_id == len(digests) - 1  # closed by its writer, not fenced
+    assert victim not in metadata.bookies() and UnderReplication(zk).ledger_ids() == []
+    assert asyncio.run(verify_replicas(zk_connect, {ledger_id: digests})) == []
