@@ -15,12 +15,12 @@ from bookfleet import wire
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient
-from bookfleet.client.metadata import MetadataStore, new_metadata
-from bookfleet.client.registry import BookieRegistry
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
-from bookfleet.recovery.auditor import mark_lost_bookie
-from bookfleet.recovery.spark_repair import RepairSummary, run_repair
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.replication.auditor import mark_lost_bookie
+from bookfleet.replication.spark_repair import RepairSummary, run_repair
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bookfleet.recovery.repair import Reply, Verdict, entry_verdict
+from bookfleet.replication.repair import Reply, Verdict, entry_verdict
 
 REPLICAS = ["a", "b", "c"]
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 
-from bookfleet import zk as zkclient
 from bookfleet.bookie import cookie
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
@@ -23,7 +22,8 @@ from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
-from bookfleet.client.registry import BookieRegistry
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.registry import BookieRegistry
 
 log = logging.getLogger(__name__)
 
