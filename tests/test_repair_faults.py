@@ -15,12 +15,12 @@ from bookfleet import wire
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient
-from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.metadata import LedgerState, MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.replication.auditor import mark_lost_bookie
-from bookfleet.replication.spark_repair import RepairSummary, run_repair
+from bookfleet.replication.spark_repair import RepairJob, RepairSummary, run_repair
 
 pytestmark = pytest.mark.spark
 
@@ -179,3 +179,26 @@ def test_a_live_writer_keeps_writing_while_its_replaced_bookie_is_repaired(spark
     assert metadata.is_closed and metadata.last_entry_id == len(digests) - 1  # closed by its writer, not fenced
     assert victim not in metadata.bookies() and UnderReplication(zk).ledger_ids() == []
     assert asyncio.run(verify_replicas(zk_connect, {ledger_id: digests})) == []
+
+
+def test_an_open_ledger_is_not_fenced_when_no_bookie_could_replace_the_lost_one(zk, zk_connect, bookie_fleet):
+    """Its writer may go on at Qa (delayed ensemble change); fencing it would stop the writer and repair nothing."""
+    victim, *_ = bookie_fleet.start(3)
+
+    async def open_ledger() -> int:
+        async with BookKeeper(zk_connect) as bookkeeper:
+            writer = await bookkeeper.create_ledger(3, 3, 2)
+            for _ in range(5):
+                await writer.add(b"entry")
+            return writer.ledger_id  # left OPEN, as by a writer still at work
+
+    ledger_id = asyncio.run(open_ledger())
+    victim.kill9()
+    mark_lost_bookie(zk, victim.bookie_id)
+    job = RepairJob(zk, open_grace_s=0)
+
+    assert job.prepare(None) == []
+
+    assert job.summary.pending == [ledger_id] and "not fencing its writer" in job.summary.failures[0]
+    assert MetadataStore(zk).read(ledger_id)[0].state == LedgerState.OPEN
+    assert UnderReplication(zk).ledger_ids() == [ledger_id]

@@ -102,6 +102,20 @@ def damaged_fragments(metadata: LedgerMetadata, missing: Collection[str]) -> lis
     return damaged
 
 
+def choose_replacements(
+    bookies: Sequence[str], lost: Sequence[int], write_quorum: int, missing: Collection[str], choose: ReplacementChooser
+) -> tuple[str, ...]:
+    """A replacement per lost position of one segment: never a bookie of the segment or a missing one, and two
+    positions never get the same bookie. Raises the placement policy's NotEnoughBookies when there is none."""
+    ensemble = list(bookies)
+    replacements: list[str] = []
+    for position in lost:
+        bookie = choose(ensemble, position, write_quorum, {*missing, *bookies, *replacements})
+        replacements.append(bookie)
+        ensemble[position] = bookie
+    return tuple(replacements)
+
+
 def plan_ledger(
     ledger_id: int, metadata: LedgerMetadata, missing: Collection[str], choose: ReplacementChooser
 ) -> list[FragmentPlan]:
@@ -112,12 +126,7 @@ def plan_ledger(
     """
     plans = []
     for fragment, lost in damaged_fragments(metadata, missing):
-        ensemble = list(fragment.bookies)
-        replacements = []
-        for position in lost:
-            bookie = choose(ensemble, position, metadata.write_quorum, {*missing, *fragment.bookies, *replacements})
-            replacements.append(bookie)
-            ensemble[position] = bookie
+        replacements = choose_replacements(fragment.bookies, lost, metadata.write_quorum, missing, choose)
         plans.append(
             FragmentPlan(
                 ledger_id=ledger_id,
@@ -127,7 +136,7 @@ def plan_ledger(
                 bookies=fragment.bookies,
                 write_quorum=metadata.write_quorum,
                 lost=lost,
-                replacements=tuple(replacements),
+                replacements=replacements,
                 digest_type=str(metadata.digest_type),
                 entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )

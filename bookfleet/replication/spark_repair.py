@@ -47,7 +47,13 @@ from bookfleet.meta.metadata import (
 )
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import Marker, UnderReplication
-from bookfleet.replication.planner import FragmentPlan, plan_ledger, tail_is_damaged
+from bookfleet.replication.planner import (
+    FragmentPlan,
+    choose_replacements,
+    lost_positions,
+    plan_ledger,
+    tail_is_damaged,
+)
 from bookfleet.replication.repair import FragmentResult, RepairSettings, repair_partition
 
 log = logging.getLogger(__name__)
@@ -243,12 +249,19 @@ class RepairJob:
             return None
         metadata, version = stored
         missing = marker.missing_bookies if marker else frozenset()
+        choose = self.chooser(writable)
         if tail_is_damaged(metadata, missing):
+            tail = metadata.segments[-1].bookies
+            try:  # a writer going on at Qa is better than a fenced ledger nobody can repair
+                choose_replacements(tail, lost_positions(tail, missing), metadata.write_quorum, missing, choose)
+            except NotEnoughBookies as exc:
+                self.fail(ledger_id, f"ledger {ledger_id}: not fencing its writer, no replacement bookie: {exc}")
+                return None
             if self.close_open_ledger(ledger_id, marker, metadata) is None:
                 return None
             metadata, version = self.metadata.read(ledger_id)
         try:
-            plans = plan_ledger(ledger_id, metadata, missing, self.chooser(writable))
+            plans = plan_ledger(ledger_id, metadata, missing, choose)
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
