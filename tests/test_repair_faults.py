@@ -202,3 +202,22 @@ def test_an_open_ledger_is_not_fenced_when_no_bookie_could_replace_the_lost_one(
     assert job.summary.pending == [ledger_id] and "not fencing its writer" in job.summary.failures[0]
     assert MetadataStore(zk).read(ledger_id)[0].state == LedgerState.OPEN
     assert UnderReplication(zk).ledger_ids() == [ledger_id]
+
+
+def test_a_bookie_a_writer_went_on_without_is_repaired_although_it_answers(spark, zk, zk_connect, bookie_fleet):
+    """Delayed ensemble change: the writer kept writing at Qa while one bookie missed entries, and marked it."""
+    kept, skipped, spare = bookie_fleet.start(3)
+
+    def copies(ledger_id: int, entry_id: int, bookie_id: str) -> bytes | None:
+        missed = bookie_id == skipped.bookie_id and 3 <= entry_id <= 6
+        return None if missed else good_entry(ledger_id, entry_id)
+
+    ledger_id = handmade_ledger(zk, [kept, skipped], 10, copies)
+    UnderReplication(zk).mark(ledger_id, [skipped.bookie_id], missed_entries=True)
+
+    summary = run_repair(zk_connect)
+
+    assert (summary.failures, summary.data_loss, summary.entries) == ([], {}, 10)
+    assert MetadataStore(zk).read(ledger_id)[0].segments[0].bookies == (kept.bookie_id, spare.bookie_id)
+    assert asyncio.run(entries_held(spare, ledger_id, 9)) == list(range(10))
+    assert UnderReplication(zk).ledger_ids() == []
