@@ -137,7 +137,8 @@ class Connections:
                 address = self.addresses.get(bookie_id)
                 if address is None:
                     raise ConnectionError(f"bookie {bookie_id} has no known address")
-                client = self.clients[bookie_id] = await BookieClient.connect(address, READ_TIMEOUT)
+                client = await BookieClient.connect(address, READ_TIMEOUT, bookie_id=bookie_id)
+                self.clients[bookie_id] = client
             return client
 
     def give_up(self, bookie_id: str, reason: str) -> None:
