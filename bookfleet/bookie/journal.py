@@ -154,13 +154,16 @@ class Journal:
         flush_bytes: int,
         roll_bytes: int,
         on_sync: Callable[[int, float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ):
-        """`on_sync(bytes, seconds)` is called on the event loop after each group commit's write+fdatasync."""
+        """`on_sync(bytes, seconds)` is called on the event loop after each group commit's write+fdatasync;
+        `on_failure(reason)` once, on the event loop, when a write or sync fails (nothing is acknowledged after)."""
         self.directory = directory
         self._max_wait = max_wait
         self._flush_bytes = flush_bytes
         self._roll_bytes = roll_bytes
         self._on_sync = on_sync
+        self._on_failure = on_failure
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._batch: Batch | None = None
@@ -200,6 +203,11 @@ class Journal:
             self._full = None
         self._last = self._batch
         return self._batch
+
+    @property
+    def current_seq(self) -> int:
+        """The sequence number of the file being written."""
+        return self._seq
 
     def barrier(self) -> Batch | None:
         """The future of the last appended record's batch (None if nothing was ever appended)."""
@@ -273,5 +281,7 @@ class Journal:
                 for future in (batch, self._batch):
                     future.set_exception(error)
                     future.exception()  # retrieved here, so an unawaited batch does not warn
+                if self._on_failure is not None:
+                    self._on_failure(f"journal write or sync failed in {self.directory}: {exc}")
                 return
             batch.set_result(None)
