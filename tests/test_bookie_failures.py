@@ -10,12 +10,13 @@ import os
 
 import pytest
 
-from bookfleet import wire, zkpaths
-from bookfleet import zk as zkclient
+from bookfleet import wire
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.main import Bookie
 from bookfleet.bookie.registration import Registration
 from bookfleet.client.connection import BookieClient, ReadOnlyError
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta import zkpaths
 from bookfleet.zkserver import free_port
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 

@@ -1,7 +1,7 @@
 """Whether the bookie takes adds: read-only while its disk is too full, while ZooKeeper forces it, and for good once
 its storage failed (a journal write or sync error).
 
-The forced switch is the bookie's state node (client.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
+The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
 """
 
@@ -14,8 +14,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import DataWatch
 
-from bookfleet import zkpaths
-from bookfleet.client import bookiestate
+from bookfleet.meta import bookiestate, zkpaths
 
 log = logging.getLogger(__name__)
 
