@@ -61,6 +61,7 @@ class ServerLimits:
                 raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
 
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
+_ADD_ENTRY = int(Op.ADD_ENTRY)
 _FENCE = int(wire.Flag.FENCE)
 _MIN_ADD_BODY = wire.MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
 
@@ -347,8 +348,9 @@ class _Connection(asyncio.Protocol):
         self._processing = True
         buffer = self.buffer
         pos, end = 0, len(buffer)
-        unpack_length, server = wire.LENGTH_PREFIX.unpack_from, self.server
-        max_in_flight, max_pending = server.max_in_flight, server.limits.max_pending_response_bytes
+        unpack_length, server, limits = wire.LENGTH_PREFIX.unpack_from, self.server, self.server.limits
+        max_in_flight, max_pending = server.max_in_flight, limits.max_pending_response_bytes
+        connection_room = limits.max_connection_add_bytes - self.add_bytes
         partial = False
         self._admission_blocked = False  # decided again below
         try:
@@ -369,9 +371,12 @@ class _Connection(asyncio.Protocol):
                 if end - start < length:
                     partial = True
                     break
-                if buffer[start + 1] == Op.ADD_ENTRY and not server.admit_adds(self, length):
-                    self._admission_blocked = True
-                    break
+                if buffer[start + 1] == _ADD_ENTRY:  # the common case (room on both counts) costs no call
+                    short_of_room = length > connection_room or length > limits.max_add_bytes - server.add_bytes
+                    if short_of_room and not server.admit_adds(self, length):
+                        self._admission_blocked = True
+                        break
+                    connection_room -= length
                 pos = start + length
                 self._dispatch(buffer, start, pos)
                 if self._rejected:
