@@ -13,6 +13,7 @@ import pytest
 from bookfleet import wire
 from bookfleet.bookie import journal
 from bookfleet.bookie.checkpoint import LastLogMark
+from bookfleet.bookie.entrylog import EntryLogger
 from bookfleet.bookie.errors import LedgerFenced, StorageFailure
 from bookfleet.bookie.index import LedgerIndex
 from bookfleet.bookie.storage import LedgerStorage, StorageSettings
@@ -135,3 +136,37 @@ async def test_write_lac_is_refused_on_a_fenced_ledger(open_storage):
     with pytest.raises(LedgerFenced):
         await storage.set_explicit_lac(1, 5, KEY)
     assert storage.lac(1) == 2
+
+
+async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(storage_dirs, monkeypatch, caplog):
+    failures: list[str] = []
+    settings = StorageSettings(**{**TEST_SETTINGS, "flush_interval": 0.05})
+    storage = LedgerStorage(*storage_dirs, settings, on_failure=failures.append)
+    attempts = []
+    real_sync = EntryLogger.sync
+
+    def failing_sync(logger: EntryLogger) -> None:
+        attempts.append(1)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(EntryLogger, "sync", failing_sync)
+    await storage.start()
+    try:
+        entries = await add_all(storage, 1, range(5))
+        async with asyncio.timeout(60):
+            while len(attempts) < 3:  # timed flushes go on retrying, further and further apart
+                await asyncio.sleep(0.05)
+        assert failures == [f"memtable flush failed: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"]
+        with pytest.raises(StorageFailure, match="bookie storage failed: memtable flush failed"):
+            await storage.add_entry(1, 5, make_entry(1, 5), KEY)
+        failed_logs = [r for r in caplog.records if "memtable flush failed" in r.getMessage()]
+        assert len([r for r in failed_logs if r.exc_info]) == 1  # one traceback, not one per retry
+
+        monkeypatch.setattr(EntryLogger, "sync", real_sync)  # the disk has room again
+        async with asyncio.timeout(60):
+            while LastLogMark(storage_dirs[1]).read() == journal.JournalPosition(0, 0):
+                await asyncio.sleep(0.05)
+        assert [await storage.read_entry(1, e) for e in range(5)] == list(entries.values())
+    finally:
+        monkeypatch.undo()
+        await storage.close()
