@@ -170,3 +170,15 @@ def _no_tracebacks(bookie_fleet):
     yield
     for bookie in bookie_fleet.bookies:
         assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
+
+
+async def test_reading_goes_on_after_answers_that_filled_the_pending_bound_are_taken(bookie_fleet):
+    (bookie,) = bookie_fleet.start(1, max_pending_response_bytes=1_000_000)
+    async with await BookieClient.connect(bookie.address) as client:
+        entries = [encode_test_entry(4, i, os.urandom(100_000)) for i in range(6)]
+        await asyncio.gather(*(client.add_entry(MASTER_KEY, entry) for entry in entries))
+        for _ in range(5):  # two 600 KB answers pass the bound: reading pauses until they have left
+            assert await asyncio.wait_for(
+                asyncio.gather(client.read_range(4, 0, 5), client.read_range(4, 0, 5)), 30
+            ) == [entries, entries]
+            assert await asyncio.wait_for(client.read_entry(4, 5), 30) == entries[5]

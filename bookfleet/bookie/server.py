@@ -546,8 +546,12 @@ class _Connection(asyncio.Protocol):
         self._outgoing_bytes = 0
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(outgoing))
-            if self.buffer and not self._processing:
+            if self._processing:
+                return
+            if self.buffer:
                 self._process()
+            elif self._reading_paused:
+                self._update_reading()  # paused while these answers waited: read on
 
     def _reject_prefix(self, length: int, rest: bytearray, exc: wire.ProtocolError) -> None:
         """A length prefix that cannot start a frame: too large (TOO_LARGE) or shorter than a header."""
