@@ -30,6 +30,8 @@ class BookieConfig:
     gc_interval: float = 60.0
     gc_grace: float = 60.0
     zk_session_timeout: float = 6.0
+    tls_dir: Path | None = None
+    verify_ledgers: bool = True
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: ServerLimits = field(default_factory=ServerLimits)
 
@@ -76,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tunable(parser, "gc_interval", "seconds between garbage collections")
     _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")
     _tunable(parser, "zk_session_timeout", "seconds after a crash until the registration vanishes")
+    parser.add_argument(
+        "--tls-dir", type=Path, default=None,
+        help="serve mutual TLS with ca.pem, cert.pem, key.pem from this directory (reloaded when they change)",
+    )
+    parser.add_argument(
+        "--no-verify-ledgers", dest="verify_ledgers", action="store_false",
+        help="create any ledger id a client names, without checking ZooKeeper metadata (raw-protocol tests only)",
+    )
     for title, settings, prefix in (
         ("storage tuning", StorageSettings, _STORAGE_PREFIX),
         ("connection limits", ServerLimits, _LIMITS_PREFIX),
