@@ -18,10 +18,9 @@ from bookfleet.client.registry import BookieRegistry
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
-from bookfleet.kube.models import VALID, BookieCluster, Ledger
+from bookfleet.kube.models import DATA_LOSS, VALID, BookieCluster, Ledger
 from bookfleet.recovery.underreplication import UnderReplication
 
-DATA_LOSS = "DataLoss"
 CREATED = "Created"
 
 

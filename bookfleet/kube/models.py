@@ -147,6 +147,15 @@ class ResourceRequirements(KubeModel):
     limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
+def _resources_default(requests: dict[str, Quantity], limits: dict[str, Quantity]) -> Any:
+    """A resources field defaulting to a whole object, the same in Python and in the CRD (the API server fills it
+    only when the field is left out, so a user's own requests never mix with default limits they exceed)."""
+    default = ResourceRequirements(requests=requests, limits=limits)
+    return Field(
+        default_factory=lambda: default.model_copy(deep=True), json_schema_extra={"default": default.to_wire()}
+    )
+
+
 class AntiAffinity(enum.StrEnum):
     """How strongly bookies of one cluster avoid sharing a node."""
 
@@ -198,6 +207,13 @@ class RepairSettings(KubeModel):
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
     image: str | None = Field(None, description="defaults to the cluster's bookie image")
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
+    active_deadline_seconds: int = Field(
+        3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
+    )
+    executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    driver_resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
 
 
 class AutoRecovery(KubeModel):
@@ -214,7 +230,12 @@ class BookieClusterSpec(KubeModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181")
     storage: Storage = Field(default_factory=Storage)
-    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
+    max_unavailable: int = Field(
+        1, ge=0, description="bookies a voluntary disruption (node drain, eviction) may take down at once"
+    )
     zones: ZoneList = Field(default_factory=list, description="bookies spread round-robin over these zones")
     anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
     bookie: BookieSettings = Field(default_factory=BookieSettings)
@@ -381,6 +402,8 @@ class Ledger(CustomResource):
 
 VALID = "Valid"
 """Condition type that reports the problems below; the operator sets it on BookieClusters and Ledgers."""
+DATA_LOSS = "DataLoss"
+"""Condition type of a Ledger some of whose entries no replica holds any more."""
 
 
 def zone_of(ordinal: int, zones: list[str]) -> str | None:
