@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bookfleet.bookie.http import BookieMetrics
-from bookfleet.cli import build_parser
+from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import BookieCluster, cluster_problems
 from tests.fixtures.manifests import operator_objects
@@ -65,9 +65,9 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     name, objects = rendered
     kinds = {obj["kind"] for obj in objects}
     expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-    expected |= {"NetworkPolicy"}
+    expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
     if name == "all-optional":
-        expected |= {"StatefulSet", "Service", "BookieCluster", "PodDisruptionBudget", "ConfigMap"}
+        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap"}
         expected |= PROMETHEUS_OPERATOR_KINDS
     assert kinds == expected
     for obj in objects:
@@ -77,6 +77,8 @@ def test_every_rendered_object_is_valid(rendered) -> None:
             assert cluster_problems(cluster.spec) == []
         elif obj["kind"] in PROMETHEUS_OPERATOR_KINDS:
             assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        elif obj["kind"] == "KopfPeering":
+            assert obj["apiVersion"] == "kopf.dev/v1" and "spec" not in obj
         else:
             kubernetes_validate.validate(obj, "1.30", strict=True)
 
@@ -145,10 +147,11 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     assert not any(resource == "secrets" and verb != "get" for _, resource, verb in granted)
     (deployment,) = by_kind(objects, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:7] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet", "--standalone"]
-    assert command[7:] == ["--liveness", "http://0.0.0.0:8080/healthz"]
+    assert command[:6] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet"]
+    assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz"]
     parsed = build_parser().parse_args(command[1:])
-    assert (parsed.namespaces, parsed.standalone) == (["bookfleet"], True)
+    assert (parsed.namespaces, parsed.standalone, parsed.peering) == (["bookfleet"], False, "bookfleet")
+    assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
 
 
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart: helm.Chart) -> None:
@@ -263,3 +266,27 @@ def test_dashboard_queries_only_metrics_the_code_exports(chart: helm.Chart) -> N
     for topic in ("adds", "reads", "add latency", "journal sync", "disk", "repair"):
         assert topic in titles
     assert metric_names("sum by (pod) (rate(bookie_add_entries_total{job=\"x\"}[5m]))") == {"bookie_add_entries_total"}
+
+
+def test_two_operator_replicas_peer_through_a_kopf_peering_the_chart_installs(chart: helm.Chart) -> None:
+    """kopf pauses a peered operator until its KopfPeering exists and it holds the top priority: the chart ships the
+    CRD and the object (in the watched namespace), and each replica draws its own priority so two never tie."""
+    objects = render(chart, {"operator": {"watchNamespace": "storage"}})
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    (peering,) = by_kind(objects, "KopfPeering")
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    parsed = build_parser().parse_args(command[1:])
+    assert parsed.peering == peering["metadata"]["name"] and parsed.priority is None
+    assert peering["metadata"]["namespace"] == "storage" == parsed.namespaces[0]
+    names = {crd["name"] for crd in chart.crds}
+    assert "crds/kopf.dev_kopfpeerings.yaml" in names
+    (budget,) = by_kind(objects, "PodDisruptionBudget", "operator")
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_operator_priority_needs_peering(capsys) -> None:
+    assert main(["operator", "--priority", "5"]) == 2
+    assert "--priority needs --peering NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "--standalone", "--peering", "bookfleet"])

@@ -182,12 +182,42 @@ def crd(resource: type[CustomResource]) -> dict[str, Any]:
     }
 
 
+KOPF_PEERING = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "kopfpeerings.kopf.dev"},
+    "spec": {
+        "scope": "Namespaced",
+        "group": "kopf.dev",
+        "names": {"kind": "KopfPeering", "plural": "kopfpeerings", "singular": "kopfpeering"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                    }
+                },
+            }
+        ],
+    },
+}
+"""kopf's namespaced peering resource (as in kopf's docs): operator replicas keep their priorities and heartbeats
+in a KopfPeering's status, and only the highest priority acts."""
+
+
 def crd_files() -> dict[str, str]:
     """File name -> YAML text for every CRD, in the controller-gen naming (`<group>_<plural>.yaml`)."""
-    return {
+    files = {
         f"{GROUP}_{resource.plural}.yaml": HEADER + yaml.safe_dump(crd(resource), sort_keys=False, width=120)
         for resource in RESOURCES
     }
+    files["kopf.dev_kopfpeerings.yaml"] = HEADER + yaml.safe_dump(KOPF_PEERING, sort_keys=False, width=120)
+    return files
 
 
 def drift(directory: Path) -> list[str]:
