@@ -142,6 +142,8 @@ def test_spark_application_pods_are_restricted_too(shipped_objects) -> None:
                 "containers": [{"name": role, "securityContext": pod["securityContext"]}]}
         assert restricted_violations(spec) == []
         assert pod["coreLimit"] and pod["memory"]
+        volumes = {volume["name"] for volume in app["spec"]["volumes"]}
+        assert {mount["name"] for mount in pod["volumeMounts"]} <= volumes, "read-only root: /tmp is a volume"
 
 
 @pytest.mark.parametrize(

@@ -618,6 +618,7 @@ def spark_application(
                 "labels": pod_labels,
                 "podSecurityContext": _pod_security_context(),
                 "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
             },
             "executor": {
                 "instances": repair.executors,
@@ -627,7 +628,9 @@ def spark_application(
                 "labels": pod_labels,
                 "podSecurityContext": _pod_security_context(),
                 "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
             },
+            "volumes": [_scratch_volume()],
         },
     }
     return owned_by(manifest, cluster)
