@@ -236,3 +236,36 @@ def test_set_condition_moves_the_transition_time_only_on_a_status_change() -> No
     assert (conditions[0].message, conditions[0].last_transition_time) == ("entry 7", first)
     conditions = set_condition(conditions, Condition(type="DataLoss", status=ConditionStatus.FALSE), now=later)
     assert conditions[0].last_transition_time == later
+
+
+def server_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """`value` with the schema's defaults filled in, as the API server defaults an object before storing it."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        return value
+    filled = dict(value)
+    for name, prop in schema["properties"].items():
+        if name not in filled and "default" in prop:
+            filled[name] = prop["default"]
+        if name in filled:
+            filled[name] = server_defaults(prop, filled[name])
+    return filled
+
+
+@pytest.mark.parametrize(
+    "resource, minimal",
+    [(BookieCluster, {"zookeeper": "zk:2181"}), (Ledger, {"cluster": "demo"})],
+    ids=["BookieCluster", "Ledger"],
+)
+def test_the_api_server_fills_the_same_defaults_as_the_models(resource, minimal) -> None:
+    """A resource applied with only its required fields gets the defaults the operator's models assume."""
+    schema = version_schema(resource)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_model = resource.model_fields["spec"].annotation
+    expected = spec_model.model_validate(minimal).to_wire()
+    assert without_empty(server_defaults(schema, minimal)) == without_empty(expected)
+
+
+def without_empty(value: Any) -> Any:
+    """Empty lists and maps left out: an absent list and an empty one mean the same to the operator."""
+    if isinstance(value, dict):
+        return {key: without_empty(item) for key, item in value.items() if item not in ([], {})}
+    return value

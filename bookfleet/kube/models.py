@@ -128,6 +128,14 @@ class CustomResource(KubeModel):
 # --- BookieCluster -------------------------------------------------------------------------------------------
 
 
+def _whole_default(default: KubeModel) -> Any:
+    """A field defaulting to a whole object, the same in Python and in the CRD (the API server fills it only when
+    the field is left out; its own field defaults, if different, never leak in)."""
+    return Field(
+        default_factory=lambda: default.model_copy(deep=True), json_schema_extra={"default": default.to_wire()}
+    )
+
+
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
@@ -138,7 +146,7 @@ class Volume(KubeModel):
 class Storage(KubeModel):
     """Journal and ledger directories on separate volumes: the journal's fsyncs never queue behind compaction."""
 
-    journal: Volume = Field(default_factory=lambda: Volume(size="2Gi"))
+    journal: Volume = _whole_default(Volume(size="2Gi"))
     ledgers: Volume = Field(default_factory=Volume)
 
 
@@ -148,12 +156,8 @@ class ResourceRequirements(KubeModel):
 
 
 def _resources_default(requests: dict[str, Quantity], limits: dict[str, Quantity]) -> Any:
-    """A resources field defaulting to a whole object, the same in Python and in the CRD (the API server fills it
-    only when the field is left out, so a user's own requests never mix with default limits they exceed)."""
-    default = ResourceRequirements(requests=requests, limits=limits)
-    return Field(
-        default_factory=lambda: default.model_copy(deep=True), json_schema_extra={"default": default.to_wire()}
-    )
+    """Requests and limits as one default, so a user's own requests never mix with default limits they exceed."""
+    return _whole_default(ResourceRequirements(requests=requests, limits=limits))
 
 
 class AntiAffinity(enum.StrEnum):
