@@ -244,7 +244,7 @@ def metric_names(expr: str) -> set[str]:
 
 def exported_metric_names() -> set[str]:
     """Every sample name the code exports: a bookie's registry, and the repair job's counters."""
-    importlib.import_module("bookfleet.recovery.spark_repair")  # registers the repair counters
+    importlib.import_module("bookfleet.replication.spark_repair")  # registers the repair counters
     registries = (BookieMetrics().registry, prometheus_client.REGISTRY)
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import LedgerState
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
 from bookfleet.client.writeset import quorum_covered
+from bookfleet.meta.metadata import LedgerState
 from tests.test_client_writer import eventually, stored_entries
 
 

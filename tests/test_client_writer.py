@@ -13,12 +13,12 @@ import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
 from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerError
-from bookfleet.client.metadata import LedgerState
-from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
 from bookfleet.client.writer import LedgerClosedError
 from bookfleet.client.writeset import write_set
+from bookfleet.meta.metadata import LedgerState
+from bookfleet.meta.metadata import NoSuchLedgerError as UnknownLedger
 
 
 @contextlib.contextmanager

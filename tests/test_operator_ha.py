@@ -15,7 +15,7 @@ import yaml
 
 from bookfleet import polling
 from bookfleet.kube import crdgen
-from bookfleet.kube.emulator import EmulatorThread
+from tests.emulator import EmulatorThread
 from tests.test_operator import NS, REPO, bookie_cluster
 
 PEERING = "bookfleet"

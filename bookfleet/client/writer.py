@@ -23,10 +23,10 @@ from functools import partial
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, FencedError
-from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
-from bookfleet.client.registry import BookiePool
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import write_set
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 
 log = logging.getLogger(__name__)
 
