@@ -232,7 +232,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     (template_volume,) = [v for v in pod["volumes"] if "configMap" in v]
     assert template_path.startswith(mounts[template_volume["name"]] + "/")
-    assert template_volume["configMap"]["name"] == resources.EXECUTOR_TEMPLATE_CONFIG_MAP
+    assert template_volume["configMap"]["name"] == resources.executor_template_name()
     assert conf["spark.kubernetes.executor.limit.cores"] == conf["spark.kubernetes.executor.request.cores"] == "1"
     assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
     application = next(arg for arg in command if arg.endswith("spark_repair.py"))
@@ -263,7 +263,7 @@ def test_repair_namespace_objects_are_namespaced_and_minimal() -> None:
         valid(obj) for obj in resources.repair_namespace_objects("storage", "bookfleet-repair")
     )
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
-    assert template["metadata"]["name"] == resources.EXECUTOR_TEMPLATE_CONFIG_MAP
+    assert template["metadata"]["name"] == resources.executor_template_name()
     executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
     assert executor == resources.executor_pod_template()
     assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER

@@ -59,8 +59,8 @@ SCRATCH_LIMIT = "1Gi"
 EXECUTOR_CONTAINER = "executor"
 EXECUTOR_TEMPLATE_DIR = "/etc/bookfleet/spark"
 EXECUTOR_TEMPLATE_FILE = "executor-pod-template.yaml"
-EXECUTOR_TEMPLATE_CONFIG_MAP = "bookfleet-repair-executor"
-"""The pod template Spark's driver gives every executor pod: the same security settings as every other pod."""
+EXECUTOR_TEMPLATE_PREFIX = "bookfleet-repair-executor"
+"""The ConfigMap holding the pod template Spark's driver gives every executor pod (see executor_template_name)."""
 
 K8S_MASTER = "k8s://https://kubernetes.default.svc"
 REPAIR_JOB = "spark_repair"
@@ -510,6 +510,16 @@ def _executor_conf(cores: int) -> dict[str, str]:
     }
 
 
+def executor_template_name() -> str:
+    """Named by its content: the operator only creates it, so a new template after an upgrade gets a new ConfigMap
+    instead of silently keeping the old one."""
+    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text())
+
+
+def _executor_template_text() -> str:
+    return yaml.safe_dump(executor_pod_template(), sort_keys=False)
+
+
 def executor_pod_template() -> dict[str, Any]:
     """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp."""
     return {
@@ -552,7 +562,7 @@ def repair_job(
         "volumeMounts": [SCRATCH, template],
         "securityContext": _security_context(),
     }
-    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": EXECUTOR_TEMPLATE_CONFIG_MAP}}]
+    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
     manifest = {
@@ -641,13 +651,12 @@ def repair_namespace_objects(namespace: str, service_account: str) -> list[dict[
     limited to the namespace and to REPAIR_RULES) and the executor pod template."""
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
-    template = yaml.safe_dump(executor_pod_template(), sort_keys=False)
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(EXECUTOR_TEMPLATE_CONFIG_MAP, namespace, meta),
-            "data": {EXECUTOR_TEMPLATE_FILE: template},
+            "metadata": _metadata(executor_template_name(), namespace, meta),
+            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text()},
         },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
         {
