@@ -159,7 +159,7 @@ def test_spark_application_pods_are_restricted_too(shipped_objects) -> None:
 )
 def test_the_checker_catches_what_the_profile_forbids(mutation, expected, shipped_objects) -> None:
     """The checker itself: each forbidden setting put into an otherwise good bookie pod is reported."""
-    (bookie,) = [obj for obj in shipped_objects if obj["kind"] == "Pod" and obj["metadata"]["name"] == "demo-0"]
+    (bookie,) = [obj for obj in shipped_objects if obj["kind"] == "Pod" and obj["metadata"]["name"] == "bookfleet-0"]
     spec = yaml.safe_load(yaml.safe_dump(bookie["spec"]))
     assert restricted_violations(spec) == []
     mutation(spec)

@@ -97,7 +97,7 @@ class Connections:
                 address = self.addresses.get(bookie_id)
                 if address is None:
                     raise ConnectionError(f"bookie {bookie_id} is not registered")
-                client = self.clients[bookie_id] = await BookieClient.connect(address)
+                client = self.clients[bookie_id] = await BookieClient.connect(address, bookie_id=bookie_id)
             return client
 
     async def close(self) -> None:
