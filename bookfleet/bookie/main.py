@@ -56,7 +56,11 @@ class Bookie:
         self.config = config
         self.metrics = BookieMetrics()
         self.storage = LedgerStorage(
-            config.journal_dir, config.ledger_dir, config.storage, self.metrics.observe_journal_sync
+            config.journal_dir,
+            config.ledger_dir,
+            config.storage,
+            self.metrics.observe_journal_sync,
+            self._on_storage_failure,
         )
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None
@@ -113,11 +117,12 @@ class Bookie:
             self.storage,
             self.metrics,
             monitor.space,
-            config.max_in_flight,
+            config.limits,
             tls=_tls_context(config),
             admission=LedgerAdmission(zk, self.storage.has_ledger) if config.verify_ledgers else None,
         )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
+        self.read_only.set_storage_failure(self.storage.failure)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
@@ -142,6 +147,11 @@ class Bookie:
             self.registration.update(free_bytes=free, total_bytes=total)
         if self.read_only is not None:
             self.read_only.set_disk_full(disk_full)
+
+    def _on_storage_failure(self, reason: str) -> None:
+        """The journal or the disk failed: read-only at once (adds, GET_BOOKIE_INFO, registration), saying why."""
+        if self.read_only is not None:
+            self.read_only.set_storage_failure(reason)
 
     def _on_read_only_change(self, reason: str | None) -> None:
         """The disk monitor or ZooKeeper switched the bookie: adds, GET_BOOKIE_INFO and registration follow."""
