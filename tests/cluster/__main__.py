@@ -2,7 +2,8 @@
 
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
 nodes labelled zone-a|b|c, a pod network on a host-only bridge. Everything it made (processes, network namespaces,
-links, mount points, the state directory) is removed when it stops.
+links, the state directory) is removed when it stops; bind-mount targets it had to create on the host stay (see
+`Kubelet.mount_point`).
 """
 
 from __future__ import annotations

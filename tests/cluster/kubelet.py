@@ -46,7 +46,6 @@ class Kubelet:
         self.failed_nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()
-        self.mount_points: list[Path] = []
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -87,18 +86,18 @@ class Kubelet:
         return Path(pv["spec"]["hostPath"]["path"])
 
     def mount_point(self, target: str, directory: bool) -> None:
-        """Bind mounts need their target to exist on the host; remember what we created so `stop` removes it."""
+        """Bind mounts need their target to exist on the host. It stays there when the cluster stops: removing a
+        mount point detaches the mounts on it in every mount namespace, so one local cluster stopping would take
+        e.g. the service-account token away from the pods of another one running beside it."""
         path = Path(target)
         with self._lock:
             if path.exists() or path.is_symlink():
                 return
-            missing = [p for p in (path, *path.parents) if not p.exists()]
             if directory:
                 path.mkdir(parents=True)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
-            self.mount_points.extend(missing)
 
     def report_status(self, worker: PodWorker, status: dict[str, Any]) -> bool:
         try:
@@ -370,7 +369,7 @@ class Kubelet:
         self._every(1.0, self._sync_pods, "pods", self._changed)
 
     def stop(self, grace: float = 10.0) -> None:
-        """Stop every pod (SIGTERM, then SIGKILL after `grace`), the loops, and remove the mount points we made."""
+        """Stop every pod (SIGTERM, then SIGKILL after `grace`) and the loops."""
         self._stop.set()
         self._changed.set()
         for thread in self._threads:
@@ -380,11 +379,6 @@ class Kubelet:
             worker.request_stop(grace)
         for worker in workers:
             worker.done.wait(grace + 15)
-        for path in sorted(self.mount_points, key=lambda p: len(p.parts), reverse=True):
-            try:
-                path.rmdir() if path.is_dir() else path.unlink()
-            except OSError:
-                log.warning("left %s behind (not empty or still mounted)", path)
 
 
 def dt_micro() -> dt.datetime:
