@@ -17,7 +17,7 @@ from bookfleet.cli import CommandError
 def register(subparsers) -> None:
     parser = subparsers.add_parser("operator", help="run the Kubernetes operator")
     parser.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
-                        help="watch only this namespace (repeatable; default: the whole cluster)")
+                        help="watch only this namespace, by name (repeatable; default: the whole cluster)")
     parser.add_argument("--zk", help="ZooKeeper connect string to use instead of each cluster's own")
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
@@ -49,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if args.peering:
         priority = args.priority if args.priority is not None else random.SystemRandom().randrange(1, 2**31)
         peering = {"peering_name": args.peering, "priority": priority}
+    settings = kopf.OperatorSettings()
+    # Named namespaces need no scan of all namespaces (which would need cluster-wide `list namespaces`); the CRDs
+    # are installed before the operator starts, so kopf's watch for new ones is not needed either.
+    settings.scanning.disabled = bool(args.namespaces)
     asyncio.run(kopf.operator(
         standalone=args.standalone, clusterwide=not args.namespaces, namespaces=args.namespaces or (),
-        liveness_endpoint=args.liveness, **peering,
+        liveness_endpoint=args.liveness, settings=settings, **peering,
     ))
     return 0
