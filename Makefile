@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 CHECKOV := $(VENV)/tools/checkov/bin/checkov
 
-.PHONY: setup run test test-cluster kube-binaries cluster chaos floors bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ test-cluster: setup kube-binaries
 
 cluster: setup
 	$(PY) -m tests.cluster
+
+# The README's lost-bookie walkthrough on its own local cluster (the same steps as the cluster tier's repair test).
+cluster-demo: setup kube-binaries
+	$(PY) -m tests.cluster.walkthrough
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200

@@ -15,6 +15,7 @@ from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
+ENTRIES = 50
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,9 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     operator = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     assert operator and {pod["spec"]["serviceAccountName"] for pod in operator} == {"bookfleet"}
     assert any(map(walkthrough.ready, operator))
+    # Its ServiceAccount is refused nothing it asks for (kopf scans no namespaces when it serves named ones).
+    for pod in operator:
+        assert "Forbidden" not in cluster.container_log(NAMESPACE, pod["metadata"]["name"], "operator")
     bookies = cluster.get("bookies", "-n", NAMESPACE)["items"]
     assert sorted(b.get("status", {}).get("phase") for b in bookies) == ["Running"] * 3
     # Defaults come from the CRD's schema on the server, not from the example file.
@@ -55,3 +59,21 @@ def test_bookie_pod_returning_within_the_delay_is_not_repaired(installed: LocalC
 
     wait_for(back, timeout=600, what=f"bookie {name} back on its volumes", interval=2.0)
     assert cluster.get("jobs", "-n", NAMESPACE, "-l", walkthrough.REPAIR_SELECTOR)["items"] == []
+
+
+def test_lost_bookie_is_repaired_by_spark_on_kubernetes(installed: LocalCluster):
+    """Pod and PVCs deleted -> marked -> repair Job -> spark-submit --master k8s:// -> executor pods on their own
+    IPs connecting back to the driver pod's IP -> Ledger healthy -> every entry reads back."""
+    cluster = installed
+    outcome = walkthrough.closed_loop(cluster, ENTRIES)
+    print(f"pod deletion to healthy Ledger: {outcome.seconds_to_healthy:.0f} s")
+
+    repair = outcome.repair
+    assert repair.job and repair.driver_ip and repair.executors
+    assert all(f"@{repair.driver_ip}:" in e["driver_url"] for e in repair.executors.values())
+    assert len({e["ip"] for e in repair.executors.values()} | {repair.driver_ip}) == len(repair.executors) + 1
+    [container] = cluster.get("job", "-n", NAMESPACE, repair.job)["spec"]["template"]["spec"]["containers"]
+    command = container.get("command", []) + container.get("args", [])
+    assert command[command.index("--master") + 1].startswith("k8s://")
+    assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
+    assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]

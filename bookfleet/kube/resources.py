@@ -310,12 +310,12 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
 
-def _security_context() -> dict[str, Any]:
+def container_security_context() -> dict[str, Any]:
     """Restricted Pod Security for a container, and a read-only root filesystem: writes go to mounted volumes."""
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def _pod_security_context() -> dict[str, Any]:
+def pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS,
@@ -353,7 +353,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "resources": cluster.spec.resources.to_wire(),
         "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()] + [SCRATCH],
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
     }
     volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES]
     volumes.append(_scratch_volume())
@@ -366,7 +366,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         "hostname": name,
         "subdomain": service_name(cluster.metadata.name),
         "automountServiceAccountToken": False,  # a bookie never calls the Kubernetes API
-        "securityContext": _pod_security_context(),
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
         "volumes": volumes,
@@ -600,9 +600,9 @@ def executor_pod_template() -> dict[str, Any]:
         "kind": "Pod",
         "spec": {
             "automountServiceAccountToken": False,
-            "securityContext": _pod_security_context(),
+            "securityContext": pod_security_context(),
             "containers": [
-                {"name": EXECUTOR_CONTAINER, "securityContext": _security_context(), "volumeMounts": [SCRATCH]}
+                {"name": EXECUTOR_CONTAINER, "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
             ],
             "volumes": [_scratch_volume()],
         },
@@ -633,14 +633,14 @@ def repair_job(
         ],
         "resources": repair.driver_resources.to_wire(),
         "volumeMounts": [SCRATCH, template],
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
     }
     volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": repair.service_account_name,
         "automountServiceAccountToken": True,  # the driver creates and watches its executor pods
         "restartPolicy": "Never",
-        "securityContext": _pod_security_context(),
+        "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,
     }
@@ -703,8 +703,8 @@ def spark_application(
                 "memory": "512m",
                 "serviceAccount": repair.service_account_name,
                 "labels": pod_labels,
-                "podSecurityContext": _pod_security_context(),
-                "securityContext": _security_context(),
+                "podSecurityContext": pod_security_context(),
+                "securityContext": container_security_context(),
                 "volumeMounts": [SCRATCH],
             },
             "executor": {
@@ -713,8 +713,8 @@ def spark_application(
                 "coreLimit": str(repair.executor_cores),
                 "memory": repair.executor_memory,
                 "labels": pod_labels,
-                "podSecurityContext": _pod_security_context(),
-                "securityContext": _security_context(),
+                "podSecurityContext": pod_security_context(),
+                "securityContext": container_security_context(),
                 "volumeMounts": [SCRATCH],
             },
             "volumes": [_scratch_volume()],
