@@ -211,8 +211,13 @@ class BookieClient:
         event-loop turn. The ledger writer's hot path; ignores write backpressure."""
         self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, _AnswerCallback(callback))
 
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        return await self._call(Op.READ_ENTRY, wire.LEDGER_ENTRY.pack(ledger_id, entry_id))
+    async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
+        """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
+        answers, so a NoSuchEntry is a promise that it will never accept that entry from the old writer."""
+        body = wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+        if fence_key is None:
+            return await self._call(Op.READ_ENTRY, body)
+        return await self._call(Op.READ_ENTRY, body + fence_key, wire.Flag.FENCE)
 
     async def read_lac_and_last(
         self, ledger_id: int, fence: bool = False, master_key: bytes | None = None

@@ -172,8 +172,10 @@ async def read_entry(
     metadata: LedgerMetadata,
     entry_id: int,
     timeout: float = READ_TIMEOUT,
+    fence_key: bytes | None = None,
 ) -> wire.Entry:
-    """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this."""
+    """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this and
+    passes `fence_key`, so every replica it asks is fenced before it answers (see `BookieClient.read_entry`)."""
     bookies = metadata.segment_for(entry_id).bookies
     reasons: dict[str, str] = {}
     missing = 0
@@ -181,7 +183,8 @@ async def read_entry(
         bookie = bookies[position]
         try:
             client = await pool.get(bookie)
-            entry = wire.decode_entry(digester, await asyncio.wait_for(client.read_entry(ledger_id, entry_id), timeout))
+            answer = await asyncio.wait_for(client.read_entry(ledger_id, entry_id, fence_key), timeout)
+            entry = wire.decode_entry(digester, answer)
         except (NoSuchEntryError, NoSuchLedgerError) as exc:
             missing += 1
             reasons[bookie] = exc.message
