@@ -17,7 +17,7 @@ from bookfleet.client.metadata import LedgerState
 from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import LedgerClosedError
+from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError
 from bookfleet.client.writeset import write_set
 
 
@@ -175,3 +175,23 @@ async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
             await reader.read(1)
         bk.delete_ledger(writer.ledger_id)
         assert bk.list_ledgers() == []
+
+
+async def test_an_oversized_entry_is_refused_without_disturbing_other_ledgers(bookie_fleet, zk_connect):
+    bookie_fleet.start(4)
+    async with BookKeeper(zk_connect) as bk:
+        big, small = await bk.create_ledger(3, 3, 2), await bk.create_ledger(3, 3, 2)  # share the pool's connections
+        await big.add(b"before")
+        await small.add(b"before")
+        with pytest.raises(
+            EntryTooLargeError, match=f"entry of {big.max_payload + 1} bytes for ledger {big.ledger_id}"
+        ):
+            await big.add(b"x" * (big.max_payload + 1))
+        pending_small = small.append(b"alongside")
+        assert await big.add(b"y" * big.max_payload) == 1  # the largest entry a bookie takes; no id was used up
+        assert await pending_small == 1 and await small.add(b"after") == 2
+        for writer in (big, small):  # no connection was closed under them: no ensemble change
+            assert len(writer.metadata.segments) == 1
+            await writer.close()
+        reader = await bk.open_ledger(big.ledger_id)
+        assert [len(e.payload) async for e in reader.entries()] == [6, big.max_payload]

@@ -281,6 +281,11 @@ class BookieClient:
         if self._error is not None:
             waiter.set_exception(self._error)
             return
+        if wire.HEADER_SIZE + len(body) > wire.MAX_FRAME_SIZE:  # the bookie would close the shared connection
+            size = wire.HEADER_SIZE + len(body)
+            message = f"{op.name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
+            waiter.set_exception(TooLargeError(Status.TOO_LARGE, message))
+            return
         request_id = next(self._ids)
         self._pending[request_id] = waiter
         if not self._outgoing:
@@ -321,4 +326,3 @@ class BookieClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(self._error)
-

@@ -43,6 +43,10 @@ class LedgerClosedError(LedgerWriteError):
     pass
 
 
+class EntryTooLargeError(LedgerWriteError):
+    """One entry larger than a bookie accepts; refused before sending (the ledger and its connections go on)."""
+
+
 @dataclass(slots=True, eq=False)
 class _Add:
     entry_id: int
@@ -104,6 +108,7 @@ class LedgerWriter:
         self._error: LedgerWriteError | None = None
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
+        self.max_payload = wire.max_payload_size(metadata.digest_type)
         self._recovery = recovery
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY, and writes no explicit LAC (closing makes the tail visible)."""
@@ -121,7 +126,17 @@ class LedgerWriter:
     # --- adding ---------------------------------------------------------------------------------------------
 
     def append(self, payload: bytes) -> asyncio.Future[int]:
-        """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably."""
+        """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably. A
+        payload above `max_payload` fails with EntryTooLargeError and takes no entry id."""
+        if len(payload) > self.max_payload:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(
+                EntryTooLargeError(
+                    f"entry of {len(payload)} bytes for ledger {self.ledger_id} exceeds the {self.max_payload}-byte "
+                    f"limit (bookie frames are at most {wire.MAX_FRAME_SIZE} bytes)"
+                )
+            )
+            return future
         entry_id, length = self._next_entry_id, self._pushed_length + len(payload)
         return self._push(entry_id, length, payload, self.last_add_confirmed)
 
