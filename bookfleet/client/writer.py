@@ -23,6 +23,7 @@ from functools import partial
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, FencedError
+from bookfleet.client.lease import WriterLease
 from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.client.registry import BookiePool
@@ -41,6 +42,10 @@ class LedgerFencedError(LedgerWriteError):
 
 class LedgerClosedError(LedgerWriteError):
     pass
+
+
+class LedgerHeldError(LedgerWriteError):
+    """Another live writer holds the ledger's writer lease."""
 
 
 class EntryTooLargeError(LedgerWriteError):
@@ -83,6 +88,7 @@ class LedgerWriter:
         last_add_confirmed: int = wire.INVALID_ENTRY_ID,
         length: int = 0,
         recovery: bool = False,
+        lease: WriterLease | None = None,
     ):
         self.ledger_id = ledger_id
         self.metadata = metadata
@@ -112,6 +118,8 @@ class LedgerWriter:
         self._recovery = recovery
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY, and writes no explicit LAC (closing makes the tail visible)."""
+        self._lease = lease
+        """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
 
     async def start(self) -> LedgerWriter:
         """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
@@ -120,8 +128,19 @@ class LedgerWriter:
                 await self._pool.get(bookie)
             except ConnectionError as exc:
                 self._bookie_failed(position, bookie, exc)
-        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+        loop = asyncio.get_running_loop()
+        if self._lease is not None:
+            self._lease.watch(lambda: loop.call_soon_threadsafe(self._lease_lost))
+        self._housekeeper = loop.create_task(self._housekeeping())
         return self
+
+    def _lease_lost(self) -> None:
+        self._fail(
+            LedgerWriteError(
+                f"the writer of ledger {self.ledger_id} lost its lease (ZooKeeper session expired): another writer "
+                f"may own the ledger now"
+            )
+        )
 
     # --- adding ---------------------------------------------------------------------------------------------
 
@@ -345,16 +364,22 @@ class LedgerWriter:
             return self.metadata
         finally:
             self._error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed")
-            if self._housekeeper is not None:
-                self._housekeeper.cancel()
+            await self._stop()
 
     async def detach(self) -> None:
         """Stop this writer but leave the ledger open, for `BookKeeper.reopen_ledger` in another process; call
         `flush()` first so the next writer starts after a confirmed and visible last entry."""
-        await self._drain()
-        self._error = self._error or LedgerClosedError(f"the writer of ledger {self.ledger_id} was detached")
+        try:
+            await self._drain()
+        finally:
+            self._error = self._error or LedgerClosedError(f"the writer of ledger {self.ledger_id} was detached")
+            await self._stop()
+
+    async def _stop(self) -> None:
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        if self._lease is not None:
+            await asyncio.to_thread(self._lease.release)
 
     async def __aenter__(self) -> LedgerWriter:
         return self
