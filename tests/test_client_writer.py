@@ -17,8 +17,9 @@ from bookfleet.client.metadata import LedgerState
 from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError
+from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, WriterSettings
 from bookfleet.client.writeset import write_set
+from bookfleet.recovery.underreplication import UnderReplication
 
 
 @contextlib.contextmanager
@@ -195,3 +196,37 @@ async def test_an_oversized_entry_is_refused_without_disturbing_other_ledgers(bo
             await writer.close()
         reader = await bk.open_ledger(big.ledger_id)
         assert [len(e.payload) async for e in reader.entries()] == [6, big.max_payload]
+
+
+async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(bookie_fleet, zk_connect, zk):
+    """E=Qw=3, Qa=2 on exactly three bookies: losing one leaves Qa of every write set, so the writer keeps going
+    (it used to give up: no replacement), marks the ledger under-replicated naming the lost bookie, and moves to a
+    new bookie once one registers."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(3)}
+    payloads = [b"payload %d" % i for i in range(300)]
+    async with BookKeeper(zk_connect, WriterSettings(replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[:10])) == list(range(10))
+        victim = writer.metadata.segments[0].bookies[1]
+        by_id[victim].kill9()
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[10:200])) == list(range(10, 200))
+
+        async def marked() -> bool:
+            marker = UnderReplication(zk).marker(writer.ledger_id)
+            return marker is not None and marker.missing_bookies == {victim}
+
+        await eventually(marked, timeout=30)
+        spare = bookie_fleet.start(1)[0]
+
+        async def replaced() -> bool:
+            return len(writer.metadata.segments) == 2
+
+        await eventually(replaced, timeout=30)
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[200:])) == list(range(200, 300))
+        metadata = await writer.close()
+        old, new = metadata.segments
+        assert new.bookies == (old.bookies[0], spare.bookie_id, old.bookies[2])
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == payloads
+        held = await stored_entries(spare.address, writer.ledger_id, range(new.first_entry_id, 300))
+        assert held == set(range(new.first_entry_id, 300))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,12 +23,13 @@ from dataclasses import dataclass
 from functools import partial
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieClient, FencedError
+from bookfleet.client.connection import FencedError
 from bookfleet.client.lease import WriterLease
 from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.client.registry import BookiePool
 from bookfleet.client.writeset import write_set
+from bookfleet.recovery.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ class WriterSettings:
     idle_lac_delay: float = 0.05
     """After this long without adds, the LAC is written explicitly so readers can see the last entry."""
     placement: PlacementPolicy = PlacementPolicy.ZONE_AWARE
+    replacement_retry: float = 1.0
+    """While a failed bookie has no replacement (and Qa of every write set still answer), look again this often."""
 
 
 class LedgerWriter:
@@ -109,8 +113,17 @@ class LedgerWriter:
         self.last_add_confirmed = last_add_confirmed
         self.length = length
         self._explicit_lac = last_add_confirmed
-        self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there
-        self._changing: asyncio.Task | None = None
+        self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there, not yet replaced
+        self._ever_failed: set[str] = set()
+        self._unmarked: set[str] = set()
+        """Failed bookies not yet recorded in the ledger's under-replication marker."""
+        self._under_replication = UnderReplication(store.zk)
+        self._replacer: asyncio.Task | None = None
+        self._wake_replacer = asyncio.Event()
+        self._attempt: asyncio.Future[None] | None = None
+        """Pending while the replacer marks and looks for replacements."""
+        self._changing: asyncio.Future[None] | None = None
+        """Set while the metadata gets a new segment: completions wait, so its first entry (LAC + 1) stays put."""
         self._error: LedgerWriteError | None = None
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
@@ -222,62 +235,108 @@ class LedgerWriter:
     # --- failures and ensemble change -----------------------------------------------------------------------
 
     def _bookie_failed(self, position: int, bookie: str, error: BaseException) -> None:
+        """Stop sending to `bookie` and let the replacer take over. Adds keep completing on the rest of their write
+        sets while Qa of each can still answer (BookKeeper's delayed ensemble change)."""
         if self._error is not None or self._failed.get(position) == bookie:
             return
         log.warning("ledger %d: bookie %s at position %d failed: %s", self.ledger_id, bookie, position, error)
         self._failed[position] = bookie
-        if self._changing is None:
-            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+        self._unmarked.add(bookie)
+        self._ever_failed.add(bookie)
+        self._wake_replacer.set()
+        if self._replacer is None:
+            self._replacer = asyncio.get_running_loop().create_task(self._replace_failed_bookies())
 
-    async def _change_ensemble(self) -> None:
+    def _ack_quorum_reachable(self) -> bool:
+        """Whether every write set still has Qa bookies that have not failed."""
+        quorum = self.metadata.ack_quorum
+        return all(sum(p not in self._failed for p in positions) >= quorum for positions in self._write_sets)
+
+    async def _replace_failed_bookies(self) -> None:
+        """Mark the ledger under-replicated naming each failed bookie (the entries acknowledged without it lack a
+        replica), then put a writable bookie in its place as soon as there is one. Gives up only when no replacement
+        exists and some write set can no longer reach Qa."""
         try:
             while self._failed and self._error is None:
-                await self._replace_failed()
+                self._wake_replacer.clear()
+                self._attempt = asyncio.get_running_loop().create_future()
+                try:
+                    await self._mark_failed()
+                    waiting = await self._replace_failed()
+                finally:
+                    self._attempt.set_result(None)
+                if waiting is None:
+                    continue
+                if not self._ack_quorum_reachable():
+                    raise LedgerWriteError(
+                        f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
+                        f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set are "
+                        f"left: {waiting}"
+                    )
+                with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
+                    await asyncio.wait_for(self._wake_replacer.wait(), self.settings.replacement_retry)
         except LedgerWriteError as exc:
             self._fail(exc)
         except Exception as exc:
-            self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc}"))
+            self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc!r}"))
         finally:
-            self._changing = None
-        if self._error is None:
-            self._complete_ready()
+            self._replacer = None
 
-    async def _replace_failed(self) -> None:
+    async def _mark_failed(self) -> None:
+        """Record the failed bookies in the ledger's under-replication marker, for the auditor and repair."""
+        if self._unmarked:
+            bookies = set(self._unmarked)
+            await asyncio.to_thread(self._under_replication.mark, self.ledger_id, bookies)
+            self._unmarked -= bookies
+
+    async def _replace_failed(self) -> str | None:
+        """Change the ensemble for every failed position a writable bookie can take; returns None when at least
+        one was replaced, else why none could be."""
         failed = dict(self._failed)
         candidates = await asyncio.to_thread(self._pool.registry.writable)
         ensemble = list(self._ensemble)
-        excluded = set(failed.values())
-        clients: dict[int, BookieClient] = {}
+        excluded = set(self._ever_failed)  # a failed bookie is named in the marker: never put it back
+        replaced: dict[int, str] = {}
+        reasons = []
         for position in sorted(failed):
-            while position not in clients:
+            while position not in replaced:
                 try:
                     bookie = choose_replacement(
                         candidates, ensemble, position, self.metadata.write_quorum, self.settings.placement, excluded
                     )
                 except NotEnoughBookies as exc:
-                    raise LedgerWriteError(
-                        f"cannot replace bookie {failed[position]} in ledger {self.ledger_id}: {exc}"
-                    ) from None
+                    reasons.append(str(exc))
+                    break
                 try:
-                    clients[position] = await self._pool.get(bookie)
+                    await self._pool.get(bookie)
                     ensemble[position] = bookie
+                    replaced[position] = failed[position]
                 except ConnectionError:
                     excluded.add(bookie)
-        first_entry_id = self.last_add_confirmed + 1
-        await self._update_metadata(lambda meta: _changed(meta, first_entry_id, failed, ensemble))
-        log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
-        self._ensemble = ensemble
-        for position in failed:
-            if self._failed.get(position) == failed[position]:
-                del self._failed[position]
-        kept = ~sum(1 << position for position in failed)
-        now = time.monotonic()
-        for add in self._pending:
-            add.acks &= kept
-            add.sent_at = now
-            for position in self._write_sets[add.entry_id % len(self._write_sets)]:
-                if position in failed:
-                    self._send(add, position)
+        if not replaced:
+            return "; ".join(reasons)
+        self._changing = asyncio.get_running_loop().create_future()
+        try:
+            first_entry_id = self.last_add_confirmed + 1
+            await self._update_metadata(lambda meta: _changed(meta, first_entry_id, replaced, ensemble))
+            log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
+            self._ensemble = ensemble
+            for position in replaced:
+                if self._failed.get(position) == replaced[position]:
+                    del self._failed[position]
+            kept = ~sum(1 << position for position in replaced)
+            now = time.monotonic()
+            for add in self._pending:
+                add.acks &= kept
+                add.sent_at = now
+                for position in self._write_sets[add.entry_id % len(self._write_sets)]:
+                    if position in replaced:
+                        self._send(add, position)
+        finally:
+            changing, self._changing = self._changing, None
+            changing.set_result(None)
+        self._complete_ready()
+        return None
 
     async def _update_metadata(self, change: Callable[[LedgerMetadata], LedgerMetadata]) -> None:
         """Compare-and-set `change(metadata)`, re-reading after a conflict; fails if recovery or close got there."""
@@ -347,8 +406,10 @@ class LedgerWriter:
     async def _drain(self) -> None:
         while self._pending and self._error is None:
             await asyncio.wait([self._pending[-1].future])
-        if self._changing is not None:
-            await asyncio.shield(self._changing)
+        if self._attempt is not None and not self._attempt.done():
+            await asyncio.shield(self._attempt)  # a replacement under way lands before close (or detach) goes on
+        if self._error is None:
+            await self._mark_failed()  # a ledger closed with entries missing a replica is always marked
 
     # --- closing --------------------------------------------------------------------------------------------
 
@@ -376,8 +437,9 @@ class LedgerWriter:
             await self._stop()
 
     async def _stop(self) -> None:
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
+        for task in (self._housekeeper, self._replacer):
+            if task is not None:
+                task.cancel()
         if self._lease is not None:
             await asyncio.to_thread(self._lease.release)
 
