@@ -12,10 +12,12 @@ import pytest
 @pytest.mark.parametrize(
     ("bench", "keys"),
     [
-        (["bookie", "--seconds", "1"], ["entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "raw_fsync_mb_per_s"]),
+        (["bookie", "--seconds", "1"], ["entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "raw_fsync_mb_per_s",
+          "sequential_fsync_mb_per_s", "cpu_loop_ns_per_iteration", "bookie_cpu_per_entry_loop_iterations"]),
         (
             ["client", "--bookies", "3", "-e", "3", "-w", "3", "-a", "2", "--seconds", "1"],
-            ["full_entries_per_s", "full_p99_ms", "half_entries_per_s", "half_p99_ms", "raw_fsync_ops_per_s"],
+            ["full_entries_per_s", "full_p99_ms", "half_entries_per_s", "half_p99_ms", "raw_fsync_ops_per_s",
+             "cpu_loop_ns_per_iteration", "full_client_cpu_loop_iterations"],
         ),
     ],
 )

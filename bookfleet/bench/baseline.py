@@ -1,4 +1,8 @@
-"""Same-run baselines, so every figure is reported next to what this disk can do right now."""
+"""Same-run baselines, so every figure is reported next to what this disk and this CPU can do right now.
+
+Machines of one kind differ by 2x or more in CPU speed, so a CPU-bound figure means little alone: every benchmark
+reports the time of a fixed pure-Python loop measured in the same run, and CPU costs also in iterations of it.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,42 @@ def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) 
         "raw_fsync_mb_per_s": len(latencies) * block_size / elapsed / 1e6,
         "raw_fsync_p50_ms": latencies[len(latencies) // 2] * 1000,
     }
+
+
+SEQUENTIAL_BLOCK = 4 << 20
+CPU_LOOP_ITERATIONS = 2_000_000
+
+
+def sequential_fsync_bandwidth(directory: Path, seconds: float = 2.0) -> dict[str, float]:
+    """The disk's streaming limit: large blocks appended with fdatasync after each (what a busy journal does)."""
+    figures = raw_fsync_bandwidth(directory, SEQUENTIAL_BLOCK, seconds)
+    return {"sequential_fsync_mb_per_s": figures["raw_fsync_mb_per_s"]}
+
+
+def cpu_loop() -> dict[str, float]:
+    """A fixed pure-Python workload (a counting loop), best of three: ns per iteration on this CPU, right now."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        total = 0
+        for i in range(CPU_LOOP_ITERATIONS):
+            total += i
+        best = min(best, time.process_time() - started)
+    return {"cpu_loop_ns_per_iteration": best / CPU_LOOP_ITERATIONS * 1e9, "cpu_loop_ms": best * 1000}
+
+
+def same_run_baselines(directory: Path, block_size: int, seconds: float = 2.0) -> dict[str, float]:
+    """Everything a benchmark is compared with: fsync of its own block size, the streaming limit, the CPU loop."""
+    return {
+        **raw_fsync_bandwidth(directory, block_size, seconds),
+        **sequential_fsync_bandwidth(directory, seconds),
+        **cpu_loop(),
+    }
+
+
+def in_loop_iterations(cpu_us: float, baselines: dict[str, float]) -> float:
+    """A CPU cost in iterations of the baseline loop: comparable across machines of different speed."""
+    return cpu_us * 1000 / baselines["cpu_loop_ns_per_iteration"]
 
 
 def load_summary(latencies: list[float], elapsed: float, entry_size: int) -> dict[str, float]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bookfleet import wire
-from bookfleet.bench.baseline import load_summary, raw_fsync_bandwidth
+from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
 from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
 from bookfleet.fleet import BookieProcess
@@ -119,7 +119,7 @@ def handle(args: argparse.Namespace) -> int:
     args.in_flight = args.in_flight or max(16, min(256, (4 << 20) // args.entry_size))
     with tempfile.TemporaryDirectory(prefix="bench-bookie-", dir=args.dir) as tmp:
         root = Path(tmp)
-        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
             bookie = BookieProcess(
                 "bench-bookie", zookeeper.connect, root / "bookie", log_level="WARNING", **_bookie_flags(args)
@@ -141,6 +141,9 @@ def handle(args: argparse.Namespace) -> int:
         **result,
         **baseline,
         "fraction_of_raw_fsync": result["mb_per_s"] / baseline["raw_fsync_mb_per_s"],
+        "fraction_of_sequential_fsync": result["mb_per_s"] / baseline["sequential_fsync_mb_per_s"],
+        "bookie_cpu_per_entry_loop_iterations": in_loop_iterations(result["bookie_cpu_us_per_entry"], baseline),
+        "client_cpu_per_entry_loop_iterations": in_loop_iterations(result["client_cpu_us_per_entry"], baseline),
     }
     if args.json:
         print(json.dumps(report))

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bookfleet.bench.baseline import load_summary, raw_fsync_bandwidth
+from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
@@ -133,7 +133,7 @@ def handle(args: argparse.Namespace) -> int:
         raise CommandError("--seconds must be positive, --in-flight at least 1 and --entry-size at least 0")
     with tempfile.TemporaryDirectory(prefix="bench-client-", dir=args.dir) as tmp:
         root = Path(tmp)
-        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as zookeeper, BookieFleet(zookeeper.connect, root) as fleet:
             fleet.start(args.bookies, log_level="WARNING")
             result = asyncio.run(_run(zookeeper.connect, args))
@@ -147,6 +147,7 @@ def handle(args: argparse.Namespace) -> int:
         "seconds": args.seconds,
         "in_flight": args.in_flight,
         **result,
+        "full_client_cpu_loop_iterations": in_loop_iterations(result["full_client_cpu_us_per_entry"], baseline),
         **baseline,
     }
     if args.json:

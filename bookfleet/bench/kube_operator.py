@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bookfleet import zk as zkclient
-from bookfleet.bench.baseline import raw_fsync_bandwidth
+from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
 from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.kube import crdgen, resources
@@ -102,7 +102,7 @@ def handle(args: argparse.Namespace) -> int:
     from bookfleet.kube.emulator import EmulatorThread  # kmock, a development dependency
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, ZooKeeperServer(Path(tmp) / "zk") as zk_server:
-        baseline = raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0)
+        baseline = {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}
         connect = zk_server.connect
         with EmulatorThread() as kube:
             kubeconfig = kube.write_kubeconfig(Path(tmp) / "kubeconfig")

@@ -142,7 +142,7 @@ def run_bench(args) -> int:
     from pathlib import Path
 
     from bookfleet import spark as sparksettings
-    from bookfleet.bench.baseline import raw_fsync_bandwidth
+    from bookfleet.bench.baseline import same_run_baselines
     from bookfleet.cli import CommandError
     from bookfleet.fleet import BookieFleet
     from bookfleet.recovery.auditor import mark_lost_bookie
@@ -154,7 +154,7 @@ def run_bench(args) -> int:
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     with tempfile.TemporaryDirectory(prefix="bench-repair-") as scratch:
         root = Path(scratch)
-        baseline = raw_fsync_bandwidth(root, args.entry_size)
+        baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as server, BookieFleet(server.connect, root / "bookies") as fleet:
             bookies = fleet.start(args.bookies)
             sparksettings.session(args.master, app_name="bookfleet-repair")  # JVM start is not repair time
