@@ -155,6 +155,11 @@ class LedgerWriter:
             )
         )
 
+    @property
+    def next_entry_id(self) -> int:
+        """The id the next `append` takes."""
+        return self._next_entry_id
+
     # --- adding ---------------------------------------------------------------------------------------------
 
     def append(self, payload: bytes) -> asyncio.Future[int]:
