@@ -34,6 +34,10 @@ from bookfleet.recovery.underreplication import UnderReplication
 log = logging.getLogger(__name__)
 
 
+QUORUM_LOST_RETRY = 0.1
+"""How often a writer whose write set lacks Qa bookies looks for a replacement or a returning bookie."""
+
+
 class LedgerWriteError(Exception):
     """An add or close that cannot succeed; the message names the ledger and why."""
 
@@ -259,8 +263,10 @@ class LedgerWriter:
 
     async def _replace_failed_bookies(self) -> None:
         """Mark the ledger under-replicated naming each failed bookie (the entries acknowledged without it lack a
-        replica), then put a writable bookie in its place as soon as there is one. Gives up only when no replacement
-        exists and some write set can no longer reach Qa."""
+        replica), then put a writable bookie in its place as soon as there is one. While some write set cannot
+        reach Qa and no replacement exists, a failed bookie that answers again (restarted on its disk) takes its
+        own position back; the writer gives up only when that stays impossible for `add_timeout`."""
+        quorum_lost_at: float | None = None
         try:
             while self._failed and self._error is None:
                 self._wake_replacer.clear()
@@ -268,24 +274,52 @@ class LedgerWriter:
                 try:
                     await self._mark_failed()
                     waiting = await self._replace_failed()
+                    if waiting is not None and not self._ack_quorum_reachable() and await self._reinstate():
+                        waiting = None
                 finally:
                     self._attempt.set_result(None)
-                if waiting is None:
-                    continue
-                if not self._ack_quorum_reachable():
-                    raise LedgerWriteError(
-                        f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
-                        f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set are "
-                        f"left: {waiting}"
-                    )
+                if waiting is None or self._ack_quorum_reachable():
+                    quorum_lost_at = None
+                    if waiting is None:
+                        continue
+                    retry = self.settings.replacement_retry
+                else:
+                    quorum_lost_at = quorum_lost_at or time.monotonic()
+                    if time.monotonic() - quorum_lost_at >= self.settings.add_timeout:
+                        raise LedgerWriteError(
+                            f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
+                            f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set "
+                            f"answer: {waiting}"
+                        )
+                    retry = QUORUM_LOST_RETRY
                 with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
-                    await asyncio.wait_for(self._wake_replacer.wait(), self.settings.replacement_retry)
+                    await asyncio.wait_for(self._wake_replacer.wait(), retry)
         except LedgerWriteError as exc:
             self._fail(exc)
         except Exception as exc:
             self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc!r}"))
         finally:
             self._replacer = None
+
+    async def _reinstate(self) -> bool:
+        """Give failed bookies that can be reached again their own positions back (no metadata change: the
+        entries they missed are in the marker already); True if any came back."""
+        back = []
+        for position, bookie in list(self._failed.items()):
+            try:
+                await self._pool.get(bookie)
+            except ConnectionError:
+                continue
+            if self._failed.get(position) == bookie:
+                del self._failed[position]
+                back.append(position)
+        for add in self._pending:
+            for position in self._write_sets[add.entry_id % len(self._write_sets)]:
+                if position in back and not add.acks >> position & 1:
+                    self._send(add, position)
+        if back:
+            log.info("ledger %d: bookies at positions %s answer again and keep their places", self.ledger_id, back)
+        return bool(back)
 
     async def _mark_failed(self) -> None:
         """Record the failed bookies in the ledger's under-replication marker, for the auditor and repair."""
