@@ -93,7 +93,7 @@ def app_path(job: str, image: str | None) -> str:
     """The job's entry file: this checkout's module locally, `local://` in the image for cluster mode."""
     if image:
         return f"local://{IMAGE_APP_DIR}/{job}.py"
-    return str(Path(__file__).parent / "recovery" / f"{job}.py")
+    return str(Path(__file__).parent / "replication" / f"{job}.py")
 
 
 def spark_submit_command(

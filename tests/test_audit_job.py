@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from bookfleet import zkpaths
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.recovery.spark_audit import run_audit
-from bookfleet.recovery.spark_repair import run_repair
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.spark_audit import run_audit
+from bookfleet.replication.spark_repair import run_repair
 
 pytestmark = pytest.mark.spark
 

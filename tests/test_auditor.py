@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from bookfleet import polling, zkpaths
-from bookfleet import zk as zkclient
+from bookfleet import polling
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.recovery.auditor import Auditor, check_ledgers, mark_lost_bookie
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.auditor import Auditor, check_ledgers, mark_lost_bookie
 
 
 def wait_for(condition, timeout=15.0, what="condition"):

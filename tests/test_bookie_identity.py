@@ -10,13 +10,13 @@ import signal
 
 import pytest
 
-from bookfleet import cli, wire, zkpaths
-from bookfleet.client import bookiestate
+from bookfleet import cli, wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerError, ReadOnlyError
 from bookfleet.client.placement import NotEnoughBookies
-from bookfleet.client.registry import BookieRegistry
 from bookfleet.fleet import BookieProcess
+from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
 

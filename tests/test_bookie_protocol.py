@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from bookfleet import wire, zkpaths
+from bookfleet import wire
 from bookfleet.client.connection import (
     BookieClient,
     FencedError,
@@ -20,7 +20,8 @@ from bookfleet.client.connection import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from bookfleet.client.registry import BookieMode, BookieRegistry
+from bookfleet.meta import zkpaths
+from bookfleet.meta.registry import BookieMode, BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
 OTHER_KEY = wire.master_key(b"someone else")

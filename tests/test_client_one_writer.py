@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
-from bookfleet import cli, zkpaths
+from bookfleet import cli
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerFencedError, LedgerHeldError, LedgerWriteError, LedgerWriter
+from bookfleet.meta import zkpaths
 from tests.test_client_writer import eventually
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bookfleet import zkpaths
-from bookfleet.client.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
+from bookfleet.meta import zkpaths
+from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 
 
 def register(zk, path: str, info: BookieInfo) -> None:

@@ -13,13 +13,13 @@ import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
 from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerError
-from bookfleet.client.metadata import LedgerState
-from bookfleet.client.metadata import NoSuchLedgerError as UnknownLedger
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
 from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, WriterSettings
 from bookfleet.client.writeset import write_set
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.metadata import LedgerState
+from bookfleet.meta.metadata import NoSuchLedgerError as UnknownLedger
+from bookfleet.meta.underreplication import UnderReplication
 
 
 @contextlib.contextmanager

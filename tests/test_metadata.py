@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from bookfleet import wire, zkpaths
-from bookfleet.client.metadata import (
+from bookfleet import wire
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import (
     LedgerMetadata,
     LedgerState,
     MetadataStore,

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from bookfleet import polling, zkpaths
-from bookfleet.client import bookiestate
+from bookfleet import polling
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import MetadataStore, new_metadata
-from bookfleet.kube.emulator import EmulatorThread
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.underreplication import UnderReplication
+from tests.emulator import EmulatorThread
 
 NS = "default"
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import json
 import aiohttp
 import pytest
 
-from bookfleet.kube import emulator as emulator_module
+from tests import emulator as emulator_module
 
 PODS = "/api/v1/namespaces/default/pods"
 BOOKIES = "/apis/bookfleet.io/v1alpha1/namespaces/default/bookies"

@@ -13,8 +13,8 @@ from bookfleet.client.placement import (
     choose_replacement,
     quorum_zone_violations,
 )
-from bookfleet.client.registry import BookieInfo
 from bookfleet.client.writeset import stores_entry, write_set
+from bookfleet.meta.registry import BookieInfo
 
 
 def fleet(zones: str) -> list[BookieInfo]:

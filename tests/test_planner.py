@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from bookfleet.client.metadata import new_metadata
 from bookfleet.client.placement import NotEnoughBookies, choose_replacement, quorum_zone_violations
-from bookfleet.client.registry import BookieInfo
 from bookfleet.client.writeset import write_set
-from bookfleet.recovery.planner import LedgerNotClosed, plan_ledger
+from bookfleet.meta.metadata import new_metadata
+from bookfleet.meta.registry import BookieInfo
+from bookfleet.replication.planner import LedgerNotClosed, plan_ledger
 
 ZONES = {"b1": "a", "b2": "b", "b3": "c", "b4": "a", "b5": "b", "b6": "c"}
 CANDIDATES = [

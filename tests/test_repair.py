@@ -14,12 +14,12 @@ from prometheus_client import REGISTRY
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import MetadataStore
 from bookfleet.client.writeset import write_set
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
-from bookfleet.recovery.auditor import mark_lost_bookie
-from bookfleet.recovery.spark_repair import RepairJob, run_repair
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.replication.auditor import mark_lost_bookie
+from bookfleet.replication.spark_repair import RepairJob, run_repair
 from bookfleet.spark import app_path, spark_submit_command
 
 pytestmark = pytest.mark.spark
@@ -175,7 +175,7 @@ def test_spark_submit_command_for_local_runs_and_cluster_images():
     local = spark_submit_command("local[2]", "zk:2181/chroot", [7, 9], throttle_mb_s=5)
     assert local[0].endswith("pyspark/bin/spark-submit") and local[1:3] == ["--master", "local[2]"]
     app = local.index(app_path("spark_repair", None))
-    assert local[app].endswith("bookfleet/recovery/spark_repair.py")
+    assert local[app].endswith("bookfleet/replication/spark_repair.py")
     assert local[app + 1 :] == ["--zk", "zk:2181/chroot", "--ledger", "7", "--ledger", "9", "--throttle-mb-s", "5"]
     assert f"spark.pyspark.python={sys.executable}" in local
 

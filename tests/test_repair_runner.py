@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
-from bookfleet.recovery.runner import AutoRecovery, RepairRunner
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.runner import AutoRecovery, RepairRunner
 from bookfleet.zkserver import free_port
 from tests.test_repair import lose_bookie, wait_until
 

@@ -12,7 +12,7 @@ import pytest
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
-from bookfleet.recovery import spark_repair
+from bookfleet.replication import spark_repair
 
 LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import LedgerState
 from bookfleet.client.writer import LedgerWriteError
+from bookfleet.meta.metadata import LedgerState
 from bookfleet.topic.consumer import consume
 from bookfleet.topic.messageid import MessageId
 from bookfleet.topic.partition import Partition, Topic

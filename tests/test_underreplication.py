@@ -1,11 +1,11 @@
 """Under-replication markers, locks, switches and DATA_LOSS records against a real ZooKeeper."""
 
 import threading
-import time
 
-from bookfleet import zk as zkclient
-from bookfleet import zkpaths
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta import zkpaths
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.polling import wait_for
 
 
 def test_marking_is_idempotent_and_merges_missing_bookies(zk):
@@ -108,9 +108,11 @@ def test_disable_switch(zk):
     ur.disable()
     ur.disable()
     assert ur.is_disabled()
+    # A watch is level-based: a change made before it re-read the node is seen only as the final state.
+    wait_for(lambda: seen == [False, True], timeout=60, what=f"the watch to see the switch on (saw {seen})")
     ur.enable()
     assert not ur.is_disabled()
-    _wait_for(lambda: seen == [False, True, False])
+    wait_for(lambda: seen == [False, True, False], timeout=60, what=f"the watch to see the switch off (saw {seen})")
 
 
 def test_recovery_delay_changes_at_run_time(zk):
@@ -120,8 +122,9 @@ def test_recovery_delay_changes_at_run_time(zk):
     ur.watch_recovery_delay(seen.append, default=30.0)
     ur.set_recovery_delay(1.5)
     assert ur.recovery_delay() == 1.5
+    wait_for(lambda: seen == [30.0, 1.5], timeout=60, what=f"the watch to see the delay 1.5 (saw {seen})")
     ur.set_recovery_delay(0)
-    _wait_for(lambda: seen == [30.0, 1.5, 0.0])
+    wait_for(lambda: seen == [30.0, 1.5, 0.0], timeout=60, what=f"the watch to see the delay 0 (saw {seen})")
     try:
         ur.set_recovery_delay(-1)
     except ValueError as exc:
@@ -139,9 +142,3 @@ def test_data_loss_records_merge_and_list(zk):
     assert [(r.ledger_id, r.entries) for r in ur.data_losses()] == [(8, (2, 3, 4)), (12, (0,))]
     assert ur.data_loss(8).ctime == first.ctime
 
-
-def _wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)

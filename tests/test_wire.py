@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookfleet import wire, zkpaths
+from bookfleet import wire
+from bookfleet.meta import zkpaths
 
 
 @given(

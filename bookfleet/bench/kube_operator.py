@@ -1,9 +1,10 @@
 """`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator.
 
-A real `bookfleet operator` process watches the emulator (bookfleet.kube.emulator) and a real embedded ZooKeeper.
+A real `bookfleet operator` process watches the emulator (tests.emulator) and a real embedded ZooKeeper.
 Pods are not run: the figures are the operator's own work. Reported next to the same-run cost of one emulator
 round trip and one ZooKeeper write (what every reconciliation step is made of) and the raw fsync baseline.
 
+A development command: the emulator is test tooling, present only in a source checkout with the `[dev]` extra.
 (The module is not called `operator`: that would shadow the standard library's module of that name.)
 """
 
@@ -21,14 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bookfleet import zk as zkclient
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
-from bookfleet.client.metadata import MetadataStore, new_metadata
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
-from bookfleet.recovery.underreplication import UnderReplication
 from bookfleet.zkserver import ZooKeeperServer
 
 NS = "default"
@@ -96,10 +97,25 @@ def _zk_write_ms(connect: str) -> float:
         return (time.perf_counter() - started) / 50 * 1000
 
 
+def _emulator() -> type:
+    """The emulator's EmulatorThread from the source checkout this bookfleet runs from (an editable install)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "tests" / "emulator.py").is_file() and str(checkout) not in sys.path:
+        sys.path.append(str(checkout))
+    try:
+        from tests.emulator import EmulatorThread
+    except ImportError as exc:
+        raise CommandError(
+            f"bench operator is a development command: it needs tests/emulator.py of a source checkout and kmock "
+            f"(pip install -e '.[dev]'); {exc}"
+        ) from None
+    return EmulatorThread
+
+
 def handle(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.large_bookies < 3 or args.large_ledgers < 0 or args.delay < 0:
         raise CommandError("--replicas must be >= 1, --large-bookies >= 3, --large-ledgers and --delay >= 0")
-    from bookfleet.kube.emulator import EmulatorThread  # kmock, a development dependency
+    EmulatorThread = _emulator()
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, ZooKeeperServer(Path(tmp) / "zk") as zk_server:
         baseline = {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bookfleet import wire
-from bookfleet import zk as zkclient
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, BookieError
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.client.registry import BookieRegistry
 from bookfleet.client.writeset import stores_entry
-from bookfleet.recovery.repair import read_present
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.replication.repair import read_present
 
 WRITES_IN_FLIGHT = 256
 LEDGERS_IN_FLIGHT = 8
@@ -145,8 +145,8 @@ def run_bench(args) -> int:
     from bookfleet.bench.baseline import same_run_baselines
     from bookfleet.cli import CommandError
     from bookfleet.fleet import BookieFleet
-    from bookfleet.recovery.auditor import mark_lost_bookie
-    from bookfleet.recovery.spark_repair import run_repair
+    from bookfleet.replication.auditor import mark_lost_bookie
+    from bookfleet.replication.spark_repair import run_repair
     from bookfleet.zkserver import ZooKeeperServer
 
     if args.bookies < 4 or min(args.ledgers, args.entries, args.entry_size) < 1 or args.write_quorum not in (2, 3):

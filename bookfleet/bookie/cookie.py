@@ -1,4 +1,4 @@
-"""The cookie: which bookie a set of disks belongs to, kept on each disk and in ZooKeeper.
+"""The cookie: which bookie a set of disks belongs to, kept on each disk and in ZooKeeper (bookfleet.meta.cookies).
 
 A bookie that starts on the wrong disks would serve (or silently lack) another bookie's ledgers, so every mismatch
 refuses to start with a message that says which case it is. Fresh disks and no ZooKeeper cookie: both are created
@@ -7,41 +7,16 @@ refuses to start with a message that says which case it is. Fresh disks and no Z
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from bookfleet import zkpaths
+from bookfleet.meta import cookies
+from bookfleet.meta.cookies import Cookie, CookieMismatch
 
 COOKIE_FILE = "COOKIE"
-
-
-class CookieMismatch(RuntimeError):
-    """The disks and ZooKeeper disagree about this bookie's identity; the message says how."""
-
-
-@dataclass(frozen=True)
-class Cookie:
-    bookieId: str
-    journalDir: str
-    ledgerDir: str
-    instanceId: str
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, where: str) -> Cookie:
-        try:
-            fields = json.loads(data)
-            return cls(**{name: str(fields[name]) for name in cls.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CookieMismatch(f"cookie in {where} is not valid cookie JSON ({exc!r})") from None
 
 
 def _read_disk(directory: Path) -> Cookie | None:
@@ -77,11 +52,7 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
                 f"{name} {dirs[name]} belongs to bookie {cookie.bookieId}, not {bookie_id}: "
                 "was the disk moved to another bookie?"
             )
-    try:
-        data, _ = zk.get(zkpaths.cookie(bookie_id))
-        registered = Cookie.from_json(data, f"ZooKeeper {zkpaths.cookie(bookie_id)}")
-    except NoNodeError:
-        registered = None
+    registered = cookies.read(zk, bookie_id)
 
     if registered is None:
         present = [f"{name} {dirs[name]}" for name, cookie in on_disk.items() if cookie is not None]
@@ -111,10 +82,5 @@ def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path]) -> Cookie:
     cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), uuid.uuid4().hex)
     for directory in dirs.values():
         _write_disk(directory, cookie)
-    try:
-        zk.create(zkpaths.cookie(bookie_id), cookie.to_json(), makepath=True)
-    except NodeExistsError:
-        raise CookieMismatch(
-            f"another process registered a cookie for bookie {bookie_id} while this one was starting"
-        ) from None
+    cookies.create(zk, cookie)
     return cookie

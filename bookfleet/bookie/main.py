@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 
-from bookfleet import zk as zkclient
 from bookfleet.bookie import cookie
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
@@ -23,6 +22,7 @@ from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
+from bookfleet.meta import zk as zkclient
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Whether the bookie takes adds: read-only while its disk is too full or while ZooKeeper forces it.
 
-The forced switch is the bookie's state node (client.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
+The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
 """
 
@@ -13,8 +13,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import DataWatch
 
-from bookfleet import zkpaths
-from bookfleet.client import bookiestate
+from bookfleet.meta import bookiestate, zkpaths
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The bookie's ephemeral registration: available/<id> while writable, available/readonly/<id> while read-only.
 
-The JSON is a client.registry.BookieInfo (plus totalBytes-style extras it ignores), so the writer and the readers
+The JSON is a meta.registry.BookieInfo (plus totalBytes-style extras it ignores), so the writer and the readers
 of the registration share one model. kazoo runs in its own thread; every ZooKeeper call happens in a worker thread,
 and a session loss (the ephemeral nodes die with it) triggers a re-registration once a new session is up.
 """
@@ -15,8 +15,8 @@ import logging
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from bookfleet import zkpaths
-from bookfleet.client.registry import BookieInfo, BookieMode
+from bookfleet.meta import zkpaths
+from bookfleet.meta.registry import BookieInfo, BookieMode
 
 log = logging.getLogger(__name__)
 

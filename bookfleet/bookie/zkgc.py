@@ -14,8 +14,8 @@ import time
 
 from kazoo.client import KazooClient
 
-from bookfleet import zkpaths
-from bookfleet.client.metadata import MetadataStore
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,10 @@ import asyncio
 from kazoo.client import KazooClient
 
 from bookfleet import wire
-from bookfleet import zk as zkclient
-from bookfleet.client.lease import WriterLease
-from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, new_metadata
 from bookfleet.client.placement import PlacementPolicy, choose_ensemble
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import LedgerReader
 from bookfleet.client.recovery import recover_ledger
-from bookfleet.client.registry import BookiePool, BookieRegistry
 from bookfleet.client.writer import (
     LedgerClosedError,
     LedgerFencedError,
@@ -26,6 +23,10 @@ from bookfleet.client.writer import (
     LedgerWriter,
     WriterSettings,
 )
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.lease import WriterLease
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, new_metadata
+from bookfleet.meta.registry import BookieRegistry
 
 
 class WrongPasswordError(Exception):

@@ -11,8 +11,8 @@ import random
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 
-from bookfleet.client.registry import BookieInfo
 from bookfleet.client.writeset import write_set
+from bookfleet.meta.registry import BookieInfo
 
 
 class PlacementPolicy(enum.StrEnum):

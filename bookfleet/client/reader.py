@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
-from bookfleet.client.metadata import LedgerMetadata, MetadataStore
-from bookfleet.client.registry import BookiePool
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import quorum_covered, write_set
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 
 log = logging.getLogger(__name__)
 

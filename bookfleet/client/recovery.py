@@ -24,11 +24,11 @@ import logging
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchLedgerError
-from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import READ_TIMEOUT, EntryUnavailable, read_entry
-from bookfleet.client.registry import BookiePool
 from bookfleet.client.writer import LedgerClosedError, LedgerWriteError, LedgerWriter, WriterSettings
 from bookfleet.client.writeset import quorum_covered
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 
 log = logging.getLogger(__name__)
 

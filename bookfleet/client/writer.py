@@ -24,12 +24,12 @@ from functools import partial
 
 from bookfleet import wire
 from bookfleet.client.connection import FencedError
-from bookfleet.client.lease import WriterLease
-from bookfleet.client.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
-from bookfleet.client.registry import BookiePool
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import write_set
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.lease import WriterLease
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
+from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
 

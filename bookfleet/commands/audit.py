@@ -6,8 +6,8 @@ import json
 
 from bookfleet import spark as sparksettings
 from bookfleet.cli import CommandError
-from bookfleet.recovery import spark_audit
-from bookfleet.zk import ZooKeeperUnreachable
+from bookfleet.meta.zk import ZooKeeperUnreachable
+from bookfleet.replication import spark_audit
 
 
 def register(subparsers) -> None:

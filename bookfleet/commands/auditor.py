@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from bookfleet import zk as zkclient
 from bookfleet.cli import CommandError
-from bookfleet.recovery.auditor import WEEK, Auditor
-from bookfleet.recovery.underreplication import DEFAULT_RECOVERY_DELAY
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY
+from bookfleet.replication.auditor import WEEK, Auditor
 from bookfleet.zkserver import zk_from_env
 
 

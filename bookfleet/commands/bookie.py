@@ -15,7 +15,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     from bookfleet.bookie import config, cookie, main
-    from bookfleet.zk import ZooKeeperUnreachable
+    from bookfleet.meta.zk import ZooKeeperUnreachable
 
     try:
         settings = config.from_args(args)

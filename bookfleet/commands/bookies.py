@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-from bookfleet import zkpaths
 from bookfleet.cli import CommandError
-from bookfleet.client import bookiestate
-from bookfleet.client.registry import BookieRegistry
 from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.meta import bookiestate, cookies
+from bookfleet.meta.registry import BookieRegistry
 
 
 def register(subparsers) -> None:
@@ -46,7 +45,7 @@ def run_readonly(args) -> int:
         if args.clear:
             bookiestate.clear(client, args.bookie_id)
             print(f"{args.bookie_id}: no longer forced read-only")
-        elif not client.exists(zkpaths.cookie(args.bookie_id)):
+        elif not cookies.exists(client, args.bookie_id):
             raise CommandError(f"no bookie {args.bookie_id}: ZooKeeper has no cookie for it (check the id)")
         else:
             bookiestate.set_read_only(client, args.bookie_id, args.reason)

@@ -94,11 +94,11 @@ class Demo:
 
     def scenario(self, cluster) -> int:
         from bookfleet import spark as sparksettings
-        from bookfleet import zk as zkclient
         from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
-        from bookfleet.client.metadata import MetadataStore
-        from bookfleet.recovery.runner import AutoRecovery
-        from bookfleet.recovery.underreplication import UnderReplication
+        from bookfleet.meta import zk as zkclient
+        from bookfleet.meta.metadata import MetadataStore
+        from bookfleet.meta.underreplication import UnderReplication
+        from bookfleet.replication.runner import AutoRecovery
 
         args, console = self.args, self.console
         for bookie in cluster.fleet.bookies:

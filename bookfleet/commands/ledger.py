@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 from bookfleet import wire
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.metadata import LedgerMetadata, MetadataError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerWriteError
 from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.meta.metadata import LedgerMetadata, MetadataError
 
 CLEAR_ERRORS = (MetadataError, WrongPasswordError, NotEnoughBookies, LedgerWriteError, LedgerReadError, RecoveryError)
 """Errors whose message is already the one line a user needs."""

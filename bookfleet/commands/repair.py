@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bookfleet import spark as sparksettings
 from bookfleet.cli import CommandError
-from bookfleet.recovery import spark_repair
-from bookfleet.zk import ZooKeeperUnreachable
+from bookfleet.meta.zk import ZooKeeperUnreachable
+from bookfleet.replication import spark_repair
 
 
 def register(subparsers) -> None:

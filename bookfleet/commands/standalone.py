@@ -44,7 +44,7 @@ def handle(args) -> int:
     recovery = None
     try:
         if not args.no_auto_recovery:
-            from bookfleet.recovery.runner import AutoRecovery
+            from bookfleet.replication.runner import AutoRecovery
 
             recovery = AutoRecovery(
                 cluster.zk, metrics_port=args.metrics_port, mode=args.repair_mode, master=args.spark_master

@@ -9,13 +9,13 @@ from contextlib import contextmanager
 
 from kazoo.client import KazooClient
 
-from bookfleet import zk as zkclient
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import MetadataError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.writer import LedgerWriteError
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataError
 from bookfleet.topic.consumer import consume
 from bookfleet.topic.messageid import BadMessageId, MessageId
 from bookfleet.topic.partition import Partition, Topic, TopicError

@@ -9,9 +9,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookfleet import zk as zkclient
 from bookfleet.kube.api import KubeApi
 from bookfleet.kube.models import Condition, ConditionStatus, set_condition
+from bookfleet.meta import zk as zkclient
 
 
 @dataclass

@@ -12,14 +12,14 @@ import datetime as dt
 from kazoo.client import KazooClient
 from pydantic import ValidationError
 
-from bookfleet.client.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
-from bookfleet.client.registry import BookieRegistry
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
 from bookfleet.kube.models import VALID, BookieCluster, Ledger
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import UnderReplication
 
 DATA_LOSS = "DataLoss"
 CREATED = "Created"

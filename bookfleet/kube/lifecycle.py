@@ -8,20 +8,18 @@ after the repair has put its ledgers elsewhere.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
-from bookfleet import zkpaths
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.client.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
+from bookfleet.meta import cookies
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +135,7 @@ def handle_loss(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie
     status = body.get("status") or {}
     if outcome == repairs.Outcome.REPAIRED:
         if not has_volumes:
-            forget_cookie(zk, bookie.spec.bookie_id)
+            cookies.forget(zk, bookie.spec.bookie_id)
             ensure_volumes_and_pod(ctx, cluster, bookie)
         clear_loss(ctx, body, "RepairSucceeded", f"the ledgers of bookie {name} are fully replicated again")
     elif outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
@@ -161,12 +159,6 @@ def clear_loss(ctx: OperatorContext, body: dict, reason: str, message: str) -> N
     ctx.api.patch_status("bookies", body["metadata"]["namespace"], body["metadata"]["name"],
                          {"lostSince": None, "conditions": conditions})
     ctx.api.post_event(body, reason, message)
-
-
-def forget_cookie(zk: KazooClient, bookie_id: str) -> None:
-    """The bookie's identity with its old disks; removed so that it can start again on new, empty ones."""
-    with contextlib.suppress(NoNodeError):
-        zk.delete(zkpaths.cookie(bookie_id), recursive=True)
 
 
 def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie: Bookie) -> None:

@@ -12,13 +12,13 @@ import logging
 
 from kazoo.client import KazooClient
 
-from bookfleet.client.metadata import MetadataStore
 from bookfleet.kube import resources
 from bookfleet.kube.api import BATCH, SPARK, KubeApi
 from bookfleet.kube.context import OperatorContext, now
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
-from bookfleet.recovery.auditor import mark_lost_bookie
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.auditor import mark_lost_bookie
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import logging
 from kazoo.client import KazooClient
 from pydantic import ValidationError
 
-from bookfleet.client import bookiestate
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
+from bookfleet.meta import bookiestate, cookies
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def decommission(ctx: OperatorContext, cluster: BookieCluster, body: dict) -> No
         outcome = repairs.ensure_repaired(ctx, cluster, bookie, since)
         if outcome != repairs.Outcome.REPAIRED:
             return
-    lifecycle.forget_cookie(zk, bookie.spec.bookie_id)
+    cookies.forget(zk, bookie.spec.bookie_id)
     pod_left = ctx.api.delete(CORE, "pods", ns, name)
     for claim in resources.bookie_pvcs(bookie):
         ctx.api.delete(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])

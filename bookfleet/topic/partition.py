@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from bookfleet import wire, zkpaths
+from bookfleet import wire
+from bookfleet.meta import zkpaths
 from bookfleet.topic.messageid import NONE
 
 NON_PARTITIONED = NONE

@@ -21,15 +21,15 @@ from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
 from bookfleet import wire
-from bookfleet import zk as zkclient
 from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
-from bookfleet.client.metadata import MetadataStore
-from bookfleet.client.metadata import NoSuchLedgerError as LedgerGone
-from bookfleet.client.registry import BookieRegistry
-from bookfleet.recovery.planner import FragmentPlan
-from bookfleet.recovery.repair import Connections, read_present
-from bookfleet.recovery.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.metadata import NoSuchLedgerError as LedgerGone
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.planner import FragmentPlan
+from bookfleet.replication.repair import Connections, read_present
+from bookfleet.replication.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
 
 READS_IN_FLIGHT = 64
 CHECK_TIMEOUT = 120.0

@@ -18,10 +18,10 @@ import prometheus_client
 from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
-from bookfleet import zk as zkclient
-from bookfleet.recovery.auditor import WEEK, Auditor
-from bookfleet.recovery.spark_repair import DEFAULT_OPEN_GRACE_S, ProgressCallback, RepairSummary, run_repair
-from bookfleet.recovery.underreplication import UnderReplication
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.auditor import WEEK, Auditor
+from bookfleet.replication.spark_repair import DEFAULT_OPEN_GRACE_S, ProgressCallback, RepairSummary, run_repair
 
 log = logging.getLogger(__name__)
 

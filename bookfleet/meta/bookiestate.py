@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bookfleet import zkpaths
+from bookfleet.meta import zkpaths
 
 
 class BookieState(BaseModel):

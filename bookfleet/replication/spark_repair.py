@@ -2,7 +2,7 @@
 
 The driver reads the markers (or the ledgers it was given), takes each ledger's repair lock, fences and closes
 ledgers left OPEN longer than the grace period, plans the damaged fragments and ships batches of them to Spark
-tasks (bookfleet.recovery.repair). The driver, not the task, holds the lock: from planning through the metadata
+tasks (bookfleet.replication.repair). The driver, not the task, holds the lock: from planning through the metadata
 swap, so the ephemeral lock covers the whole repair of a ledger and dies with a killed driver; tasks only copy.
 As each batch returns, every ledger in it whose copies all succeeded gets its segments rewritten by
 compare-and-set and its marker cleared by compare-and-set, so a run killed half-way keeps what it finished and a
@@ -30,18 +30,18 @@ from prometheus_client import Counter
 
 from bookfleet import spark as sparksettings
 from bookfleet import wire
-from bookfleet import zk as zkclient
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.metadata import (
+from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import (
     LedgerMetadata,
     MetadataStore,
     MetadataVersionConflict,
 )
-from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
-from bookfleet.client.registry import BookieInfo, BookieRegistry
-from bookfleet.recovery.planner import FragmentPlan, plan_ledger
-from bookfleet.recovery.repair import FragmentResult, RepairSettings, repair_partition
-from bookfleet.recovery.underreplication import Marker, UnderReplication
+from bookfleet.meta.registry import BookieInfo, BookieRegistry
+from bookfleet.meta.underreplication import Marker, UnderReplication
+from bookfleet.replication.planner import FragmentPlan, plan_ledger
+from bookfleet.replication.repair import FragmentResult, RepairSettings, repair_partition
 
 log = logging.getLogger(__name__)
 

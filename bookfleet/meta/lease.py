@@ -17,7 +17,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
-from bookfleet import zkpaths
+from bookfleet.meta import zkpaths
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bookfleet import wire, zkpaths
+from bookfleet import wire
+from bookfleet.meta import zkpaths
 
 
 class MetadataError(Exception):

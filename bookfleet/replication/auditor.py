@@ -32,12 +32,14 @@ from collections.abc import Collection, Iterable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 
-from bookfleet import wire, zkpaths
+from bookfleet import wire
 from bookfleet.client.connection import BookieError
-from bookfleet.client.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
-from bookfleet.client.registry import BookiePool, BookieRegistry
+from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import stores_entry
-from bookfleet.recovery.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
-from bookfleet import zkpaths
+from bookfleet.meta import zkpaths
 
 DEFAULT_RECOVERY_DELAY = 0.0
 """lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""

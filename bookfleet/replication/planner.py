@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from bookfleet.client.metadata import Fragment, LedgerMetadata
 from bookfleet.client.writeset import stores_entry, write_set
+from bookfleet.meta.metadata import Fragment, LedgerMetadata
 
 ReplacementChooser = Callable[[Sequence[str], int, int, Collection[str]], str]
 """(segment bookies, lost position, write quorum, bookies to avoid) -> replacement bookie id (placement policy)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerError
-from bookfleet.recovery.planner import FragmentPlan
+from bookfleet.replication.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
 """About this much data per read/write round of one fragment."""

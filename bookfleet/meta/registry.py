@@ -2,20 +2,17 @@
 
 A bookie registers `BookieInfo(...).to_json()` at zkpaths.available(id) while writable and at zkpaths.readonly(id)
 while read-only; the session's death removes it, which is how clients and the auditor notice a lost bookie.
-`BookiePool` turns ids into connections for the asynchronous writer, readers and recovery.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from pydantic import BaseModel, ValidationError
 
-from bookfleet import zkpaths
-from bookfleet.client.connection import BookieClient
+from bookfleet.meta import zkpaths
 
 
 class BookieMode(enum.StrEnum):
@@ -99,42 +96,3 @@ class BookieRegistry:
         except ValidationError as exc:
             raise ValueError(f"registration of bookie {bookie_id} is not valid BookieInfo JSON: {exc}") from None
         return info.model_copy(update={"state": BookieMode.READ_ONLY}) if read_only else info
-
-
-class BookiePool:
-    """One shared pipelined connection per bookie id, resolved through the registry and reopened after a failure."""
-
-    def __init__(self, registry: BookieRegistry, connect_timeout: float = 5.0):
-        self.registry = registry
-        self.connect_timeout = connect_timeout
-        self._clients: dict[str, BookieClient] = {}
-        self._connecting: dict[str, asyncio.Future[BookieClient]] = {}
-
-    def connected(self, bookie_id: str) -> BookieClient | None:
-        """The open connection to `bookie_id`, if there is one (the writer's hot path: no await)."""
-        client = self._clients.get(bookie_id)
-        return client if client is not None and not client.closed else None
-
-    async def get(self, bookie_id: str) -> BookieClient:
-        """A connection to `bookie_id`; ConnectionError if it is unregistered or unreachable."""
-        if client := self.connected(bookie_id):
-            return client
-        if (pending := self._connecting.get(bookie_id)) is None:
-            pending = asyncio.ensure_future(self._connect(bookie_id))
-            self._connecting[bookie_id] = pending
-            pending.add_done_callback(lambda _: self._connecting.pop(bookie_id, None))
-        return await asyncio.shield(pending)
-
-    async def _connect(self, bookie_id: str) -> BookieClient:
-        try:
-            address = await asyncio.to_thread(self.registry.address, bookie_id)
-        except UnknownBookie as exc:
-            raise ConnectionError(str(exc)) from None
-        client = await BookieClient.connect(address, self.connect_timeout)
-        self._clients[bookie_id] = client
-        return client
-
-    async def close(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.close()
