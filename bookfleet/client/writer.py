@@ -334,7 +334,7 @@ class LedgerWriter:
         failed = dict(self._failed)
         candidates = await asyncio.to_thread(self._pool.registry.writable)
         ensemble = list(self._ensemble)
-        excluded = set(self._ever_failed)  # a failed bookie is named in the marker: never put it back
+        excluded = set(self._ever_failed)  # named in the marker: back only at its own position (_reinstate)
         replaced: dict[int, str] = {}
         reasons = []
         for position in sorted(failed):
