@@ -14,6 +14,7 @@ import logging
 import signal
 
 from bookfleet.bookie import cookie
+from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
 from bookfleet.bookie.http import BookieMetrics, HealthServer
@@ -23,6 +24,8 @@ from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.meta import zk as zkclient
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.security.tls import ReloadingContext, TlsConfigError, server_context
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,15 @@ async def _listen(what: str, start, host: str, port: int) -> None:
         raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _tls_context(config: BookieConfig) -> ReloadingContext | None:
+    if config.tls_dir is None:
+        return None
+    try:
+        return server_context(config.tls_dir)
+    except TlsConfigError as exc:
+        raise StartupError(f"--tls-dir {config.tls_dir}: {exc}") from None
+
+
 class Bookie:
     """One bookie's parts, wired together; `run()` serves until a signal or `stop()`."""
 
@@ -45,7 +57,11 @@ class Bookie:
         self.config = config
         self.metrics = BookieMetrics()
         self.storage = LedgerStorage(
-            config.journal_dir, config.ledger_dir, config.storage, self.metrics.observe_journal_sync
+            config.journal_dir,
+            config.ledger_dir,
+            config.storage,
+            self.metrics.observe_journal_sync,
+            self._on_storage_failure,
         )
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None
@@ -73,6 +89,7 @@ class Bookie:
             await asyncio.to_thread(
                 cookie.verify_or_create, zk, config.bookie_id, config.journal_dir, config.ledger_dir
             )
+            await asyncio.to_thread(BookieRegistry(zk).record_address, config.bookie_id, config.advertised_address)
             await self.storage.start()
             self._storage_started = True
             try:
@@ -87,7 +104,7 @@ class Bookie:
     async def _serve(self, zk) -> None:
         config = self.config
         self.registration = Registration(
-            zk, config.bookie_id, config.advertised_address, config.zone, self.health.port
+            zk, config.bookie_id, config.advertised_address, config.zone, self.health.port, config.tls_dir is not None
         )
         monitor = DiskMonitor(
             config.ledger_dir,
@@ -98,8 +115,16 @@ class Bookie:
             config.disk_quota,
             config.disk_check_interval,
         )
-        self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
+        self.server = BookieServer(
+            self.storage,
+            self.metrics,
+            monitor.space,
+            config.limits,
+            tls=_tls_context(config),
+            admission=LedgerAdmission(zk, self.storage.has_ledger) if config.verify_ledgers else None,
+        )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
+        self.read_only.set_storage_failure(self.storage.failure)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
@@ -124,6 +149,11 @@ class Bookie:
             self.registration.update(free_bytes=free, total_bytes=total)
         if self.read_only is not None:
             self.read_only.set_disk_full(disk_full)
+
+    def _on_storage_failure(self, reason: str) -> None:
+        """The journal or the disk failed: read-only at once (adds, GET_BOOKIE_INFO, registration), saying why."""
+        if self.read_only is not None:
+            self.read_only.set_storage_failure(reason)
 
     def _on_read_only_change(self, reason: str | None) -> None:
         """The disk monitor or ZooKeeper switched the bookie: adds, GET_BOOKIE_INFO and registration follow."""

@@ -325,7 +325,7 @@ class LedgerWriter:
         """Record the failed bookies in the ledger's under-replication marker, for the auditor and repair."""
         if self._unmarked:
             bookies = set(self._unmarked)
-            await asyncio.to_thread(self._under_replication.mark, self.ledger_id, bookies)
+            await asyncio.to_thread(self._under_replication.mark, self.ledger_id, bookies, missed_entries=True)
             self._unmarked -= bookies
 
     async def _replace_failed(self) -> str | None:

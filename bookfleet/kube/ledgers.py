@@ -16,12 +16,11 @@ from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
-from bookfleet.kube.models import VALID, BookieCluster, Ledger
+from bookfleet.kube.models import DATA_LOSS, VALID, BookieCluster, Ledger
 from bookfleet.meta.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 
-DATA_LOSS = "DataLoss"
 CREATED = "Created"
 
 

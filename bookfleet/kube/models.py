@@ -128,6 +128,14 @@ class CustomResource(KubeModel):
 # --- BookieCluster -------------------------------------------------------------------------------------------
 
 
+def _whole_default(default: KubeModel) -> Any:
+    """A field defaulting to a whole object, the same in Python and in the CRD (the API server fills it only when
+    the field is left out; its own field defaults, if different, never leak in)."""
+    return Field(
+        default_factory=lambda: default.model_copy(deep=True), json_schema_extra={"default": default.to_wire()}
+    )
+
+
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
@@ -138,13 +146,18 @@ class Volume(KubeModel):
 class Storage(KubeModel):
     """Journal and ledger directories on separate volumes: the journal's fsyncs never queue behind compaction."""
 
-    journal: Volume = Field(default_factory=lambda: Volume(size="2Gi"))
+    journal: Volume = _whole_default(Volume(size="2Gi"))
     ledgers: Volume = Field(default_factory=Volume)
 
 
 class ResourceRequirements(KubeModel):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+def _resources_default(requests: dict[str, Quantity], limits: dict[str, Quantity]) -> Any:
+    """Requests and limits as one default, so a user's own requests never mix with default limits they exceed."""
+    return _whole_default(ResourceRequirements(requests=requests, limits=limits))
 
 
 class AntiAffinity(enum.StrEnum):
@@ -198,6 +211,13 @@ class RepairSettings(KubeModel):
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
     image: str | None = Field(None, description="defaults to the cluster's bookie image")
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
+    active_deadline_seconds: int = Field(
+        3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
+    )
+    executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    driver_resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
 
 
 class AutoRecovery(KubeModel):
@@ -208,17 +228,41 @@ class AutoRecovery(KubeModel):
     repair: RepairSettings = Field(default_factory=RepairSettings)
 
 
+class TlsMode(enum.StrEnum):
+    OPERATOR = "Operator"
+    """The operator runs the cluster's CA and issues and renews certificates into Secrets."""
+    CERT_MANAGER = "CertManager"
+    """cert-manager Certificates, signed by `certManagerIssuer`, fill the same Secrets."""
+    DISABLED = "Disabled"
+
+
+class Security(KubeModel):
+    tls: TlsMode = Field(TlsMode.OPERATOR, description="who issues the bookie protocol's mutual-TLS certificates")
+    cert_manager_issuer: str | None = Field(None, description="the cert-manager Issuer (kind/name or name) to use")
+    certificate_days: int = Field(90, ge=2, description="lifetime of issued certificates")
+    renew_before_days: int = Field(30, ge=1, description="renew a certificate this long before it expires")
+    zookeeper_auth_secret: str | None = Field(
+        None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
+    )
+
+
 class BookieClusterSpec(KubeModel):
     replicas: int = Field(3, ge=1)
     image: str = "bookfleet/bookie:0.1.0"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181")
     storage: Storage = Field(default_factory=Storage)
-    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
+    max_unavailable: int = Field(
+        1, ge=0, description="bookies a voluntary disruption (node drain, eviction) may take down at once"
+    )
     zones: ZoneList = Field(default_factory=list, description="bookies spread round-robin over these zones")
     anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
     bookie: BookieSettings = Field(default_factory=BookieSettings)
     auto_recovery: AutoRecovery = Field(default_factory=AutoRecovery)
+    security: Security = Field(default_factory=Security)
 
 
 class BookieClusterStatus(StatusModel):
@@ -381,6 +425,8 @@ class Ledger(CustomResource):
 
 VALID = "Valid"
 """Condition type that reports the problems below; the operator sets it on BookieClusters and Ledgers."""
+DATA_LOSS = "DataLoss"
+"""Condition type of a Ledger some of whose entries no replica holds any more."""
 
 
 def zone_of(ordinal: int, zones: list[str]) -> str | None:
@@ -391,6 +437,14 @@ def zone_of(ordinal: int, zones: list[str]) -> str | None:
 def cluster_problems(spec: BookieClusterSpec) -> list[str]:
     """Problems of a schema-valid BookieCluster spec, each a sentence a user can act on."""
     problems = []
+    security = spec.security
+    if security.tls == TlsMode.CERT_MANAGER and not security.cert_manager_issuer:
+        problems.append("security.tls CertManager needs security.certManagerIssuer")
+    if security.renew_before_days >= security.certificate_days:
+        problems.append(
+            f"security.renewBeforeDays ({security.renew_before_days}) must be less than certificateDays "
+            f"({security.certificate_days})"
+        )
     if spec.zones and spec.replicas < len(spec.zones):
         empty = spec.zones[spec.replicas :]
         problems.append(

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import yaml
+
 from bookfleet import spark
 from bookfleet.kube.models import (
     API_VERSION,
@@ -19,9 +21,12 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     CustomResource,
+    TlsMode,
     Volume,
     zone_of,
 )
+from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.security.tls import KUBERNETES_FILES, TLS_DIR_ENV
 
 APP = "bookfleet"
 LABEL_NAME = "app.kubernetes.io/name"
@@ -30,12 +35,16 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_CLUSTER = "bookfleet.io/cluster"
 LABEL_BOOKIE = "bookfleet.io/bookie"
+CLIENT_LABEL = "bookfleet.io/client"
+"""Pods labelled `bookfleet.io/client: "true"` may reach the bookies and ZooKeeper (the chart's NetworkPolicies name
+the same label); every other pod outside the fleet is refused."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
 
 BOOKIE = "bookie"
 REPAIR = "repair"
+OPERATOR = "operator"
 BOOKIE_POD_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: BOOKIE}
 """Labels every bookie pod carries: what the operator's pod watch selects on."""
 
@@ -46,6 +55,15 @@ VOLUMES = {"journal": JOURNAL_DIR, "ledgers": LEDGER_DIR}
 
 RUN_AS = 10001
 """The non-root user of the bookie image (bookie-image/Dockerfile)."""
+
+SCRATCH = {"name": "tmp", "mountPath": "/tmp"}
+"""The one writable directory besides the data volumes: root filesystems are read-only."""
+SCRATCH_LIMIT = "1Gi"
+EXECUTOR_CONTAINER = "executor"
+EXECUTOR_TEMPLATE_DIR = "/etc/bookfleet/spark"
+EXECUTOR_TEMPLATE_FILE = "executor-pod-template.yaml"
+EXECUTOR_TEMPLATE_PREFIX = "bookfleet-repair-executor"
+"""The ConfigMap holding the pod template Spark's driver gives every executor pod (see executor_template_name)."""
 
 K8S_MASTER = "k8s://https://kubernetes.default.svc"
 REPAIR_JOB = "spark_repair"
@@ -90,6 +108,51 @@ def bookie_id(cluster: str, bookie: str, namespace: str, port: int) -> str:
 
 def pvc_name(bookie: str, volume: str) -> str:
     return f"{bookie}-{volume}"
+
+
+def ca_secret_name(cluster: str) -> str:
+    return f"{cluster}-tls-ca"
+
+
+def bookie_secret_name(bookie: str) -> str:
+    return f"{bookie}-tls"
+
+
+def replicator_secret_name(cluster: str) -> str:
+    return f"{cluster}-tls-replicator"
+
+
+# --- security: TLS directories from Secrets, the ZooKeeper credential ------------------------------------------
+
+TLS_DIR = "/etc/bookfleet/tls"
+"""Where pods see their TLS directory (mounted whole, never by subPath, so the kubelet's refreshes show)."""
+TLS_VOLUME = "tls"
+CA_KEY, CERT_KEY, KEY_KEY = KUBERNETES_FILES
+"""A TLS Secret's keys (kubernetes.io/tls layout, as cert-manager writes it), which are also the file names."""
+ZK_AUTH_KEY = "auth"
+
+
+def tls_enabled(cluster: BookieCluster) -> bool:
+    return cluster.spec.security.tls != TlsMode.DISABLED
+
+
+def tls_mount() -> dict[str, Any]:
+    return {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+
+
+def tls_volume(secret: str) -> dict[str, Any]:
+    return {"name": TLS_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
+
+
+def security_env(cluster: BookieCluster, with_tls_dir: bool) -> list[dict[str, Any]]:
+    """The ZooKeeper credential from its Secret, and where the TLS directory is for a client."""
+    env: list[dict[str, Any]] = []
+    secret = cluster.spec.security.zookeeper_auth_secret
+    if secret:
+        env.append({"name": ZK_AUTH_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": ZK_AUTH_KEY}}})
+    if with_tls_dir and tls_enabled(cluster):
+        env.append({"name": TLS_DIR_ENV, "value": TLS_DIR})
+    return env
 
 
 def labels(cluster: str, component: str, bookie: str | None = None) -> dict[str, str]:
@@ -221,6 +284,8 @@ def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
     command += ["--disk-usage-threshold", str(settings.disk_usage_threshold)]
     command += ["--disk-usage-lwm", str(settings.disk_usage_lwm)]
     command += ["--gc-interval", str(settings.gc_interval_seconds)]
+    if tls_enabled(cluster):
+        command += ["--tls-dir", TLS_DIR]
     return command + settings.extra_args
 
 
@@ -246,11 +311,28 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Restricted Pod Security for a container, and a read-only root filesystem: writes go to mounted volumes."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _scratch_volume() -> dict[str, Any]:
+    return {"name": SCRATCH["name"], "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}
+
+
+def _zone_spread(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """Without explicit zones, bookies still prefer distinct zones, so one zone outage takes at most its share."""
+    selector = {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: cluster.metadata.name}}
+    return [{"maxSkew": 1, "topologyKey": ZONE_LABEL, "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}]
 
 
 def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
@@ -270,22 +352,30 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "resources": cluster.spec.resources.to_wire(),
-        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()],
+        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()] + [SCRATCH],
         "securityContext": _security_context(),
     }
+    volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES]
+    volumes.append(_scratch_volume())
+    if env := security_env(cluster, with_tls_dir=False):
+        container["env"] = env
+    if tls_enabled(cluster):
+        container["volumeMounts"].append(tls_mount())
+        volumes.append(tls_volume(bookie_secret_name(name)))
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": service_name(cluster.metadata.name),
+        "automountServiceAccountToken": False,  # a bookie never calls the Kubernetes API
         "securityContext": _pod_security_context(),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
-        "volumes": [
-            {"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES
-        ],
+        "volumes": volumes,
     }
     affinity = _affinity(cluster, bookie)
     if affinity:
         pod_spec["affinity"] = affinity
+    if not cluster.spec.zones:
+        pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -339,6 +429,69 @@ def bookies_service(cluster: BookieCluster) -> dict[str, Any]:
     return owned_by(manifest, cluster)
 
 
+def bookie_disruption_budget(cluster: BookieCluster) -> dict[str, Any]:
+    """At most `maxUnavailable` bookies down by drains and evictions.
+
+    An integer minAvailable, not maxUnavailable: the Kubernetes disruption controller resolves maxUnavailable through
+    the pods' controller's scale subresource, and a bookie pod's controller is its Bookie, which has none.
+    """
+    name, spec = cluster.metadata.name, cluster.spec
+    manifest = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(service_name(name), cluster.metadata.namespace, labels(name, BOOKIE)),
+        "spec": {
+            "minAvailable": max(spec.replicas - spec.max_unavailable, 0),
+            "selector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
+        },
+    }
+    return owned_by(manifest, cluster)
+
+
+def fleet_peers(cluster: str) -> list[dict[str, Any]]:
+    """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), the operator
+    wherever it runs, and pods of the namespace labelled as clients."""
+    return [
+        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: cluster}}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: OPERATOR}}},
+        {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
+    ]
+
+
+def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """Ingress of the cluster's bookies and repair pods; anything not allowed here is denied.
+
+    Bookie port: the fleet's peers only. HTTP port (probes, /metrics, read-only): open. Repair drivers and their
+    executors: only each other (executors connect back to the driver; the driver fetches from executors).
+    """
+    name, namespace, settings = cluster.metadata.name, cluster.metadata.namespace, cluster.spec.bookie
+    repair_pods = {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR, LABEL_CLUSTER: name}}
+    bookies = {
+        "podSelector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": fleet_peers(name), "ports": [{"protocol": "TCP", "port": settings.port}]},
+            {"ports": [{"protocol": "TCP", "port": settings.http_port}]},
+        ],
+    }
+    repairs = {
+        "podSelector": repair_pods,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": repair_pods}]}],
+    }
+    policies = []
+    for component, spec in ((BOOKIE, bookies), (REPAIR, repairs)):
+        metadata = _metadata(f"{name}-{component}", namespace, labels(name, component))
+        manifest = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata, "spec": spec}
+        policies.append(owned_by(manifest, cluster))
+    return policies
+
+
+def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies."""
+    return [bookies_service(cluster), bookie_disruption_budget(cluster), *network_policies(cluster)]
+
+
 # --- repair --------------------------------------------------------------------------------------------------
 
 
@@ -373,6 +526,23 @@ def _client_mode(options: list[str]) -> list[str]:
     return options
 
 
+_SPARK_ENV = {"driver": "spark.kubernetes.driverEnv", "executor": "spark.executorEnv"}
+
+
+def _spark_security(cluster: BookieCluster, *pods: str) -> dict[str, str]:
+    """Spark settings that give the driver and/or executor pods Spark creates the replicator's TLS directory and
+    the ZooKeeper credential."""
+    settings = {}
+    secret = cluster.spec.security.zookeeper_auth_secret
+    for pod in pods:
+        if tls_enabled(cluster):
+            settings[f"spark.kubernetes.{pod}.secrets.{replicator_secret_name(cluster.metadata.name)}"] = TLS_DIR
+            settings[f"{_SPARK_ENV[pod]}.{TLS_DIR_ENV}"] = TLS_DIR
+        if secret:
+            settings[f"spark.kubernetes.{pod}.secretKeyRef.{ZK_AUTH_ENV}"] = f"{secret}:{ZK_AUTH_KEY}"
+    return settings
+
+
 def _conf(settings: Mapping[str, str]) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
 
@@ -393,9 +563,49 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
+        **_spark_security(cluster, "executor"),
     }
+    executors = _executor_conf(cluster.spec.auto_recovery.repair.executor_cores)
     application = app.removeprefix("local://")
-    return ["spark-submit", *_client_mode(options), *_conf(kubernetes), application, *app_args]
+    return ["spark-submit", *_client_mode(options), *_conf(kubernetes | executors), application, *app_args]
+
+
+def _executor_conf(cores: int) -> dict[str, str]:
+    """Executor pods from the restricted template, with CPU requested and capped (Spark sets memory itself:
+    request = limit = executor memory + overhead)."""
+    return {
+        "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_FILE}",
+        "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+        "spark.executor.cores": str(cores),
+        "spark.kubernetes.executor.request.cores": str(cores),
+        "spark.kubernetes.executor.limit.cores": str(cores),
+    }
+
+
+def executor_template_name() -> str:
+    """Named by its content: the operator only creates it, so a new template after an upgrade gets a new ConfigMap
+    instead of silently keeping the old one."""
+    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text())
+
+
+def _executor_template_text() -> str:
+    return yaml.safe_dump(executor_pod_template(), sort_keys=False)
+
+
+def executor_pod_template() -> dict[str, Any]:
+    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": _pod_security_context(),
+            "containers": [
+                {"name": EXECUTOR_CONTAINER, "securityContext": _security_context(), "volumeMounts": [SCRATCH]}
+            ],
+            "volumes": [_scratch_volume()],
+        },
+    }
 
 
 def repair_job(
@@ -409,18 +619,33 @@ def repair_job(
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    template = {"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True}
     container = {
         "name": "driver",
         "image": _repair_image(cluster),
         "imagePullPolicy": cluster.spec.image_pull_policy,
         "command": repair_command(cluster, name, ledgers),
-        "env": downward,
+        "env": downward + security_env(cluster, with_tls_dir=True),
         "ports": [
             {"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
         ],
+        "resources": repair.driver_resources.to_wire(),
+        "volumeMounts": [SCRATCH, template],
         "securityContext": _security_context(),
     }
+    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": repair.service_account_name,
+        "automountServiceAccountToken": True,  # the driver creates and watches its executor pods
+        "restartPolicy": "Never",
+        "securityContext": _pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if tls_enabled(cluster):  # the driver's TLS directory: the replicator's certificate
+        container["volumeMounts"].append(tls_mount())
+        volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
     manifest = {
@@ -429,14 +654,10 @@ def repair_job(
         "metadata": metadata,
         "spec": {
             "backoffLimit": repair.backoff_limit,
+            "activeDeadlineSeconds": repair.active_deadline_seconds,
             "template": {
                 "metadata": {"labels": job_labels},
-                "spec": {
-                    "serviceAccountName": repair.service_account_name,
-                    "restartPolicy": "Never",
-                    "securityContext": _pod_security_context(),
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
         },
     }
@@ -467,7 +688,7 @@ def spark_application(
             "mainApplicationFile": app,
             "arguments": app_args,
             "sparkVersion": spark.spark_version(),
-            "sparkConf": confs,
+            "sparkConf": {**confs, **_spark_security(cluster, "driver", "executor")},
             "restartPolicy": {
                 "type": "OnFailure",
                 "onFailureRetries": repair.backoff_limit,
@@ -477,21 +698,42 @@ def spark_application(
             },
             "driver": {
                 "cores": 1,
+                "coreLimit": "1",
                 "memory": "512m",
                 "serviceAccount": repair.service_account_name,
                 "labels": pod_labels,
+                "podSecurityContext": _pod_security_context(),
+                "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
             },
-            "executor": {"instances": repair.executors, "memory": repair.executor_memory, "labels": pod_labels},
+            "executor": {
+                "instances": repair.executors,
+                "cores": repair.executor_cores,
+                "coreLimit": str(repair.executor_cores),
+                "memory": repair.executor_memory,
+                "labels": pod_labels,
+                "podSecurityContext": _pod_security_context(),
+                "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
+            },
+            "volumes": [_scratch_volume()],
         },
     }
     return owned_by(manifest, cluster)
 
 
-def repair_rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding for Spark's driver, limited to the namespace and to REPAIR_RULES."""
+def repair_namespace_objects(namespace: str, service_account: str) -> list[dict[str, Any]]:
+    """What repair Jobs need in their namespace: Spark's driver account (ServiceAccount, Role and RoleBinding,
+    limited to the namespace and to REPAIR_RULES) and the executor pod template."""
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(executor_template_name(), namespace, meta),
+            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text()},
+        },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -14,9 +14,9 @@ import logging
 from kazoo.client import KazooClient
 from pydantic import ValidationError
 
-from bookfleet.kube import lifecycle, repairs, resources
+from bookfleet.kube import certificates, lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 from bookfleet.meta import bookiestate, cookies
 
@@ -52,8 +52,13 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
             ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], {"conditions": conditions})
             ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
         return
-    ctx.api.ensure(resources.bookies_service(cluster))
-    for manifest in resources.repair_rbac(meta["namespace"], cluster.spec.auto_recovery.repair.service_account_name):
+    for manifest in resources.cluster_objects(cluster):
+        existing, created = ctx.api.ensure(manifest)
+        if manifest["kind"] == "PodDisruptionBudget" and not created and existing["spec"] != manifest["spec"]:
+            ctx.api.patch(manifest["apiVersion"], "poddisruptionbudgets", meta["namespace"],
+                          manifest["metadata"]["name"], {"spec": manifest["spec"]})  # follows replicas
+    service_account = cluster.spec.auto_recovery.repair.service_account_name
+    for manifest in resources.repair_namespace_objects(meta["namespace"], service_account):
         ctx.api.ensure(manifest)
     existing = {b["metadata"]["name"]: b for b in
                 ctx.api.list(CUSTOM, "bookies", meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]})}
@@ -61,6 +66,7 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
         if manifest["metadata"]["name"] not in existing:
             created, _ = ctx.api.ensure(manifest)
             existing[created["metadata"]["name"]] = created
+    certificates.ensure(ctx.api, cluster, [Bookie.model_validate(b) for b in existing.values()], now())
     sync_read_only(ctx.zk(cluster.spec.zookeeper), existing.values())
     surplus = sorted((b for b in existing.values() if ordinal(b["metadata"]["name"]) >= cluster.spec.replicas),
                      key=lambda b: ordinal(b["metadata"]["name"]), reverse=True)

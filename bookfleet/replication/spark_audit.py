@@ -2,7 +2,9 @@
 
 The auditor's periodic check reads only the first and last entry of each fragment; this job reads them all
 (READ_RANGE per bookie and fragment, digests verified) or a random sample (READ_ENTRY), on Spark, and marks
-every ledger that falls short with the bookies that lack replicas, so the repair job copies them back.
+every ledger that falls short with the bookies that lack replicas, so the repair job copies them back. Only a
+definite answer counts as short (no such entry or ledger, a corrupt copy); a bookie that cannot be asked, even at
+the address it last registered with, is a failure of this run, never a mark.
 Entries recorded as DATA_LOSS are skipped: nothing can bring them back, and re-marking them would loop.
 """
 
@@ -103,10 +105,7 @@ async def check_replica(
     expected = sampled(unit, position, sample)
     if not expected:
         return 0, 0
-    bookie = fragment.bookies[position]
-    if bookie not in connections.addresses:
-        return len(expected), len(expected)  # not registered: none of its replicas can be read
-    client = await connections.get(bookie)
+    client = await connections.get(fragment.bookies[position])  # no address or no answer: an error, never absent
     async with slots:
         if sample >= 1.0:
             try:
@@ -221,7 +220,7 @@ def run_audit(
     with zkclient.session(zk) as client:
         units, summary.ledgers = plan_audit(client)
         summary.fragments = len(units)
-        addresses = {info.bookie_id: info.address for info in BookieRegistry(client).all()}
+        addresses = BookieRegistry(client).last_known_addresses(b for unit in units for b in unit.fragment.bookies)
         results = []
         if units:
             context = sparksettings.session(master, app_name="bookfleet-audit").sparkContext
