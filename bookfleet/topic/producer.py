@@ -85,40 +85,52 @@ class PartitionProducer:
     async def write(self, messages: list[bytes], batched: bool) -> list[MessageId]:
         """Append one entry holding `messages`; returns their MessageIds once the entry is durable (Qa acks)."""
         payload = encode_messages(messages, batched)
-        batch_indexes = range(len(messages)) if batched else [-1]
+        async with self._lock:  # rollover must not interleave with the next append; the ack wait is outside
+            self._current()
+            if self._full():
+                await self._close_ledger()
+                await self._open()
+            writer, entry_id, pending = self._append(payload)
         while True:
-            async with self._lock:  # rollover must not interleave with the next append; the ack wait is outside
-                if self._writer is None:
-                    raise RuntimeError(f"{self.partition}: producer is not started or already closed")
-                if self._full():
-                    await self._close_ledger()
-                    await self._open()
-                writer = self._writer
-                entry_id = writer.next_entry_id
-                pending = writer.append(payload)
-                self._entries += 1
-                self._bytes += len(payload)
             try:
                 entry_id = await pending
+                break
             except (LedgerFencedError, LedgerClosedError) as taken:
-                try:
-                    closed = await self._roll_over(writer)
-                except PartitionChanged:
-                    raise taken from None  # another producer owns the partition now: this one stays fenced
-                if entry_id > closed.last_entry_id:
-                    continue  # not in the closed ledger: write it again in the new one
-            return [MessageId(writer.ledger_id, entry_id, self.partition.index, index) for index in batch_indexes]
+                async with self._lock:  # taken in failure order, so messages written again keep their order
+                    try:
+                        closed = await self._roll_over(writer)
+                    except PartitionChanged:
+                        raise taken from None  # another producer owns the partition now: this one stays fenced
+                    if entry_id <= closed.last_entry_id:
+                        break  # recovered into the closed ledger
+                    writer, entry_id, pending = self._append(payload)  # not in it: write it again in the new one
+        batch_indexes = range(len(messages)) if batched else [-1]
+        return [MessageId(writer.ledger_id, entry_id, self.partition.index, index) for index in batch_indexes]
+
+    def _append(self, payload: bytes) -> tuple[LedgerWriter, int, asyncio.Future[int]]:
+        """Append to the current ledger (the caller holds the lock): (writer, the entry's id, its ack)."""
+        writer = self._current()
+        entry_id = writer.next_entry_id
+        pending = writer.append(payload)
+        self._entries += 1
+        self._bytes += len(payload)
+        return writer, entry_id, pending
+
+    def _current(self) -> LedgerWriter:
+        if self._writer is None:
+            raise RuntimeError(f"{self.partition}: producer is not started or already closed")
+        return self._writer
 
     async def _roll_over(self, writer: LedgerWriter) -> LedgerMetadata:
-        """The ledger of `writer` was fenced or closed by someone else: close it in the partition's list at its
-        recovered end and open a new one (once, for every write that fails with it); returns its closed metadata."""
-        async with self._lock:
-            if writer.ledger_id in self._taken:
-                return self._taken[writer.ledger_id]
-            metadata = await self._record_taken(writer)
-            if self._writer is writer:
-                await self._open()
-            return metadata
+        """The ledger of `writer` was fenced or closed by someone else (the caller holds the lock): close it in the
+        partition's list at its recovered end and open a new one, once for every write that fails with it; returns
+        its closed metadata."""
+        if writer.ledger_id in self._taken:
+            return self._taken[writer.ledger_id]
+        metadata = await self._record_taken(writer)
+        if self._writer is writer:
+            await self._open()
+        return metadata
 
     async def _record_taken(self, writer: LedgerWriter) -> LedgerMetadata:
         """Stop `writer`, recover its ledger (or read where its recovery closed it) and close it in the list."""
