@@ -19,6 +19,7 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check bookfleet tests
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 chaos: setup
@@ -30,6 +31,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check bookfleet tests
+	$(VENV)/bin/lint-imports
 
 crds: setup
 	$(VENV)/bin/bookfleet crds --out crds --chart charts/bookfleet/crds

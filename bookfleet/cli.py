@@ -15,6 +15,10 @@ class CommandError(Exception):
     """An error to report as one clear line and a non-zero exit."""
 
 
+EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes": "operator", "yaml": "operator"}
+"""Modules the base install lacks -> the extra of pyproject.toml that brings them."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
@@ -36,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (CommandError, TimeoutError) as exc:
         print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"bookfleet {args.command}: needs the [{extra}] extra ({exc.name} is not installed): "
+              f"pip install 'bookfleet[{extra}]'", file=sys.stderr)
         return 2
 
 
