@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
 from pydantic import ValidationError
@@ -16,7 +17,14 @@ from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
-from bookfleet.kube.models import VALID, BookieCluster, Ledger
+from bookfleet.kube.models import (
+    VALID,
+    BookieCluster,
+    ConditionStatus,
+    Ledger,
+    ledger_problems,
+    validity_condition,
+)
 from bookfleet.meta.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
@@ -44,8 +52,9 @@ def _report(ctx: OperatorContext, body: dict, type_: str, ok: bool, reason: str,
         body.setdefault("status", {})["conditions"] = conditions
 
 
-def sync(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a Ledger (called by a timer)."""
+def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerKey], Iterable[dict]]) -> None:
+    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
+    ledger in the operator's index."""
     meta = body["metadata"]
     try:
         ledger = Ledger.model_validate(body)
@@ -54,10 +63,11 @@ def sync(ctx: OperatorContext, body: dict) -> None:
         _report(ctx, body, VALID, False, "InvalidSpec", problems)
         return
     cluster_body = ctx.api.get(CUSTOM, "bookieclusters", meta["namespace"], ledger.spec.cluster)
-    if cluster_body is None:
-        _report(ctx, body, VALID, False, "NoCluster", f"BookieCluster {ledger.spec.cluster!r} does not exist")
+    cluster = None if cluster_body is None else BookieCluster.model_validate(cluster_body)
+    validity = validity_condition(ledger_problems(ledger.spec, None if cluster is None else cluster.spec))
+    if cluster is None or validity.status != ConditionStatus.TRUE:
+        _report(ctx, body, validity.type, False, validity.reason, validity.message)
         return
-    cluster = BookieCluster.model_validate(cluster_body)
     zk = ctx.zk(cluster.spec.zookeeper)
     store = MetadataStore(zk)
     ledger_id = ledger.status.ledger_id
@@ -73,7 +83,7 @@ def sync(ctx: OperatorContext, body: dict) -> None:
         if not create(ctx, body, ledger, zk, ledger_id):
             return
         metadata, _ = store.read(ledger_id)
-    _report(ctx, body, VALID, True, "SpecValid", "")
+    _report(ctx, body, validity.type, True, validity.reason, validity.message)
     ur = UnderReplication(zk)
     marker = ur.marker(ledger_id)
     loss = ur.data_loss(ledger_id)
@@ -87,7 +97,7 @@ def sync(ctx: OperatorContext, body: dict) -> None:
             "missingBookies": sorted(marker.missing_bookies),
             "since": timestamp(dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC)),
         },
-        "repair": repair_status(ctx, cluster, ledger_id),
+        "repair": repair_status(repairs_of((meta["namespace"], cluster.metadata.name, ledger_id))),
     }
     current = body.get("status") or {}
     if any(current.get(key) != value for key, value in status.items()):
@@ -102,7 +112,8 @@ def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, le
     """Create the ledger's metadata under the reserved id; False (with a condition saying why) if it cannot yet."""
     spec = ledger.spec
     try:
-        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum)
+        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum,
+                                   zones=spec.zones)
         metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type,
                                 password(ctx, ledger))
         MetadataStore(zk).create(metadata, ledger_id)
@@ -115,19 +126,17 @@ def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, le
     return True
 
 
-def repair_status(ctx: OperatorContext, cluster: BookieCluster, ledger_id: int) -> dict | None:
-    """The latest repair Job that covers this ledger, as the Ledger's status shows it."""
-    covering = [j for j in repairs.repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name)
-                if str(ledger_id) in (j["metadata"].get("annotations", {}).get(repairs.ANNOTATION_LEDGERS) or "")
-                .split(",")]
-    if not covering:
+def repair_status(covering: Iterable[dict]) -> dict | None:
+    """The latest of the repair Jobs covering a ledger (from the operator's index), as the Ledger's status shows it."""
+    attempts = sorted(covering, key=repairs.attempt_order)
+    if not attempts:
         return None
-    job = covering[-1]
+    job = attempts[-1]
     finished = repairs.finished_at(job)
     return {
         "job": job["metadata"]["name"],
         "state": repairs.job_state(job).value,
         "started": job["metadata"].get("creationTimestamp"),
         "finished": timestamp(finished) if finished else None,
-        "attempts": len(covering),
+        "attempts": len(attempts),
     }

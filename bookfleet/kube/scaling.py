@@ -19,6 +19,7 @@ from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 from bookfleet.meta import bookiestate, cookies
+from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
             ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], {"conditions": conditions})
             ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
         return
+    settings = cluster.spec.auto_recovery
+    # The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them here.
+    UnderReplication(ctx.zk(cluster.spec.zookeeper)).configure(settings.enabled,
+                                                                settings.lost_bookie_recovery_delay_seconds)
     ctx.api.ensure(resources.bookies_service(cluster))
     for manifest in resources.repair_rbac(meta["namespace"], cluster.spec.auto_recovery.repair.service_account_name):
         ctx.api.ensure(manifest)
