@@ -38,7 +38,7 @@ async def _listen(what: str, start, host: str, port: int) -> None:
         raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
-class Bookie:
+class BookieNode:
     """One bookie's parts, wired together; `run()` serves until a signal or `stop()`."""
 
     def __init__(self, config: BookieConfig):
@@ -138,7 +138,7 @@ def run(config: BookieConfig) -> int:
     """Run a bookie in this process until SIGTERM or SIGINT."""
 
     async def main() -> None:
-        bookie = Bookie(config)
+        bookie = BookieNode(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, bookie.stop)

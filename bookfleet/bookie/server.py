@@ -317,7 +317,7 @@ class _Connection(asyncio.Protocol):
             self._send(wire.encode_add_responses(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
-            status = error.status if isinstance(error, errors.BookieError) else Status.INTERNAL_ERROR
+            status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
             log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
             for request_id, ledger_id, _ in adds.acks:
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
@@ -351,7 +351,7 @@ class _Connection(asyncio.Protocol):
         """Answer a request that raised; a malformed body closes the connection."""
         if isinstance(exc, wire.ProtocolError):
             self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
-        elif isinstance(exc, errors.BookieError):
+        elif isinstance(exc, errors.StatusError):
             if exc.status == Status.INTERNAL_ERROR:
                 log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
             self._answer_error(frame, exc.status, exc)

@@ -35,7 +35,7 @@ class BookieError(Exception):
         return _ERROR_CLASSES.get(status, BookieError)(status, message)
 
 
-class NoSuchLedgerError(BookieError):
+class NoSuchLedgerOnBookieError(BookieError):
     pass
 
 
@@ -68,7 +68,7 @@ class ShuttingDownError(BookieError):
 
 
 _ERROR_CLASSES: dict[Status, type[BookieError]] = {
-    Status.NO_SUCH_LEDGER: NoSuchLedgerError,
+    Status.NO_SUCH_LEDGER: NoSuchLedgerOnBookieError,
     Status.NO_SUCH_ENTRY: NoSuchEntryError,
     Status.FENCED: FencedError,
     Status.UNAUTHORIZED: UnauthorizedError,

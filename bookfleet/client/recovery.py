@@ -19,7 +19,7 @@ import asyncio
 import logging
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchLedgerError
+from bookfleet.client.connection import BookieError, NoSuchLedgerOnBookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import EntryUnavailable, read_entry
 from bookfleet.client.writer import LedgerClosedError, LedgerWriteError, LedgerWriter, WriterSettings
@@ -102,7 +102,7 @@ async def _fence(ledger_id: int, metadata: LedgerMetadata, master_key: bytes, po
         client = await pool.get(bookie)
         try:
             lac, _ = await client.read_lac_and_last(ledger_id, fence=True, master_key=master_key)
-        except NoSuchLedgerError:
+        except NoSuchLedgerOnBookieError:
             return wire.INVALID_ENTRY_ID  # fenced, nothing written there
         return lac
 

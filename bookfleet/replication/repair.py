@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.pool import BookiePool
 from bookfleet.replication.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
@@ -79,32 +80,6 @@ class TokenBucket:
                 await asyncio.sleep((min(amount, self.rate) - self.tokens) / self.rate)
 
 
-class Connections:
-    """One pipelined connection per bookie for the whole task, reopened if it broke."""
-
-    def __init__(self, addresses: dict[str, str]):
-        self.addresses = addresses
-        self.clients: dict[str, BookieClient] = {}
-        self.locks: dict[str, asyncio.Lock] = {}
-
-    async def get(self, bookie_id: str) -> BookieClient:
-        client = self.clients.get(bookie_id)
-        if client is not None and not client.closed:
-            return client
-        async with self.locks.setdefault(bookie_id, asyncio.Lock()):
-            client = self.clients.get(bookie_id)
-            if client is None or client.closed:
-                address = self.addresses.get(bookie_id)
-                if address is None:
-                    raise ConnectionError(f"bookie {bookie_id} is not registered")
-                client = self.clients[bookie_id] = await BookieClient.connect(address)
-            return client
-
-    async def close(self) -> None:
-        for client in self.clients.values():
-            await client.close()
-
-
 async def read_present(client: BookieClient, ledger_id: int, first: int, last: int) -> list[bytes]:
     """Every entry of [first, last] the bookie holds, in as many READ_RANGE calls as the size limit needs."""
     entries: list[bytes] = []
@@ -117,14 +92,14 @@ async def read_present(client: BookieClient, ledger_id: int, first: int, last: i
     return entries
 
 
-DEFINITIVE = (NoSuchEntryError, NoSuchLedgerError)
+DEFINITIVE = (NoSuchEntryError, NoSuchLedgerOnBookieError)
 """Answers that prove a replica does not hold an entry (as opposed to a bookie we could not ask)."""
 
 
 class FragmentCopier:
     """Copies one fragment chunk by chunk; all chunks of all fragments of a task share connections and bucket."""
 
-    def __init__(self, plan: FragmentPlan, connections: Connections, settings: RepairSettings, bucket: TokenBucket):
+    def __init__(self, plan: FragmentPlan, connections: BookiePool, settings: RepairSettings, bucket: TokenBucket):
         self.plan = plan
         self.connections = connections
         self.bucket = bucket
@@ -208,7 +183,7 @@ class FragmentCopier:
 
 async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettings) -> list[FragmentResult]:
     """Copy every fragment; chunks of all fragments run concurrently up to CHUNKS_IN_FLIGHT."""
-    connections = Connections(settings.addresses)
+    connections = BookiePool(settings.addresses)
     bucket = TokenBucket(settings.throttle_bytes_per_s)
     slots = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
     copiers = [FragmentCopier(plan, connections, settings, bucket) for plan in plans]

@@ -21,14 +21,14 @@ from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zk as zkclient
-from bookfleet.meta.metadata import MetadataStore
-from bookfleet.meta.metadata import NoSuchLedgerError as LedgerGone
+from bookfleet.meta.metadata import MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.planner import FragmentPlan
-from bookfleet.replication.repair import Connections, read_present
+from bookfleet.replication.repair import read_present
 from bookfleet.replication.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
 
 READS_IN_FLIGHT = 64
@@ -93,7 +93,7 @@ def sampled(unit: AuditUnit, position: int, sample: float) -> list[int]:
 async def check_replica(
     unit: AuditUnit,
     position: int,
-    connections: Connections,
+    connections: BookiePool,
     digester: wire.Digester,
     sample: float,
     slots: asyncio.Semaphore,
@@ -104,14 +104,14 @@ async def check_replica(
     if not expected:
         return 0, 0
     bookie = fragment.bookies[position]
-    if bookie not in connections.addresses:
+    if bookie not in connections.registry:  # the fixed id -> address map of this job
         return len(expected), len(expected)  # not registered: none of its replicas can be read
     client = await connections.get(bookie)
     async with slots:
         if sample >= 1.0:
             try:
                 raws = await read_present(client, fragment.ledger_id, expected[0], expected[-1])
-            except NoSuchLedgerError:
+            except NoSuchLedgerOnBookieError:
                 raws = []
         else:
             raws = await asyncio.gather(*(read_or_none(client, fragment.ledger_id, e) for e in expected))
@@ -129,12 +129,12 @@ async def check_replica(
 async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
     try:
         return await client.read_entry(ledger_id, entry_id)
-    except (NoSuchEntryError, NoSuchLedgerError):
+    except (NoSuchEntryError, NoSuchLedgerOnBookieError):
         return None
 
 
 async def audit_unit(
-    unit: AuditUnit, connections: Connections, password: bytes, sample: float, slots: asyncio.Semaphore
+    unit: AuditUnit, connections: BookiePool, password: bytes, sample: float, slots: asyncio.Semaphore
 ) -> AuditResult:
     """Check every bookie of one fragment at once."""
     fragment = unit.fragment
@@ -163,7 +163,7 @@ async def audit_unit(
 
 async def audit_units(units: list[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
     """All fragments of a task concurrently; READS_IN_FLIGHT bounds the reads outstanding."""
-    connections = Connections(addresses)
+    connections = BookiePool(addresses)
     slots = asyncio.Semaphore(READS_IN_FLIGHT)
     try:
         return await asyncio.gather(*(audit_unit(unit, connections, password, sample, slots) for unit in units))
@@ -185,7 +185,7 @@ def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
     for ledger_id in store.ledger_ids():
         try:
             metadata, _ = store.read(ledger_id)
-        except LedgerGone:
+        except NoSuchLedgerError:
             continue
         ledgers += 1
         loss = under_replication.data_loss(ledger_id)
