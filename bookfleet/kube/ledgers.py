@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, patch_status, timestamp
 from bookfleet.kube.models import (
     VALID,
     BookieCluster,
@@ -25,9 +25,9 @@ from bookfleet.kube.models import (
     ledger_problems,
     validity_condition,
 )
-from bookfleet.meta.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.meta.metadata import LedgerMetadata, MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.underreplication import Marker, UnderReplication
 
 DATA_LOSS = "DataLoss"
 CREATED = "Created"
@@ -44,12 +44,8 @@ def password(ctx: OperatorContext, ledger: Ledger) -> bytes:
 
 
 def _report(ctx: OperatorContext, body: dict, type_: str, ok: bool, reason: str, message: str) -> None:
-    status = body.get("status") or {}
-    conditions = conditions_with(status, type_, ok, reason, message)
-    if conditions != status.get("conditions"):
-        ctx.api.patch_status("ledgers", body["metadata"]["namespace"], body["metadata"]["name"],
-                             {"conditions": conditions})
-        body.setdefault("status", {})["conditions"] = conditions
+    patch_status(ctx, "ledgers", body, {"conditions": conditions_with(body.get("status") or {}, type_, ok, reason,
+                                                                      message)})
 
 
 def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerKey], Iterable[dict]]) -> None:
@@ -85,9 +81,18 @@ def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerK
         metadata, _ = store.read(ledger_id)
     _report(ctx, body, validity.type, True, validity.reason, validity.message)
     ur = UnderReplication(zk)
-    marker = ur.marker(ledger_id)
     loss = ur.data_loss(ledger_id)
-    status = {
+    repair = repair_status(repairs_of((meta["namespace"], cluster.metadata.name, ledger_id)))
+    patch_status(ctx, "ledgers", body, decide_status(ledger_id, metadata, ur.marker(ledger_id), repair))
+    if loss is not None:
+        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
+    else:
+        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
+
+
+def decide_status(ledger_id: int, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None) -> dict:
+    """The Ledger's status from its metadata, its under-replication marker and its latest repair (pure)."""
+    return {
         "ledgerId": ledger_id,
         "state": metadata.state.value,
         "lastEntryId": metadata.last_entry_id,
@@ -97,15 +102,8 @@ def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerK
             "missingBookies": sorted(marker.missing_bookies),
             "since": timestamp(dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC)),
         },
-        "repair": repair_status(repairs_of((meta["namespace"], cluster.metadata.name, ledger_id))),
+        "repair": repair,
     }
-    current = body.get("status") or {}
-    if any(current.get(key) != value for key, value in status.items()):
-        ctx.api.patch_status("ledgers", meta["namespace"], meta["name"], status)
-    if loss is not None:
-        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
-    else:
-        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
 
 
 def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, ledger_id: int) -> bool:

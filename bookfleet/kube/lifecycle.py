@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
@@ -152,24 +152,20 @@ def handle_loss(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie
     elif outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
         message = ("repair failed, retrying with backoff" if outcome == repairs.Outcome.BACKING_OFF
                    else f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until the Bookie changes")
-        conditions = conditions_with(status, REPAIRED, False, "RepairFailed", message)
-        if conditions != status.get("conditions"):
-            ctx.api.patch_status("bookies", ns, name, {"conditions": conditions})
+        if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "RepairFailed",
+                                                                             message)}):
             ctx.api.post_event(body, "RepairFailed", message, warning=True)
     else:
-        conditions = conditions_with(status, REPAIRED, False, "Repairing", "repair in progress")
-        if [c["status"] for c in conditions] != [c.get("status") for c in status.get("conditions") or []]:
-            ctx.api.patch_status("bookies", ns, name, {"conditions": conditions})
+        patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "Repairing",
+                                                                          "repair in progress")})
 
 
 def report_disabled(ctx: OperatorContext, body: dict) -> None:
     """Say, once, why a lost bookie's ledgers are not being repaired."""
     status = body.get("status") or {}
     message = "auto-recovery is disabled (spec.autoRecovery.enabled): no repair is launched until it is enabled"
-    conditions = conditions_with(status, REPAIRED, False, AUTO_RECOVERY_DISABLED, message)
-    if conditions != status.get("conditions"):
-        ctx.api.patch_status("bookies", body["metadata"]["namespace"], body["metadata"]["name"],
-                             {"conditions": conditions})
+    if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False,
+                                                                         AUTO_RECOVERY_DISABLED, message)}):
         ctx.api.post_event(body, AUTO_RECOVERY_DISABLED, message, warning=True)
 
 
@@ -184,10 +180,15 @@ def clear_loss(ctx: OperatorContext, body: dict, reason: str, message: str) -> N
 
 
 def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie: Bookie) -> None:
-    ns, name = bookie.metadata.namespace, bookie.metadata.name
+    """Observe the pod and ZooKeeper, decide the status, patch what changed."""
     zk = ctx.zk(cluster.spec.zookeeper)
-    pod = ctx.api.get(CORE, "pods", ns, name)
-    info = registration(zk, bookie.spec.bookie_id)
+    pod = ctx.api.get(CORE, "pods", bookie.metadata.namespace, bookie.metadata.name)
+    ledgers = len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id))
+    patch_status(ctx, "bookies", body, decide_status(bookie, pod, registration(zk, bookie.spec.bookie_id), ledgers))
+
+
+def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, ledgers: int) -> dict:
+    """The Bookie's status from its pod, its registration and its ledger count (pure)."""
     if bookie.spec.desired_state != DesiredState.WRITABLE:
         phase = BookiePhase.DECOMMISSIONING
     elif bookie.status.lost_since:
@@ -196,17 +197,14 @@ def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, book
         phase = BookiePhase.READ_ONLY if info.state == BookieMode.READ_ONLY else BookiePhase.RUNNING
     else:
         phase = BookiePhase.PENDING
-    status = {
+    return {
         "phase": phase.value,
         "bookieId": bookie.spec.bookie_id,
-        "pod": name if pod else None,
+        "pod": bookie.metadata.name if pod else None,
         "registered": info is not None,
-        "ledgers": len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
+        "ledgers": ledgers,
         "diskUsage": disk_usage(info, bookie) if info else None,
     }
-    current = body.get("status") or {}
-    if any(current.get(key) != value for key, value in status.items()):
-        ctx.api.patch_status("bookies", ns, name, status)
 
 
 def disk_usage(info: BookieInfo, bookie: Bookie) -> float:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, patch_status, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.underreplication import UnderReplication
@@ -48,9 +48,8 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     meta, status = body["metadata"], body.get("status") or {}
     cluster, problem = validate(body)
     if cluster is None:
-        conditions = conditions_with(status, VALID, False, "InvalidSpec", problem)
-        if conditions != status.get("conditions"):
-            ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], {"conditions": conditions})
+        if patch_status(ctx, "bookieclusters", body, {"conditions": conditions_with(status, VALID, False,
+                                                                                    "InvalidSpec", problem)}):
             ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
         return
     settings = cluster.spec.auto_recovery
@@ -76,18 +75,22 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
             for b in wanted}
     upgrading = rolling_upgrade(ctx, cluster, wanted, pods)
     ready = sum(lifecycle.pod_ready(pod) for pod in pods.values())
+    patch_status(ctx, "bookieclusters", body, decide_status(status, cluster, ready, bool(surplus), upgrading))
+
+
+def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bool, upgrading: str | None) -> dict:
+    """The cluster's status from its ready bookies, a drain under way and the bookie a rolling upgrade restarts
+    (pure; conditions keep their transition time while unchanged)."""
+    replicas = cluster.spec.replicas
     conditions = conditions_with(status, VALID, True, "SpecValid")
-    conditions = conditions_with({"conditions": conditions}, READY, ready == cluster.spec.replicas,
-                                 "AllReady" if ready == cluster.spec.replicas else "NotAllReady",
-                                 f"{ready}/{cluster.spec.replicas} bookies ready")
+    conditions = conditions_with({"conditions": conditions}, READY, ready == replicas,
+                                 "AllReady" if ready == replicas else "NotAllReady",
+                                 f"{ready}/{replicas} bookies ready")
     conditions = conditions_with({"conditions": conditions}, UPGRADING, upgrading is not None,
                                  "RollingUpgrade" if upgrading else "UpToDate",
                                  f"restarting {upgrading}" if upgrading else "")
-    new = {"desiredBookies": cluster.spec.replicas, "readyBookies": ready,
-           "phase": "Ready" if ready == cluster.spec.replicas and not surplus else "Reconciling",
-           "conditions": conditions}
-    if any(status.get(key) != value for key, value in new.items()):
-        ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], new)
+    return {"desiredBookies": replicas, "readyBookies": ready,
+            "phase": "Ready" if ready == replicas and not draining else "Reconciling", "conditions": conditions}
 
 
 def sync_read_only(zk: KazooClient, bookies) -> None:
