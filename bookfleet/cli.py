@@ -8,7 +8,11 @@ import logging
 import pkgutil
 import sys
 
+from kazoo.exceptions import NoAuthError
+
 from bookfleet import commands
+from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.security import options as security_options
 
 
 class CommandError(Exception):
@@ -35,10 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        security_options.apply(args)
         return args.handler(args) or 0
     except KeyboardInterrupt:
         return 130
-    except (CommandError, TimeoutError) as exc:
+    except NoAuthError:
+        message = f"ZooKeeper refused access: pass the fleet's credential (--zk-auth USER:PASSWORD or ${ZK_AUTH_ENV})"
+        print(f"bookfleet {args.command}: {message}", file=sys.stderr)
+        return 2
+    except (CommandError, TimeoutError, security_options.SecurityFlagError) as exc:
         print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:

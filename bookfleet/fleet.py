@@ -18,7 +18,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bookfleet.security import local as local_security
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.roles import Role
+from bookfleet.security.tls import bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost")
+"""What a bookie of a fleet on this machine is dialled as, so its certificate names them."""
 
 
 class BookieStartError(RuntimeError):
@@ -152,24 +159,30 @@ class BookieProcess:
 
 
 class BookieFleet:
-    """Bookie processes against one ZooKeeper, each under `data_dir/<n>`; `close()` kills what is left."""
+    """Bookie processes against one ZooKeeper, each under `data_dir/<n>`; `close()` kills what is left.
 
-    def __init__(self, zk: str, data_dir: Path):
+    With `ca`, every bookie serves mutual TLS with a certificate of that CA in `<its dir>/tls`. `default_flags` are
+    bookie flags every bookie of this fleet gets unless `add` overrides them.
+    """
+
+    def __init__(self, zk: str, data_dir: Path, ca: CertificateAuthority | None = None, **default_flags: object):
         self.zk = zk
         self.data_dir = Path(data_dir)
+        self.ca = ca
+        self.default_flags = default_flags
         self.bookies: list[BookieProcess] = []
 
     def add(self, bookie_id: str | None = None, zone: str = "", **bookie_flags: object) -> BookieProcess:
         """A new (not yet started) bookie; its id defaults to localhost:<port>."""
         port = free_port()
-        bookie = BookieProcess(
-            bookie_id or f"localhost:{port}",
-            self.zk,
-            self.data_dir / f"bookie-{len(self.bookies)}",
-            port=port,
-            zone=zone,
-            **bookie_flags,
-        )
+        bookie_id = bookie_id or f"localhost:{port}"
+        data_dir = self.data_dir / f"bookie-{len(self.bookies)}"
+        flags = {**self.default_flags, **bookie_flags}
+        if self.ca is not None:
+            names = dict.fromkeys((*LOOPBACK_NAMES, bookie_host(bookie_id)))
+            issued = self.ca.issue(bookie_id, [Role.BOOKIE], names)
+            flags.setdefault("tls_dir", write_tls_dir(data_dir / "tls", issued))
+        bookie = BookieProcess(bookie_id, self.zk, data_dir, port=port, zone=zone, **flags)
         self.bookies.append(bookie)
         return bookie
 
@@ -205,16 +218,23 @@ class StandaloneCluster:
     """ZooKeeper (embedded unless `zk` is given) plus `bookies` bookie processes with stable ids bookie-<n>.
 
     Everything lives under `data_dir`, so a second run on the same dir brings back the same bookies and ledgers.
+    With `secure`, bookies serve mutual TLS and ZooKeeper nodes carry the fleet's ACL (`bookfleet.security.local`);
+    this process then acts with the fleet's identity.
     """
 
-    def __init__(self, data_dir: Path, bookies: int, zk: str | None = None, zk_port: int | None = None):
+    def __init__(
+        self, data_dir: Path, bookies: int, zk: str | None = None, zk_port: int | None = None, secure: bool = False
+    ):
         self.data_dir = Path(data_dir).resolve()
         self.bookie_count = bookies
         self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port)
         self.zk = zk or self.zookeeper.connect
-        self.fleet = BookieFleet(self.zk, self.data_dir)
+        self.security = local_security.prepare(self.data_dir) if secure else None
+        self.fleet = BookieFleet(self.zk, self.data_dir, ca=self.security.ca if self.security else None)
 
     def start(self) -> StandaloneCluster:
+        if self.security is not None:
+            self.security.use_in_this_process()
         if self.zookeeper is not None:
             self.zookeeper.start()
         try:

@@ -12,8 +12,9 @@ import pytest
 @pytest.mark.parametrize(
     ("bench", "keys"),
     [
-        (["bookie", "--seconds", "1"], ["entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "raw_fsync_mb_per_s",
-          "sequential_fsync_mb_per_s", "cpu_loop_ns_per_iteration", "bookie_cpu_per_entry_loop_iterations"]),
+        (["bookie", "--seconds", "1", "--tls"], ["entries_per_s", "mb_per_s", "p50_ms", "p99_ms", "raw_fsync_mb_per_s",
+          "sequential_fsync_mb_per_s", "cpu_loop_ns_per_iteration", "bookie_cpu_per_entry_loop_iterations",
+          "tls_entries_per_s", "tls_bookie_cpu_us_per_entry", "tls_throughput_fraction_of_plain"]),
         (
             ["client", "--bookies", "3", "-e", "3", "-w", "3", "-a", "2", "--seconds", "1"],
             ["full_entries_per_s", "full_p99_ms", "half_entries_per_s", "half_p99_ms", "raw_fsync_ops_per_s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def test_lints_clean(values: dict[str, Any]) -> None:
 def test_every_rendered_object_is_valid(rendered) -> None:
     name, objects = rendered
     kinds = {obj["kind"] for obj in objects}
-    expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret"}
     if name == "all-optional":
         expected |= {"StatefulSet", "Service", "BookieCluster"}
     assert kinds == expected
@@ -124,7 +125,8 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
         group = "" if kind == "serviceaccounts" else "rbac.authorization.k8s.io"
         assert {(group, kind, "get"), (group, kind, "create")} <= granted
     assert not any(verb in ("escalate", "bind", "*") or "*" in (group, resource) for group, resource, verb in granted)
-    assert not any(resource == "secrets" and verb != "get" for _, resource, verb in granted)
+    # certificates: the operator writes its clusters' Secrets by name, but can never list or watch every Secret
+    assert {verb for _, resource, verb in granted if resource == "secrets"} == {"get", "create", "patch"}
     (deployment,) = by_kind(objects, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:7] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet", "--standalone"]
@@ -138,3 +140,17 @@ def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart:
         render(chart, {"bookieCluster": {"enabled": True}})
     with pytest.raises(helm.HelmError, match=r"zookeeper\.replicas must be 1, 3 or 5"):
         render(chart, {"zookeeper": {"enabled": True, "replicas": 2}})
+
+
+def test_tls_and_zookeeper_auth_are_on_by_default(chart: helm.Chart) -> None:
+    objects = render(chart, ALL_OPTIONAL)
+    (cluster,) = by_kind(objects, "BookieCluster")
+    security = BookieCluster.model_validate(cluster).spec.security
+    assert security.tls == "Operator" and security.zookeeper_auth_secret == "bookfleet-zk-auth"
+    (secret,) = by_kind(objects, "Secret")
+    user, _, password = base64.b64decode(secret["data"]["auth"]).decode().partition(":")
+    assert user == "bookfleet" and len(password) == 32
+    (deployment,) = by_kind(objects, "Deployment")
+    (env,) = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    credential = {"secretKeyRef": {"name": "bookfleet-zk-auth", "key": "auth"}}
+    assert env == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import subprocess
 import sys
@@ -17,7 +18,11 @@ from bookfleet import polling
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.roles import Role
+from bookfleet.security.tls import TLS_DIR_ENV
 from tests.emulator import EmulatorThread
 
 NS = "default"
@@ -61,7 +66,7 @@ def operator_process(kube: EmulatorThread, tmp_path: Path) -> Iterator[OperatorP
 def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
     return {
         "apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "bk", "namespace": NS},
-        "spec": {"replicas": replicas, "zookeeper": zk_connect,
+        "spec": {"replicas": replicas, "zookeeper": zk_connect, "security": {"tls": "Disabled"},
                  "bookie": {"gcIntervalSeconds": 3600},
                  "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}, **spec},
     }
@@ -316,3 +321,21 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
     assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"]}]
     assert condition(placed, "Valid")["status"] == "True"
     assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
+
+
+def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(
+    kube, podrunner, operator_process, zk_connect, zk, tmp_path, monkeypatch
+):
+    cluster = bookie_cluster(zk_connect, replicas=2)
+    cluster["spec"]["security"] = {"tls": "Operator"}
+    kube.create("bookieclusters", cluster)
+    wait_for("2 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
+                                              for i in range(2)), timeout=120)
+    assert all(info.tls for info in BookieRegistry(zk).all())
+    for pod in (kube.get("pods", NS, f"bk-{i}") for i in range(2)):
+        assert "--tls-dir" in pod["spec"]["containers"][0]["command"]
+    stored = {key: base64.b64decode(value) for key, value in kube.get("secrets", NS, "bk-tls-ca")["data"].items()}
+    ca = CertificateAuthority.from_pem(stored["ca.crt"], stored["ca.key"])
+    monkeypatch.setenv(TLS_DIR_ENV, str(write_tls_dir(tmp_path / "app", ca.issue("app", [Role.CLIENT]))))
+    ledger_id = asyncio.run(write_ledger(zk_connect, 5))
+    assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(5)]

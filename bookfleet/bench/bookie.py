@@ -5,6 +5,8 @@ would; the load comes from pipelined BookieClient connections, several adds in f
 next add from its callback (the ledger writer's path: no task or future per add, since the load generator must not be
 the bottleneck; its CPU per entry is reported next to the bookie's). The raw baseline is
 write+fdatasync of blocks of the entry size in the same temp dir, measured in the same run before the load.
+The ledgers are created in ZooKeeper first, as a bookie only takes ledgers that exist there. With `--tls` a second
+bookie serving mutual TLS takes the same load right after, and its figures are reported next to the plain ones.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from bookfleet import wire
 from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
 from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
-from bookfleet.fleet import BookieProcess
+from bookfleet.fleet import LOOPBACK_NAMES, BookieProcess
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.roles import Role
+from bookfleet.security.tls import ReloadingContext, client_context
 from bookfleet.zkserver import ZooKeeperServer
 
 
@@ -43,13 +50,20 @@ def register(subparsers) -> None:
         "--bookie-flag", action="append", default=[], metavar="NAME=VALUE",
         help="pass --NAME VALUE to the bookie, e.g. journal-max-wait=0 (repeatable)",
     )
+    parser.add_argument("--tls", action="store_true", help="also measure a bookie serving mutual TLS, same run")
     parser.add_argument("--dir", type=Path, help="where the bookie's dirs go (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
 
 
 async def _load(
-    address: str, bookie_pid: int, entry_size: int, seconds: float, connections: int, in_flight: int
+    address: str,
+    bookie_pid: int,
+    ledger_ids: list[int],
+    entry_size: int,
+    seconds: float,
+    in_flight: int,
+    tls: ReloadingContext | None,
 ) -> dict:
     digester = wire.Digester(wire.DigestType.CRC32C)
     key = wire.master_key(b"bench")
@@ -57,9 +71,9 @@ async def _load(
     latencies: list[float] = []
     record = latencies.append
     clock = time.perf_counter
-    clients = [await BookieClient.connect(address) for _ in range(connections)]
+    clients = [await BookieClient.connect(address, tls=tls) for _ in ledger_ids]
     done = asyncio.get_running_loop().create_future()
-    open_slots = connections * in_flight
+    open_slots = len(ledger_ids) * in_flight
     deadline = 0.0
 
     def add(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
@@ -88,10 +102,10 @@ async def _load(
     deadline = clock() + seconds
     started = clock()
     client_cpu, bookie_cpu = time.process_time(), _cpu_seconds(bookie_pid)
-    for n, client in enumerate(clients):
+    for ledger_id, client in zip(ledger_ids, clients, strict=True):
         next_ids = [0]
         for _ in range(in_flight):
-            add(client, n + 1, next_ids)
+            add(client, ledger_id, next_ids)
     await done
     elapsed = time.perf_counter() - started
     client_cpu, bookie_cpu = time.process_time() - client_cpu, _cpu_seconds(bookie_pid) - bookie_cpu
@@ -114,6 +128,27 @@ def _bookie_flags(args: argparse.Namespace) -> dict[str, str]:
     return flags
 
 
+def _measure(
+    zk: str, bookie_id: str, directory: Path, args: argparse.Namespace, ca: CertificateAuthority | None = None
+) -> dict:
+    """One bookie process under the load; with `ca`, it serves mutual TLS and the load presents a client certificate."""
+    flags: dict[str, object] = dict(_bookie_flags(args))
+    tls = None
+    if ca is not None:
+        flags["tls_dir"] = write_tls_dir(directory / "tls", ca.issue(bookie_id, [Role.BOOKIE], LOOPBACK_NAMES))
+        tls = client_context(write_tls_dir(directory / "client", ca.issue("bench", [Role.CLIENT])))
+    bookie = BookieProcess(bookie_id, zk, directory, log_level="WARNING", **flags)
+    with zkclient.session(zk) as session:
+        store = MetadataStore(session)
+        ledger_ids = [store.create(new_metadata([bookie.bookie_id], 1, 1)) for _ in range(args.connections)]
+    try:
+        bookie.start().wait_ready()
+        load = _load(bookie.address, bookie.process.pid, ledger_ids, args.entry_size, args.seconds, args.in_flight, tls)
+        return asyncio.run(load)
+    finally:
+        bookie.stop()
+
+
 def handle(args: argparse.Namespace) -> int:
     # Enough in flight to fill big journal batches; more would only add queueing delay to the latency figures.
     args.in_flight = args.in_flight or max(16, min(256, (4 << 20) // args.entry_size))
@@ -121,17 +156,11 @@ def handle(args: argparse.Namespace) -> int:
         root = Path(tmp)
         baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
-            bookie = BookieProcess(
-                "bench-bookie", zookeeper.connect, root / "bookie", log_level="WARNING", **_bookie_flags(args)
-            )
-            try:
-                bookie.start().wait_ready()
-                load = _load(
-                    bookie.address, bookie.process.pid, args.entry_size, args.seconds, args.connections, args.in_flight
-                )
-                result = asyncio.run(load)
-            finally:
-                bookie.stop()
+            result = _measure(zookeeper.connect, "bench-bookie", root / "bookie", args)
+            secure = None
+            if args.tls:
+                ca = CertificateAuthority.create()
+                secure = _measure(zookeeper.connect, "bench-tls-bookie", root / "tls", args, ca)
     report = {
         "entry_size": args.entry_size,
         "seconds": args.seconds,
@@ -145,6 +174,12 @@ def handle(args: argparse.Namespace) -> int:
         "bookie_cpu_per_entry_loop_iterations": in_loop_iterations(result["bookie_cpu_us_per_entry"], baseline),
         "client_cpu_per_entry_loop_iterations": in_loop_iterations(result["client_cpu_us_per_entry"], baseline),
     }
+    if secure is not None:
+        report.update({f"tls_{name}": value for name, value in secure.items()})
+        report["tls_throughput_fraction_of_plain"] = secure["entries_per_s"] / result["entries_per_s"]
+        for side in ("bookie", "client"):
+            extra = secure[f"{side}_cpu_us_per_entry"] - result[f"{side}_cpu_us_per_entry"]
+            report[f"tls_extra_{side}_cpu_us_per_entry"] = extra
     if args.json:
         print(json.dumps(report))
     else:

@@ -4,6 +4,7 @@ An embedded ZooKeeper and N bookie processes start in a temp dir; one `LedgerWri
 pipelined for `--seconds` (full load), then adds at half the rate it reached (latency when not saturated); the
 client's own CPU per entry shows how much of the machine the bookies had left. The raw
 write+fdatasync baseline of blocks of the entry size is measured in the same dir, in the same run, before the load.
+With `--tls` a second fleet serving mutual TLS takes the same loads right after, reported next to the plain one.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import time
 from pathlib import Path
 
 from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
+from bookfleet.bench.bookie import _cpu_seconds
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
 from bookfleet.fleet import BookieFleet
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.roles import Role
+from bookfleet.security.tls import use_client_tls
 from bookfleet.zkserver import ZooKeeperServer
 
 
@@ -33,6 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("--entry-size", type=int, default=1024, help="payload bytes per entry (default 1024)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--in-flight", type=int, default=2000, help="adds in flight at full load (default 2000)")
+    parser.add_argument("--tls", action="store_true", help="also measure a fleet serving mutual TLS, same run")
     parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
@@ -103,14 +109,19 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
     return latencies
 
 
-async def _run(zk: str, args: argparse.Namespace) -> dict:
+async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dict:
     payload = os.urandom(args.entry_size)
+
+    def bookies_cpu() -> float:
+        return sum(_cpu_seconds(pid) for pid in bookie_pids)
+
     async with BookKeeper(zk) as bookkeeper:
         writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
-        started, cpu = time.perf_counter(), time.process_time()
+        started, cpu, bookie_cpu = time.perf_counter(), time.process_time(), bookies_cpu()
         full = await _full_load(writer, payload, args.seconds, args.in_flight)
         full_summary = load_summary(full, time.perf_counter() - started, args.entry_size)
         full_summary["client_cpu_us_per_entry"] = (time.process_time() - cpu) / max(len(full), 1) * 1e6
+        full_summary["bookies_cpu_us_per_entry"] = (bookies_cpu() - bookie_cpu) / max(len(full), 1) * 1e6
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
         half = await _paced_load(writer, payload, args.seconds, half_rate)
@@ -121,6 +132,15 @@ async def _run(zk: str, args: argparse.Namespace) -> dict:
         "half_rate_target": half_rate,
         **{f"half_{name}": value for name, value in half_summary.items()},
     }
+
+
+def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: CertificateAuthority | None = None) -> dict:
+    """Both loads on a fleet of its own (serving mutual TLS with `ca`), stopped afterwards."""
+    with BookieFleet(zk, directory, ca=ca) as fleet:
+        bookies = fleet.start(args.bookies, log_level="WARNING")
+        result = asyncio.run(_run(zk, args, [bookie.process.pid for bookie in bookies]))
+        fleet.stop()
+    return result
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -134,10 +154,13 @@ def handle(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-client-", dir=args.dir) as tmp:
         root = Path(tmp)
         baseline = same_run_baselines(root, args.entry_size)
-        with ZooKeeperServer(root / "zookeeper") as zookeeper, BookieFleet(zookeeper.connect, root) as fleet:
-            fleet.start(args.bookies, log_level="WARNING")
-            result = asyncio.run(_run(zookeeper.connect, args))
-            fleet.stop()
+        with ZooKeeperServer(root / "zookeeper") as zookeeper:
+            result = _measure(zookeeper.connect, root / "plain", args)
+            secure = None
+            if args.tls:
+                ca = CertificateAuthority.create()
+                use_client_tls(write_tls_dir(root / "client-tls", ca.issue("bench", [Role.CLIENT])))
+                secure = _measure(zookeeper.connect, root / "tls", args, ca)
     report = {
         "bookies": args.bookies,
         "ensemble": args.ensemble,
@@ -150,6 +173,12 @@ def handle(args: argparse.Namespace) -> int:
         "full_client_cpu_loop_iterations": in_loop_iterations(result["full_client_cpu_us_per_entry"], baseline),
         **baseline,
     }
+    if secure is not None:
+        report.update({f"tls_{name}": value for name, value in secure.items()})
+        report["tls_full_throughput_fraction_of_plain"] = secure["full_entries_per_s"] / result["full_entries_per_s"]
+        for side in ("client", "bookies"):
+            extra = secure[f"full_{side}_cpu_us_per_entry"] - result[f"full_{side}_cpu_us_per_entry"]
+            report[f"tls_extra_{side}_cpu_us_per_entry"] = extra
     if args.json:
         print(json.dumps(report))
     else:

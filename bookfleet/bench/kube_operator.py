@@ -52,7 +52,7 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
 
 def _cluster(name: str, replicas: int, zookeeper: str, delay: int) -> dict:
     return {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "zookeeper": zookeeper,
+            "spec": {"replicas": replicas, "zookeeper": zookeeper, "security": {"tls": "Disabled"},
                      "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}}}
 
 

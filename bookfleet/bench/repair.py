@@ -88,7 +88,7 @@ async def verify_replicas(
             return
         async with slots:
             if bookie not in clients:
-                clients[bookie] = await BookieClient.connect(addresses[bookie])
+                clients[bookie] = await BookieClient.connect(addresses[bookie], bookie_id=bookie)
             try:
                 raws = await read_present(clients[bookie], ledger_id, wanted[0], wanted[-1])
             except BookieError as exc:

@@ -29,6 +29,8 @@ class BookieConfig:
     gc_grace: float = 60.0
     zk_session_timeout: float = 6.0
     max_in_flight: int = 2000
+    tls_dir: Path | None = None
+    verify_ledgers: bool = True
     storage: StorageSettings = field(default_factory=StorageSettings)
 
     def __post_init__(self) -> None:
@@ -74,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")
     _tunable(parser, "zk_session_timeout", "seconds after a crash until the registration vanishes")
     _tunable(parser, "max_in_flight", "requests per connection before reading pauses")
+    parser.add_argument(
+        "--tls-dir", type=Path, default=None,
+        help="serve mutual TLS with ca.pem, cert.pem, key.pem from this directory (reloaded when they change)",
+    )
+    parser.add_argument(
+        "--no-verify-ledgers", dest="verify_ledgers", action="store_false",
+        help="create any ledger id a client names, without checking ZooKeeper metadata (raw-protocol tests only)",
+    )
     tuning = parser.add_argument_group("storage tuning")
     for setting in dataclasses.fields(StorageSettings):
         tuning.add_argument(

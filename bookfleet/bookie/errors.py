@@ -39,6 +39,23 @@ class Unauthorized(StatusError):
         super().__init__(f"master key does not match the one ledger {ledger_id} was created with")
 
 
+class UnknownLedger(StatusError):
+    """A first add, fence or LAC write of a ledger that has no metadata in ZooKeeper: nobody may claim its id."""
+
+    status = Status.NO_SUCH_LEDGER
+
+    def __init__(self, ledger_id: int):
+        super().__init__(
+            f"ledger {ledger_id} has no metadata in ZooKeeper; this bookie only creates ledgers that exist"
+        )
+
+
+class RoleForbidden(StatusError):
+    """The peer's certificate lacks the role the request needs (the message names principal and role)."""
+
+    status = Status.UNAUTHORIZED
+
+
 class BadRequest(StatusError):
     """Input that cannot be valid whatever the bookie's state (the message names the field)."""
 

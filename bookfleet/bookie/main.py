@@ -14,6 +14,7 @@ import logging
 import signal
 
 from bookfleet.bookie import cookie
+from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
 from bookfleet.bookie.http import BookieMetrics, HealthServer
@@ -23,6 +24,7 @@ from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.meta import zk as zkclient
+from bookfleet.security.tls import ReloadingContext, TlsConfigError, server_context
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,15 @@ async def _listen(what: str, start, host: str, port: int) -> None:
         await start(host, port)
     except OSError as exc:
         raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _tls_context(config: BookieConfig) -> ReloadingContext | None:
+    if config.tls_dir is None:
+        return None
+    try:
+        return server_context(config.tls_dir)
+    except TlsConfigError as exc:
+        raise StartupError(f"--tls-dir {config.tls_dir}: {exc}") from None
 
 
 class BookieNode:
@@ -87,7 +98,7 @@ class BookieNode:
     async def _serve(self, zk) -> None:
         config = self.config
         self.registration = Registration(
-            zk, config.bookie_id, config.advertised_address, config.zone, self.health.port
+            zk, config.bookie_id, config.advertised_address, config.zone, self.health.port, config.tls_dir is not None
         )
         monitor = DiskMonitor(
             config.ledger_dir,
@@ -98,7 +109,14 @@ class BookieNode:
             config.disk_quota,
             config.disk_check_interval,
         )
-        self.server = BookieServer(self.storage, self.metrics, monitor.space, config.max_in_flight)
+        self.server = BookieServer(
+            self.storage,
+            self.metrics,
+            monitor.space,
+            config.max_in_flight,
+            tls=_tls_context(config),
+            admission=LedgerAdmission(zk, self.storage.has_ledger) if config.verify_ledgers else None,
+        )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on

@@ -24,8 +24,11 @@ log = logging.getLogger(__name__)
 class Registration:
     """Keeps exactly one of the two ephemeral nodes in ZooKeeper, matching the bookie's state."""
 
-    def __init__(self, zk: KazooClient, bookie_id: str, address: str, zone: str, http_port: int):
+    def __init__(
+        self, zk: KazooClient, bookie_id: str, address: str, zone: str, http_port: int, tls: bool = False
+    ):
         self.zk = zk
+        self.tls = tls
         self.bookie_id = bookie_id
         self.address = address
         self.zone = zone
@@ -78,6 +81,7 @@ class Registration:
             zone=self.zone,
             state=BookieMode.READ_ONLY if self.read_only else BookieMode.WRITABLE,
             free_bytes=self.free_bytes,
+            tls=self.tls,
         )
         extra = {"total_bytes": self.total_bytes, "http_port": self.http_port}
         return json.dumps(info.model_dump(mode="json") | extra).encode()

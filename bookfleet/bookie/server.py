@@ -7,6 +7,9 @@ Memory stays bounded per connection: at most `max_in_flight` requests run at onc
 reading also pauses while the socket's write buffer is above its high-water mark, so a client that never reads gets
 no more work done.
 A frame that breaks the format gets one error answer and closes that connection only.
+With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
+every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
+not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from bookfleet import wire
 from bookfleet.bookie import errors
+from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.http import BookieMetrics
+from bookfleet.security import roles
+from bookfleet.security.tls import ReloadingContext, TlsConfigError
 from bookfleet.wire import Op, Status
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,9 @@ MAX_READ_LAC_WAIT = 120.0
 READ_RANGE_MAX_BYTES = (wire.MAX_FRAME_SIZE - 1024) * 9 // 10
 """Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its 4-byte
 size prefix adds at most a ninth, and the response header fits in the 1024 bytes kept aside."""
+
+TLS_HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a peer has to finish the TLS handshake before its connection is dropped."""
 
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
 _FENCE = int(wire.Flag.FENCE)
@@ -57,12 +67,16 @@ class BookieServer:
         space: Callable[[], tuple[int, int]],
         max_in_flight: int = 2000,
         write_buffer_high: int = 8 * 1024 * 1024,
+        tls: ReloadingContext | None = None,
+        admission: LedgerAdmission | None = None,
     ):
         self.storage = storage
         self.metrics = metrics
         self.space = space
         self.max_in_flight = max_in_flight
         self.write_buffer_high = write_buffer_high
+        self.tls = tls
+        self.admission = admission
         self.read_only: str | None = None
         self.stopping = False
         self._long_polls = 0
@@ -80,6 +94,14 @@ class BookieServer:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+
+    def tls_context(self) -> ssl.SSLContext:
+        """The context for a new connection, with the newest certificate files loaded."""
+        try:
+            self.tls.refresh()
+        except TlsConfigError as exc:
+            log.error("serving with the previous TLS certificate: %s", exc)
+        return self.tls.context
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer new requests SHUTTING_DOWN, and wait for in-flight requests to finish."""
@@ -111,12 +133,37 @@ class BookieServer:
             entry = bytes(view[key_end:end])
         return self.storage.add_entry_nowait(entry, buffer[start:key_end], bool(flags & _RECOVERY_ADD))
 
+    def _add_needs_check(self, ledger_id: int, flags: int, principal: roles.Principal | None) -> bool:
+        """Whether an add must wait for ZooKeeper: a ledger not admitted yet, or a client's recovery add (allowed
+        only while the ledger is not closed)."""
+        if self.admission is None:
+            return False
+        if not self.admission.admitted(ledger_id):
+            return True
+        return bool(flags & _RECOVERY_ADD) and principal is not None and not principal.has(*roles.CLOSED_LEDGER_WRITERS)
+
+    async def _checked_add(self, frame: wire.Frame, principal: roles.Principal | None) -> bytes:
+        """An add that waits for the admission lookup first; its body was copied out of the receive buffer."""
+        (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, wire.MASTER_KEY_SIZE)
+        await self.admission.admit(ledger_id)
+        if frame.code & _RECOVERY_ADD and principal is not None and await self.admission.closed(ledger_id):
+            try:
+                roles.authorize_closed_ledger_add(principal, ledger_id)
+            except roles.Forbidden as exc:
+                raise errors.RoleForbidden(str(exc)) from None
+        body = frame.body.obj
+        ledger_id, entry_id, synced = self._add_entry(body, 0, len(body), frame.code)
+        await synced
+        return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+
     async def _read_entry(self, frame: wire.Frame) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
         if frame.code & _FENCE:
             key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
             if len(key) != wire.MASTER_KEY_SIZE:
                 raise wire.ProtocolError(f"READ_ENTRY with FENCE needs a {wire.MASTER_KEY_SIZE}-byte master key")
+            if self.admission is not None:
+                await self.admission.admit(ledger_id)
             await self.storage.fence(ledger_id, key)
         if entry_id == wire.INVALID_ENTRY_ID:
             return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
@@ -138,6 +185,8 @@ class BookieServer:
     async def _write_lac(self, frame: wire.Frame) -> bytes:
         key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
         ledger_id, lac = wire.unpack_body(wire.WRITE_LAC_BODY, frame.body[wire.MASTER_KEY_SIZE :], "WRITE_LAC")
+        if self.admission is not None:
+            await self.admission.admit(ledger_id)
         await self.storage.set_explicit_lac(ledger_id, lac, key)
         return b""
 
@@ -194,12 +243,17 @@ class _Connection(asyncio.Protocol):
         self.in_flight = 0
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.principal: roles.Principal | None = None
+        """The authenticated peer (TLS only); None on a plain connection."""
         self._outgoing: list[bytes] = []
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
         """Adds waiting for each group commit."""
         self._reading_paused = False
         self._writing_paused = False
         self._rejected = False
+        self._handshake: asyncio.Task[None] | None = None
+        self._handshaking = False
+        """Frames wait in the buffer until the peer is authenticated and its principal known."""
         self._eof = False
         self._processing = False
         self._loop = asyncio.get_running_loop()
@@ -210,11 +264,39 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
         self.peer = f"{host}:{port}"
-        transport.set_write_buffer_limits(high=self.server.write_buffer_high)
         self.server.connections.add(self)
         self.server.metrics.connections.inc()
+        if self.server.tls is None:
+            transport.set_write_buffer_limits(high=self.server.write_buffer_high)
+            return
+        # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
+        self._handshaking = True
+        transport.pause_reading()
+        self._handshake = self._loop.create_task(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        """Mutual TLS handshake on the accepted socket; a refused peer is logged with the reason and dropped."""
+        try:
+            secure = await self._loop.start_tls(
+                transport, self, self.server.tls_context(), server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning("refused connection from %s: TLS handshake failed: %s", self.peer, exc)
+            self.server.metrics.count_error(0, Status.UNAUTHORIZED)
+            transport.close()
+            self.connection_lost(exc)
+            return
+        self.transport = secure
+        self.principal = roles.Principal.from_peercert(secure.get_extra_info("peercert") or {})
+        self.peer += f" ({self.principal.subject})"
+        secure.set_write_buffer_limits(high=self.server.write_buffer_high)
+        self._handshaking = False
+        self._process()  # requests the peer sent right after its handshake finished
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self not in self.server.connections:
+            return
         self.server.connections.discard(self)
         self.server.metrics.connections.dec()
         self.buffer.clear()
@@ -222,12 +304,14 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._rejected:
             self.buffer += data
-            self._process()
+            if not self._handshaking:
+                self._process()
 
     def eof_received(self) -> bool:
         # The client finished sending: answer what it asked, then close; a partial frame left over is reported.
         self._eof = True
-        self._process()
+        if not self._handshaking:
+            self._process()
         return True
 
     def _process(self) -> None:
@@ -290,6 +374,19 @@ class _Connection(asyncio.Protocol):
             self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
         start += wire.HEADER_SIZE
+        if self.principal is not None:
+            try:
+                roles.authorize(self.principal, op, flags)
+            except roles.Forbidden as exc:
+                self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.RoleForbidden(str(exc)))
+                return
+        if handler is None and end - start >= _MIN_ADD_BODY:
+            (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.MASTER_KEY_SIZE)
+            if self.server._add_needs_check(ledger_id, flags, self.principal):
+                frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
+                self.in_flight += 1
+                self._step(self.server._checked_add(frame, self.principal), frame)
+                return
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import hmac
 import logging
 import os
 import random
@@ -204,7 +205,7 @@ class LedgerStorage:
         state = self._ledgers.get(ledger_id)
         if state is None:
             state = self._create(ledger_id, master_key)
-        elif state.master_key != master_key:
+        elif not hmac.compare_digest(state.master_key, master_key):
             raise Unauthorized(ledger_id)
         if state.fenced and not recovery:
             raise LedgerFenced(ledger_id)
@@ -326,6 +327,10 @@ class LedgerStorage:
                     waiters.remove(waiter)
                     if not waiters:
                         del self._lac_waiters[ledger_id]
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        """True once the ledger's first add, fence or LAC write was accepted here (and until it is collected)."""
+        return ledger_id in self._ledgers
 
     def ledger_ids(self) -> set[int]:
         return set(self._ledgers)
@@ -453,7 +458,7 @@ class LedgerStorage:
         state = self._ledgers.get(ledger_id)
         if state is None:
             return self._create(ledger_id, master_key)
-        if state.master_key != master_key:
+        if not hmac.compare_digest(state.master_key, master_key):
             raise Unauthorized(ledger_id)
         return state
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bookfleet import wire
+from bookfleet.security import tls as tlsconfig
+from bookfleet.security.roles import Principal, Role
 from bookfleet.wire import Op, Status
 
 
@@ -103,8 +105,10 @@ WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 class _ClientProtocol(asyncio.Protocol):
     """Splits incoming frames and hands each to the client; pauses writers while the socket buffer is full."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, tls: bool = False):
         self.address = address
+        self.tls = tls
+        self.answered = False
         self.client: BookieClient | None = None
         self.buffer = bytearray()
         self.can_write = asyncio.Event()
@@ -112,6 +116,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        self.answered = True
         if self.client is None:  # nothing was asked yet; keep the bytes until the client is bound
             return
         try:
@@ -125,6 +130,11 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
+        if self.tls and not self.answered:
+            reason += (
+                " before any answer; a bookie refuses a client certificate this way (not signed by the cluster CA, "
+                "or expired): its log names the reason"
+            )
         if self.client is not None:
             self.client._fail(ConnectionError(f"connection to bookie {self.address} lost{reason}"))
         self.can_write.set()
@@ -172,15 +182,36 @@ class BookieClient:
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def connect(cls, address: str, timeout: float = 10.0) -> BookieClient:
+    async def connect(
+        cls,
+        address: str,
+        timeout: float = 10.0,
+        tls: tlsconfig.ReloadingContext | None = None,
+        bookie_id: str | None = None,
+    ) -> BookieClient:
+        """Connect over mutual TLS with `tls`, or with the process's identity from `$BOOKFLEET_TLS_DIR`; plain TCP
+        when there is neither. Over TLS the peer must be a bookie: its certificate carries the `bookie` role and
+        names `bookie_id`'s host (its stable DNS id, whatever address it registered), or the dialled host."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
+        tls = tls or tlsconfig.client_context()
+        ssl_options = {}
+        if tls is not None:
+            tls.refresh()
+            server_name = tlsconfig.bookie_host(bookie_id) if bookie_id else host
+            ssl_options = {"ssl": tls.context, "server_hostname": server_name}
         try:
             transport, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(address), host, port), timeout
+                loop.create_connection(lambda: _ClientProtocol(address, tls is not None), host, port, **ssl_options),
+                timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"cannot connect to bookie {address}: {exc or 'timed out'}") from None
+        if tls is not None:
+            peer = Principal.from_peercert(transport.get_extra_info("peercert") or {})
+            if not peer.has(Role.BOOKIE):
+                transport.close()
+                raise ConnectionError(f"{address} presented {peer.subject}, which is not a bookie certificate")
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         client = cls(address, transport, protocol)
         protocol.client = client

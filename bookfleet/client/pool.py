@@ -45,7 +45,7 @@ class BookiePool:
                 address = await asyncio.to_thread(self.registry.address, bookie_id)
         except UnknownBookie as exc:
             raise ConnectionError(str(exc)) from None
-        client = await BookieClient.connect(address, self.connect_timeout)
+        client = await BookieClient.connect(address, self.connect_timeout, bookie_id=bookie_id)
         self._clients[bookie_id] = client
         return client
 

@@ -8,12 +8,14 @@ from bookfleet.cli import CommandError
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY
 from bookfleet.replication.auditor import WEEK, Auditor
+from bookfleet.security import options as security_options
 from bookfleet.zkserver import zk_from_env
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("auditor", help="watch bookies and mark under-replicated ledgers")
     parser.add_argument("--zk", default=zk_from_env(), help="ZooKeeper connect string (default $BOOKFLEET_ZK)")
+    security_options.add_arguments(parser)
     parser.add_argument("--id", dest="auditor_id", help="this candidate's name (default host:pid)")
     parser.add_argument(
         "--check-interval", type=float, default=WEEK, help="seconds between replica checks (default one week)"

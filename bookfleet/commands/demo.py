@@ -32,6 +32,10 @@ def register(subparsers) -> None:
     parser.add_argument("--data-dir", type=Path, help="keep the fleet's data here (default: a temporary dir)")
     parser.add_argument("--exit-when-healthy", action="store_true", help="stop once every ledger is verified")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each phase (default 120)")
+    parser.add_argument(
+        "--secure", action="store_true",
+        help="mutual TLS on the bookies and ZooKeeper ACLs; certificates and credential under <data-dir>/tls",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -79,7 +83,7 @@ class Demo:
             "to the survivors, and every entry is checked byte for byte", border_style="cyan",
         ))
         self.step(f"Starting ZooKeeper and {args.bookies} bookies in {self.data_dir}")
-        cluster = StandaloneCluster(self.data_dir, args.bookies)
+        cluster = StandaloneCluster(self.data_dir, args.bookies, secure=args.secure)
         try:
             cluster.start()
         except (BookieStartError, ZooKeeperUnavailable) as exc:
@@ -103,6 +107,10 @@ class Demo:
         args, console = self.args, self.console
         for bookie in cluster.fleet.bookies:
             console.print(f"  bookie [bold]{bookie.bookie_id}[/] at {bookie.address}")
+        if cluster.security is not None:
+            console.print("  secure: mutual TLS and ZooKeeper ACLs on; a client needs:")
+            for line in cluster.security.exports():
+                console.print(f"    {line}", markup=False, soft_wrap=True)
         # the JVM starts while ledgers are written, so the repair does not wait for it later
         warm = threading.Thread(target=sparksettings.session, name="spark-warmup", daemon=True)
         warm.start()

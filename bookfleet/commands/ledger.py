@@ -80,7 +80,7 @@ def _password(parser) -> None:
 def _run(args, handler: Callable[[BookKeeper, argparse.Namespace], Awaitable[object]]) -> int:
     if getattr(args, "count", None) is not None and args.count < 0:
         raise CommandError(f"--count must be >= 0, got {args.count}")
-    with zk_session(args.zk) as client:
+    with zk_session(args.zk, talks_to_bookies=args.action in {"write", "read", "close", "recover"}) as client:
         try:
             asyncio.run(_with_bookkeeper(client, args, handler))
         except CLEAR_ERRORS as exc:

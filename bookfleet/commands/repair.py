@@ -13,11 +13,13 @@ from bookfleet import spark as sparksettings
 from bookfleet.cli import CommandError
 from bookfleet.meta.zk import ZooKeeperUnreachable
 from bookfleet.replication import spark_repair
+from bookfleet.security import options as security_options
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("repair", help="copy lost replicas to new bookies (Spark job)")
     spark_repair.add_arguments(parser)
+    security_options.add_arguments(parser)
     parser.add_argument("--master", default=sparksettings.DEFAULT_MASTER, help="Spark master (default local[2])")
     parser.set_defaults(handler=run)
 

@@ -25,6 +25,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--spark-master", default="local[2]", help="Spark master of the repair job (default local[2])")
     parser.add_argument("--metrics-port", type=int, help="serve the repair counters for Prometheus on this port")
+    parser.add_argument(
+        "--secure", action="store_true",
+        help="mutual TLS on the bookies and ZooKeeper ACLs; certificates and credential under <data-dir>/tls",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -36,7 +40,7 @@ def handle(args) -> int:
         raise CommandError(f"--bookies must be at least 1, not {args.bookies}")
     # SIGTERM stops as cleanly as Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port)
+    cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port, secure=args.secure)
     try:
         cluster.start()
     except (BookieStartError, ZooKeeperUnavailable) as exc:
@@ -52,6 +56,10 @@ def handle(args) -> int:
         print(f"ZooKeeper: {cluster.zk}")
         for bookie in cluster.fleet.bookies:
             print(f"bookie {bookie.bookie_id} at {bookie.address} (http {bookie.http_port}), logs {bookie.log_path}")
+        if cluster.security is not None:
+            print("secure: mutual TLS and ZooKeeper ACLs on; a client needs:")
+            for line in cluster.security.exports():
+                print(f"  {line}")
         if not args.no_auto_recovery:
             print("auditor and repair runner on: a lost bookie's ledgers are re-replicated", flush=True)
         print("running; Ctrl-C stops", flush=True)

@@ -16,6 +16,7 @@ from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.writer import LedgerWriteError
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataError
+from bookfleet.security import options as security_options
 from bookfleet.topic.consumer import consume
 from bookfleet.topic.messageid import BadMessageId, MessageId
 from bookfleet.topic.partition import Partition, Topic, TopicError
@@ -28,11 +29,13 @@ _CLEAR_ERRORS = (TopicError, BadMessageId, NotEnoughBookies, MetadataError, Ledg
 
 def add_zk_argument(parser) -> None:
     parser.add_argument("--zk", default=zk_from_env(), help="ZooKeeper connect string (default $BOOKFLEET_ZK)")
+    security_options.add_arguments(parser)
 
 
 @contextmanager
-def zk_session(hosts: str | None) -> Iterator[KazooClient]:
-    """A ZooKeeper session for a command; a missing or unreachable ZooKeeper is one clear line."""
+def zk_session(hosts: str | None, talks_to_bookies: bool = False) -> Iterator[KazooClient]:
+    """A ZooKeeper session for a command; a missing or unreachable ZooKeeper is one clear line, and so is a missing
+    TLS identity when the command talks to bookies that require one."""
     if not hosts:
         raise CommandError("no ZooKeeper given: pass --zk HOST:PORT or set BOOKFLEET_ZK")
     try:
@@ -40,6 +43,8 @@ def zk_session(hosts: str | None) -> Iterator[KazooClient]:
     except zkclient.ZooKeeperUnreachable as exc:
         raise CommandError(str(exc)) from None
     try:
+        if talks_to_bookies and (missing := security_options.missing_tls(client)):
+            raise CommandError(missing)
         yield client
     finally:
         client.stop()
@@ -86,7 +91,7 @@ def run_produce(args) -> int:
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    with zk_session(args.zk) as zk, _clear_errors():
+    with zk_session(args.zk, talks_to_bookies=True) as zk, _clear_errors():
         asyncio.run(_produce(zk, args.topic, args.partitions, settings, args.key_separator))
     return 0
 
@@ -116,7 +121,7 @@ async def _produce(
 
 
 def run_consume(args) -> int:
-    with zk_session(args.zk) as zk, _clear_errors():
+    with zk_session(args.zk, talks_to_bookies=True) as zk, _clear_errors():
         start = MessageId.parse(args.start) if args.start else None
         topic = Topic(zk, args.topic)
         partitions = topic.partitions()

@@ -29,6 +29,8 @@ PLURALS = {
     "BookieCluster": "bookieclusters",
     "Bookie": "bookies",
     "Ledger": "ledgers",
+    "Secret": "secrets",
+    "Certificate": "certificates",
 }
 CORE = "v1"
 BATCH = "batch/v1"

@@ -208,6 +208,24 @@ class AutoRecoverySpec(KubeModel):
     repair: RepairSpec = Field(default_factory=RepairSpec)
 
 
+class TlsMode(enum.StrEnum):
+    OPERATOR = "Operator"
+    """The operator runs the cluster's CA and issues and renews certificates into Secrets."""
+    CERT_MANAGER = "CertManager"
+    """cert-manager Certificates, signed by `certManagerIssuer`, fill the same Secrets."""
+    DISABLED = "Disabled"
+
+
+class Security(KubeModel):
+    tls: TlsMode = Field(TlsMode.OPERATOR, description="who issues the bookie protocol's mutual-TLS certificates")
+    cert_manager_issuer: str | None = Field(None, description="the cert-manager Issuer (kind/name or name) to use")
+    certificate_days: int = Field(90, ge=2, description="lifetime of issued certificates")
+    renew_before_days: int = Field(30, ge=1, description="renew a certificate this long before it expires")
+    zookeeper_auth_secret: str | None = Field(
+        None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
+    )
+
+
 class BookieClusterSpec(KubeModel):
     replicas: int = Field(3, ge=1)
     image: str = "bookfleet/bookie:0.1.0"
@@ -219,6 +237,7 @@ class BookieClusterSpec(KubeModel):
     anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
     bookie: BookieSettings = Field(default_factory=BookieSettings)
     auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
+    security: Security = Field(default_factory=Security)
 
 
 class BookieClusterStatus(StatusModel):
@@ -391,6 +410,14 @@ def zone_of(ordinal: int, zones: list[str]) -> str | None:
 def cluster_problems(spec: BookieClusterSpec) -> list[str]:
     """Problems of a schema-valid BookieCluster spec, each a sentence a user can act on."""
     problems = []
+    security = spec.security
+    if security.tls == TlsMode.CERT_MANAGER and not security.cert_manager_issuer:
+        problems.append("security.tls CertManager needs security.certManagerIssuer")
+    if security.renew_before_days >= security.certificate_days:
+        problems.append(
+            f"security.renewBeforeDays ({security.renew_before_days}) must be less than certificateDays "
+            f"({security.certificate_days})"
+        )
     if spec.zones and spec.replicas < len(spec.zones):
         empty = spec.zones[spec.replicas :]
         problems.append(

@@ -19,9 +19,12 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     CustomResource,
+    TlsMode,
     Volume,
     zone_of,
 )
+from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.security.tls import KUBERNETES_FILES, TLS_DIR_ENV
 
 APP = "bookfleet"
 LABEL_NAME = "app.kubernetes.io/name"
@@ -92,6 +95,51 @@ def bookie_id(cluster: str, bookie: str, namespace: str, port: int) -> str:
 
 def pvc_name(bookie: str, volume: str) -> str:
     return f"{bookie}-{volume}"
+
+
+def ca_secret_name(cluster: str) -> str:
+    return f"{cluster}-tls-ca"
+
+
+def bookie_secret_name(bookie: str) -> str:
+    return f"{bookie}-tls"
+
+
+def replicator_secret_name(cluster: str) -> str:
+    return f"{cluster}-tls-replicator"
+
+
+# --- security: TLS directories from Secrets, the ZooKeeper credential ------------------------------------------
+
+TLS_DIR = "/etc/bookfleet/tls"
+"""Where pods see their TLS directory (mounted whole, never by subPath, so the kubelet's refreshes show)."""
+TLS_VOLUME = "tls"
+CA_KEY, CERT_KEY, KEY_KEY = KUBERNETES_FILES
+"""A TLS Secret's keys (kubernetes.io/tls layout, as cert-manager writes it), which are also the file names."""
+ZK_AUTH_KEY = "auth"
+
+
+def tls_enabled(cluster: BookieCluster) -> bool:
+    return cluster.spec.security.tls != TlsMode.DISABLED
+
+
+def tls_mount() -> dict[str, Any]:
+    return {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+
+
+def tls_volume(secret: str) -> dict[str, Any]:
+    return {"name": TLS_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
+
+
+def security_env(cluster: BookieCluster, with_tls_dir: bool) -> list[dict[str, Any]]:
+    """The ZooKeeper credential from its Secret, and where the TLS directory is for a client."""
+    env: list[dict[str, Any]] = []
+    secret = cluster.spec.security.zookeeper_auth_secret
+    if secret:
+        env.append({"name": ZK_AUTH_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": ZK_AUTH_KEY}}})
+    if with_tls_dir and tls_enabled(cluster):
+        env.append({"name": TLS_DIR_ENV, "value": TLS_DIR})
+    return env
 
 
 def labels(cluster: str, component: str, bookie: str | None = None) -> dict[str, str]:
@@ -223,6 +271,8 @@ def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
     command += ["--disk-usage-threshold", str(settings.disk_usage_threshold)]
     command += ["--disk-usage-lwm", str(settings.disk_usage_lwm)]
     command += ["--gc-interval", str(settings.gc_interval_seconds)]
+    if tls_enabled(cluster):
+        command += ["--tls-dir", TLS_DIR]
     return command + settings.extra_args
 
 
@@ -275,15 +325,19 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()],
         "securityContext": _security_context(),
     }
+    volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES]
+    if env := security_env(cluster, with_tls_dir=False):
+        container["env"] = env
+    if tls_enabled(cluster):
+        container["volumeMounts"].append(tls_mount())
+        volumes.append(tls_volume(bookie_secret_name(name)))
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": service_name(cluster.metadata.name),
         "securityContext": _pod_security_context(),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
-        "volumes": [
-            {"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES
-        ],
+        "volumes": volumes,
     }
     affinity = _affinity(cluster, bookie)
     if affinity:
@@ -375,6 +429,23 @@ def _client_mode(options: list[str]) -> list[str]:
     return options
 
 
+_SPARK_ENV = {"driver": "spark.kubernetes.driverEnv", "executor": "spark.executorEnv"}
+
+
+def _spark_security(cluster: BookieCluster, *pods: str) -> dict[str, str]:
+    """Spark settings that give the driver and/or executor pods Spark creates the replicator's TLS directory and
+    the ZooKeeper credential."""
+    settings = {}
+    secret = cluster.spec.security.zookeeper_auth_secret
+    for pod in pods:
+        if tls_enabled(cluster):
+            settings[f"spark.kubernetes.{pod}.secrets.{replicator_secret_name(cluster.metadata.name)}"] = TLS_DIR
+            settings[f"{_SPARK_ENV[pod]}.{TLS_DIR_ENV}"] = TLS_DIR
+        if secret:
+            settings[f"spark.kubernetes.{pod}.secretKeyRef.{ZK_AUTH_ENV}"] = f"{secret}:{ZK_AUTH_KEY}"
+    return settings
+
+
 def _conf(settings: Mapping[str, str]) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")]
 
@@ -395,6 +466,7 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
+        **_spark_security(cluster, "executor"),
     }
     application = app.removeprefix("local://")
     return ["spark-submit", *_client_mode(options), *_conf(kubernetes), application, *app_args]
@@ -416,13 +488,22 @@ def repair_job(
         "image": _repair_image(cluster),
         "imagePullPolicy": cluster.spec.image_pull_policy,
         "command": repair_command(cluster, name, ledgers),
-        "env": downward,
+        "env": downward + security_env(cluster, with_tls_dir=True),
         "ports": [
             {"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
         ],
         "securityContext": _security_context(),
     }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": repair.service_account_name,
+        "restartPolicy": "Never",
+        "securityContext": _pod_security_context(),
+        "containers": [container],
+    }
+    if tls_enabled(cluster):  # the driver's TLS directory: the replicator's certificate
+        container["volumeMounts"] = [tls_mount()]
+        pod_spec["volumes"] = [tls_volume(replicator_secret_name(cluster.metadata.name))]
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
     manifest = {
@@ -433,12 +514,7 @@ def repair_job(
             "backoffLimit": repair.backoff_limit,
             "template": {
                 "metadata": {"labels": job_labels},
-                "spec": {
-                    "serviceAccountName": repair.service_account_name,
-                    "restartPolicy": "Never",
-                    "securityContext": _pod_security_context(),
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
         },
     }
@@ -469,7 +545,7 @@ def spark_application(
             "mainApplicationFile": app,
             "arguments": app_args,
             "sparkVersion": spark.spark_version(),
-            "sparkConf": confs,
+            "sparkConf": {**confs, **_spark_security(cluster, "driver", "executor")},
             "restartPolicy": {
                 "type": "OnFailure",
                 "onFailureRetries": repair.backoff_limit,

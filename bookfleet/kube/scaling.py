@@ -14,9 +14,9 @@ import logging
 from kazoo.client import KazooClient
 from pydantic import ValidationError
 
-from bookfleet.kube import lifecycle, repairs, resources
+from bookfleet.kube import certificates, lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now_rounded_up, patch_status, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.underreplication import UnderReplication
@@ -65,6 +65,7 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
         if manifest["metadata"]["name"] not in existing:
             created, _ = ctx.api.ensure(manifest)
             existing[created["metadata"]["name"]] = created
+    certificates.ensure(ctx.api, cluster, [Bookie.model_validate(b) for b in existing.values()], now())
     sync_read_only(ctx.zk(cluster.spec.zookeeper), existing.values())
     surplus = sorted((b for b in existing.values() if ordinal(b["metadata"]["name"]) >= cluster.spec.replicas),
                      key=lambda b: ordinal(b["metadata"]["name"]), reverse=True)

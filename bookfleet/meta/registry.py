@@ -34,6 +34,8 @@ class BookieInfo(BaseModel):
     zone: str = ""
     state: BookieMode = BookieMode.WRITABLE
     free_bytes: int = 0
+    tls: bool = False
+    """The bookie speaks mutual TLS: a client needs a certificate (`--tls-dir`)."""
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode()

@@ -1,0 +1,87 @@
+"""Ledger admission: a bookie creates a ledger (takes its first add, fence or LAC write, which fixes its master key)
+only if the ledger exists in ZooKeeper metadata, so nobody can claim a future ledger id before its real writer.
+
+The lookup runs once per new ledger id: a ledger found is remembered (ids are never reused), one not found is asked
+again next time. Before a miss is believed, the ZooKeeper session is synced, so a bookie talking to a lagging
+server never refuses a ledger its writer has just created. The same lookup tells whether a ledger is closed, which
+only the replicator may still add to (see `bookfleet.security.roles`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from bookfleet.bookie.errors import UnknownLedger
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import LedgerMetadata
+
+
+class LedgerAdmission:
+    """Checks ledger ids this bookie does not hold yet against ZooKeeper metadata."""
+
+    def __init__(self, zk: KazooClient, holds: Callable[[int], bool]):
+        self.zk = zk
+        self.holds = holds
+        """Whether storage already has the ledger (then it was admitted before, or replayed from the journal)."""
+        self._existing: set[int] = set()
+        self._closed: set[int] = set()
+        self._lookups: dict[int, asyncio.Future[LedgerMetadata | None]] = {}
+
+    def admitted(self, ledger_id: int) -> bool:
+        """True when no lookup is needed: the cheap check on every request's path."""
+        return ledger_id in self._existing or self.holds(ledger_id)
+
+    async def admit(self, ledger_id: int) -> None:
+        """Return once `ledger_id` is known to exist; raise UnknownLedger if ZooKeeper has no metadata for it."""
+        if not self.admitted(ledger_id) and await self._lookup(ledger_id) is None:
+            raise UnknownLedger(ledger_id)
+
+    async def closed(self, ledger_id: int) -> bool:
+        """Whether the ledger's metadata says CLOSED (asked afresh until it does: closing is final)."""
+        if ledger_id in self._closed:
+            return True
+        metadata = await self._lookup(ledger_id)
+        return metadata is not None and metadata.is_closed
+
+    def _lookup(self, ledger_id: int) -> asyncio.Future[LedgerMetadata | None]:
+        """One ZooKeeper read per ledger id at a time, shared by every request that waits for it."""
+        pending = self._lookups.get(ledger_id)
+        if pending is not None:
+            return pending
+        loop = asyncio.get_running_loop()
+        pending = self._lookups[ledger_id] = loop.create_future()
+        path = zkpaths.ledger(ledger_id)
+
+        def finish(result: LedgerMetadata | BaseException | None) -> None:
+            self._lookups.pop(ledger_id, None)
+            if isinstance(result, BaseException):
+                pending.set_exception(result)
+                return
+            if result is not None:
+                self._existing.add(ledger_id)
+                if result.is_closed:
+                    self._closed.add(ledger_id)
+            pending.set_result(result)
+
+        def read(_: object = None) -> None:
+            self.zk.get_async(path).rawlink(lambda answer: loop.call_soon_threadsafe(finish, _parse(answer)))
+
+        self.zk.sync_async(path).rawlink(read)
+        return pending
+
+
+def _parse(answer) -> LedgerMetadata | BaseException | None:
+    try:
+        data, _ = answer.get()
+    except NoNodeError:
+        return None
+    except Exception as exc:  # ZooKeeper unreachable: the request fails with this error, the next one asks again
+        return exc
+    try:
+        return LedgerMetadata.from_json(data)
+    except ValueError as exc:
+        return exc

@@ -1,0 +1,1 @@
+"""Security of the fleet: certificates, TLS contexts, roles on the bookie protocol, ZooKeeper credentials."""
