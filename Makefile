@@ -2,8 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# checkov (the manifest security scan in `make test`) in a virtualenv of its own: its pins clash with pytest's.
+CHECKOV_VERSION := 3.3.30
+CHECKOV := $(VENV)/tools/checkov/bin/checkov
 
-.PHONY: setup run test chaos bench lint crds clean
+.PHONY: setup run test chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -14,16 +17,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+$(CHECKOV):
+	python3 -m venv $(VENV)/tools/checkov
+	$(VENV)/tools/checkov/bin/pip install -q checkov==$(CHECKOV_VERSION)
+
 run: setup
 	$(VENV)/bin/bookfleet demo
 
-test: setup
+test: setup $(CHECKOV)
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
+
+floors: setup
+	bash scripts/check-floors.sh
 
 bench: setup
 	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json

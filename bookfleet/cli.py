@@ -1,4 +1,8 @@
-"""The `bookfleet` command. Each module in bookfleet.commands adds its subcommands through `register`."""
+"""The `bookfleet` command. Each module in bookfleet.commands adds its subcommands through `register`.
+
+Exit codes: 0 done; 1 an unexpected failure (one line; `--log-level DEBUG` adds the traceback); 2 a user error
+(one line naming what was wrong) or a bad flag; 130 interrupted with Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,30 @@ import importlib
 import logging
 import pkgutil
 import sys
+from importlib.metadata import version
 
+import shtab
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import commands
 from bookfleet.meta.zk import ZK_AUTH_ENV
 from bookfleet.security import options as security_options
+
+log = logging.getLogger(__name__)
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEFAULT_LOG_LEVEL = "WARNING"
+"""What a command logs unless it says otherwise (`parser.set_defaults(log_level_default="INFO")` for services):
+a command's output is its printed lines, not the libraries' chatter."""
+LIBRARY_LOGGERS = ("kazoo",)
+"""Loggers that talk on every connect, retry and close: unless a level is asked for explicitly they log one level
+above the command's own (a command reports an unreachable ZooKeeper in its one error line; a service still logs
+kazoo's warnings)."""
+
+EXIT_UNEXPECTED = 1
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 
 class CommandError(Exception):
@@ -27,36 +49,58 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('bookfleet')}")
+    shtab.add_argument_to(parser, "--print-completion", help="print a bash, zsh or tcsh completion script")
+    parser.add_argument(
+        "--log-level", type=str.upper, choices=LOG_LEVELS,
+        help=f"logging level (default {DEFAULT_LOG_LEVEL}; INFO for the long-running bookie, auditor, operator, "
+        "standalone)",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more: -v INFO, -vv DEBUG")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"{commands.__name__}.{module.name}").register(subparsers)
     return parser
 
 
+def configure_logging(args: argparse.Namespace) -> None:
+    """--log-level or -v when given; else the command's own default (WARNING unless it is a service)."""
+    explicit = args.log_level or {0: None, 1: "INFO"}.get(args.verbose, "DEBUG")
+    level = explicit or getattr(args, "log_level_default", DEFAULT_LOG_LEVEL)
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    if explicit is None:
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.getLevelName(level) + 10)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     try:
         security_options.apply(args)
         return args.handler(args) or 0
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except NoAuthError:
         message = f"ZooKeeper refused access: pass the fleet's credential (--zk-auth USER:PASSWORD or ${ZK_AUTH_ENV})"
         print(f"bookfleet {args.command}: {message}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except (CommandError, TimeoutError, security_options.SecurityFlagError) as exc:
         print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:
-        extra = EXTRAS.get((exc.name or "").split(".")[0])
-        if extra is None:
-            raise
-        print(f"bookfleet {args.command}: needs the [{extra}] extra ({exc.name} is not installed): "
-              f"pip install 'bookfleet[{extra}]'", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except Exception as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if extra := EXTRAS.get((missing or "").split(".")[0]):
+            print(f"bookfleet {args.command}: needs the [{extra}] extra ({missing} is not installed): "
+                  f"pip install 'bookfleet[{extra}]'", file=sys.stderr)
+            return EXIT_USER_ERROR
+        log.debug("bookfleet %s failed", args.command, exc_info=True)
+        print(
+            f"bookfleet {args.command}: unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)",
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":

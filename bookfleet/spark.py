@@ -25,12 +25,13 @@ IMAGE_APP_DIR = "/opt/bookfleet"
 SESSION_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.driver.host": LOCAL_IP,
-    "spark.driver.bindAddress": LOCAL_IP,
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
     "spark.task.maxFailures": "2",
 }
+LOOPBACK_DRIVER_CONF = {"spark.driver.host": LOCAL_IP, "spark.driver.bindAddress": LOCAL_IP}
+"""Only for a local master this process picks itself: under spark-submit on Kubernetes the driver's address is the
+pod IP it was given (`--conf spark.driver.host=$(POD_IP)`), and executors in other pods must reach it there."""
 
 
 LOG4J2_PROPERTIES = """\
@@ -53,9 +54,20 @@ def log4j2_config() -> Path:
     return path
 
 
-def prepare_environment() -> None:
-    """Spark binds the external interface unless told otherwise, and its workers must run this interpreter."""
-    os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)
+def is_local(master: str | None) -> bool:
+    """Whether `master` is one this process runs itself (None: whatever spark-submit was given)."""
+    return master is not None and master.startswith("local")
+
+
+def session_conf(master: str | None) -> dict[str, str]:
+    """The settings a new session gets on `master`: loopback driver addresses only for a local master."""
+    return {**SESSION_CONF, **(LOOPBACK_DRIVER_CONF if is_local(master) else {})}
+
+
+def prepare_environment(master: str | None) -> None:
+    """A local Spark binds the external interface unless told otherwise; workers must run this interpreter."""
+    if is_local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", LOCAL_IP)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -65,13 +77,13 @@ def session(master: str | None = DEFAULT_MASTER, app_name: str = "bookfleet"):
 
     An active session is reused whatever its master, so tests and the standalone fleet pay the JVM start once.
     """
-    prepare_environment()
+    prepare_environment(master)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    for key, value in SESSION_CONF.items():
+    for key, value in session_conf(master).items():
         builder = builder.config(key, value)
     builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j2_config()}")
     spark = builder.getOrCreate()

@@ -110,6 +110,36 @@ class ProtocolError(Exception):
     """A frame or body that does not follow this format; the message says what was wrong."""
 
 
+class InvalidField(ValueError):
+    """A well-framed request with a field out of its range; the message names the field. A bookie answers it
+    BAD_REQUEST and keeps the connection: the framing is intact, only this request is refused."""
+
+
+INT64_MAX = 2**63 - 1
+"""Ids travel as u64/i64 but are stored as SQLite's signed 64-bit integers: nothing above this is an id."""
+
+
+def check_ledger_id(ledger_id: int, what: str = "ledger id") -> int:
+    """A ledger id: 0 <= id <= INT64_MAX (a u64 field may carry more, which no storage could hold)."""
+    if not 0 <= ledger_id <= INT64_MAX:
+        raise InvalidField(f"{what} {ledger_id} is outside [0, {INT64_MAX}]")
+    return ledger_id
+
+
+def check_entry_id(entry_id: int, what: str = "entry id") -> int:
+    """An id that names an entry: 0 <= id <= INT64_MAX."""
+    if not 0 <= entry_id <= INT64_MAX:
+        raise InvalidField(f"{what} {entry_id} is outside [0, {INT64_MAX}]")
+    return entry_id
+
+
+def check_lac(lac: int, what: str = "lac") -> int:
+    """A last-add-confirmed: an entry id, or INVALID_ENTRY_ID (-1) while nothing is confirmed."""
+    if not INVALID_ENTRY_ID <= lac <= INT64_MAX:
+        raise InvalidField(f"{what} {lac} is outside [{INVALID_ENTRY_ID}, {INT64_MAX}]")
+    return lac
+
+
 def encode_entry_list(entries: list[bytes]) -> bytes:
     """READ_RANGE response body: count u32 | (size u32 | entry) * count."""
     parts = [COUNT.pack(len(entries))]

@@ -66,6 +66,8 @@ BUILTIN_TYPES = [
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
+    ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", status_subresource=True),
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                  namespaced=False, status_subresource=True),
     ResourceType("sparkoperator.k8s.io", "v1beta2", "sparkapplications", "SparkApplication", status_subresource=True),

@@ -49,3 +49,10 @@ def test_audit_marks_ledgers_whose_bookie_lost_its_data(spark, zk, zk_connect, b
     assert under_replication.ledger_ids() == []
     assert asyncio.run(verify_replicas(zk_connect, expected)) == []
     assert run_audit(zk_connect).marked == {}
+
+    # a bookie that cannot be asked (stopped: unregistered, its last known address refuses) is a failure, not a mark
+    silent = bookies[1]
+    silent.stop()
+    unreachable = run_audit(zk_connect)
+    assert unreachable.marked == {} and under_replication.ledger_ids() == []
+    assert unreachable.failures and all(silent.bookie_id in failure for failure in unreachable.failures)

@@ -22,6 +22,7 @@ from bookfleet.client.connection import (
 )
 from bookfleet.meta import zkpaths
 from bookfleet.meta.registry import BookieMode, BookieRegistry
+from bookfleet.polling import wait_for
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
 OTHER_KEY = wire.master_key(b"someone else")
@@ -113,6 +114,8 @@ async def test_fencing_and_lac_long_poll(bookie_fleet):
         assert await client.read_lac_and_last(1, fence=True, master_key=MASTER_KEY) == (2, 3)
         with pytest.raises(FencedError, match="ADD_ENTRY for ledger 1: ledger 1 is fenced"):
             await client.add_entry(MASTER_KEY, encode_test_entry(1, 4, b"late writer"))
+        with pytest.raises(FencedError, match="WRITE_LAC for ledger 1: ledger 1 is fenced"):
+            await client.write_lac(MASTER_KEY, 1, 3)
         assert await client.add_entry(MASTER_KEY, encode_test_entry(1, 4, b"recovery"), recovery=True) == (1, 4)
 
         # Fencing a ledger this bookie never saw keeps a stale writer out of it too.
@@ -212,14 +215,22 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     assert await asyncio.wait_for(writer, 30) == 300
 
     # The in-flight bound: with 8 long polls running, a 9th request waits until one of them has answered.
-    polls = [asyncio.create_task(good.read_lac(9, previous=1000, timeout=0.5)) for _ in range(8)]
-    await asyncio.sleep(0.05)
-    asked = asyncio.get_running_loop().time()
-    assert (await asyncio.wait_for(good.bookie_info(), 10)).total_bytes > 0
-    assert asyncio.get_running_loop().time() - asked > 0.3  # it waited for the polls' 0.5 s timeout
-    assert await asyncio.gather(*polls) == [298] * 8
+    answered: list[str] = []
+    polls = [asyncio.create_task(good.read_lac(9, previous=298, timeout=60)) for _ in range(8)]
+    for poll in polls:
+        poll.add_done_callback(lambda _: answered.append("poll"))
+    await asyncio.to_thread(
+        wait_for, lambda: "bookie_long_polls 8.0" in http_get(bookie.http_port, "/metrics")[1], 30, "8 long polls"
+    )
+    info = asyncio.create_task(good.bookie_info())
+    info.add_done_callback(lambda _: answered.append("info"))
+    async with await BookieClient.connect(bookie.address) as other:  # raising the LAC answers the polls
+        await other.add_entry(MASTER_KEY, encode_test_entry(9, 300, b"steady"))
+    assert (await asyncio.wait_for(info, 30)).total_bytes > 0
+    assert await asyncio.gather(*polls) == [299] * 8
+    assert answered.index("poll") < answered.index("info")
     flood.close()
     await good.close()
     async with await BookieClient.connect(bookie.address) as fresh:
-        assert await fresh.read_entry(9, 299) == encode_test_entry(9, 299, b"steady")
+        assert await fresh.read_entry(9, 300) == encode_test_entry(9, 300, b"steady")
     assert bookie.running

@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import base64
+import importlib
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
+import prometheus_client
 import pytest
 import yaml
 
-from bookfleet.cli import build_parser
+from bookfleet.bookie.http import BookieMetrics
+from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import BookieCluster, cluster_problems
+from tests.fixtures.manifests import operator_objects
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "bookfleet"
 ALL_OPTIONAL = {
     "zookeeper": {"enabled": True, "replicas": 3, "storageClassName": "standard"},
     "bookieCluster": {"enabled": True, "zones": ["zone-a", "zone-b", "zone-c"]},
     "operator": {"watchNamespace": "storage", "extraArgs": ["--verbose"]},
+    "metrics": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}},
+    "grafanaDashboard": {"enabled": True},
 }
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}
+"""monitoring.coreos.com resources: no offline schema, checked by the tests below instead."""
 VALUES = {"default": {}, "all-optional": ALL_OPTIONAL}
 
 
@@ -56,14 +66,20 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     name, objects = rendered
     kinds = {obj["kind"] for obj in objects}
     expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret"}
+    expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
     if name == "all-optional":
-        expected |= {"StatefulSet", "Service", "BookieCluster"}
+        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap"}
+        expected |= PROMETHEUS_OPERATOR_KINDS
     assert kinds == expected
     for obj in objects:
         if obj["kind"] == "BookieCluster":
             cluster = BookieCluster.model_validate(obj)
             assert cluster.spec.zookeeper == "bookfleet-zookeeper.bookfleet.svc:2181"
             assert cluster_problems(cluster.spec) == []
+        elif obj["kind"] in PROMETHEUS_OPERATOR_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        elif obj["kind"] == "KopfPeering":
+            assert obj["apiVersion"] == "kopf.dev/v1" and "spec" not in obj
         else:
             kubernetes_validate.validate(obj, "1.30", strict=True)
 
@@ -114,6 +130,10 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
+    for kind in ("poddisruptionbudgets", "networkpolicies", "configmaps"):
+        group = {"poddisruptionbudgets": "policy", "networkpolicies": "networking.k8s.io"}.get(kind, "")
+        assert {(group, kind, "get"), (group, kind, "create")} <= granted
+    assert ("policy", "poddisruptionbudgets", "patch") in granted, "the budget follows the cluster's replicas"
     built |= {("sparkoperator.k8s.io", "sparkapplications")} | {("bookfleet.io", p) for p in ("bookies", "ledgers")}
     for group, resource in built:
         assert {(group, resource, verb) for verb in ("get", "list", "watch", "create", "delete")} <= granted
@@ -129,10 +149,11 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     assert {verb for _, resource, verb in granted if resource == "secrets"} == {"get", "create", "patch"}
     (deployment,) = by_kind(objects, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:7] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet", "--standalone"]
-    assert command[7:] == ["--liveness", "http://0.0.0.0:8080/healthz"]
+    assert command[:6] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet"]
+    assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz"]
     parsed = build_parser().parse_args(command[1:])
-    assert (parsed.namespaces, parsed.standalone) == (["bookfleet"], True)
+    assert (parsed.namespaces, parsed.standalone, parsed.peering) == (["bookfleet"], False, "bookfleet")
+    assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
 
 
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart: helm.Chart) -> None:
@@ -140,6 +161,137 @@ def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart:
         render(chart, {"bookieCluster": {"enabled": True}})
     with pytest.raises(helm.HelmError, match=r"zookeeper\.replicas must be 1, 3 or 5"):
         render(chart, {"zookeeper": {"enabled": True, "replicas": 2}})
+
+
+def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid(chart: helm.Chart) -> None:
+    """The image's entrypoint (set -e) writes $ZOO_DATA_DIR/myid before ZooKeeper starts: the directory must be a
+    mount point, not a subdirectory of an empty volume; every other directory written is a mount too."""
+    (statefulset,) = by_kind(render(chart, ALL_OPTIONAL), "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert env["ZOO_DATA_DIR"] in mounts
+    assert env["ZOO_DATA_LOG_DIR"].startswith(env["ZOO_DATA_DIR"] + "/"), "ZooKeeper creates its log dir itself"
+    assert {env["ZOO_CONF_DIR"], env["ZOO_LOG_DIR"], "/tmp"} <= mounts
+
+
+def test_disruption_budget_and_zone_spread_for_zookeeper(chart: helm.Chart) -> None:
+    objects = render(chart, ALL_OPTIONAL)
+    (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
+    (statefulset,) = by_kind(objects, "StatefulSet")
+    assert budget["spec"]["maxUnavailable"] == 1
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    keys = {c["topologyKey"] for c in statefulset["spec"]["template"]["spec"]["topologySpreadConstraints"]}
+    assert keys == {resources.ZONE_LABEL, resources.HOSTNAME_LABEL}
+
+
+def test_zookeeper_only_from_the_fleet_and_labelled_clients(chart: helm.Chart) -> None:
+    """Bookies and repair pods (watched namespace), the operator (release namespace), labelled clients; peers only
+    between servers; and the client label is the one the operator's bookie policies allow."""
+    objects = render(chart, ALL_OPTIONAL)
+    (policy,) = by_kind(objects, "NetworkPolicy", "zookeeper")
+    client_rule, peer_rule = policy["spec"]["ingress"]
+    assert [port["port"] for port in client_rule["ports"]] == [2181]
+    allowed = {
+        (peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+         tuple(sorted(peer["podSelector"]["matchLabels"].items())))
+        for peer in client_rule["from"]
+    }
+    fleet = ((resources.LABEL_NAME, resources.APP),)
+    client = ((resources.CLIENT_LABEL, "true"),)
+    assert allowed == {(ns, labels) for ns in ("bookfleet", "storage") for labels in (fleet, client)}
+    (operator,) = by_kind(objects, "Deployment")
+    assert operator["spec"]["template"]["metadata"]["labels"][resources.LABEL_NAME] == resources.APP
+    assert {p["port"] for p in peer_rule["ports"]} == {2888, 3888}
+    (operator_policy,) = by_kind(objects, "NetworkPolicy", "operator")
+    assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert by_kind(render(chart, {**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_operator_is_probed_for_readiness(chart: helm.Chart) -> None:
+    (deployment,) = by_kind(render(chart, {}), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+
+
+def test_monitors_scrape_bookie_metrics_in_the_watched_namespace(chart: helm.Chart) -> None:
+    assert [obj for obj in render(chart, {}) if obj["kind"] in PROMETHEUS_OPERATOR_KINDS] == []
+    objects = render(chart, ALL_OPTIONAL)
+    (pod_monitor,) = by_kind(objects, "PodMonitor")
+    (service_monitor,) = by_kind(objects, "ServiceMonitor")
+    built = operator_objects()
+    pod = next(obj for obj in built if obj["kind"] == "Pod")
+    service = next(obj for obj in built if obj["kind"] == "Service")
+    pairs = ((pod_monitor, pod, "podMetricsEndpoints"), (service_monitor, service, "endpoints"))
+    for monitor, target, endpoints in pairs:
+        assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["storage"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= target["metadata"]["labels"].items()
+        (endpoint,) = monitor["spec"][endpoints]
+        assert endpoint["path"] == "/metrics"
+    ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    assert service_monitor["spec"]["endpoints"][0]["port"] in {port["name"] for port in service["spec"]["ports"]}
+
+
+PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "by", "without", "avg", "max", "min", "le",
+                "irate", "count"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads: identifiers outside label matchers, groupings and ranges."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)", " ", expr)
+    return {name for name in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare) if name not in PROMQL_WORDS}
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the code exports: a bookie's registry, and the repair job's counters."""
+    importlib.import_module("bookfleet.replication.spark_repair")  # registers the repair counters
+    registries = (BookieMetrics().registry, prometheus_client.REGISTRY)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {
+        family.name + suffix  # by family, so a labelled counter counts before its first sample
+        for registry in registries
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_dashboard_queries_only_metrics_the_code_exports(chart: helm.Chart) -> None:
+    (config_map,) = [obj for obj in by_kind(render(chart, ALL_OPTIONAL), "ConfigMap")]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["bookfleet.json"])
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = set().union(*(metric_names(expr) for expr in exprs))
+    assert used - exported_metric_names() == set()
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for topic in ("adds", "reads", "add latency", "journal sync", "disk", "repair"):
+        assert topic in titles
+    assert metric_names("sum by (pod) (rate(bookie_add_entries_total{job=\"x\"}[5m]))") == {"bookie_add_entries_total"}
+
+
+def test_two_operator_replicas_peer_through_a_kopf_peering_the_chart_installs(chart: helm.Chart) -> None:
+    """kopf pauses a peered operator until its KopfPeering exists and it holds the top priority: the chart ships the
+    CRD and the object (in the watched namespace), and each replica draws its own priority so two never tie."""
+    objects = render(chart, {"operator": {"watchNamespace": "storage"}})
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    (peering,) = by_kind(objects, "KopfPeering")
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    parsed = build_parser().parse_args(command[1:])
+    assert parsed.peering == peering["metadata"]["name"] and parsed.priority is None
+    assert peering["metadata"]["namespace"] == "storage" == parsed.namespaces[0]
+    names = {crd["name"] for crd in chart.crds}
+    assert "crds/kopf.dev_kopfpeerings.yaml" in names
+    (budget,) = by_kind(objects, "PodDisruptionBudget", "operator")
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_operator_priority_needs_peering(capsys) -> None:
+    assert main(["operator", "--priority", "5"]) == 2
+    assert "--priority needs --peering NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "--standalone", "--peering", "bookfleet"])
 
 
 def test_tls_and_zookeeper_auth_are_on_by_default(chart: helm.Chart) -> None:
@@ -151,6 +303,6 @@ def test_tls_and_zookeeper_auth_are_on_by_default(chart: helm.Chart) -> None:
     user, _, password = base64.b64decode(secret["data"]["auth"]).decode().partition(":")
     assert user == "bookfleet" and len(password) == 32
     (deployment,) = by_kind(objects, "Deployment")
-    (env,) = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    env = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     credential = {"secretKeyRef": {"name": "bookfleet-zk-auth", "key": "auth"}}
-    assert env == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}
+    assert env["BOOKFLEET_ZK_AUTH"] == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}

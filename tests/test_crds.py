@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from bookfleet.cli import main
 from bookfleet.kube import crdgen
 from bookfleet.kube.models import (
+    DATA_LOSS,
     RESOURCES,
     VALID,
     BookieCluster,
@@ -88,7 +89,7 @@ def test_schemas_are_structural_with_status_subresource(resource) -> None:
     version = version_schema(resource)
     schema = version["schema"]["openAPIV3Schema"]
     assert structural_violations(schema) == []
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"]["status"] == {}
     assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
     assert "x-kubernetes-preserve-unknown-fields" not in schema["properties"]["spec"]
 
@@ -139,7 +140,48 @@ def test_names_and_printer_columns() -> None:
     assert bookies["metadata"]["name"] == "bookies.bookfleet.io"
     assert bookies["spec"]["names"]["shortNames"] == ["bk"]
     columns = [column["name"] for column in bookies["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:3] == ["Phase", "Zone", "Ledgers"] and columns[-1] == "Age"
+    assert columns[:4] == ["Phase", "Registered", "Zone", "Ledgers"] and columns[-1] == "Age"
+
+
+def columns(resource) -> dict[str, str]:
+    return {column["name"]: column["jsonPath"] for column in version_schema(resource)["additionalPrinterColumns"]}
+
+
+def test_printer_columns_answer_the_first_questions_on_call() -> None:
+    """ready/desired, phase, under-replication, repair state, data loss and age, each a field the model has."""
+    assert columns(BookieCluster).keys() >= {"Ready", "Desired", "Phase", "Age"}
+    assert columns(BookieCluster)["Desired"] == ".spec.replicas"
+    assert columns(Ledger)["Under-replicated"] == ".status.underReplicated.missingBookies"
+    assert columns(Ledger)["Repair"] == ".status.repair.state"
+    assert DATA_LOSS in columns(Ledger)["Data Loss"]
+    for resource in RESOURCES:
+        schema = version_schema(resource)["schema"]["openAPIV3Schema"]
+        for path in columns(resource).values():
+            if path == crdgen.AGE["jsonPath"]:
+                continue
+            node = schema
+            for part in path.split("[")[0].strip(".").split("."):
+                node = node["properties"][part]  # a KeyError names a column that shows a field nobody writes
+
+
+def test_bookie_cluster_has_a_scale_subresource_on_spec_replicas() -> None:
+    scale = version_schema(BookieCluster)["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.replicas"
+    status = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert scale["statusReplicasPath"].removeprefix(".status.") in status
+    assert "scale" not in version_schema(Ledger)["subresources"]
+
+
+def test_resources_default_as_a_whole_in_the_model_and_the_crd() -> None:
+    """Left out, resources get requests and limits; given, only what the user wrote (no default limit below it)."""
+    spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    default = BookieClusterSpec(zookeeper="zk:2181")
+    assert spec["resources"]["default"] == default.resources.to_wire()
+    assert default.resources.requests and default.resources.limits
+    repair = spec["autoRecovery"]["properties"]["repair"]["properties"]
+    assert repair["driverResources"]["default"] == default.auto_recovery.repair.driver_resources.to_wire()
+    own = BookieClusterSpec(zookeeper="zk:2181", resources={"requests": {"memory": "8Gi"}})
+    assert own.resources.to_wire() == {"requests": {"memory": "8Gi"}, "limits": {}}
 
 
 def test_camel_case_on_the_wire_snake_case_in_python() -> None:
@@ -194,3 +236,36 @@ def test_set_condition_moves_the_transition_time_only_on_a_status_change() -> No
     assert (conditions[0].message, conditions[0].last_transition_time) == ("entry 7", first)
     conditions = set_condition(conditions, Condition(type="DataLoss", status=ConditionStatus.FALSE), now=later)
     assert conditions[0].last_transition_time == later
+
+
+def server_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """`value` with the schema's defaults filled in, as the API server defaults an object before storing it."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        return value
+    filled = dict(value)
+    for name, prop in schema["properties"].items():
+        if name not in filled and "default" in prop:
+            filled[name] = prop["default"]
+        if name in filled:
+            filled[name] = server_defaults(prop, filled[name])
+    return filled
+
+
+@pytest.mark.parametrize(
+    "resource, minimal",
+    [(BookieCluster, {"zookeeper": "zk:2181"}), (Ledger, {"cluster": "demo"})],
+    ids=["BookieCluster", "Ledger"],
+)
+def test_the_api_server_fills_the_same_defaults_as_the_models(resource, minimal) -> None:
+    """A resource applied with only its required fields gets the defaults the operator's models assume."""
+    schema = version_schema(resource)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_model = resource.model_fields["spec"].annotation
+    expected = spec_model.model_validate(minimal).to_wire()
+    assert without_empty(server_defaults(schema, minimal)) == without_empty(expected)
+
+
+def without_empty(value: Any) -> Any:
+    """Empty lists and maps left out: an absent list and an empty one mean the same to the operator."""
+    if isinstance(value, dict):
+        return {key: without_empty(item) for key, item in value.items() if item not in ([], {})}
+    return value

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
@@ -102,9 +103,83 @@ def test_bookie_pod(cluster: BookieCluster, bookie: Bookie) -> None:
     assert zone_term == [{"matchExpressions": [{"key": resources.ZONE_LABEL, "operator": "In", "values": ["zone-b"]}]}]
     (spread,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert spread["topologyKey"] == resources.HOSTNAME_LABEL
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if v["name"] != "tmp"}
     assert claims == {"journal": "demo-1-journal", "ledgers": "demo-1-ledgers"}
-    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == resources.VOLUMES
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {**resources.VOLUMES, "tmp": "/tmp"}, "the data volumes and /tmp are the only writable paths"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["automountServiceAccountToken"] is False
+    assert "topologySpreadConstraints" not in spec, "explicit zones pin each bookie already"
+
+
+def test_bookies_without_zones_spread_over_zones_and_get_default_resources(cluster: BookieCluster) -> None:
+    unzoned = BookieCluster.model_validate(
+        {"metadata": {"name": "flat", "namespace": "storage", "uid": "u"}, "spec": {"zookeeper": "zk:2181"}}
+    )
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(unzoned)[0], "bookie-uid"))
+    spec = valid(resources.bookie_pod(unzoned, bookie))["spec"]
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == resources.ZONE_LABEL and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"][resources.LABEL_CLUSTER] == "flat"
+    (container,) = spec["containers"]
+    assert container["resources"]["requests"].keys() == container["resources"]["limits"].keys() == {"cpu", "memory"}
+
+
+def test_disruption_budget_allows_max_unavailable_bookies_down(cluster: BookieCluster) -> None:
+    budget = valid(resources.bookie_disruption_budget(cluster))
+    assert budget["spec"]["minAvailable"] == 3, "4 replicas, maxUnavailable 1 by default"
+    assert owner(budget)[0] == "BookieCluster"
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[0], "bookie-uid"))
+    pod_labels = resources.bookie_pod(cluster, bookie)["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    wide = cluster.model_copy(update={"spec": cluster.spec.model_copy(update={"max_unavailable": 9})})
+    assert resources.bookie_disruption_budget(wide)["spec"]["minAvailable"] == 0
+
+
+def selects(selector: dict[str, Any], pod_labels: dict[str, str]) -> bool:
+    return selector.get("matchLabels", {}).items() <= pod_labels.items()
+
+
+def admits(policy: dict[str, Any], pod_labels: dict[str, str], port: int, same_namespace: bool = True) -> bool:
+    """Whether a NetworkPolicy lets a pod with these labels reach `port` (matchLabels peers only)."""
+    for rule in policy["spec"]["ingress"]:
+        if "ports" in rule and port not in {p["port"] for p in rule["ports"]}:
+            continue
+        if "from" not in rule:
+            return True
+        for peer in rule["from"]:
+            namespace_ok = same_namespace or "namespaceSelector" in peer
+            if namespace_ok and selects(peer["podSelector"], pod_labels):
+                return True
+    return False
+
+
+def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieCluster, bookie: Bookie) -> None:
+    bookies_policy, repair_policy = (valid(policy) for policy in resources.network_policies(cluster))
+    pod = resources.bookie_pod(cluster, bookie)
+    assert selects(bookies_policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    assert bookies_policy["spec"]["policyTypes"] == ["Ingress"], "everything not allowed is denied"
+    port, http = cluster.spec.bookie.port, cluster.spec.bookie.http_port
+    job = resources.repair_job(cluster, bookie, LOST)
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    executor = {k.removeprefix("spark.kubernetes.executor.label."): v for k, v in conf.items() if ".label." in k}
+    operator = {resources.LABEL_NAME: "bookfleet", resources.LABEL_COMPONENT: "operator"}
+    for peer in (pod["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"], executor):
+        assert admits(bookies_policy, peer, port)
+    assert admits(bookies_policy, operator, port, same_namespace=False)
+    assert admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port)
+    assert not admits(bookies_policy, {"app": "curious"}, port)
+    assert not admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port, same_namespace=False)
+    other_cluster = {**pod["metadata"]["labels"], resources.LABEL_CLUSTER: "other"}
+    assert not admits(bookies_policy, other_cluster, port)
+    assert admits(bookies_policy, {"app": "prometheus"}, http), "probes and metrics stay reachable"
+    driver = job["spec"]["template"]["metadata"]["labels"]
+    assert all(selects(repair_policy["spec"]["podSelector"], pod_labels) for pod_labels in (driver, executor))
+    assert admits(repair_policy, executor, resources.DRIVER_PORT) and admits(repair_policy, driver, 40000)
+    assert not admits(repair_policy, pod["metadata"]["labels"], resources.DRIVER_PORT)
+    kinds = [obj["kind"] for obj in resources.cluster_objects(cluster)]
+    assert kinds == ["Service", "PodDisruptionBudget", "NetworkPolicy", "NetworkPolicy"]
 
 
 def test_bookie_pvcs_and_headless_service(cluster: BookieCluster, bookie: Bookie) -> None:
@@ -151,6 +226,15 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert conf["spark.kubernetes.container.image"] == cluster.spec.image
     assert conf["spark.executor.instances"] == "3" and conf["spark.executor.memory"] == "2g"
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
+    assert container["resources"] == cluster.spec.auto_recovery.repair.driver_resources.to_wire()
+    assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
+    template_path = conf["spark.kubernetes.executor.podTemplateFile"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (template_volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert template_path.startswith(mounts[template_volume["name"]] + "/")
+    assert template_volume["configMap"]["name"] == resources.executor_template_name()
+    assert conf["spark.kubernetes.executor.limit.cores"] == conf["spark.kubernetes.executor.request.cores"] == "1"
     assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
     application = next(arg for arg in command if arg.endswith("spark_repair.py"))
     assert not application.startswith("local://"), "client mode reads the application from the driver's disk"
@@ -175,9 +259,15 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
 
 
-def test_repair_rbac_is_namespaced_and_minimal() -> None:
-    account, role, binding = (valid(obj) for obj in resources.repair_rbac("storage", "bookfleet-repair"))
+def test_repair_namespace_objects_are_namespaced_and_minimal() -> None:
+    template, account, role, binding = (
+        valid(obj) for obj in resources.repair_namespace_objects("storage", "bookfleet-repair")
+    )
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
+    assert template["metadata"]["name"] == resources.executor_template_name()
+    executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
+    assert executor == resources.executor_pod_template()
+    assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER
     assert {resource for rule in role["rules"] for resource in rule["resources"]} == {
         "pods",
         "services",

@@ -1,4 +1,5 @@
-"""Bookie settings: one dataclass, filled from `bookfleet bookie` flags; storage tuning comes from StorageSettings."""
+"""Bookie settings: one dataclass, filled from `bookfleet bookie` flags; storage tuning comes from StorageSettings
+and the per-connection and server-wide limits from ServerLimits, whose fields become flags of the same names."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookfleet.bookie.server import ServerLimits
 from bookfleet.bookie.storage import StorageSettings
 
 
@@ -28,10 +30,10 @@ class BookieConfig:
     gc_interval: float = 60.0
     gc_grace: float = 60.0
     zk_session_timeout: float = 6.0
-    max_in_flight: int = 2000
     tls_dir: Path | None = None
     verify_ledgers: bool = True
     storage: StorageSettings = field(default_factory=StorageSettings)
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         if not self.advertised_address:
@@ -48,6 +50,7 @@ class BookieConfig:
 
 
 _STORAGE_PREFIX = "storage_"
+_LIMITS_PREFIX = "limits_"
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(BookieConfig)}
 
 
@@ -75,7 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tunable(parser, "gc_interval", "seconds between garbage collections")
     _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")
     _tunable(parser, "zk_session_timeout", "seconds after a crash until the registration vanishes")
-    _tunable(parser, "max_in_flight", "requests per connection before reading pauses")
     parser.add_argument(
         "--tls-dir", type=Path, default=None,
         help="serve mutual TLS with ca.pem, cert.pem, key.pem from this directory (reloaded when they change)",
@@ -84,25 +86,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-verify-ledgers", dest="verify_ledgers", action="store_false",
         help="create any ledger id a client names, without checking ZooKeeper metadata (raw-protocol tests only)",
     )
-    tuning = parser.add_argument_group("storage tuning")
-    for setting in dataclasses.fields(StorageSettings):
-        tuning.add_argument(
-            f"--{setting.name.replace('_', '-')}",
-            dest=_STORAGE_PREFIX + setting.name,
-            type=type(setting.default),
-            default=setting.default,
-            help=f"(default {setting.default})",
-        )
+    for title, settings, prefix in (
+        ("storage tuning", StorageSettings, _STORAGE_PREFIX),
+        ("connection limits", ServerLimits, _LIMITS_PREFIX),
+    ):
+        group = parser.add_argument_group(title)
+        for setting in dataclasses.fields(settings):
+            group.add_argument(
+                f"--{setting.name.replace('_', '-')}",
+                dest=prefix + setting.name,
+                type=type(setting.default),
+                default=setting.default,
+                help=f"(default {setting.default})",
+            )
 
 
 def from_args(args: argparse.Namespace) -> BookieConfig:
     options = vars(args)
-    storage = StorageSettings(
-        **{name: options[_STORAGE_PREFIX + name] for name in (f.name for f in dataclasses.fields(StorageSettings))}
+    storage, limits = (
+        settings(**{f.name: options[prefix + f.name] for f in dataclasses.fields(settings)})
+        for settings, prefix in ((StorageSettings, _STORAGE_PREFIX), (ServerLimits, _LIMITS_PREFIX))
     )
-    own = {f.name for f in dataclasses.fields(BookieConfig)} - {"storage"}
+    own = {f.name for f in dataclasses.fields(BookieConfig)} - {"storage", "limits"}
     values = {name: options[name] for name in own if name in options}
     values["bookie_id"] = args.bookie_id or f"localhost:{args.port}"
     values["journal_dir"] = args.journal_dir.resolve()
     values["ledger_dir"] = args.ledger_dir.resolve()
-    return BookieConfig(**values, storage=storage)
+    return BookieConfig(**values, storage=storage, limits=limits)

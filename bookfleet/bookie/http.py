@@ -82,6 +82,10 @@ class BookieMetrics:
         self.bytes_read = Counter("bookie_read_bytes", "Entry bytes read", registry=self.registry)
         self.read_only = Gauge("bookie_read_only", "1 while the bookie is read-only", registry=self.registry)
         self.connections = Gauge("bookie_connections", "Open client connections", registry=self.registry)
+        self.refused_connections = Counter(
+            "bookie_refused_connections", "Connections refused at the connection limit", registry=self.registry
+        )
+        self.long_polls = Gauge("bookie_long_polls", "READ_LAC long polls waiting", registry=self.registry)
         self.used_bytes = Gauge("bookie_used_bytes", "Bytes used by ledger storage", registry=self.registry)
 
     def observe_adds(self, size: int, now: float, starts: list[float]) -> None:

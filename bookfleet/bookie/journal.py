@@ -154,13 +154,16 @@ class Journal:
         flush_bytes: int,
         roll_bytes: int,
         on_sync: Callable[[int, float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ):
-        """`on_sync(bytes, seconds)` is called on the event loop after each group commit's write+fdatasync."""
+        """`on_sync(bytes, seconds)` is called on the event loop after each group commit's write+fdatasync;
+        `on_failure(reason)` once, on the event loop, when a write or sync fails (nothing is acknowledged after)."""
         self.directory = directory
         self._max_wait = max_wait
         self._flush_bytes = flush_bytes
         self._roll_bytes = roll_bytes
         self._on_sync = on_sync
+        self._on_failure = on_failure
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._batch: Batch | None = None
@@ -201,19 +204,25 @@ class Journal:
         self._last = self._batch
         return self._batch
 
+    @property
+    def current_seq(self) -> int:
+        """The sequence number of the file being written."""
+        return self._seq
+
     def barrier(self) -> Batch | None:
         """The future of the last appended record's batch (None if nothing was ever appended)."""
         return self._last
 
     def remove_before(self, mark: JournalPosition) -> int:
-        """Delete the files that lie wholly before `mark` (never the current one); returns how many."""
+        """Delete the files that lie wholly before `mark` (never the current one); returns how many.
+
+        The removals need no directory fsync: `mark` is durable before this runs, so a file a power cut brings back
+        lies before it, is skipped by replay and removed by the next checkpoint."""
         removed = 0
         for seq in journal_seqs(self.directory):
             if seq < mark.seq and seq != self._seq:
                 journal_path(self.directory, seq).unlink(missing_ok=True)
                 removed += 1
-        if removed:
-            fsync_dir(self.directory)
         return removed
 
     async def close(self) -> None:
@@ -273,5 +282,7 @@ class Journal:
                 for future in (batch, self._batch):
                     future.set_exception(error)
                     future.exception()  # retrieved here, so an unawaited batch does not warn
+                if self._on_failure is not None:
+                    self._on_failure(f"journal write or sync failed in {self.directory}: {exc}")
                 return
             batch.set_result(None)

@@ -24,6 +24,7 @@ from bookfleet.bookie.server import BookieServer
 from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.meta import zk as zkclient
+from bookfleet.meta.registry import BookieRegistry
 from bookfleet.security.tls import ReloadingContext, TlsConfigError, server_context
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,11 @@ class BookieNode:
         self.config = config
         self.metrics = BookieMetrics()
         self.storage = LedgerStorage(
-            config.journal_dir, config.ledger_dir, config.storage, self.metrics.observe_journal_sync
+            config.journal_dir,
+            config.ledger_dir,
+            config.storage,
+            self.metrics.observe_journal_sync,
+            self._on_storage_failure,
         )
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None
@@ -84,6 +89,7 @@ class BookieNode:
             await asyncio.to_thread(
                 cookie.verify_or_create, zk, config.bookie_id, config.journal_dir, config.ledger_dir
             )
+            await asyncio.to_thread(BookieRegistry(zk).record_address, config.bookie_id, config.advertised_address)
             await self.storage.start()
             self._storage_started = True
             try:
@@ -113,11 +119,12 @@ class BookieNode:
             self.storage,
             self.metrics,
             monitor.space,
-            config.max_in_flight,
+            config.limits,
             tls=_tls_context(config),
             admission=LedgerAdmission(zk, self.storage.has_ledger) if config.verify_ledgers else None,
         )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
+        self.read_only.set_storage_failure(self.storage.failure)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
@@ -142,6 +149,11 @@ class BookieNode:
             self.registration.update(free_bytes=free, total_bytes=total)
         if self.read_only is not None:
             self.read_only.set_disk_full(disk_full)
+
+    def _on_storage_failure(self, reason: str) -> None:
+        """The journal or the disk failed: read-only at once (adds, GET_BOOKIE_INFO, registration), saying why."""
+        if self.read_only is not None:
+            self.read_only.set_storage_failure(reason)
 
     def _on_read_only_change(self, reason: str | None) -> None:
         """The disk monitor or ZooKeeper switched the bookie: adds, GET_BOOKIE_INFO and registration follow."""

@@ -1,4 +1,5 @@
-"""Whether the bookie takes adds: read-only while its disk is too full or while ZooKeeper forces it.
+"""Whether the bookie takes adds: read-only while its disk is too full, while ZooKeeper forces it, and for good once
+its storage failed (a journal write or sync error).
 
 The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
@@ -29,6 +30,7 @@ class ReadOnlyState:
         self.bookie_id = bookie_id
         self.on_change = on_change
         self.disk_full = False
+        self.storage_failure: str | None = None
         self.forced: str | None = None
         """The switch's reason while ZooKeeper forces the bookie read-only."""
         self._loop = asyncio.get_running_loop()
@@ -36,6 +38,8 @@ class ReadOnlyState:
 
     def reason(self) -> str | None:
         reasons = [DISK_FULL] if self.disk_full else []
+        if self.storage_failure is not None:
+            reasons.append(f"its storage failed ({self.storage_failure})")
         if self.forced is not None:
             reasons.append(f"forced read-only in ZooKeeper ({self.forced or 'no reason given'})")
         return "; ".join(reasons) or None
@@ -47,6 +51,11 @@ class ReadOnlyState:
 
     def stop(self) -> None:
         self._stopped = True
+
+    def set_storage_failure(self, reason: str | None) -> None:
+        if reason is not None and self.storage_failure is None:
+            before, self.storage_failure = self.reason(), reason
+            self._changed(before)
 
     def set_disk_full(self, full: bool) -> None:
         before, self.disk_full = self.reason(), full

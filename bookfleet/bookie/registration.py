@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -118,23 +119,41 @@ class Registration:
             self.zk.delete(other)
 
     def _put_ephemeral(self, path: str, data: bytes) -> None:
-        """Create or update our ephemeral node; one left by an earlier session of this bookie is replaced."""
+        """Create or update our ephemeral node; one held by another session is waited out, never deleted."""
         session_id = self.zk.client_id[0]
         while True:
             try:
                 stat = self.zk.exists(path)
                 if stat is None:
                     self.zk.create(path, data, ephemeral=True, makepath=True)
-                elif stat.ephemeralOwner != session_id:
-                    # The cookie proved this process owns the id: the node is a leftover of a crashed run.
-                    log.info("replacing %s left by an earlier session of this bookie", path)
+                elif stat.ephemeralOwner == 0:  # not a registration at all: nobody's session holds it
+                    log.warning("removing %s: a persistent node where a registration belongs", path)
                     self.zk.delete(path, version=stat.version)
+                    continue
+                elif stat.ephemeralOwner != session_id:
+                    self._wait_until_gone(path, stat.ephemeralOwner)
                     continue
                 else:
                     self.zk.set(path, data, version=stat.version)
                 return
             except (NodeExistsError, NoNodeError):
                 continue
+
+    def _wait_until_gone(self, path: str, owner: int) -> None:
+        """Another live session holds our node: a crashed run of this bookie whose session has not expired yet, or
+        a second process started with the same id. Deleting it could leave two processes registered as one bookie,
+        so wait until ZooKeeper removes it when that session expires (as BookKeeper does)."""
+        log.warning("%s is held by ZooKeeper session 0x%x; waiting for that session to end", path, owner)
+        gone = threading.Event()
+
+        def watch(_event) -> None:
+            gone.set()
+
+        while not self._closing and self.zk.exists(path, watch=watch) is not None:
+            gone.wait(1.0)  # also wakes now and then to notice a close
+            gone.clear()
+        if self._closing:
+            raise ConnectionError("the bookie is closing")
 
     def _delete_both(self) -> None:
         for path in (zkpaths.available(self.bookie_id), zkpaths.readonly(self.bookie_id)):

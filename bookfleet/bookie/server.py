@@ -3,10 +3,15 @@
 Each connection pipelines: every request is started as soon as its frame is read and answers when it completes.
 An add is applied at once and waits for its journal group commit; the adds of one connection that share a commit
 are answered together, from one callback, with one write.
-Memory stays bounded per connection: at most `max_in_flight` requests run at once (reading pauses beyond that), and
-reading also pauses while the socket's write buffer is above its high-water mark, so a client that never reads gets
-no more work done.
-A frame that breaks the format gets one error answer and closes that connection only.
+Memory stays bounded (ServerLimits): per connection, at most `max_in_flight` requests run at once, answers not yet
+taken by the client stay under `max_pending_response_bytes` (reads complete inside the receive loop, so the loop
+stops starting requests while that much is waiting: a client that never reads gets no more work done), adds waiting
+for their commit stay under `max_connection_add_bytes`, and at most `max_long_polls` READ_LAC long polls wait (more
+are answered at once). Across connections: `max_connections`, and `max_add_bytes` of adds waiting in all. A
+connection idle for `idle_timeout` is closed. Long polls answer at once when their client stops sending (EOF) or
+goes away, as if their timeout had ended.
+A frame that breaks the format gets one error answer and closes that connection only; a field out of its range
+(wire.InvalidField) gets BAD_REQUEST naming the field and the connection goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
 every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
 not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
@@ -20,6 +25,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, fields
 from typing import Any
 
 from bookfleet import wire
@@ -38,11 +44,34 @@ MAX_READ_LAC_WAIT = 120.0
 READ_RANGE_MAX_BYTES = (wire.MAX_FRAME_SIZE - 1024) * 9 // 10
 """Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its 4-byte
 size prefix adds at most a ninth, and the response header fits in the 1024 bytes kept aside."""
+READ_RANGE_MAX_ENTRIES = 10_000
+"""Entries one READ_RANGE answer may carry, whatever span it asked for: the answer stops early, as it does at
+max_bytes, and the reader asks again from the entry after the last one it got."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client, or all of them, may make the bookie hold (see the module docstring)."""
+
+    max_in_flight: int = 2000
+    max_pending_response_bytes: int = 16 * 1024 * 1024
+    max_long_polls: int = 256
+    max_connection_add_bytes: int = 64 * 1024 * 1024
+    max_add_bytes: int = 512 * 1024 * 1024
+    max_connections: int = 1024
+    idle_timeout: float = 600.0
+    """Seconds without a request and with nothing in flight before a connection is closed."""
+
+    def __post_init__(self) -> None:
+        for limit in fields(self):
+            if getattr(self, limit.name) <= 0:
+                raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
 """Seconds a peer has to finish the TLS handshake before its connection is dropped."""
 
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
+_ADD_ENTRY = int(Op.ADD_ENTRY)
 _FENCE = int(wire.Flag.FENCE)
 _MIN_ADD_BODY = wire.MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
 
@@ -65,24 +94,28 @@ class BookieServer:
         storage,
         metrics: BookieMetrics,
         space: Callable[[], tuple[int, int]],
-        max_in_flight: int = 2000,
-        write_buffer_high: int = 8 * 1024 * 1024,
+        limits: ServerLimits | None = None,
         tls: ReloadingContext | None = None,
         admission: LedgerAdmission | None = None,
     ):
         self.storage = storage
         self.metrics = metrics
         self.space = space
-        self.max_in_flight = max_in_flight
-        self.write_buffer_high = write_buffer_high
+        self.limits = limits or ServerLimits()
+        self.max_in_flight = self.limits.max_in_flight
         self.tls = tls
         self.admission = admission
         self.read_only: str | None = None
         self.stopping = False
         self._long_polls = 0
         self.connections: set[_Connection] = set()
+        self.refused_connections = 0
+        self.add_bytes = 0
+        """Bytes of adds of all connections waiting for their commit (admission across connections)."""
+        self._admission_waiters: set[_Connection] = set()
         self._server: asyncio.Server | None = None
-        self._handlers: dict[int, Callable[[wire.Frame], Coroutine[Any, Any, bytes]]] = {
+        self._idle_sweeper: asyncio.Task[None] | None = None
+        self._handlers: dict[int, Callable[[wire.Frame, _Connection], Coroutine[Any, Any, bytes]]] = {
             Op.READ_ENTRY: self._read_entry,
             Op.READ_LAC: self._read_lac,
             Op.WRITE_LAC: self._write_lac,
@@ -94,6 +127,35 @@ class BookieServer:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+        self._idle_sweeper = loop.create_task(self._close_idle_connections(), name="idle-connection-sweeper")
+
+    async def _close_idle_connections(self) -> None:
+        timeout = self.limits.idle_timeout
+        while True:
+            await asyncio.sleep(timeout / 4)
+            idle_since = asyncio.get_running_loop().time() - timeout
+            for conn in list(self.connections):
+                if not conn.in_flight and conn.last_request < idle_since:
+                    log.info("closing connection from %s: idle for more than %.0f s", conn.peer, timeout)
+                    conn.close_after_flush()
+
+    def admit_adds(self, conn: _Connection, size: int) -> bool:
+        """Whether `conn` may start an add of `size` bytes now; if not, it is resumed once adds complete."""
+        limits = self.limits
+        connection_full = conn.add_bytes and conn.add_bytes + size > limits.max_connection_add_bytes
+        if not connection_full and (not self.add_bytes or self.add_bytes + size <= limits.max_add_bytes):
+            return True
+        if not connection_full:
+            self._admission_waiters.add(conn)
+        return False
+
+    def release_adds(self, size: int) -> None:
+        """Adds of `size` bytes completed: connections waiting for room across connections go on."""
+        self.add_bytes -= size
+        if self._admission_waiters:
+            waiters, self._admission_waiters = self._admission_waiters, set()
+            for conn in waiters:
+                conn.resume()
 
     def tls_context(self) -> ssl.SSLContext:
         """The context for a new connection, with the newest certificate files loaded."""
@@ -108,6 +170,8 @@ class BookieServer:
         self.stopping = True
         if self._server is not None:
             self._server.close()
+        if self._idle_sweeper is not None:
+            self._idle_sweeper.cancel()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         # Long polls are not work in progress: they are answered when storage closes and wakes them.
@@ -156,8 +220,11 @@ class BookieServer:
         await synced
         return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
 
-    async def _read_entry(self, frame: wire.Frame) -> bytes:
+    async def _read_entry(self, frame: wire.Frame, conn: _Connection) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
+        wire.check_ledger_id(ledger_id)
+        if entry_id != wire.INVALID_ENTRY_ID:
+            wire.check_entry_id(entry_id)
         if frame.code & _FENCE:
             key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
             if len(key) != wire.MASTER_KEY_SIZE:
@@ -171,18 +238,25 @@ class BookieServer:
         self.metrics.observe_read(len(entry))
         return entry
 
-    async def _read_lac(self, frame: wire.Frame) -> bytes:
+    async def _read_lac(self, frame: wire.Frame, conn: _Connection) -> bytes:
+        """A long poll beyond the connection's `max_long_polls` is answered at once, as if its timeout were 0."""
         ledger_id, previous, timeout_ms = wire.unpack_body(wire.READ_LAC_REQUEST, frame.body, "READ_LAC")
+        wire.check_ledger_id(ledger_id)
+        wire.check_lac(previous, "previous lac")
         timeout = min(timeout_ms / 1000, MAX_READ_LAC_WAIT)
-        if timeout <= 0:
+        if timeout <= 0 or conn.long_polls >= self.limits.max_long_polls:
             return wire.LAC.pack(self.storage.lac(ledger_id))
         self._long_polls += 1
+        conn.long_polls += 1
+        self.metrics.long_polls.inc()
         try:
-            return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout))
+            return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout, conn.ended))
         finally:
             self._long_polls -= 1
+            conn.long_polls -= 1
+            self.metrics.long_polls.dec()
 
-    async def _write_lac(self, frame: wire.Frame) -> bytes:
+    async def _write_lac(self, frame: wire.Frame, conn: _Connection) -> bytes:
         key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
         ledger_id, lac = wire.unpack_body(wire.WRITE_LAC_BODY, frame.body[wire.MASTER_KEY_SIZE :], "WRITE_LAC")
         if self.admission is not None:
@@ -190,21 +264,26 @@ class BookieServer:
         await self.storage.set_explicit_lac(ledger_id, lac, key)
         return b""
 
-    async def _bookie_info(self, frame: wire.Frame) -> bytes:
+    async def _bookie_info(self, frame: wire.Frame, conn: _Connection) -> bytes:
         free, total = self.space()
         state = wire.BookieState.READ_ONLY if self.read_only is not None else wire.BookieState.WRITABLE
         return wire.BOOKIE_INFO.pack(free, total, state)
 
-    async def _force_ledger(self, frame: wire.Frame) -> bytes:
+    async def _force_ledger(self, frame: wire.Frame, conn: _Connection) -> bytes:
         (ledger_id,) = wire.unpack_body(wire.LEDGER_ID, frame.body, "FORCE_LEDGER")
+        wire.check_ledger_id(ledger_id)
         await self.storage.force(ledger_id)
         return wire.LEDGER_ID.pack(ledger_id)
 
-    async def _read_range(self, frame: wire.Frame) -> bytes:
+    async def _read_range(self, frame: wire.Frame, conn: _Connection) -> bytes:
         ledger_id, first, last, max_bytes = wire.unpack_body(wire.READ_RANGE_REQUEST, frame.body, "READ_RANGE")
+        wire.check_ledger_id(ledger_id)
+        wire.check_entry_id(first, "first entry id")
         if last < first:
-            raise errors.BadRequest(f"last entry {last} is before first entry {first}")
-        entries = await self.storage.read_range(ledger_id, first, last, min(max_bytes, READ_RANGE_MAX_BYTES))
+            raise wire.InvalidField(f"last entry id {last} is before first entry id {first}")
+        entries = await self.storage.read_range(
+            ledger_id, first, last, min(max_bytes, READ_RANGE_MAX_BYTES), READ_RANGE_MAX_ENTRIES
+        )
         body = wire.encode_entry_list(entries)
         self.metrics.observe_read(len(body), count=len(entries))
         return body
@@ -243,13 +322,18 @@ class _Connection(asyncio.Protocol):
         self.in_flight = 0
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.long_polls = 0
+        self.add_bytes = 0
+        """Bytes of this connection's adds waiting for their commit."""
         self.principal: roles.Principal | None = None
         """The authenticated peer (TLS only); None on a plain connection."""
         self._outgoing: list[bytes] = []
+        self._outgoing_bytes = 0
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
         """Adds waiting for each group commit."""
         self._reading_paused = False
         self._writing_paused = False
+        self._admission_blocked = False
         self._rejected = False
         self._handshake: asyncio.Task[None] | None = None
         self._handshaking = False
@@ -257,6 +341,9 @@ class _Connection(asyncio.Protocol):
         self._eof = False
         self._processing = False
         self._loop = asyncio.get_running_loop()
+        self.last_request = self._loop.time()
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        """Done once the client stops sending (EOF) or the connection is lost: its long polls answer at once."""
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------------
 
@@ -264,10 +351,22 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
         self.peer = f"{host}:{port}"
-        self.server.connections.add(self)
-        self.server.metrics.connections.inc()
+        server = self.server
+        if len(server.connections) >= server.limits.max_connections:
+            server.refused_connections += 1
+            server.metrics.refused_connections.inc()
+            if server.refused_connections & (server.refused_connections - 1) == 0:  # 1st, 2nd, 4th, 8th...
+                log.warning(
+                    "refused a connection from %s: %d connections is the limit (%d refused so far)",
+                    self.peer, server.limits.max_connections, server.refused_connections,
+                )
+            self._rejected = True
+            transport.abort()
+            return
+        server.connections.add(self)
+        server.metrics.connections.inc()
         if self.server.tls is None:
-            transport.set_write_buffer_limits(high=self.server.write_buffer_high)
+            transport.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
             return
         # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
         self._handshaking = True
@@ -290,7 +389,7 @@ class _Connection(asyncio.Protocol):
         self.transport = secure
         self.principal = roles.Principal.from_peercert(secure.get_extra_info("peercert") or {})
         self.peer += f" ({self.principal.subject})"
-        secure.set_write_buffer_limits(high=self.server.write_buffer_high)
+        secure.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
         self._handshaking = False
         self._process()  # requests the peer sent right after its handshake finished
 
@@ -300,9 +399,16 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         self.server.metrics.connections.dec()
         self.buffer.clear()
+        self._outgoing.clear()
+        self._end()
+
+    def _end(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if not self._rejected:
+            self.last_request = self._loop.time()
             self.buffer += data
             if not self._handshaking:
                 self._process()
@@ -310,20 +416,31 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         # The client finished sending: answer what it asked, then close; a partial frame left over is reported.
         self._eof = True
+        self._end()
         if not self._handshaking:
             self._process()
         return True
 
     def _process(self) -> None:
-        """Start the buffered requests, as many as the in-flight bound allows; the rest wait in the buffer."""
+        """Start the buffered requests while there is room (in flight, answers pending, adds admitted); the rest
+        wait in the buffer."""
         if self._processing:  # a request that completed at once, from inside the loop below
             return
         self._processing = True
         buffer = self.buffer
         pos, end = 0, len(buffer)
-        unpack_length, max_in_flight = wire.LENGTH_PREFIX.unpack_from, self.server.max_in_flight
+        unpack_length, server, limits = wire.LENGTH_PREFIX.unpack_from, self.server, self.server.limits
+        max_in_flight, max_pending = server.max_in_flight, limits.max_pending_response_bytes
+        connection_room = limits.max_connection_add_bytes - self.add_bytes
+        partial = False
+        self._admission_blocked = False  # decided again below
         try:
-            while end - pos >= wire.LENGTH_PREFIX.size and self.in_flight < max_in_flight:
+            while pos < end:
+                if self.in_flight >= max_in_flight or self._writing_paused or self._outgoing_bytes >= max_pending:
+                    break  # the bound is reached, or answers wait for the client to take them
+                if end - pos < wire.LENGTH_PREFIX.size:
+                    partial = True
+                    break
                 (length,) = unpack_length(buffer, pos)
                 if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
                     try:
@@ -333,7 +450,14 @@ class _Connection(asyncio.Protocol):
                         return
                 start = pos + wire.LENGTH_PREFIX.size
                 if end - start < length:
+                    partial = True
                     break
+                if buffer[start + 1] == _ADD_ENTRY:  # the common case (room on both counts) costs no call
+                    short_of_room = length > connection_room or length > limits.max_add_bytes - server.add_bytes
+                    if short_of_room and not server.admit_adds(self, length):
+                        self._admission_blocked = True
+                        break
+                    connection_room -= length
                 pos = start + length
                 self._dispatch(buffer, start, pos)
                 if self._rejected:
@@ -342,10 +466,10 @@ class _Connection(asyncio.Protocol):
         finally:
             self._processing = False
         self._update_reading()
-        if self._eof and self.in_flight < self.server.max_in_flight:
-            if buffer:
+        if self._eof:
+            if partial:
                 self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
-            elif not self.in_flight:
+            elif not buffer and not self.in_flight:
                 self._loop.call_soon(self.close_after_flush)
 
     def pause_writing(self) -> None:
@@ -354,7 +478,13 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        self._update_reading()
+        self.resume()
+
+    def resume(self) -> None:
+        """Go on with buffered requests after a wait for room (answers taken, adds admitted)."""
+        self._admission_blocked = False
+        if self.transport is not None and not self.transport.is_closing():
+            self._process()
 
     # --- requests ---------------------------------------------------------------------------------------------
 
@@ -390,7 +520,7 @@ class _Connection(asyncio.Protocol):
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1
-            self._step(handler(frame), frame)
+            self._step(handler(frame, self), frame)
             return
         try:
             ledger_id, entry_id, synced = self.server._add_entry(buffer, start, end, flags)
@@ -404,7 +534,10 @@ class _Connection(asyncio.Protocol):
             synced.add_done_callback(self._adds_synced)
         waiting.acks.append((request_id, ledger_id, entry_id))
         waiting.starts.append(time.perf_counter())
-        waiting.size += end - start - wire.MASTER_KEY_SIZE
+        size = end - start - wire.MASTER_KEY_SIZE
+        waiting.size += size
+        self.add_bytes += size
+        self.server.add_bytes += size
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit."""
@@ -420,6 +553,8 @@ class _Connection(asyncio.Protocol):
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
                 message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
                 self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+        self.add_bytes -= adds.size
+        self.server.release_adds(adds.size)
         self._finished(len(adds.acks))
 
     def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
@@ -448,6 +583,8 @@ class _Connection(asyncio.Protocol):
         """Answer a request that raised; a malformed body closes the connection."""
         if isinstance(exc, wire.ProtocolError):
             self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
+        elif isinstance(exc, wire.InvalidField):
+            self._answer_error(frame, Status.BAD_REQUEST, exc)
         elif isinstance(exc, errors.StatusError):
             if exc.status == Status.INTERNAL_ERROR:
                 log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
@@ -463,10 +600,9 @@ class _Connection(asyncio.Protocol):
         self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
     def _finished(self, count: int = 1) -> None:
-        was_full = self.in_flight >= self.server.max_in_flight
         self.in_flight -= count
-        if was_full or self._eof:
-            self._process()  # requests that waited for the in-flight bound, or the end of the stream
+        if self.buffer or self._eof:
+            self._process()  # requests that waited for room (in flight, add bytes), or the end of the stream
         elif self._reading_paused:
             self._update_reading()
         if not self.in_flight and self.server.stopping:
@@ -475,7 +611,12 @@ class _Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._writing_paused or self.in_flight >= self.server.max_in_flight
+        should_pause = (
+            self._writing_paused
+            or self._admission_blocked
+            or self.in_flight >= self.server.max_in_flight
+            or self._outgoing_bytes >= self.server.limits.max_pending_response_bytes
+        )
         if should_pause and not self._reading_paused:
             self.transport.pause_reading()
         elif not should_pause and self._reading_paused:
@@ -488,12 +629,23 @@ class _Connection(asyncio.Protocol):
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(response)
+        self._outgoing_bytes += len(response)
 
     def _flush(self) -> None:
-        """One write per event-loop turn for every response completed in it."""
+        """One write per event-loop turn for every response completed in it; then go on with requests that
+        waited for these answers to leave (unless the socket's buffer is full: resume_writing goes on then)."""
+        if not self._outgoing:
+            return
         outgoing, self._outgoing = self._outgoing, []
+        self._outgoing_bytes = 0
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(outgoing))
+            if self._processing:
+                return
+            if self.buffer:
+                self._process()
+            elif self._reading_paused:
+                self._update_reading()  # paused while these answers waited: read on
 
     def _reject_prefix(self, length: int, rest: bytearray, exc: wire.ProtocolError) -> None:
         """A length prefix that cannot start a frame: too large (TOO_LARGE) or shorter than a header."""

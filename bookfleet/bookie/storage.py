@@ -8,6 +8,12 @@ that were flushed anyway are simply applied again.
 
 Reads look in the active memtable, then the one being flushed, then the index and the entry log (pread on the
 event loop: page-cache reads take microseconds, and it keeps a read atomic with respect to GC removing files).
+
+A flush that fails must neither repeat forever nor hold back the other ledgers: when the index refuses some
+ledgers' rows, the others are committed ledger by ledger and the refused ledgers are quarantined — kept in memory
+(still readable), refused for further changes, and written to the journal again, so the LastLogMark can move past
+their old records (the journal is trimmed as usual) while a restart still replays them. A failure of the disk
+itself (every ledger refused, or an OSError) is reported through `on_failure` and retried with backoff.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import hmac
 import logging
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,15 +41,21 @@ from bookfleet.bookie.errors import (
     NoSuchEntry,
     NoSuchLedger,
     ShuttingDown,
+    StorageFailure,
     Unauthorized,
 )
 from bookfleet.bookie.index import IndexedLedger, LedgerIndex
-from bookfleet.bookie.journal import LEDGER, LEDGER_AND_LAC, Journal, RecordType, replay
+from bookfleet.bookie.journal import LEDGER, LEDGER_AND_LAC, Journal, JournalPosition, RecordType, replay
 from bookfleet.bookie.memtable import Memtable
 
 log = logging.getLogger(__name__)
 
 GcReport = gc.GcReport
+_DISK_ERRORS = (OSError, sqlite3.OperationalError)
+"""Flush errors of the disk or the database itself (I/O error, disk full, locked): the storage fails, no ledger
+is blamed."""
+MAX_FLUSH_BACKOFF = 30.0
+"""Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
 
 
@@ -84,8 +97,11 @@ class LedgerStorage:
         ledger_dir: Path,
         settings: StorageSettings | None = None,
         on_journal_sync: Callable[[int, float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ):
-        """`on_journal_sync(bytes, seconds)`: called after each journal group commit (Journal's `on_sync`)."""
+        """`on_journal_sync(bytes, seconds)`: called after each journal group commit (Journal's `on_sync`).
+        `on_failure(reason)`: called on the event loop when the journal or a flush fails on the disk, so the bookie
+        stops taking adds at once and says why."""
         self.journal_dir = Path(journal_dir)
         self.ledger_dir = Path(ledger_dir)
         self.settings = settings or StorageSettings()
@@ -95,7 +111,11 @@ class LedgerStorage:
             self.settings.journal_flush_bytes,
             self.settings.journal_roll_bytes,
             on_journal_sync,
+            self._failed,
         )
+        self._on_failure = on_failure
+        self.failure: str | None = None
+        """Why the storage stopped taking adds (the journal or the disk failed); None while healthy."""
         self._mark = LastLogMark(self.ledger_dir)
         self._index: LedgerIndex | None = None
         self._entry_logger: EntryLogger | None = None
@@ -104,6 +124,12 @@ class LedgerStorage:
         """Ledgers whose state changed since the last flush."""
         self._active = Memtable()
         self._flushing: Memtable | None = None
+        self._quarantine = Memtable()
+        """Entries of ledgers the index refused (see the module docstring)."""
+        self._quarantined: dict[int, str] = {}
+        """Why each quarantined ledger could not be indexed."""
+        self._quarantine_hold: JournalPosition | None = None
+        """Where the last journal copy of the quarantined ledgers starts."""
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
@@ -200,8 +226,10 @@ class LedgerStorage:
         if len(entry) < _ENTRY_HEADER.size:
             raise BadRequest(f"entry of {len(entry)} bytes is shorter than the {_ENTRY_HEADER.size}-byte header")
         ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(entry)
-        if entry_id < 0:
-            raise BadRequest(f"entry id {entry_id} is negative")
+        wire.check_ledger_id(ledger_id, "entry header's ledger id")
+        wire.check_entry_id(entry_id, "entry header's entry id")
+        wire.check_lac(lac, "entry header's lac")
+        self._check_changeable(ledger_id)
         state = self._ledgers.get(ledger_id)
         if state is None:
             state = self._create(ledger_id, master_key)
@@ -228,15 +256,21 @@ class LedgerStorage:
         """Fence a ledger: from now on only recovery adds are accepted. A ledger this bookie has never seen is
         recorded as fenced too, so a stale writer cannot add to it afterwards; a read then finds no entry."""
         self._check_open()
+        self._check_changeable(wire.check_ledger_id(ledger_id))
         state = self._authorized(ledger_id, master_key)
         state.fenced = True
         self._dirty.add(ledger_id)
         await self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id))
 
     async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
-        """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards."""
+        """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards. Refused on
+        a fenced ledger: after fencing only recovery decides how far the ledger goes."""
         self._check_open()
+        self._check_changeable(wire.check_ledger_id(ledger_id))
+        wire.check_lac(lac)
         state = self._authorized(ledger_id, master_key)
+        if state.fenced:
+            raise LedgerFenced(ledger_id)
         if lac > state.explicit_lac:
             previous = state.lac
             state.explicit_lac = lac
@@ -261,6 +295,8 @@ class LedgerStorage:
         entry = self._active.get(ledger_id, entry_id)
         if entry is None and self._flushing is not None:
             entry = self._flushing.get(ledger_id, entry_id)
+        if entry is None and ledger_id in self._quarantined:
+            entry = self._quarantine.get(ledger_id, entry_id)
         if entry is None:
             location = self._index.locate(ledger_id, entry_id)
             if location is None:
@@ -268,9 +304,11 @@ class LedgerStorage:
             entry = self._entry_logger.read(*location)
         return entry
 
-    async def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+    async def read_range(
+        self, ledger_id: int, first: int, last: int, max_bytes: int, max_entries: int | None = None
+    ) -> list[bytes]:
         """The present entries of [first, last] in order, stopping before max_bytes would be passed (but always
-        at least one entry if any is present)."""
+        at least one entry if any is present) or once max_entries are found."""
         self._check_open()
         state = self._ledgers.get(ledger_id)
         if state is None:
@@ -279,7 +317,7 @@ class LedgerStorage:
         if first > last:
             return []
         in_memory: dict[int, bytes] = {}
-        for memtable in (self._flushing, self._active):
+        for memtable in (self._quarantine, self._flushing, self._active):
             if memtable is not None:
                 for entry_id in memtable.entry_ids(ledger_id, first, last):
                     in_memory[entry_id] = memtable.get(ledger_id, entry_id)
@@ -297,6 +335,8 @@ class LedgerStorage:
                 if entries and total > max_bytes:
                     break
                 entries.append(entry)
+                if len(entries) == max_entries:
+                    break
         return entries
 
     def lac(self, ledger_id: int) -> int:
@@ -305,9 +345,12 @@ class LedgerStorage:
     def last_entry_id(self, ledger_id: int) -> int:
         return self._state(ledger_id).last_entry
 
-    async def wait_for_lac(self, ledger_id: int, previous: int, timeout: float) -> int:
-        """The ledger's LAC once it is above `previous`, or whatever it is when `timeout` seconds have passed.
-        A ledger not yet on this bookie is waited for too; NoSuchLedger if it still is not there at the end."""
+    async def wait_for_lac(
+        self, ledger_id: int, previous: int, timeout: float, until: asyncio.Future[None] | None = None
+    ) -> int:
+        """The ledger's LAC once it is above `previous`, or whatever it is when `timeout` seconds have passed or
+        `until` is done (the asker went away). A ledger not yet on this bookie is waited for too; NoSuchLedger if
+        it still is not there at the end."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -315,12 +358,13 @@ class LedgerStorage:
             if state is not None and state.lac > previous:
                 return state.lac
             remaining = deadline - loop.time()
-            if remaining <= 0 or not self._open:
+            if remaining <= 0 or not self._open or (until is not None and until.done()):
                 return self.lac(ledger_id)
             waiter = loop.create_future()
             self._lac_waiters.setdefault(ledger_id, []).append(waiter)
             try:
-                await asyncio.wait((waiter,), timeout=remaining)
+                waiting = (waiter,) if until is None else (waiter, until)
+                await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiters = self._lac_waiters.get(ledger_id)
                 if waiters is not None and waiter in waiters:
@@ -360,6 +404,9 @@ class LedgerStorage:
                 del self._ledgers[ledger_id]
                 self._dirty.discard(ledger_id)
             self._active.drop(deleted)
+            self._quarantine.drop(deleted)
+            for ledger_id in deleted:
+                self._quarantined.pop(ledger_id, None)
             report = await asyncio.to_thread(
                 gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
             )
@@ -387,7 +434,7 @@ class LedgerStorage:
             dirty, self._dirty = self._dirty, set()
             mark = self._journal.synced
             try:
-                await asyncio.to_thread(self._write_snapshot, snapshot, ledgers)
+                refused = await asyncio.to_thread(self._write_snapshot, snapshot, ledgers)
             except BaseException:
                 snapshot.absorb(self._active)
                 self._active = snapshot
@@ -395,12 +442,67 @@ class LedgerStorage:
                 raise
             finally:
                 self._flushing = None
+            if refused:
+                self._quarantine_ledgers(snapshot, refused)
+            if self._quarantined:
+                mark = min(mark, await self._keep_quarantine_journaled(bool(refused)))
             await asyncio.to_thread(self._checkpoint, mark)
 
-    def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> None:
+    def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
+        """Append the snapshot to the entry log, sync it, index it; returns the ledgers the index refused (with
+        why), after committing every other ledger on its own. A failure of the disk or the database itself
+        (_DISK_ERRORS) is raised instead: it is no ledger's fault."""
         locations = self._entry_logger.append(snapshot.items())
         self._entry_logger.sync()
-        self._index.commit_flush(locations, ledgers)
+        try:
+            self._index.commit_flush(locations, ledgers)
+            return {}
+        except _DISK_ERRORS:
+            raise
+        except Exception:
+            log.warning("the index refused a flush; committing it ledger by ledger", exc_info=True)
+        by_ledger: dict[int, tuple[list[tuple], list[tuple]]] = {}
+        for row in locations:
+            by_ledger.setdefault(row[0], ([], []))[0].append(row)
+        for row in ledgers:
+            by_ledger.setdefault(row[0], ([], []))[1].append(row)
+        refused = {}
+        for ledger_id, (ledger_locations, rows) in by_ledger.items():
+            try:
+                self._index.commit_flush(ledger_locations, rows)
+            except _DISK_ERRORS:
+                raise
+            except Exception as exc:
+                refused[ledger_id] = f"{type(exc).__name__}: {exc}"
+        return refused
+
+    def _quarantine_ledgers(self, snapshot: Memtable, refused: dict[int, str]) -> None:
+        for ledger_id, why in refused.items():
+            log.error("ledger %d cannot be indexed (%s): it stays in memory and the journal, read-only", ledger_id, why)
+            self._quarantined[ledger_id] = why
+            for entry_id, entry in snapshot.ledgers.get(ledger_id, {}).items():
+                self._quarantine.put(ledger_id, entry_id, entry)
+
+    async def _keep_quarantine_journaled(self, refused_now: bool) -> JournalPosition:
+        """The position the LastLogMark must not pass for the quarantined ledgers' sake. Their records are written
+        to the journal again when ledgers were refused just now or the journal has rolled since the last copy, so
+        the mark (and trimming) moves on with at most one copy per journal file."""
+        hold = self._quarantine_hold
+        if refused_now or hold is None or hold.seq < self._journal.current_seq:
+            hold = self._journal.synced
+            last = None
+            for ledger_id in self._quarantined:
+                state = self._ledgers[ledger_id]
+                last = self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + state.master_key)
+                for _, entry in sorted(self._quarantine.ledgers.get(ledger_id, {}).items()):
+                    last = self._journal.append(RecordType.ADD, entry)
+                if state.fenced:
+                    last = self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id))
+                if state.explicit_lac >= 0:
+                    last = self._journal.append(RecordType.LAC, LEDGER_AND_LAC.pack(ledger_id, state.explicit_lac))
+            await last
+            self._quarantine_hold = hold
+        return hold
 
     def _checkpoint(self, mark) -> None:
         self._mark.write(mark)
@@ -415,20 +517,37 @@ class LedgerStorage:
             return self._flush_task
         return None
 
-    async def _flush_logged(self) -> None:
+    async def _flush_logged(self) -> bool:
+        """Flush; a failure stops adds (`on_failure`) and is logged, with its traceback only the first time."""
         try:
             await self.flush()
-        except Exception:
-            log.exception("memtable flush failed; its entries stay in memory and in the journal")
+        except Exception as exc:
+            first = self.failure is None
+            log.error("memtable flush failed; its entries stay in memory and in the journal: %s", exc, exc_info=first)
+            self._failed(f"memtable flush failed: {exc}")
+            return False
+        return True
 
     async def _flush_periodically(self) -> None:
         """Timed flushes start at a random phase and keep a little jitter, so bookies started together do not all
-        stall in the same instant: with Qa < Qw the other bookies' acks carry the adds while one of them flushes."""
+        stall in the same instant: with Qa < Qw the other bookies' acks carry the adds while one of them flushes.
+        After a failed flush the wait doubles each time, up to MAX_FLUSH_BACKOFF: retried, never in a tight loop."""
         interval = self.settings.flush_interval
         await asyncio.sleep(random.uniform(0, interval))
+        failures = 0
         while True:
-            await self._flush_logged()
-            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
+            failures = 0 if await self._flush_logged() else failures + 1
+            wait = min(interval * 2**failures, max(interval, MAX_FLUSH_BACKOFF))
+            await asyncio.sleep(wait * random.uniform(0.9, 1.1))
+
+    def _failed(self, reason: str) -> None:
+        """The journal or the disk failed: take no more adds, and tell the bookie once, so it turns read-only."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.error("bookie storage failed, no further adds are taken: %s", reason)
+        if self._on_failure is not None:
+            self._on_failure(reason)
 
     # --- helpers -----------------------------------------------------------------------------------------------
 
@@ -471,6 +590,14 @@ class LedgerStorage:
     def _check_open(self) -> None:
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
+
+    def _check_changeable(self, ledger_id: int) -> None:
+        """Refuse changes while the storage has failed, and to a quarantined ledger (its copy must stay fixed)."""
+        if self.failure is not None:
+            raise StorageFailure(f"bookie storage failed: {self.failure}")
+        why = self._quarantined.get(ledger_id)
+        if why is not None:
+            raise StorageFailure(f"ledger {ledger_id} cannot be indexed on this bookie ({why}); it is read-only")
 
     def _wake_lac_waiters(self, ledger_id: int) -> None:
         for waiter in self._lac_waiters.pop(ledger_id, ()):

@@ -26,7 +26,7 @@ def register(subparsers) -> None:
         default=DEFAULT_RECOVERY_DELAY,
         help="lostBookieRecoveryDelay in seconds while none is stored in ZooKeeper",
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, log_level_default="INFO")
 
 
 def run(args) -> int:

@@ -10,7 +10,7 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser("bookie", help="run a bookie (storage server)")
     config.add_arguments(parser)
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, log_level_default="INFO")
 
 
 def handle(args) -> int:

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import random
 
 from bookfleet.cli import CommandError
 
@@ -18,11 +19,17 @@ def register(subparsers) -> None:
     parser.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
                         help="watch only this namespace (repeatable; default: the whole cluster)")
     parser.add_argument("--zk", help="ZooKeeper connect string to use instead of each cluster's own")
-    parser.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
+    peering.add_argument("--peering", metavar="NAME",
+                         help="KopfPeering object shared by the replicas: only the highest priority one acts")
+    parser.add_argument("--priority", type=int,
+                        help="this replica's peering priority (default: random, so two replicas never tie; kopf "
+                             "pauses every replica of a tied top priority)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
     parser.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, log_level_default="INFO")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,14 +37,20 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--interval must be positive, got {args.interval}")
     if args.kubeconfig and not os.path.exists(args.kubeconfig):
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
+    if args.priority is not None and not args.peering:
+        raise CommandError("--priority needs --peering NAME")
     os.environ["BOOKFLEET_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["BOOKFLEET_KUBECONFIG"] = args.kubeconfig or ""
     os.environ["BOOKFLEET_OPERATOR_ZK"] = args.zk or ""
     import kopf
 
     importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above
+    peering = {}
+    if args.peering:
+        priority = args.priority if args.priority is not None else random.SystemRandom().randrange(1, 2**31)
+        peering = {"peering_name": args.peering, "priority": priority}
     asyncio.run(kopf.operator(
         standalone=args.standalone, clusterwide=not args.namespaces, namespaces=args.namespaces or (),
-        liveness_endpoint=args.liveness,
+        liveness_endpoint=args.liveness, **peering,
     ))
     return 0

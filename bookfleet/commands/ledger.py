@@ -8,11 +8,13 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 
+from pydantic import BaseModel
+
 from bookfleet import wire
 from bookfleet.cli import CommandError
-from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
+from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError, check_password
 from bookfleet.client.placement import NotEnoughBookies
-from bookfleet.client.reader import LedgerReadError
+from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerWriteError
 from bookfleet.commands.topic import add_zk_argument, zk_session
@@ -69,7 +71,15 @@ def register(subparsers) -> None:
     _password(action("close", "close an open ledger whose writer has stopped", _close, json_output=True))
     _password(action("recover", "fence a ledger, recover its tail and close it", _recover, json_output=True))
     action("delete", "delete a ledger's metadata (bookies drop its entries at their next GC)", _delete)
-    action("info", "print a ledger's metadata with its segments", _info, json_output=True)
+    _password(
+        action(
+            "info",
+            "print a ledger's metadata with its segments; for an open ledger also the LAC and length its bookies "
+            "report (the length needs --password)",
+            _info,
+            json_output=True,
+        )
+    )
     action("list", "list ledger ids", _list, with_id=False, json_output=True)
 
 
@@ -156,7 +166,37 @@ async def _delete(bk: BookKeeper, args) -> None:
 
 
 async def _info(bk: BookKeeper, args) -> None:
-    _print_metadata(args, bk.ledger_metadata(args.ledger_id))
+    metadata = bk.ledger_metadata(args.ledger_id)
+    report = None if metadata.is_closed else await _bookies_report(bk, args.ledger_id, metadata, _bytes(args.password))
+    _print_metadata(args, metadata, report)
+
+
+class BookiesReport(BaseModel):
+    """What the bookies of a ledger not closed yet report: its metadata's last entry and length are only set at
+    close, so a reader's LAC comes from the last segment's bookies and the length from the entry at the LAC."""
+
+    last_add_confirmed: int | None = None
+    last_entry_stored: int | None = None
+    """The highest entry a bookie holds: above the LAC, entries written but not (yet) acknowledged."""
+    length: int | None = None
+    error: str | None = None
+    """Why the bookies, or the length (its entry's digest needs the password), could not be read."""
+
+
+async def _bookies_report(bk: BookKeeper, ledger_id: int, metadata: LedgerMetadata, password: bytes) -> BookiesReport:
+    reader = LedgerReader(ledger_id, metadata, password, bk.metadata, bk.pool)
+    try:
+        lac, last_stored = await reader.bookie_view()
+    except LedgerReadError as exc:
+        return BookiesReport(error=str(exc))
+    report = BookiesReport(last_add_confirmed=lac, last_entry_stored=last_stored, length=0 if lac < 0 else None)
+    if lac >= 0:
+        try:
+            check_password(ledger_id, metadata, password)
+            report.length = (await reader.read(lac)).length
+        except (WrongPasswordError, LedgerReadError) as exc:
+            report.error = str(exc)
+    return report
 
 
 async def _list(bk: BookKeeper, args) -> None:
@@ -164,13 +204,36 @@ async def _list(bk: BookKeeper, args) -> None:
     _emit(args, ids, "\n".join(map(str, ids)))
 
 
-def _print_metadata(args, metadata: LedgerMetadata) -> None:
+def _print_metadata(args, metadata: LedgerMetadata, bookies_report: BookiesReport | None = None) -> None:
+    """The metadata; for a ledger not closed yet, beside it what its bookies report (`bookies_report`)."""
+    head = f"ledger {args.ledger_id}: {metadata.state}"
+    if metadata.is_closed:
+        head += f", last entry {metadata.last_entry_id}, length {metadata.length}"
+    else:
+        head += " (the metadata's last entry and length are set at close)"
     lines = [
-        f"ledger {args.ledger_id}: {metadata.state}, last entry {metadata.last_entry_id}, length {metadata.length}",
+        head,
         f"  E={metadata.ensemble_size} Qw={metadata.write_quorum} Qa={metadata.ack_quorum} "
         f"digest={metadata.digest_type}",
         *(f"  from entry {s.first_entry_id}: {', '.join(s.bookies)}" for s in metadata.segments),
     ]
+    if bookies_report is not None:
+        lines.insert(1, _describe_report(bookies_report))
     if metadata.custom:
         lines.append(f"  custom: {json.dumps(metadata.custom)}")
-    _emit(args, {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}, "\n".join(lines))
+    document = {"ledger_id": args.ledger_id, **metadata.model_dump(mode="json")}
+    if not metadata.is_closed:
+        document["bookies_report"] = bookies_report.model_dump(exclude_none=True) if bookies_report else None
+    _emit(args, document, "\n".join(lines))
+
+
+def _describe_report(report: BookiesReport) -> str:
+    if report.last_add_confirmed is None:
+        return f"  bookies report: nothing ({report.error})"
+    length = "unknown" if report.length is None else report.length
+    line = f"  bookies report: last confirmed entry {report.last_add_confirmed}, length {length}"
+    if report.last_entry_stored is not None and report.last_entry_stored > report.last_add_confirmed:
+        line += f"; entries up to {report.last_entry_stored} stored but not confirmed"
+    if report.error:
+        line += f" ({report.error})"
+    return line

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
         "--secure", action="store_true",
         help="mutual TLS on the bookies and ZooKeeper ACLs; certificates and credential under <data-dir>/tls",
     )
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, log_level_default="INFO")
 
 
 def handle(args) -> int:

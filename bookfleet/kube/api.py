@@ -20,6 +20,9 @@ PLURALS = {
     "Pod": "pods",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Service": "services",
+    "ConfigMap": "configmaps",
+    "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceAccount": "serviceaccounts",
     "Event": "events",
     "Job": "jobs",
@@ -95,9 +98,14 @@ class KubeApi:
         return True
 
     def ensure(self, manifest: dict) -> tuple[dict, bool]:
-        """Create `manifest` unless an object of that name exists; returns (the object, whether it was created)."""
+        """Create `manifest` unless an object of that name exists; returns (the object, whether it was created).
+
+        Looks first: reconcilers ensure every object of a cluster on each pass, and nearly all of them exist."""
         meta = manifest["metadata"]
         plural = PLURALS[manifest["kind"]]
+        existing = self.get(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
+        if existing:
+            return existing, False
         try:
             return self._call("POST", collection_path(manifest["apiVersion"], plural, meta.get("namespace")),
                               body=manifest), True

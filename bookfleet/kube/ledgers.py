@@ -18,6 +18,7 @@ from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, conditions_with, patch_status, timestamp
 from bookfleet.kube.models import (
+    DATA_LOSS,
     VALID,
     BookieCluster,
     ConditionStatus,
@@ -29,7 +30,6 @@ from bookfleet.meta.metadata import LedgerMetadata, MetadataError, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import Marker, UnderReplication
 
-DATA_LOSS = "DataLoss"
 CREATED = "Created"
 
 

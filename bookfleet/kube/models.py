@@ -128,6 +128,14 @@ class CustomResource(KubeModel):
 # --- BookieCluster -------------------------------------------------------------------------------------------
 
 
+def _whole_default(default: KubeModel) -> Any:
+    """A field defaulting to a whole object, the same in Python and in the CRD (the API server fills it only when
+    the field is left out; its own field defaults, if different, never leak in)."""
+    return Field(
+        default_factory=lambda: default.model_copy(deep=True), json_schema_extra={"default": default.to_wire()}
+    )
+
+
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
@@ -138,13 +146,18 @@ class Volume(KubeModel):
 class Storage(KubeModel):
     """Journal and ledger directories on separate volumes: the journal's fsyncs never queue behind compaction."""
 
-    journal: Volume = Field(default_factory=lambda: Volume(size="2Gi"))
+    journal: Volume = _whole_default(Volume(size="2Gi"))
     ledgers: Volume = Field(default_factory=Volume)
 
 
 class ResourceRequirements(KubeModel):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+def _resources_default(requests: dict[str, Quantity], limits: dict[str, Quantity]) -> Any:
+    """Requests and limits as one default, so a user's own requests never mix with default limits they exceed."""
+    return _whole_default(ResourceRequirements(requests=requests, limits=limits))
 
 
 class AntiAffinity(enum.StrEnum):
@@ -198,6 +211,13 @@ class RepairSpec(KubeModel):
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
     image: str | None = Field(None, description="defaults to the cluster's bookie image")
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
+    active_deadline_seconds: int = Field(
+        3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
+    )
+    executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    driver_resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
 
 
 class AutoRecoverySpec(KubeModel):
@@ -232,7 +252,12 @@ class BookieClusterSpec(KubeModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181")
     storage: Storage = Field(default_factory=Storage)
-    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    resources: ResourceRequirements = _resources_default(
+        requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "2", "memory": "2Gi"}
+    )
+    max_unavailable: int = Field(
+        1, ge=0, description="bookies a voluntary disruption (node drain, eviction) may take down at once"
+    )
     zones: ZoneList = Field(default_factory=list, description="bookies spread round-robin over these zones")
     anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
     bookie: BookieSettings = Field(default_factory=BookieSettings)
@@ -400,6 +425,8 @@ class Ledger(CustomResource):
 
 VALID = "Valid"
 """Condition type that reports the problems below; the operator sets it on BookieClusters and Ledgers."""
+DATA_LOSS = "DataLoss"
+"""Condition type of a Ledger some of whose entries no replica holds any more."""
 
 
 def zone_of(ordinal: int, zones: list[str]) -> str | None:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import yaml
+
 from bookfleet import spark
 from bookfleet.kube.models import (
     API_VERSION,
@@ -33,12 +35,16 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_CLUSTER = "bookfleet.io/cluster"
 LABEL_BOOKIE = "bookfleet.io/bookie"
+CLIENT_LABEL = "bookfleet.io/client"
+"""Pods labelled `bookfleet.io/client: "true"` may reach the bookies and ZooKeeper (the chart's NetworkPolicies name
+the same label); every other pod outside the fleet is refused."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
 
 BOOKIE = "bookie"
 REPAIR = "repair"
+OPERATOR = "operator"
 BOOKIE_POD_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: BOOKIE}
 REPAIR_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
 """Repair Jobs and SparkApplications of every cluster (the operator indexes them by ledger)."""
@@ -51,6 +57,15 @@ VOLUMES = {"journal": JOURNAL_DIR, "ledgers": LEDGER_DIR}
 
 RUN_AS = 10001
 """The non-root user of the bookie image (bookie-image/Dockerfile)."""
+
+SCRATCH = {"name": "tmp", "mountPath": "/tmp"}
+"""The one writable directory besides the data volumes: root filesystems are read-only."""
+SCRATCH_LIMIT = "1Gi"
+EXECUTOR_CONTAINER = "executor"
+EXECUTOR_TEMPLATE_DIR = "/etc/bookfleet/spark"
+EXECUTOR_TEMPLATE_FILE = "executor-pod-template.yaml"
+EXECUTOR_TEMPLATE_PREFIX = "bookfleet-repair-executor"
+"""The ConfigMap holding the pod template Spark's driver gives every executor pod (see executor_template_name)."""
 
 K8S_MASTER = "k8s://https://kubernetes.default.svc"
 REPAIR_JOB = "spark_repair"
@@ -298,11 +313,28 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Restricted Pod Security for a container, and a read-only root filesystem: writes go to mounted volumes."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _scratch_volume() -> dict[str, Any]:
+    return {"name": SCRATCH["name"], "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}
+
+
+def _zone_spread(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """Without explicit zones, bookies still prefer distinct zones, so one zone outage takes at most its share."""
+    selector = {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: cluster.metadata.name}}
+    return [{"maxSkew": 1, "topologyKey": ZONE_LABEL, "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}]
 
 
 def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
@@ -322,10 +354,11 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "resources": cluster.spec.resources.to_wire(),
-        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()],
+        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()] + [SCRATCH],
         "securityContext": _security_context(),
     }
     volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": pvc_name(name, volume)}} for volume in VOLUMES]
+    volumes.append(_scratch_volume())
     if env := security_env(cluster, with_tls_dir=False):
         container["env"] = env
     if tls_enabled(cluster):
@@ -334,6 +367,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": service_name(cluster.metadata.name),
+        "automountServiceAccountToken": False,  # a bookie never calls the Kubernetes API
         "securityContext": _pod_security_context(),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
@@ -342,6 +376,8 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
     affinity = _affinity(cluster, bookie)
     if affinity:
         pod_spec["affinity"] = affinity
+    if not cluster.spec.zones:
+        pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -393,6 +429,69 @@ def bookies_service(cluster: BookieCluster) -> dict[str, Any]:
         },
     }
     return owned_by(manifest, cluster)
+
+
+def bookie_disruption_budget(cluster: BookieCluster) -> dict[str, Any]:
+    """At most `maxUnavailable` bookies down by drains and evictions.
+
+    An integer minAvailable, not maxUnavailable: the Kubernetes disruption controller resolves maxUnavailable through
+    the pods' controller's scale subresource, and a bookie pod's controller is its Bookie, which has none.
+    """
+    name, spec = cluster.metadata.name, cluster.spec
+    manifest = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(service_name(name), cluster.metadata.namespace, labels(name, BOOKIE)),
+        "spec": {
+            "minAvailable": max(spec.replicas - spec.max_unavailable, 0),
+            "selector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
+        },
+    }
+    return owned_by(manifest, cluster)
+
+
+def fleet_peers(cluster: str) -> list[dict[str, Any]]:
+    """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), the operator
+    wherever it runs, and pods of the namespace labelled as clients."""
+    return [
+        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: cluster}}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: OPERATOR}}},
+        {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
+    ]
+
+
+def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """Ingress of the cluster's bookies and repair pods; anything not allowed here is denied.
+
+    Bookie port: the fleet's peers only. HTTP port (probes, /metrics, read-only): open. Repair drivers and their
+    executors: only each other (executors connect back to the driver; the driver fetches from executors).
+    """
+    name, namespace, settings = cluster.metadata.name, cluster.metadata.namespace, cluster.spec.bookie
+    repair_pods = {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR, LABEL_CLUSTER: name}}
+    bookies = {
+        "podSelector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": fleet_peers(name), "ports": [{"protocol": "TCP", "port": settings.port}]},
+            {"ports": [{"protocol": "TCP", "port": settings.http_port}]},
+        ],
+    }
+    repairs = {
+        "podSelector": repair_pods,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": repair_pods}]}],
+    }
+    policies = []
+    for component, spec in ((BOOKIE, bookies), (REPAIR, repairs)):
+        metadata = _metadata(f"{name}-{component}", namespace, labels(name, component))
+        manifest = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata, "spec": spec}
+        policies.append(owned_by(manifest, cluster))
+    return policies
+
+
+def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies."""
+    return [bookies_service(cluster), bookie_disruption_budget(cluster), *network_policies(cluster)]
 
 
 # --- repair --------------------------------------------------------------------------------------------------
@@ -468,8 +567,47 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
         **_spark_security(cluster, "executor"),
     }
+    executors = _executor_conf(cluster.spec.auto_recovery.repair.executor_cores)
     application = app.removeprefix("local://")
-    return ["spark-submit", *_client_mode(options), *_conf(kubernetes), application, *app_args]
+    return ["spark-submit", *_client_mode(options), *_conf(kubernetes | executors), application, *app_args]
+
+
+def _executor_conf(cores: int) -> dict[str, str]:
+    """Executor pods from the restricted template, with CPU requested and capped (Spark sets memory itself:
+    request = limit = executor memory + overhead)."""
+    return {
+        "spark.kubernetes.executor.podTemplateFile": f"{EXECUTOR_TEMPLATE_DIR}/{EXECUTOR_TEMPLATE_FILE}",
+        "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+        "spark.executor.cores": str(cores),
+        "spark.kubernetes.executor.request.cores": str(cores),
+        "spark.kubernetes.executor.limit.cores": str(cores),
+    }
+
+
+def executor_template_name() -> str:
+    """Named by its content: the operator only creates it, so a new template after an upgrade gets a new ConfigMap
+    instead of silently keeping the old one."""
+    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text())
+
+
+def _executor_template_text() -> str:
+    return yaml.safe_dump(executor_pod_template(), sort_keys=False)
+
+
+def executor_pod_template() -> dict[str, Any]:
+    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": _pod_security_context(),
+            "containers": [
+                {"name": EXECUTOR_CONTAINER, "securityContext": _security_context(), "volumeMounts": [SCRATCH]}
+            ],
+            "volumes": [_scratch_volume()],
+        },
+    }
 
 
 def repair_job(
@@ -483,6 +621,7 @@ def repair_job(
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    template = {"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True}
     container = {
         "name": "driver",
         "image": _repair_image(cluster),
@@ -493,17 +632,22 @@ def repair_job(
             {"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
         ],
+        "resources": repair.driver_resources.to_wire(),
+        "volumeMounts": [SCRATCH, template],
         "securityContext": _security_context(),
     }
+    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": repair.service_account_name,
+        "automountServiceAccountToken": True,  # the driver creates and watches its executor pods
         "restartPolicy": "Never",
         "securityContext": _pod_security_context(),
         "containers": [container],
+        "volumes": volumes,
     }
     if tls_enabled(cluster):  # the driver's TLS directory: the replicator's certificate
-        container["volumeMounts"] = [tls_mount()]
-        pod_spec["volumes"] = [tls_volume(replicator_secret_name(cluster.metadata.name))]
+        container["volumeMounts"].append(tls_mount())
+        volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
     manifest = {
@@ -512,6 +656,7 @@ def repair_job(
         "metadata": metadata,
         "spec": {
             "backoffLimit": repair.backoff_limit,
+            "activeDeadlineSeconds": repair.active_deadline_seconds,
             "template": {
                 "metadata": {"labels": job_labels},
                 "spec": pod_spec,
@@ -555,21 +700,42 @@ def spark_application(
             },
             "driver": {
                 "cores": 1,
+                "coreLimit": "1",
                 "memory": "512m",
                 "serviceAccount": repair.service_account_name,
                 "labels": pod_labels,
+                "podSecurityContext": _pod_security_context(),
+                "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
             },
-            "executor": {"instances": repair.executors, "memory": repair.executor_memory, "labels": pod_labels},
+            "executor": {
+                "instances": repair.executors,
+                "cores": repair.executor_cores,
+                "coreLimit": str(repair.executor_cores),
+                "memory": repair.executor_memory,
+                "labels": pod_labels,
+                "podSecurityContext": _pod_security_context(),
+                "securityContext": _security_context(),
+                "volumeMounts": [SCRATCH],
+            },
+            "volumes": [_scratch_volume()],
         },
     }
     return owned_by(manifest, cluster)
 
 
-def repair_rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding for Spark's driver, limited to the namespace and to REPAIR_RULES."""
+def repair_namespace_objects(namespace: str, service_account: str) -> list[dict[str, Any]]:
+    """What repair Jobs need in their namespace: Spark's driver account (ServiceAccount, Role and RoleBinding,
+    limited to the namespace and to REPAIR_RULES) and the executor pod template."""
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(executor_template_name(), namespace, meta),
+            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text()},
+        },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -56,8 +56,13 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     # The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them here.
     UnderReplication(ctx.zk(cluster.spec.zookeeper)).configure(settings.enabled,
                                                                 settings.lost_bookie_recovery_delay_seconds)
-    ctx.api.ensure(resources.bookies_service(cluster))
-    for manifest in resources.repair_rbac(meta["namespace"], cluster.spec.auto_recovery.repair.service_account_name):
+    for manifest in resources.cluster_objects(cluster):
+        existing, created = ctx.api.ensure(manifest)
+        if manifest["kind"] == "PodDisruptionBudget" and not created and existing["spec"] != manifest["spec"]:
+            ctx.api.patch(manifest["apiVersion"], "poddisruptionbudgets", meta["namespace"],
+                          manifest["metadata"]["name"], {"spec": manifest["spec"]})  # follows replicas
+    service_account = cluster.spec.auto_recovery.repair.service_account_name
+    for manifest in resources.repair_namespace_objects(meta["namespace"], service_account):
         ctx.api.ensure(manifest)
     existing = {b["metadata"]["name"]: b for b in
                 ctx.api.list(CUSTOM, "bookies", meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]})}

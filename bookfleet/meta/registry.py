@@ -7,9 +7,10 @@ while read-only; the session's death removes it, which is how clients and the au
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, ValidationError
 
 from bookfleet.meta import zkpaths
@@ -72,6 +73,32 @@ class BookieRegistry:
     def address(self, bookie_id: str) -> str:
         """HOST:PORT of a registered bookie."""
         return self.info(bookie_id).address
+
+    def record_address(self, bookie_id: str, address: str) -> None:
+        """Keep the address a bookie serves on in a persistent node, so that once its registration is gone (a
+        frozen or partitioned bookie, a session expired) repair can still ask it before calling anything lost."""
+        path, data = zkpaths.last_address(bookie_id), address.encode()
+        try:
+            self.zk.set(path, data)
+        except NoNodeError:
+            try:
+                self.zk.create(path, data, makepath=True)
+            except NodeExistsError:
+                self.zk.set(path, data)
+
+    def last_known_addresses(self, bookie_ids: Iterable[str]) -> dict[str, str]:
+        """bookie id -> HOST:PORT: its registration if it has one, else the address it last registered with
+        (bookies with neither are left out); read in one pipeline of asynchronous gets."""
+        addresses = {info.bookie_id: info.address for info in self.all()}
+        reads = [(b, self.zk.get_async(zkpaths.last_address(b))) for b in set(bookie_ids) - addresses.keys()]
+        for bookie_id, read in reads:
+            try:
+                data, _ = read.get()
+            except NoNodeError:
+                continue
+            if data:
+                addresses[bookie_id] = data.decode()
+        return addresses
 
     def _read(self, parent: str, path_of, skip: frozenset[str] | set[str] = frozenset()) -> list[BookieInfo]:
         try:

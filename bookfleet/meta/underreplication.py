@@ -4,7 +4,7 @@ This is the one place where the auditor (who marks), the repair job (who locks, 
 operator (who marks on pod death and flips the switches) meet, so every change is a compare-and-set or an atomic
 create: two auditors, or an auditor racing a repair, never lose each other's updates.
 
-    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "ctime": <ms since epoch>}
+    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "missedEntries": [...], "ctime": <ms>}
     lock     zkpaths.underreplication_lock(id)  ephemeral, value = the holder's description
     switch   zkpaths.UR_DISABLE                 present while ledger replication is disabled
     delay    zkpaths.UR_RECOVERY_DELAY          {"seconds": <float>}, lostBookieRecoveryDelay
@@ -38,6 +38,9 @@ class Marker:
     missing_bookies: frozenset[str]
     ctime: int
     version: int
+    missed_entries: frozenset[str] = frozenset()
+    """Missing bookies known to lack entries although they may be up (a writer went on without them): their
+    replicas must be repaired even if they answer, so only a repair clears them, never a stale-marker check."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,14 @@ def _now_ms() -> int:
 
 def _encode(document: dict) -> bytes:
     return json.dumps(document, sort_keys=True).encode()
+
+
+def _document(missing: frozenset[str], missed: frozenset[str], ctime: int) -> bytes:
+    """A marker's JSON; "missedEntries" only when there are some, so plain markers keep BookKeeper's shape."""
+    document: dict = {"missingBookies": sorted(missing), "ctime": ctime}
+    if missed:
+        document["missedEntries"] = sorted(missed)
+    return _encode(document)
 
 
 def _decode(data: bytes, path: str) -> dict:
@@ -77,30 +88,34 @@ class UnderReplication:
 
     # --- markers --------------------------------------------------------------------------------------------
 
-    def mark(self, ledger_id: int, missing_bookies: Iterable[str]) -> Marker:
-        """Mark a ledger as missing replicas on `missing_bookies`; idempotent, merges with an existing marker."""
+    def mark(self, ledger_id: int, missing_bookies: Iterable[str], missed_entries: bool = False) -> Marker:
+        """Mark a ledger as missing replicas on `missing_bookies`; idempotent, merges with an existing marker.
+
+        `missed_entries`: these bookies are known to lack entries of the ledger although they may be up (a writer
+        kept writing without them until it replaced them), so their return must not clear the marker."""
         missing = frozenset(missing_bookies)
         if not missing:
             raise ValueError(f"marking ledger {ledger_id} needs at least one missing bookie")
+        missed = missing if missed_entries else frozenset()
         path = zkpaths.underreplicated(ledger_id)
         while True:
             current = self.marker(ledger_id)
             if current is None:
                 ctime = _now_ms()
                 try:
-                    self.zk.create(path, _encode({"missingBookies": sorted(missing), "ctime": ctime}), makepath=True)
+                    self.zk.create(path, _document(missing, missed, ctime), makepath=True)
                 except (NodeExistsError, NoNodeError):
                     continue  # created meanwhile, or an empty parent level was removed under us: read again
-                return Marker(ledger_id, missing, ctime, 0)
+                return Marker(ledger_id, missing, ctime, 0, missed)
             merged = current.missing_bookies | missing
-            if merged == current.missing_bookies:
+            merged_missed = current.missed_entries | missed
+            if (merged, merged_missed) == (current.missing_bookies, current.missed_entries):
                 return current
-            document = {"missingBookies": sorted(merged), "ctime": current.ctime}
             try:
-                stat = self.zk.set(path, _encode(document), version=current.version)
+                stat = self.zk.set(path, _document(merged, merged_missed, current.ctime), version=current.version)
             except (BadVersionError, NoNodeError):
                 continue
-            return Marker(ledger_id, merged, current.ctime, stat.version)
+            return Marker(ledger_id, merged, current.ctime, stat.version, merged_missed)
 
     def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str]) -> list[Marker]:
         """mark() of many ledgers missing the same bookies: unmarked ledgers are marked in one pipeline of
@@ -110,7 +125,7 @@ class UnderReplication:
             raise ValueError("marking ledgers needs at least one missing bookie")
         current = self.read_markers(ledger_ids)
         ctime = _now_ms()
-        document = _encode({"missingBookies": sorted(missing), "ctime": ctime})
+        document = _document(missing, frozenset(), ctime)
         creates = [
             (ledger_id, self.zk.create_async(zkpaths.underreplicated(ledger_id), document, makepath=True))
             for ledger_id, marker in current.items()
@@ -142,7 +157,8 @@ class UnderReplication:
                 continue
             document = _decode(data, zkpaths.underreplicated(ledger_id))
             missing = frozenset(document.get("missingBookies", ()))
-            found[ledger_id] = Marker(ledger_id, missing, document.get("ctime", 0), stat.version)
+            missed = frozenset(document.get("missedEntries", ()))
+            found[ledger_id] = Marker(ledger_id, missing, document.get("ctime", 0), stat.version, missed)
         return found
 
     def markers(self) -> list[Marker]:

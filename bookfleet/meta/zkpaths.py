@@ -3,6 +3,7 @@
     /ledgers/available/<bookieId>             ephemeral, JSON registration of a writable bookie
     /ledgers/available/readonly/<bookieId>    ephemeral, present while the bookie is read-only
     /ledgers/cookies/<bookieId>               the bookie's cookie (identity and data dirs)
+    /ledgers/addresses/<bookieId>             persistent: the address the bookie last registered with
     /ledgers/bookiestate/<bookieId>           JSON {"readOnly": true, "reason": ...} while forced read-only
     /ledgers/idgen/ID-<seq>                   sequential nodes that hand out ledger ids
     /ledgers/00/0000/L0001                    ledger metadata (hierarchical: 10-digit id split 2/4/4)
@@ -17,6 +18,7 @@ ROOT = "/ledgers"
 AVAILABLE = f"{ROOT}/available"
 READONLY = f"{AVAILABLE}/readonly"
 COOKIES = f"{ROOT}/cookies"
+ADDRESSES = f"{ROOT}/addresses"
 BOOKIE_STATE = f"{ROOT}/bookiestate"
 IDGEN = f"{ROOT}/idgen"
 IDGEN_PREFIX = f"{IDGEN}/ID-"
@@ -35,7 +37,7 @@ LEDGER_ID_DIGITS = 10
 """Ids below 10**10 use the 2/4/4 layout; larger ids keep their full width in the last level."""
 
 NOT_LEDGER_DIRS = frozenset(
-    {"available", "cookies", "bookiestate", "idgen", "bookieindex", "underreplication", "topics"}
+    {"available", "cookies", "addresses", "bookiestate", "idgen", "bookieindex", "underreplication", "topics"}
 )
 """Children of /ledgers that are not levels of the ledger-metadata hierarchy."""
 
@@ -50,6 +52,10 @@ def readonly(bookie_id: str) -> str:
 
 def cookie(bookie_id: str) -> str:
     return f"{COOKIES}/{bookie_id}"
+
+
+def last_address(bookie_id: str) -> str:
+    return f"{ADDRESSES}/{bookie_id}"
 
 
 def bookie_state(bookie_id: str) -> str:

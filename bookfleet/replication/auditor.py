@@ -14,7 +14,9 @@ active auditor:
   while no auditor ran), and clears stale markers whose missing bookies are back and hold their replicas
   (apache/pulsar#1886 kept such lists forever);
 - every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
-  ledgers that fail.
+  ledgers whose replicas answer definitely that they lack an entry or hold a corrupt copy. A connection error, a
+  bookie shutting down or a read that times out is retried and, if it persists, marks nothing: a silent bookie is
+  the lost-bookie rule's to judge, after the delay, never the check's.
 
 While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
 """
@@ -42,6 +44,7 @@ from bookfleet.meta.metadata import Fragment, LedgerMetadata, MetadataStore, NoS
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
+from bookfleet.replication.repair import DEFINITIVE, Reply
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,14 @@ READONLY_CHILD = zkpaths.READONLY.rsplit("/", 1)[1]
 CHECK_CONCURRENCY = 32
 """Ledgers whose replicas are read at the same time by a check."""
 ERROR_BACKOFF = 1.0
+READ_TIMEOUT = 5.0
+"""One replica read of the check; the check never waits on a hung bookie longer than this per attempt."""
+READ_ATTEMPTS = 3
+"""Tries of a read that got no definite answer (refused, timed out, shutting down) before it counts as unknown."""
+RETRY_DELAY = 0.5
+"""Before the second try; doubled before each further one."""
+DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
+"""Replies on which the check marks a ledger."""
 
 
 def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
@@ -81,20 +92,26 @@ def replica_ends(fragment: Fragment, position: int, write_quorum: int) -> tuple[
 def check_ledgers(zk: KazooClient, ledger_ids: Iterable[int] | None = None) -> list[int]:
     """Verify the replicas of `ledger_ids` (default: every ledger) and mark those that fail; returns their ids."""
     ids = MetadataStore(zk).ledger_ids() if ledger_ids is None else list(ledger_ids)
-    damaged = asyncio.run(_ReplicaChecker(zk).damaged(ids))
+    failing = asyncio.run(_ReplicaChecker(zk).damaged(ids))
     under_replication = UnderReplication(zk)
-    for ledger_id, missing in damaged.items():
-        under_replication.mark(ledger_id, missing)
+    damaged = {}
+    for ledger_id, replies in failing.items():
+        if missing := {bookie for bookie, reply in replies.items() if reply in DEFINITE}:
+            damaged[ledger_id] = under_replication.mark(ledger_id, missing)
+        if unknown := sorted(bookie for bookie, reply in replies.items() if reply is Reply.UNREACHABLE):
+            log.warning("replica check of ledger %d: no answer from %s; not marked", ledger_id, ", ".join(unknown))
     if damaged:
         log.info("replica check marked %d of %d ledger(s) under-replicated", len(damaged), len(ids))
     return sorted(damaged)
 
 
 def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None) -> list[int]:
-    """Clear markers whose missing bookies are all writable again (or gone from the ledger) and hold their replicas.
+    """Clear markers whose missing bookies are all writable again (or gone from the ledger) and hold their replicas,
+    unless a writer marked them for entries they missed (the ends of a fragment cannot show a gap in its middle).
 
-    Only markers naming one of `bookies` are looked at (default: all). Clearing is a compare-and-set, so a loss
-    marked meanwhile survives. Returns the ids of the cleared markers.
+    Only markers naming one of `bookies` are looked at (default: all). A replica that does not answer keeps its
+    marker. Clearing is a compare-and-set, so a loss marked meanwhile survives. Returns the ids of the cleared
+    markers.
     """
     under_replication = UnderReplication(zk)
     store = MetadataStore(zk)
@@ -109,6 +126,8 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
             candidates[marker.ledger_id] = (marker, None, set())
             continue
         still_named = marker.missing_bookies & metadata.bookies()
+        if still_named & marker.missed_entries:
+            continue  # a writer went on without these bookies: only a repair brings their replicas back
         if still_named <= writable:
             candidates[marker.ledger_id] = (marker, metadata, still_named)
     checks = {ledger_id: (metadata, named) for ledger_id, (_, metadata, named) in candidates.items() if named}
@@ -130,14 +149,16 @@ def _writable(zk: KazooClient) -> set[str]:
 
 
 class _ReplicaChecker:
-    """Reads fragment ends from replicas, over one pooled connection per bookie for the whole check."""
+    """Reads fragment ends from replicas, over one pooled connection per bookie for the whole check; a bookie that
+    stayed silent through every attempt of one read is not asked again by this check."""
 
     def __init__(self, zk: KazooClient):
         self.store = MetadataStore(zk)
-        self.pool = BookiePool(BookieRegistry(zk))
+        self.pool = BookiePool(BookieRegistry(zk), connect_timeout=READ_TIMEOUT)
+        self.silent: set[str] = set()
 
-    async def damaged(self, ledger_ids: list[int]) -> dict[int, set[str]]:
-        """Ledger id -> bookies failing their replica reads, for every ledger with at least one failure."""
+    async def damaged(self, ledger_ids: list[int]) -> dict[int, dict[str, Reply]]:
+        """Ledger id -> {bookie: its worst reply} for the bookies whose replica reads did not all succeed."""
         checks = {}
         for ledger_id in ledger_ids:
             with contextlib.suppress(NoSuchLedgerError):  # deleted since listed
@@ -148,7 +169,7 @@ class _ReplicaChecker:
         """Like damaged(), for known metadata, looking only at the given bookies of each ledger (None: all)."""
         limit = asyncio.Semaphore(CHECK_CONCURRENCY)
 
-        async def one(ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> set[str]:
+        async def one(ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> dict[str, Reply]:
             async with limit:
                 return await self._failing(ledger_id, metadata, only)
 
@@ -158,7 +179,9 @@ class _ReplicaChecker:
             await self.pool.close()
         return {ledger_id: failing for ledger_id, failing in zip(checks, results, strict=True) if failing}
 
-    async def _failing(self, ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None) -> set[str]:
+    async def _failing(
+        self, ledger_id: int, metadata: LedgerMetadata, only: Collection[str] | None
+    ) -> dict[str, Reply]:
         reads = []
         for fragment in metadata.fragments():
             if fragment.last_entry_id is None:
@@ -167,19 +190,45 @@ class _ReplicaChecker:
                 if only is None or bookie in only:
                     for entry_id in replica_ends(fragment, position, metadata.write_quorum):
                         reads.append((bookie, entry_id))
-        found = await asyncio.gather(*(self._has_entry(bookie, ledger_id, e, metadata) for bookie, e in reads))
-        return {bookie for (bookie, _), ok in zip(reads, found, strict=True) if not ok}
+        replies = await asyncio.gather(*(self._ask(bookie, ledger_id, e, metadata) for bookie, e in reads))
+        failing: dict[str, Reply] = {}
+        for (bookie, _), reply in zip(reads, replies, strict=True):
+            if reply in DEFINITE or (reply is Reply.UNREACHABLE and failing.get(bookie) not in DEFINITE):
+                failing[bookie] = reply
+        return failing
 
-    async def _has_entry(self, bookie: str, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> bool:
+    async def _ask(self, bookie: str, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> Reply:
+        """One replica read, retried with backoff until it gets a definite answer or runs out of attempts."""
+        delay = RETRY_DELAY
+        for attempt in range(READ_ATTEMPTS):
+            if bookie in self.silent:
+                break
+            if attempt:
+                await asyncio.sleep(delay)
+                delay *= 2
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    data = await (await self.pool.get(bookie)).read_entry(ledger_id, entry_id)
+            except DEFINITIVE:
+                return Reply.LACKS
+            except (BookieError, OSError, wire.ProtocolError) as exc:  # timeouts and connection errors included
+                log.debug("replica of ledger %d entry %d on %s: no answer (%r)", ledger_id, entry_id, bookie, exc)
+                continue
+            return self._verify(data, ledger_id, entry_id, metadata)
+        self.silent.add(bookie)
+        return Reply.UNREACHABLE
+
+    @staticmethod
+    def _verify(data: bytes, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> Reply:
         try:
-            data = await (await self.pool.get(bookie)).read_entry(ledger_id, entry_id)
             if metadata.digest_type == wire.DigestType.CRC32C:
                 entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), data)
-                return (entry.ledger_id, entry.entry_id) == (ledger_id, entry_id)
-            return wire.entry_ids(data)[:2] == (ledger_id, entry_id)  # MAC needs the password the auditor lacks
-        except (BookieError, ConnectionError, wire.ProtocolError) as exc:
-            log.debug("replica of ledger %d entry %d on %s failed: %s", ledger_id, entry_id, bookie, exc)
-            return False
+                ids = (entry.ledger_id, entry.entry_id)
+            else:
+                ids = wire.entry_ids(data)[:2]  # MAC needs the password the auditor lacks
+        except wire.ProtocolError:
+            return Reply.CORRUPT
+        return Reply.HAS if ids == (ledger_id, entry_id) else Reply.CORRUPT
 
 
 class Auditor:

@@ -15,7 +15,8 @@ ReplacementChooser = Callable[[Sequence[str], int, int, Collection[str]], str]
 
 
 class LedgerNotClosed(ValueError):
-    """Only closed ledgers have a known last entry; open ones are fenced and closed before they are planned."""
+    """The open tail of a ledger has no known last entry: a ledger whose tail lost a bookie is fenced and closed
+    before it is planned (BookKeeper's rule); one that lost bookies only in earlier segments is repaired open."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,9 @@ class FragmentPlan:
             if stores_entry(position, entry_id, size, self.write_quorum)
         ]
 
-    def sources(self, entry_id: int) -> list[str]:
-        """Surviving bookies that should hold `entry_id`, in write-set order."""
-        positions = write_set(entry_id, self.ensemble_size, self.write_quorum)
-        return [self.bookies[p] for p in positions if p not in self.lost]
+    def replicas(self, entry_id: int) -> list[str]:
+        """Every bookie of the segment that should hold `entry_id` (lost ones included), in write-set order."""
+        return [self.bookies[p] for p in write_set(entry_id, self.ensemble_size, self.write_quorum)]
 
     def needed_entries(self) -> list[int]:
         """Entries that at least one lost position must hold."""
@@ -79,37 +79,54 @@ def lost_positions(bookies: Sequence[str], missing: Collection[str]) -> tuple[in
     return tuple(position for position, bookie in enumerate(bookies) if bookie in missing)
 
 
+def tail_is_damaged(metadata: LedgerMetadata, missing: Collection[str]) -> bool:
+    """An OPEN ledger whose current segment includes a missing bookie: only then may repair fence its writer."""
+    return not metadata.is_closed and bool(lost_positions(metadata.segments[-1].bookies, missing))
+
+
 def damaged_fragments(metadata: LedgerMetadata, missing: Collection[str]) -> list[tuple[Fragment, tuple[int, ...]]]:
-    """Fragments whose ensemble includes a missing bookie, each with its lost positions.
+    """Closed fragments whose ensemble includes a missing bookie, each with its lost positions.
 
     Empty fragments are included: they have nothing to copy, but the missing bookie must still leave the metadata.
+    The open tail of an OPEN ledger is its writer's; if it is damaged, the ledger must be closed first.
     """
-    if not metadata.is_closed:
-        raise LedgerNotClosed(f"ledger is {metadata.state}, not CLOSED: fence and close it before planning")
+    if tail_is_damaged(metadata, missing):
+        raise LedgerNotClosed(
+            f"ledger is {metadata.state} and its current segment lost a bookie: fence and close it before planning"
+        )
     damaged = []
     for fragment in metadata.fragments():
         lost = lost_positions(fragment.bookies, missing)
-        if lost:
+        if lost and fragment.last_entry_id is not None:
             damaged.append((fragment, lost))
     return damaged
+
+
+def choose_replacements(
+    bookies: Sequence[str], lost: Sequence[int], write_quorum: int, missing: Collection[str], choose: ReplacementChooser
+) -> tuple[str, ...]:
+    """A replacement per lost position of one segment: never a bookie of the segment or a missing one, and two
+    positions never get the same bookie. Raises the placement policy's NotEnoughBookies when there is none."""
+    ensemble = list(bookies)
+    replacements: list[str] = []
+    for position in lost:
+        bookie = choose(ensemble, position, write_quorum, {*missing, *bookies, *replacements})
+        replacements.append(bookie)
+        ensemble[position] = bookie
+    return tuple(replacements)
 
 
 def plan_ledger(
     ledger_id: int, metadata: LedgerMetadata, missing: Collection[str], choose: ReplacementChooser
 ) -> list[FragmentPlan]:
-    """Fragment plans for one closed ledger; `choose` is the shared placement policy.
+    """Fragment plans for the closed fragments of one ledger; `choose` is the shared placement policy.
 
     A replacement never joins a segment it is already in, never is a missing bookie, and two positions lost in
     one segment get different bookies.
     """
     plans = []
     for fragment, lost in damaged_fragments(metadata, missing):
-        ensemble = list(fragment.bookies)
-        replacements = []
-        for position in lost:
-            bookie = choose(ensemble, position, metadata.write_quorum, {*missing, *fragment.bookies, *replacements})
-            replacements.append(bookie)
-            ensemble[position] = bookie
+        replacements = choose_replacements(fragment.bookies, lost, metadata.write_quorum, missing, choose)
         plans.append(
             FragmentPlan(
                 ledger_id=ledger_id,
@@ -119,7 +136,7 @@ def plan_ledger(
                 bookies=fragment.bookies,
                 write_quorum=metadata.write_quorum,
                 lost=lost,
-                replacements=tuple(replacements),
+                replacements=replacements,
                 digest_type=str(metadata.digest_type),
                 entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )

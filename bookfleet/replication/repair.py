@@ -6,21 +6,23 @@ entry is fdatasynced, and the bytes it stored are the ones whose digest was just
 that digest again), so a successful answer already proves a durable, intact copy. Reads are READ_RANGE batches and
 writes are pipelined on one connection per bookie, with many chunks in flight.
 
-An entry that every surviving replica definitively lacks (no such entry or ledger, or a corrupt copy) is lost and
-reported, never retried; an entry that could not be read because a bookie was unreachable is a failure, which the
-next run retries.
+Survivors are asked first, at the address the driver resolved (their registration, or the last address they
+registered with: an unregistered or silent bookie may still hold its disk); the bookies declared lost are asked last,
+as a last chance. Whether an entry is copied, retried or given up is `entry_verdict`: it is lost only when every
+replica is declared lost or answered that it lacks the entry (or holds a corrupt copy); any replica we could not ask
+makes it a failure the next run retries, and a ledger with a failure keeps its marker and its metadata.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
-from bookfleet.client.pool import BookiePool
 from bookfleet.replication.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
@@ -31,6 +33,38 @@ CHUNKS_IN_FLIGHT = 32
 READ_BATCH_BYTES = 2 * 1024 * 1024
 CHUNK_TIMEOUT = 120.0
 """A bookie that stops answering (hung, not dead) fails the chunk instead of hanging the task forever."""
+READ_TIMEOUT = 10.0
+"""One replica's read of one chunk; a bookie that misses it is unreachable for the rest of the task."""
+
+
+class Reply(enum.Enum):
+    """What asking one replica for one entry gave."""
+
+    HAS = "has"
+    """A copy whose digest verifies."""
+    LACKS = "lacks"
+    """The bookie answered: no such ledger or entry."""
+    CORRUPT = "corrupt"
+    """The bookie answered with a copy that fails its digest check."""
+    UNREACHABLE = "unreachable"
+    """No answer: refused, timed out, a transient error, no known address, or not asked at all."""
+
+
+class Verdict(enum.Enum):
+    COPY = "copy"
+    RETRY = "retry"
+    LOST = "lost"
+
+
+def entry_verdict(replicas: Sequence[str], replies: Mapping[str, Reply], declared_lost: Collection[str]) -> Verdict:
+    """The one DATA_LOSS rule: copy from any good replica; give the entry up only when every replica is declared lost
+    or answered that it has no (good) copy; otherwise retry, since a silent replica may still hold it."""
+    answers = [replies.get(bookie, Reply.UNREACHABLE) for bookie in replicas]
+    if Reply.HAS in answers:
+        return Verdict.COPY
+    if any(a is Reply.UNREACHABLE and b not in declared_lost for b, a in zip(replicas, answers, strict=True)):
+        return Verdict.RETRY
+    return Verdict.LOST
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +114,41 @@ class TokenBucket:
                 await asyncio.sleep((min(amount, self.rate) - self.tokens) / self.rate)
 
 
+class Connections:
+    """One pipelined connection per bookie for the whole task, reopened if it broke; a bookie that timed out is
+    not asked again by this task (a frozen bookie would otherwise cost every chunk a timeout)."""
+
+    def __init__(self, addresses: dict[str, str]):
+        self.addresses = addresses
+        self.clients: dict[str, BookieClient] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.silent: dict[str, str] = {}
+        """bookie id -> why it is given up on for this task."""
+
+    async def get(self, bookie_id: str) -> BookieClient:
+        if bookie_id in self.silent:
+            raise ConnectionError(self.silent[bookie_id])
+        client = self.clients.get(bookie_id)
+        if client is not None and not client.closed:
+            return client
+        async with self.locks.setdefault(bookie_id, asyncio.Lock()):
+            client = self.clients.get(bookie_id)
+            if client is None or client.closed:
+                address = self.addresses.get(bookie_id)
+                if address is None:
+                    raise ConnectionError(f"bookie {bookie_id} has no known address")
+                client = await BookieClient.connect(address, READ_TIMEOUT, bookie_id=bookie_id)
+                self.clients[bookie_id] = client
+            return client
+
+    def give_up(self, bookie_id: str, reason: str) -> None:
+        self.silent.setdefault(bookie_id, reason)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
 async def read_present(client: BookieClient, ledger_id: int, first: int, last: int) -> list[bytes]:
     """Every entry of [first, last] the bookie holds, in as many READ_RANGE calls as the size limit needs."""
     entries: list[bytes] = []
@@ -99,16 +168,17 @@ DEFINITIVE = (NoSuchEntryError, NoSuchLedgerOnBookieError)
 class FragmentCopier:
     """Copies one fragment chunk by chunk; all chunks of all fragments of a task share connections and bucket."""
 
-    def __init__(self, plan: FragmentPlan, connections: BookiePool, settings: RepairSettings, bucket: TokenBucket):
+    def __init__(self, plan: FragmentPlan, connections: Connections, settings: RepairSettings, bucket: TokenBucket):
         self.plan = plan
         self.connections = connections
         self.bucket = bucket
         self.digester = wire.Digester(plan.digest_type, settings.password)
         self.master_key = wire.master_key(settings.password)
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)
-        # write sets repeat every E entries: look targets and sources up by entry_id % E
+        # write sets repeat every E entries: look targets and replicas up by entry_id % E
         self.targets = [plan.targets(residue) for residue in range(plan.ensemble_size)]
-        self.sources = [plan.sources(residue) for residue in range(plan.ensemble_size)]
+        self.replicas = [plan.replicas(residue) for residue in range(plan.ensemble_size)]
+        self.declared_lost = frozenset(plan.bookies[position] for position in plan.lost)
 
     def chunks(self) -> list[list[int]]:
         needed = self.plan.needed_entries()
@@ -116,52 +186,77 @@ class FragmentCopier:
         return [needed[i : i + size] for i in range(0, len(needed), size)]
 
     async def copy_chunk(self, entries: list[int], turn: int) -> None:
-        found, unreachable = await self.read(entries, turn)
-        lost = [e for e in entries if e not in found and e not in unreachable]
-        self.result.lost.extend(lost)
-        if unreachable:
-            first = min(unreachable)
-            self.result.error = f"entry {first} of ledger {self.plan.ledger_id}: {unreachable[first]}"
+        found, replies, reasons = await self.read(entries, turn)
+        size = self.plan.ensemble_size
+        retry = []
+        for entry_id in entries:
+            verdict = entry_verdict(self.replicas[entry_id % size], replies[entry_id], self.declared_lost)
+            if verdict is Verdict.LOST:
+                self.result.lost.append(entry_id)
+            elif verdict is Verdict.RETRY:
+                retry.append(entry_id)
+        if retry:
+            self.result.error = f"entry {retry[0]} of ledger {self.plan.ledger_id}: no replica answered ({reasons})"
         try:
             await self.write(found)
         except (OSError, BookieError, wire.ProtocolError) as exc:
             self.result.error = f"ledger {self.plan.ledger_id} segment {self.plan.segment_index}: {exc}"
             return
         self.result.entries += len(found)
-        size = self.plan.ensemble_size
         self.result.bytes += sum(len(raw) * len(self.targets[e % size]) for e, raw in found.items())
 
-    async def read(self, entries: list[int], turn: int) -> tuple[dict[int, bytes], dict[int, str]]:
-        """Entries read and verified from survivors; for the rest, why a survivor could not be asked."""
+    async def read(
+        self, entries: list[int], turn: int
+    ) -> tuple[dict[int, bytes], dict[int, dict[str, Reply]], str]:
+        """Entries read and verified, each entry's replies by bookie, and why the unreachable ones were.
+
+        Survivors first (rotated by `turn` to spread reads), then the declared-lost bookies for what is still
+        missing: a bookie marked lost that answers after all is the best source there is."""
         found: dict[int, bytes] = {}
-        unreachable: dict[int, str] = {}
-        survivors, size = self.plan.survivors, self.plan.ensemble_size
-        if not survivors:
-            return found, unreachable  # every position of the segment is lost: nothing left to read
-        order = survivors[turn % len(survivors) :] + survivors[: turn % len(survivors)]  # spread reads
+        replies: dict[int, dict[str, Reply]] = {entry_id: {} for entry_id in entries}
+        reasons: list[str] = []
+        survivors = self.plan.survivors
+        rotation = turn % len(survivors) if survivors else 0
+        order = survivors[rotation:] + survivors[:rotation] + tuple(sorted(self.declared_lost))
+        size = self.plan.ensemble_size
         for bookie in order:
-            want = [e for e in entries if e not in found and bookie in self.sources[e % size]]
+            want = [e for e in entries if e not in found and bookie in self.replicas[e % size]]
             if not want:
                 continue
             try:
-                raw_entries = await self.read_range(bookie, want[0], want[-1])
+                async with asyncio.timeout(READ_TIMEOUT):
+                    raw_entries = await self.read_range(bookie, want[0], want[-1])
             except DEFINITIVE:
+                for entry_id in want:
+                    replies[entry_id][bookie] = Reply.LACKS
                 continue
-            except (OSError, BookieError, wire.ProtocolError) as exc:
-                unreachable.update((e, f"bookie {bookie}: {exc}") for e in want)
-                continue
+            except (OSError, BookieError, wire.ProtocolError, TimeoutError) as exc:
+                reason = f"bookie {bookie}: {exc or f'no answer within {READ_TIMEOUT:.0f}s'}"
+                if isinstance(exc, (OSError, TimeoutError)):
+                    self.connections.give_up(bookie, reason)
+                reasons.append(reason)
+                continue  # not asked: UNREACHABLE by default
             wanted = set(want)
+            for entry_id in want:
+                replies[entry_id][bookie] = Reply.LACKS  # an entry the range left out is one the bookie lacks
             for raw in raw_entries:
                 try:
-                    if wire.entry_ids(raw)[1] not in wanted:
-                        continue  # another entry this survivor holds in the range: its digest is not needed
-                    entry = wire.decode_entry(self.digester, raw)
+                    ledger_id, entry_id = wire.entry_ids(raw)[:2]
                 except wire.ProtocolError:
-                    continue  # a corrupt copy counts as absent: the next survivor may have a good one
-                if entry.entry_id in wanted and entry.ledger_id == self.plan.ledger_id:
-                    found[entry.entry_id] = raw
-                    unreachable.pop(entry.entry_id, None)
-        return found, unreachable
+                    continue  # too short to name its entry: the entries it should have been stay LACKS
+                if entry_id not in wanted:
+                    continue  # another entry this replica holds in the range: its digest is not needed
+                try:
+                    wire.decode_entry(self.digester, raw)
+                except wire.ProtocolError:
+                    replies[entry_id][bookie] = Reply.CORRUPT  # the next replica may have a good copy
+                    continue
+                if ledger_id == self.plan.ledger_id:
+                    found[entry_id] = raw
+                    replies[entry_id][bookie] = Reply.HAS
+                else:
+                    replies[entry_id][bookie] = Reply.CORRUPT
+        return found, replies, "; ".join(reasons) or "none asked"
 
     async def read_range(self, bookie: str, first: int, last: int) -> list[bytes]:
         return await read_present(await self.connections.get(bookie), self.plan.ledger_id, first, last)
@@ -183,7 +278,7 @@ class FragmentCopier:
 
 async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettings) -> list[FragmentResult]:
     """Copy every fragment; chunks of all fragments run concurrently up to CHUNKS_IN_FLIGHT."""
-    connections = BookiePool(settings.addresses)
+    connections = Connections(settings.addresses)
     bucket = TokenBucket(settings.throttle_bytes_per_s)
     slots = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
     copiers = [FragmentCopier(plan, connections, settings, bucket) for plan in plans]

@@ -2,7 +2,9 @@
 
 The auditor's periodic check reads only the first and last entry of each fragment; this job reads them all
 (READ_RANGE per bookie and fragment, digests verified) or a random sample (READ_ENTRY), on Spark, and marks
-every ledger that falls short with the bookies that lack replicas, so the repair job copies them back.
+every ledger that falls short with the bookies that lack replicas, so the repair job copies them back. Only a
+definite answer counts as short (no such entry or ledger, a corrupt copy); a bookie that cannot be asked, even at
+the address it last registered with, is a failure of this run, never a mark.
 Entries recorded as DATA_LOSS are skipped: nothing can bring them back, and re-marking them would loop.
 """
 
@@ -22,13 +24,12 @@ from kazoo.client import KazooClient
 from bookfleet import spark as sparksettings
 from bookfleet import wire
 from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
-from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.planner import FragmentPlan
-from bookfleet.replication.repair import read_present
+from bookfleet.replication.repair import Connections, read_present
 from bookfleet.replication.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
 
 READS_IN_FLIGHT = 64
@@ -93,7 +94,7 @@ def sampled(unit: AuditUnit, position: int, sample: float) -> list[int]:
 async def check_replica(
     unit: AuditUnit,
     position: int,
-    connections: BookiePool,
+    connections: Connections,
     digester: wire.Digester,
     sample: float,
     slots: asyncio.Semaphore,
@@ -103,10 +104,7 @@ async def check_replica(
     expected = sampled(unit, position, sample)
     if not expected:
         return 0, 0
-    bookie = fragment.bookies[position]
-    if bookie not in connections.registry:  # the fixed id -> address map of this job
-        return len(expected), len(expected)  # not registered: none of its replicas can be read
-    client = await connections.get(bookie)
+    client = await connections.get(fragment.bookies[position])  # no address or no answer: an error, never absent
     async with slots:
         if sample >= 1.0:
             try:
@@ -134,7 +132,7 @@ async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
 
 
 async def audit_unit(
-    unit: AuditUnit, connections: BookiePool, password: bytes, sample: float, slots: asyncio.Semaphore
+    unit: AuditUnit, connections: Connections, password: bytes, sample: float, slots: asyncio.Semaphore
 ) -> AuditResult:
     """Check every bookie of one fragment at once."""
     fragment = unit.fragment
@@ -163,7 +161,7 @@ async def audit_unit(
 
 async def audit_units(units: list[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
     """All fragments of a task concurrently; READS_IN_FLIGHT bounds the reads outstanding."""
-    connections = BookiePool(addresses)
+    connections = Connections(addresses)
     slots = asyncio.Semaphore(READS_IN_FLIGHT)
     try:
         return await asyncio.gather(*(audit_unit(unit, connections, password, sample, slots) for unit in units))
@@ -221,7 +219,7 @@ def run_audit(
     with zkclient.session(zk) as client:
         units, summary.ledgers = plan_audit(client)
         summary.fragments = len(units)
-        addresses = {info.bookie_id: info.address for info in BookieRegistry(client).all()}
+        addresses = BookieRegistry(client).last_known_addresses(b for unit in units for b in unit.fragment.bookies)
         results = []
         if units:
             context = sparksettings.session(master, app_name="bookfleet-audit").sparkContext

@@ -1,12 +1,19 @@
 """The Spark repair job: markers in, fully replicated ledgers out.
 
-The driver reads the markers (or the ledgers it was given), takes each ledger's repair lock, fences and closes
-ledgers left OPEN longer than the grace period, plans the damaged fragments and ships batches of them to Spark
-tasks (bookfleet.replication.repair). The driver, not the task, holds the lock: from planning through the metadata
-swap, so the ephemeral lock covers the whole repair of a ledger and dies with a killed driver; tasks only copy.
+The driver reads the markers (or the ledgers it was given), takes each ledger's repair lock, fences and closes an
+OPEN ledger only when its current segment lost a bookie and the grace period is over (a ledger that lost bookies
+only in earlier segments is repaired while its writer goes on), plans the damaged fragments and ships batches of
+them to Spark tasks (bookfleet.replication.repair). The driver, not the task, holds the lock: from planning through
+the metadata swap, so the ephemeral lock covers the whole repair of a ledger and dies with a killed driver; tasks
+only copy.
 As each batch returns, every ledger in it whose copies all succeeded gets its segments rewritten by
 compare-and-set and its marker cleared by compare-and-set, so a run killed half-way keeps what it finished and a
 rerun converges: a copy whose metadata update never happened is simply made again.
+
+A bookie is missing only when a marker names it (the auditor marks after lostBookieRecoveryDelay, a replica check
+on a definite answer, a writer for a bookie that missed entries); an unregistered bookie the marker does not name
+is a survivor, asked at the address it last registered with. A ledger whose copy could not be made (a survivor
+that did not answer) keeps its marker and its metadata, and the runner retries it with backoff.
 
 Run it in process (`run_repair`, `bookfleet repair`) or through spark-submit (`python spark_repair.py --zk ...`).
 """
@@ -40,7 +47,13 @@ from bookfleet.meta.metadata import (
 )
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import Marker, UnderReplication
-from bookfleet.replication.planner import FragmentPlan, plan_ledger
+from bookfleet.replication.planner import (
+    FragmentPlan,
+    choose_replacements,
+    lost_positions,
+    plan_ledger,
+    tail_is_damaged,
+)
 from bookfleet.replication.repair import FragmentResult, RepairSettings, repair_partition
 
 log = logging.getLogger(__name__)
@@ -165,7 +178,6 @@ class RepairJob:
         self.holder = f"repair:{socket.gethostname()}:{os.getpid()}"
         self.summary = RepairSummary()
         self.lock = threading.Lock()
-        self.registered: set[str] = set()
 
     def run(
         self,
@@ -197,7 +209,6 @@ class RepairJob:
             markers: dict[int, Marker | None] = {m.ledger_id: m for m in self.under_replication.markers()}
         else:
             markers = self.under_replication.read_markers(ledgers)
-        self.registered = {info.bookie_id for info in self.registry.all()}
         writable = self.registry.writable()
         locked = self.under_replication.acquire_all(markers, self.holder)
         self.summary.pending += [ledger_id for ledger_id in markers if ledger_id not in locked]
@@ -237,13 +248,20 @@ class RepairJob:
                 self.under_replication.clear(marker)  # deleted ledgers need no replicas
             return None
         metadata, version = stored
-        missing = frozenset((marker.missing_bookies if marker else set()) | (metadata.bookies() - self.registered))
-        if not metadata.is_closed:
+        missing = marker.missing_bookies if marker else frozenset()
+        choose = self.chooser(writable)
+        if tail_is_damaged(metadata, missing):
+            tail = metadata.segments[-1].bookies
+            try:  # a writer going on at Qa is better than a fenced ledger nobody can repair
+                choose_replacements(tail, lost_positions(tail, missing), metadata.write_quorum, missing, choose)
+            except NotEnoughBookies as exc:
+                self.fail(ledger_id, f"ledger {ledger_id}: not fencing its writer, no replacement bookie: {exc}")
+                return None
             if self.close_open_ledger(ledger_id, marker, metadata) is None:
                 return None
             metadata, version = self.metadata.read(ledger_id)
         try:
-            plans = plan_ledger(ledger_id, metadata, missing, self.chooser(writable))
+            plans = plan_ledger(ledger_id, metadata, missing, choose)
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
@@ -264,7 +282,8 @@ class RepairJob:
     def close_open_ledger(
         self, ledger_id: int, marker: Marker | None, metadata: LedgerMetadata
     ) -> LedgerMetadata | None:
-        """Fence and close an OPEN ledger whose marker is older than the grace period (recovery open)."""
+        """Fence and close an OPEN ledger whose current segment lost a bookie, once its marker is older than the
+        grace period its writer gets to replace the bookie itself (recovery open)."""
         age = time.time() - (marker.ctime / 1000 if marker else metadata.ctime)
         if age < self.open_grace_s:
             self.summary.pending.append(ledger_id)
@@ -290,7 +309,9 @@ class RepairJob:
         parallelism = max(1, context.defaultParallelism)
         batches = self.batches(works, parallelism * TASKS_PER_CORE)
         settings = RepairSettings(
-            addresses={info.bookie_id: info.address for info in self.registry.all()},
+            addresses=self.registry.last_known_addresses(
+                bookie for work in works for plan in work.plans for bookie in plan.bookies
+            ),
             password=self.password,
             throttle_bytes_per_s=self.throttle_mb_s * 1e6 / parallelism if self.throttle_mb_s else None,
         )
@@ -473,9 +494,10 @@ class RepairJob:
         if marker is not None and not (self.clearable(marker, metadata) and self.under_replication.clear(marker)):
             self.summary.pending.append(ledger_id)
 
-    def clearable(self, marker: Marker, metadata: LedgerMetadata) -> bool:
-        """No bookie the marker names, nor any unregistered one, is left in the ledger."""
-        return not metadata.bookies() & (set(marker.missing_bookies) | (metadata.bookies() - self.registered))
+    @staticmethod
+    def clearable(marker: Marker, metadata: LedgerMetadata) -> bool:
+        """No bookie the marker names is left in the ledger."""
+        return not metadata.bookies() & marker.missing_bookies
 
     def count_repaired(self) -> None:
         with self.lock:

@@ -51,3 +51,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $name := include "bookfleet.zookeeperName" . -}}
 {{- printf "%s.%s.svc:2181" $name .Release.Namespace -}}
 {{- end -}}
+
+{{/* NetworkPolicy peers of the fleet: its own pods (bookies, operator, repair drivers and executors) and pods
+labelled `bookfleet.io/client: "true"` (bookfleet.kube.resources.CLIENT_LABEL, which the operator's bookie policies
+allow too), in the release namespace and in the watched one. */}}
+{{- define "bookfleet.fleetPeers" -}}
+{{- $namespaces := uniq (list .Release.Namespace (include "bookfleet.watchNamespace" .)) -}}
+{{- range $namespace := $namespaces }}
+{{- range $labels := list (dict "app.kubernetes.io/name" (include "bookfleet.name" $)) (dict "bookfleet.io/client" "true") }}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ $namespace }}
+  podSelector:
+    matchLabels:
+      {{- toYaml $labels | nindent 6 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of every bookie pod and of each cluster's headless Service (bookfleet.kube.resources.BOOKIE_POD_SELECTOR). */}}
+{{- define "bookfleet.bookieSelector" -}}
+app.kubernetes.io/name: bookfleet
+app.kubernetes.io/component: bookie
+{{- end -}}

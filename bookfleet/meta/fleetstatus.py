@@ -1,0 +1,215 @@
+"""The fleet at a glance, read from ZooKeeper: bookies, ledgers, under-replication, the auditor and running repairs.
+
+`fleet_status(zk)` is the one place these facts are gathered: `bookfleet status` prints them, and the operator can
+put the same ones on its BookieCluster status. It only reads, each kind of node in one pipeline of asynchronous
+calls, so its cost is one round trip per kind plus the ledger count.
+
+What ZooKeeper says about a repair in progress: the repair job takes the lock of every ledger it plans at the start
+and releases each as its commit lands, so the locks a holder still has are the ledgers it has left, and the oldest
+lock's age is how long that run has been going.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import Literal
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from pydantic import BaseModel, computed_field
+
+from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta.metadata import LedgerState, MetadataStore
+from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.underreplication import UnderReplication
+
+
+class BookieAtAGlance(BaseModel):
+    """One bookie: registered (writable or read-only), or absent while the bookie index still names it."""
+
+    bookie_id: str
+    state: Literal["writable", "read_only", "absent"]
+    address: str | None = None
+    zone: str = ""
+    free_bytes: int | None = None
+    ledgers: int = 0
+    """Ledgers with a segment on this bookie (the bookie index)."""
+    forced_read_only: str | None = None
+    """The reason, while `bookfleet bookies readonly` (or the operator) forces it read-only."""
+
+
+class LedgerCounts(BaseModel):
+    total: int = 0
+    open: int = 0
+    in_recovery: int = 0
+    closed: int = 0
+    under_replicated: int = 0
+    data_loss: int = 0
+
+
+class UnderReplicatedLedger(BaseModel):
+    """A marked ledger: which bookies its replicas are missing on, since when, and who is repairing it."""
+
+    ledger_id: int
+    missing_bookies: list[str]
+    since: dt.datetime
+    repair_holder: str | None = None
+
+
+class AuditorStatus(BaseModel):
+    active: str | None
+    """The elected auditor's id (None: no auditor runs, so lost bookies are not noticed)."""
+    standbys: int
+    recovery_delay_s: float
+    """lostBookieRecoveryDelay: how long a vanished bookie may stay away before its ledgers are marked."""
+    replication_disabled: bool
+    """The switch of `bookfleet autorecovery disable`: nothing is marked or repaired while it is set."""
+
+
+class RepairAtAGlance(BaseModel):
+    """A repair run seen through its locks: `ledgers_left` of its planned ledgers are not committed yet."""
+
+    holder: str
+    ledgers_left: int
+    running_since: dt.datetime
+
+
+class FleetStatus(BaseModel):
+    taken_at: dt.datetime
+    bookies: list[BookieAtAGlance]
+    ledgers: LedgerCounts
+    data_loss_ledgers: list[int]
+    auditor: AuditorStatus
+    repairs: list[RepairAtAGlance]
+
+    @computed_field
+    @property
+    def healthy(self) -> bool:
+        """Every bookie that holds ledgers is up, nothing is marked and nothing is lost."""
+        return (
+            not self.ledgers.under_replicated
+            and not self.ledgers.data_loss
+            and all(bookie.state != "absent" or not bookie.ledgers for bookie in self.bookies)
+        )
+
+
+def fleet_status(zk: KazooClient) -> FleetStatus:
+    """Everything `bookfleet status` shows, read now through `zk` (a started client the caller owns)."""
+    under_replication = UnderReplication(zk)
+    metadata = MetadataStore(zk)
+    locks = repair_locks(zk)
+    states = Counter(
+        stored[0].state for stored in metadata.read_all(metadata.ledger_ids()).values() if stored is not None
+    )
+    data_loss = [record.ledger_id for record in under_replication.data_losses()]
+    ledgers = LedgerCounts(
+        total=sum(states.values()),
+        open=states[LedgerState.OPEN],
+        in_recovery=states[LedgerState.IN_RECOVERY],
+        closed=states[LedgerState.CLOSED],
+        under_replicated=len(under_replication.ledger_ids()),
+        data_loss=len(data_loss),
+    )
+    return FleetStatus(
+        taken_at=dt.datetime.now(dt.UTC),
+        bookies=bookie_statuses(zk),
+        ledgers=ledgers,
+        data_loss_ledgers=data_loss,
+        auditor=auditor_status(zk),
+        repairs=repair_statuses(locks),
+    )
+
+
+def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
+    """Registered bookies and those the bookie index names but that are not registered, by id."""
+    registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
+    ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
+    index_stats = [(bookie_id, zk.exists_async(zkpaths.bookie_index(bookie_id))) for bookie_id in ids]
+    forced = bookiestate.forced_ids(zk)
+    statuses = []
+    for bookie_id, stat in index_stats:
+        found = stat.get()
+        info = registered.get(bookie_id)
+        state = bookiestate.read(zk, bookie_id) if bookie_id in forced else None
+        statuses.append(
+            BookieAtAGlance(
+                bookie_id=bookie_id,
+                state=info.state.value if info else "absent",
+                address=info.address if info else None,
+                zone=info.zone if info else "",
+                free_bytes=info.free_bytes if info else None,
+                ledgers=found.numChildren if found else 0,
+                forced_read_only=state.reason if state and state.read_only else None,
+            )
+        )
+    return statuses
+
+
+def auditor_status(zk: KazooClient) -> AuditorStatus:
+    """The elected auditor: the candidate with the lowest sequence number leads (bookfleet.replication.auditor)."""
+    under_replication = UnderReplication(zk)
+    candidates = sorted(_children(zk, zkpaths.AUDITOR_ELECTION))
+    active = None
+    for name in candidates:  # the leader may resign between the listing and the read: take the next one
+        try:
+            data, _ = zk.get(f"{zkpaths.AUDITOR_ELECTION}/{name}")
+        except NoNodeError:
+            continue
+        active = data.decode(errors="replace")
+        break
+    return AuditorStatus(
+        active=active,
+        standbys=max(0, len(candidates) - 1),
+        recovery_delay_s=under_replication.recovery_delay(),
+        replication_disabled=under_replication.is_disabled(),
+    )
+
+
+def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
+    """ledger id -> (holder, taken at) of every repair lock held now."""
+    names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
+    reads = [(int(name[3:]), zk.get_async(f"{zkpaths.UR_LOCKS}/{name}")) for name in names]
+    locks = {}
+    for ledger_id, read in reads:
+        try:
+            data, stat = read.get()
+        except NoNodeError:
+            continue  # released meanwhile
+        locks[ledger_id] = (data.decode(errors="replace"), _from_ms(stat.ctime))
+    return locks
+
+
+def repair_statuses(locks: dict[int, tuple[str, dt.datetime]]) -> list[RepairAtAGlance]:
+    by_holder: dict[str, list[dt.datetime]] = {}
+    for holder, taken_at in locks.values():
+        by_holder.setdefault(holder, []).append(taken_at)
+    return [
+        RepairAtAGlance(holder=holder, ledgers_left=len(taken), running_since=min(taken))
+        for holder, taken in sorted(by_holder.items())
+    ]
+
+
+def under_replicated_ledgers(zk: KazooClient) -> list[UnderReplicatedLedger]:
+    """Every marked ledger, by id, with the holder of its repair lock if one is being repaired."""
+    locks = repair_locks(zk)
+    return [
+        UnderReplicatedLedger(
+            ledger_id=marker.ledger_id,
+            missing_bookies=sorted(marker.missing_bookies),
+            since=_from_ms(marker.ctime),
+            repair_holder=locks[marker.ledger_id][0] if marker.ledger_id in locks else None,
+        )
+        for marker in UnderReplication(zk).markers()
+    ]
+
+
+def _from_ms(milliseconds: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(milliseconds / 1000, dt.UTC)
+
+
+def _children(zk: KazooClient, path: str) -> list[str]:
+    try:
+        return zk.get_children(path)
+    except NoNodeError:
+        return []

@@ -1,0 +1,53 @@
+"""Spark session settings: loopback driver addresses only where this process picks a local master itself.
+
+A repair Job runs spark-submit with `--conf spark.driver.host=$(POD_IP)`; if the session forced 127.0.0.1 over it,
+executor pods would be told to connect to their own loopback and never register, and the Job would never finish.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bookfleet import spark
+
+# A loopback address other than 127.0.0.1, so the test can tell the given driver host from the forced one.
+GIVEN_DRIVER_HOST = "127.0.0.2"
+
+PROBE = """\
+from bookfleet import spark
+session = spark.session(None)
+print("driver.host=" + session.conf.get("spark.driver.host"))
+session.stop()
+"""
+
+
+def test_loopback_driver_settings_only_for_a_local_master() -> None:
+    for master in ("local[2]", "local", "local[*]"):
+        assert spark.session_conf(master)["spark.driver.host"] == spark.LOCAL_IP
+    for master in (None, "k8s://https://kubernetes.default.svc", "spark://master:7077"):
+        conf = spark.session_conf(master)
+        assert "spark.driver.host" not in conf and "spark.driver.bindAddress" not in conf
+        assert conf["spark.ui.enabled"] == "false"
+
+
+@pytest.mark.spark
+def test_a_session_under_spark_submit_keeps_the_driver_host_it_was_given(tmp_path: Path) -> None:
+    """The job's own session (master None) must not override spark-submit's driver host, as on Kubernetes."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    command = [spark.spark_submit_binary(), "--master", "local[1]"]
+    for key, value in {
+        "spark.driver.host": GIVEN_DRIVER_HOST,
+        "spark.driver.bindAddress": spark.LOCAL_IP,
+        "spark.ui.enabled": "false",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }.items():
+        command += ["--conf", f"{key}={value}"]
+    result = subprocess.run([*command, str(probe)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"driver.host={GIVEN_DRIVER_HOST}" in result.stdout.splitlines()

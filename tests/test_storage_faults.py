@@ -1,0 +1,172 @@
+"""Bookie storage under faults: ids no index can hold, a ledger the index refuses, a journal that fails, a fenced
+ledger's LAC. Each test injects its fault into a real LedgerStorage on real files."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import sqlite3
+
+import pytest
+
+from bookfleet import wire
+from bookfleet.bookie import journal
+from bookfleet.bookie.checkpoint import LastLogMark
+from bookfleet.bookie.entrylog import EntryLogger
+from bookfleet.bookie.errors import LedgerFenced, StorageFailure
+from bookfleet.bookie.index import LedgerIndex
+from bookfleet.bookie.storage import LedgerStorage, StorageSettings
+from tests.fixtures.storage import KEY, TEST_SETTINGS, make_entry
+
+POISON = 2**63
+"""A ledger id a u64 field can carry and no SQLite integer can hold."""
+
+
+async def add_all(storage, ledger_id, entry_ids):
+    entries = {e: make_entry(ledger_id, e) for e in entry_ids}
+    await asyncio.gather(*(storage.add_entry(ledger_id, e, data, KEY) for e, data in entries.items()))
+    return entries
+
+
+async def test_ids_outside_the_signed_64_bit_range_never_reach_the_index(open_storage, storage_dirs):
+    storage = await open_storage()
+    poison_entry = wire.encode_entry(wire.Digester("crc32c"), POISON, 0, -1, 1, b"x")
+    with pytest.raises(wire.InvalidField, match=f"entry header's ledger id {POISON} is outside"):
+        await storage.add_entry(POISON, 0, poison_entry, KEY)
+    with pytest.raises(wire.InvalidField, match=f"ledger id {POISON} is outside"):
+        await storage.fence(POISON, KEY)
+    with pytest.raises(wire.InvalidField, match=f"ledger id {POISON} is outside"):
+        await storage.set_explicit_lac(POISON, 3, KEY)
+    with pytest.raises(wire.InvalidField, match="lac -2 is outside"):
+        await storage.set_explicit_lac(1, -2, KEY)
+    assert storage.ledger_ids() == set()
+
+    entries = await add_all(storage, 1, range(5))
+    await storage.flush()  # healthy: the index takes everything, the mark moves past the adds
+    assert LastLogMark(storage_dirs[1]).read() > journal.JournalPosition(0, 0)
+    storage = await open_storage()
+    assert [await storage.read_entry(1, e) for e in range(5)] == list(entries.values())
+
+
+class RefusingIndex:
+    """Makes the index refuse every flush that carries `ledger_id` (a fault no validation can foresee)."""
+
+    def __init__(self, monkeypatch, ledger_id: int):
+        real = LedgerIndex.commit_flush
+        self.refusals = 0
+
+        def commit_flush(index, locations, ledgers):
+            locations, ledgers = list(locations), list(ledgers)
+            if any(row[0] == ledger_id for row in locations + ledgers):
+                self.refusals += 1
+                raise sqlite3.IntegrityError(f"injected refusal of ledger {ledger_id}")
+            real(index, locations, ledgers)
+
+        monkeypatch.setattr(LedgerIndex, "commit_flush", commit_flush)
+
+
+async def test_a_ledger_the_index_refuses_neither_blocks_the_others_nor_is_lost(
+    open_storage, storage_dirs, monkeypatch
+):
+    settings = {"journal_roll_bytes": 4096}
+    refusing = RefusingIndex(monkeypatch, 13)
+    storage = await open_storage(**settings)
+    stuck = await add_all(storage, 13, range(10))
+    others = {ledger: await add_all(storage, ledger, range(10)) for ledger in (12, 14)}
+    await storage.flush()  # no error: ledgers 12 and 14 are indexed, 13 is quarantined
+    assert refusing.refusals == 2  # the whole batch, then ledger 13 on its own
+    refused = r"ledger 13 cannot be indexed on this bookie \(IntegrityError: injected refusal"
+    with pytest.raises(StorageFailure, match=refused):
+        await storage.add_entry(13, 10, make_entry(13, 10), KEY)
+    assert [await storage.read_entry(13, e) for e in range(10)] == list(stuck.values())
+    assert await storage.read_range(13, 0, 9, 1 << 20) == list(stuck.values())
+
+    # Later flushes do not retry ledger 13 and do not hold the journal back: it is copied once per journal file.
+    first_seq = journal.journal_seqs(storage_dirs[0])[0]
+    for round_ in range(3):
+        others[12].update(await add_all(storage, 12, range(10 + 40 * round_, 50 + 40 * round_)))
+        await storage.flush()
+    assert refusing.refusals == 2
+    assert journal.journal_seqs(storage_dirs[0])[0] > first_seq  # old journal files were trimmed
+    assert LastLogMark(storage_dirs[1]).read().seq > first_seq
+
+    storage = await open_storage(**settings)  # a crash: the first storage is dropped, never closed
+    assert [await storage.read_entry(13, e) for e in range(10)] == list(stuck.values())
+    for ledger, entries in others.items():
+        assert [await storage.read_entry(ledger, e) for e in sorted(entries)] == [entries[e] for e in sorted(entries)]
+    await storage.flush()
+    assert refusing.refusals == 4  # quarantined again after the restart, once
+    monkeypatch.undo()  # the fault is repaired: the next restart indexes ledger 13 for good
+    storage = await open_storage(**settings)
+    await storage.flush()
+    await storage.add_entry(13, 10, make_entry(13, 10), KEY)
+    assert [await storage.read_entry(13, e) for e in range(11)] == [*stuck.values(), make_entry(13, 10)]
+
+
+async def test_a_journal_write_error_fails_the_storage_at_once_and_says_why(storage_dirs, monkeypatch):
+    failures: list[str] = []
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
+    await storage.start()
+    try:
+        await add_all(storage, 1, range(3))
+
+        def broken_disk(fd: int) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "fdatasync", broken_disk)
+        with pytest.raises(StorageFailure, match="journal write failed"):
+            await storage.add_entry(1, 3, make_entry(1, 3), KEY)
+        assert len(failures) == 1 and "journal write or sync failed" in failures[0]
+        assert "Input/output error" in failures[0]
+        assert storage.failure == failures[0]
+        with pytest.raises(StorageFailure):
+            await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+        assert await storage.read_entry(1, 2) == make_entry(1, 2)  # reads go on
+    finally:
+        monkeypatch.undo()
+        await storage.close()
+
+
+async def test_write_lac_is_refused_on_a_fenced_ledger(open_storage):
+    storage = await open_storage()
+    await add_all(storage, 1, range(3))
+    await storage.set_explicit_lac(1, 2, KEY)
+    await storage.fence(1, KEY)
+    with pytest.raises(LedgerFenced):
+        await storage.set_explicit_lac(1, 5, KEY)
+    assert storage.lac(1) == 2
+
+
+async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(storage_dirs, monkeypatch, caplog):
+    failures: list[str] = []
+    settings = StorageSettings(**{**TEST_SETTINGS, "flush_interval": 0.05})
+    storage = LedgerStorage(*storage_dirs, settings, on_failure=failures.append)
+    attempts = []
+    real_sync = EntryLogger.sync
+
+    def failing_sync(logger: EntryLogger) -> None:
+        attempts.append(1)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(EntryLogger, "sync", failing_sync)
+    await storage.start()
+    try:
+        entries = await add_all(storage, 1, range(5))
+        async with asyncio.timeout(60):
+            while len(attempts) < 3:  # timed flushes go on retrying, further and further apart
+                await asyncio.sleep(0.05)
+        assert failures == [f"memtable flush failed: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}"]
+        with pytest.raises(StorageFailure, match="bookie storage failed: memtable flush failed"):
+            await storage.add_entry(1, 5, make_entry(1, 5), KEY)
+        failed_logs = [r for r in caplog.records if "memtable flush failed" in r.getMessage()]
+        assert len([r for r in failed_logs if r.exc_info]) == 1  # one traceback, not one per retry
+
+        monkeypatch.setattr(EntryLogger, "sync", real_sync)  # the disk has room again
+        async with asyncio.timeout(60):
+            while LastLogMark(storage_dirs[1]).read() == journal.JournalPosition(0, 0):
+                await asyncio.sleep(0.05)
+        assert [await storage.read_entry(1, e) for e in range(5)] == list(entries.values())
+    finally:
+        monkeypatch.undo()
+        await storage.close()
