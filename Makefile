@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 CHECKOV := $(VENV)/tools/checkov/bin/checkov
 
-.PHONY: setup run test chaos floors bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries cluster chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -24,10 +24,21 @@ $(CHECKOV):
 run: setup
 	$(VENV)/bin/bookfleet demo
 
-test: setup $(CHECKOV)
+test: setup $(CHECKOV) kube-binaries
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
 	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+
+# The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
+kube-binaries:
+	@if command -v go >/dev/null; then scripts/build-kube.sh >/dev/null; \
+	else echo "no Go toolchain: the cluster tier will be skipped"; fi
+
+test-cluster: setup kube-binaries
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+
+cluster: setup
+	$(PY) -m tests.cluster
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200

@@ -102,7 +102,9 @@ def test_optional_fields_are_nullable_and_quantities_int_or_string() -> None:
     assert spec["resources"]["properties"]["limits"]["additionalProperties"]["x-kubernetes-int-or-string"] is True
     threshold = spec["bookie"]["properties"]["diskUsageThreshold"]
     assert (threshold["minimum"], threshold["exclusiveMinimum"], threshold["maximum"]) == (0, True, 1)
-    assert spec["autoRecovery"]["default"] == {}, "nested defaults apply only when the parent object exists"
+    recovery = spec["autoRecovery"]
+    # Nested defaults apply only when the parent object exists, so the parent's default carries them.
+    assert recovery["default"] == {k: p["default"] for k, p in recovery["properties"].items() if "default" in p}
     assert spec["autoRecovery"]["properties"]["repair"]["properties"]["launcher"]["enum"] == ["job", "sparkapplication"]
     assert spec["zones"]["x-kubernetes-list-type"] == "set"
 
@@ -236,6 +238,22 @@ def test_set_condition_moves_the_transition_time_only_on_a_status_change() -> No
     assert (conditions[0].message, conditions[0].last_transition_time) == ("entry 7", first)
     conditions = set_condition(conditions, Condition(type="DataLoss", status=ConditionStatus.FALSE), now=later)
     assert conditions[0].last_transition_time == later
+
+
+def _object_defaults(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)] if "properties" in schema and "default" in schema else []
+    for name, prop in schema.get("properties", {}).items():
+        found += _object_defaults(prop, f"{path}.{name}")
+    return found + (_object_defaults(schema["items"], f"{path}[]") if "items" in schema else [])
+
+
+@pytest.mark.parametrize("resource", RESOURCES, ids=lambda r: r.kind_name)
+def test_object_defaults_carry_their_fields_defaults(resource) -> None:
+    """A real API server checks an object's default against its CEL rules as written: `{}` under a rule such as
+    `self.port != self.httpPort` fails with "no such key" and the whole CRD is refused (seen on kube-apiserver 1.34)."""
+    for path, obj in _object_defaults(version_schema(resource)["schema"]["openAPIV3Schema"]):
+        defaulted = {name for name, prop in obj["properties"].items() if "default" in prop}
+        assert defaulted <= set(obj["default"]), f"{path}: default {obj['default']} lacks {defaulted}"
 
 
 def server_defaults(schema: dict[str, Any], value: Any) -> Any:

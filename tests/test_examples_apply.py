@@ -25,6 +25,13 @@ def kubectl(kube, *args: str) -> str:
     return result.stdout
 
 
+def _keeps(stored: object, written: object) -> bool:
+    """Every field written is stored with the same value; stored objects may carry more (defaults)."""
+    if isinstance(written, dict):
+        return isinstance(stored, dict) and all(k in stored and _keeps(stored[k], v) for k, v in written.items())
+    return stored == written
+
+
 def test_examples_apply_and_match_the_models(kube):
     kubectl(kube, "apply", "--validate=false", "-f", str(REPO / "charts/bookfleet/crds"))
     applied = kubectl(kube, "apply", "--validate=false", "-f", str(REPO / "examples"))
@@ -33,7 +40,8 @@ def test_examples_apply_and_match_the_models(kube):
     for document in documents:
         plural = MODELS[document["kind"]].plural
         stored = json.loads(kubectl(kube, "get", plural, document["metadata"]["name"], "-o", "json"))
-        assert stored["spec"] == document["spec"]
+        # A real API server fills in the schema's defaults: what the file says is kept, the rest is added.
+        assert _keeps(stored["spec"], document["spec"]), (stored["spec"], document["spec"])
         MODELS[document["kind"]].model_validate(stored)
     assert " created" not in kubectl(kube, "apply", "--validate=false", "-f", str(REPO / "examples"))
     header, row = kubectl(kube, "get", "ledgers").splitlines()

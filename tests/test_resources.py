@@ -226,6 +226,8 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert conf["spark.kubernetes.container.image"] == cluster.spec.image
     assert conf["spark.executor.instances"] == "3" and conf["spark.executor.memory"] == "2g"
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
+    assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
     assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
     assert container["resources"] == cluster.spec.auto_recovery.repair.driver_resources.to_wire()
     assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]

@@ -118,7 +118,9 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
 
 
 def _default_nested_objects(schema: dict[str, Any]) -> None:
-    """Give optional sub-objects `default: {}`, so the API server fills their defaults even when they are omitted.
+    """Give optional sub-objects a default of their own defaulted fields, so the API server fills their defaults even
+    when they are omitted. Not `{}`: the API server checks a default against the object's CEL rules as written, and
+    a rule like `self.port != self.httpPort` fails on `{}` with "no such key", so the CRD is refused.
 
     pydantic leaves `default_factory` defaults out of its schema; objects with required fields or that may be null
     keep no default, since `{}` would not be valid for them.
@@ -128,7 +130,7 @@ def _default_nested_objects(schema: dict[str, Any]) -> None:
         if name in required or "default" in prop or prop.get("nullable") or prop.get("required"):
             continue
         if "properties" in prop:
-            prop["default"] = {}
+            prop["default"] = {key: sub["default"] for key, sub in prop["properties"].items() if "default" in sub}
 
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -561,7 +561,8 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         "spark.kubernetes.authenticate.oauthTokenFile": f"{SERVICE_ACCOUNT_DIR}/token",
         "spark.kubernetes.container.image.pullPolicy": cluster.spec.image_pull_policy,
         "spark.driver.host": "$(POD_IP)",
-        "spark.driver.bindAddress": "0.0.0.0",
+        # Spark 4 tells executors the bind address (spark.kubernetes.executor.useDriverPodIP): it must be the pod IP.
+        "spark.driver.bindAddress": "$(POD_IP)",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},

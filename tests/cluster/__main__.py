@@ -1,0 +1,99 @@
+"""`python -m tests.cluster`: build (once) and run a local Kubernetes cluster until Ctrl-C or SIGTERM.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
+nodes labelled zone-a|b|c, a pod network on a host-only bridge. Everything it made (processes, network namespaces,
+links, mount points, the state directory) is removed when it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bookfleet.polling import wait_for
+from tests.cluster import pki as pki_module
+from tests.cluster.controlplane import SERVICE_IP, ControlPlane
+from tests.cluster.kubelet import Kubelet
+from tests.cluster.network import Bridge
+
+ROOT = Path(__file__).resolve().parents[2]
+API_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local"]
+
+
+def build() -> Path:
+    """scripts/build-kube.sh: builds once per pinned version into ~/.cache/bookfleet/kube-<version>/."""
+    result = subprocess.run([str(ROOT / "scripts" / "build-kube.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def nodes_ready(kubelet: Kubelet) -> bool:
+    nodes = kubelet.api.list_node().items
+    return len(nodes) == 3 and all(
+        any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--state", type=Path, help="state directory (default: a new temporary one, removed at exit)")
+    parser.add_argument("--ready-file", type=Path, help="write the kubeconfig path here once the nodes are Ready")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory (logs) at exit")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+
+    binaries = build()
+    state = args.state or Path(tempfile.mkdtemp(prefix="bookfleet-cluster-"))
+    state.mkdir(parents=True, exist_ok=True)
+    bridge = Bridge.choose()
+    control_plane: ControlPlane | None = None
+    kubelet: Kubelet | None = None
+    started = time.monotonic()
+    try:
+        bridge.create()
+        pki = pki_module.create(state / "pki", ["127.0.0.1", bridge.host_address, SERVICE_IP], API_NAMES)
+        control_plane = ControlPlane(binaries, state, pki, bridge.host_address)
+        control_plane.start()
+        kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
+        kubelet.start()
+        wait_for(lambda: nodes_ready(kubelet), timeout=120, what="three Ready nodes", interval=0.5)
+        kubeconfig = control_plane.kubeconfig
+        print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
+        print(f"  export KUBECONFIG={kubeconfig}", flush=True)
+        print(f"  kubectl get nodes -L topology.kubernetes.io/zone; helm: {binaries / 'helm'}", flush=True)
+        print("  Ctrl-C stops it and removes everything it made", flush=True)
+        if args.ready_file:
+            args.ready_file.write_text(f"{kubeconfig}\n{binaries}\n")
+        control = state / "control"
+        control.mkdir(exist_ok=True)
+        while not stopping.wait(0.5):
+            control_plane.check_alive()
+            for request in sorted(control.glob("fail-node-*")):
+                kubelet.fail_node(request.name.removeprefix("fail-node-"))
+                request.unlink()
+        return 0
+    finally:
+        print("stopping the local cluster ...", flush=True)
+        if kubelet is not None:
+            kubelet.stop()
+        if control_plane is not None:
+            control_plane.stop()
+        bridge.remove()
+        if not args.keep:
+            shutil.rmtree(state, ignore_errors=True)
+        print("local cluster stopped and cleaned up", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

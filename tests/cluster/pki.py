@@ -1,0 +1,82 @@
+"""Certificates and keys for the local control plane, made with the openssl command line (always on Debian)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Where the cluster's CA, serving, admin and service-account keys live."""
+
+    root: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.root / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.root / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.root / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.root / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.root / "sa.key"
+
+    @property
+    def service_account_public_key(self) -> Path:
+        return self.root / "sa.pub"
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _signed(pki: Pki, name: str, subject: str, extensions: str) -> None:
+    key, csr, cert, ext = (pki.root / f"{name}.{suffix}" for suffix in ("key", "csr", "crt", "ext"))
+    ext.write_text(extensions)
+    _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-subj", subject, "-out", str(csr))
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key), "-CAcreateserial",
+        "-days", "30", "-extfile", str(ext), "-out", str(cert),
+    )
+    csr.unlink()
+    ext.unlink()
+
+
+def create(root: Path, serving_ips: list[str], serving_names: list[str]) -> Pki:
+    """A CA; a serving certificate naming every address clients use (loopback, the bridge, the Service IP);
+    an admin client certificate in system:masters; the service-account signing key pair."""
+    root.mkdir(parents=True, exist_ok=True)
+    pki = Pki(root)
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki.ca_key), "-out", str(pki.ca_cert),
+        "-days", "30", "-subj", "/CN=bookfleet-local-ca",
+    )
+    alt_names = ",".join([*(f"IP:{ip}" for ip in serving_ips), *(f"DNS:{name}" for name in serving_names)])
+    _signed(
+        pki, "apiserver", "/CN=kube-apiserver",
+        f"subjectAltName={alt_names}\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+    )
+    _signed(pki, "admin", "/O=system:masters/CN=bookfleet-admin", "extendedKeyUsage=clientAuth\n")
+    _openssl("genrsa", "-out", str(pki.service_account_key), "2048")
+    _openssl("rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_public_key))
+    return pki
