@@ -12,13 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
 from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, WriterSettings
 from bookfleet.client.writeset import write_set
-from bookfleet.meta.metadata import LedgerState
-from bookfleet.meta.metadata import NoSuchLedgerError as UnknownLedger
+from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError
 from bookfleet.meta.underreplication import UnderReplication
 
 
@@ -39,7 +38,7 @@ async def stored_entries(address: str, ledger_id: int, entry_ids) -> set[int]:
     held = set()
     async with await BookieClient.connect(address) as client:
         for entry_id in entry_ids:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
+            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerOnBookieError):
                 await client.read_entry(ledger_id, entry_id)
                 held.add(entry_id)
     return held
@@ -164,7 +163,7 @@ async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
         await writer.add(b"x")
         with pytest.raises(WrongPasswordError, match=f"wrong password for ledger {writer.ledger_id}"):
             await bk.open_ledger(writer.ledger_id, b"wrong")
-        with pytest.raises(UnknownLedger, match="ledger 4242 does not exist"):
+        with pytest.raises(NoSuchLedgerError, match="ledger 4242 does not exist"):
             await bk.open_ledger(4242)
         await writer.close()
         forged = LedgerReader(writer.ledger_id, bk.ledger_metadata(writer.ledger_id), b"wrong", bk.metadata, bk.pool)

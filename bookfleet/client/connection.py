@@ -37,7 +37,7 @@ class BookieError(Exception):
         return _ERROR_CLASSES.get(status, BookieError)(status, message)
 
 
-class NoSuchLedgerError(BookieError):
+class NoSuchLedgerOnBookieError(BookieError):
     pass
 
 
@@ -70,7 +70,7 @@ class ShuttingDownError(BookieError):
 
 
 _ERROR_CLASSES: dict[Status, type[BookieError]] = {
-    Status.NO_SUCH_LEDGER: NoSuchLedgerError,
+    Status.NO_SUCH_LEDGER: NoSuchLedgerOnBookieError,
     Status.NO_SUCH_ENTRY: NoSuchEntryError,
     Status.FENCED: FencedError,
     Status.UNAUTHORIZED: UnauthorizedError,

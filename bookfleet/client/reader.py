@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
@@ -92,7 +92,7 @@ class LedgerReader:
     async def _bookie_view(self, position: int, bookie: str) -> tuple[int, tuple[int, int]]:
         try:
             view = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
-        except NoSuchLedgerError:
+        except NoSuchLedgerOnBookieError:
             view = (wire.INVALID_ENTRY_ID, wire.INVALID_ENTRY_ID)  # nothing written there yet
         return position, view
 
@@ -185,7 +185,7 @@ async def read_entry(
             client = await pool.get(bookie)
             answer = await asyncio.wait_for(client.read_entry(ledger_id, entry_id, fence_key), timeout)
             entry = wire.decode_entry(digester, answer)
-        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+        except (NoSuchEntryError, NoSuchLedgerOnBookieError) as exc:
             missing += 1
             reasons[bookie] = exc.message
             continue

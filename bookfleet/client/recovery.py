@@ -23,7 +23,7 @@ import asyncio
 import logging
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieClient, BookieError, NoSuchLedgerError
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchLedgerOnBookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import READ_TIMEOUT, EntryUnavailable, read_entry
 from bookfleet.client.writer import LedgerClosedError, LedgerWriteError, LedgerWriter, WriterSettings
@@ -115,7 +115,7 @@ async def _fence(
         client = await pool.get(bookie)
         try:
             _, last = await client.read_lac_and_last(ledger_id, fence=True, master_key=master_key)
-        except NoSuchLedgerError:
+        except NoSuchLedgerOnBookieError:
             return wire.INVALID_ENTRY_ID  # fenced, nothing written there
         return await _verified_lac(client, digester, ledger_id, last, master_key)
 
