@@ -26,6 +26,7 @@ run: setup
 
 test: setup $(CHECKOV) kube-binaries
 	$(VENV)/bin/ruff check bookfleet tests
+	$(VENV)/bin/lint-imports
 	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider
 
 # The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
@@ -55,6 +56,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check bookfleet tests
+	$(VENV)/bin/lint-imports
 
 crds: setup
 	$(VENV)/bin/bookfleet crds --out crds --chart charts/bookfleet/crds

@@ -41,6 +41,10 @@ class CommandError(Exception):
     """An error to report as one clear line and a non-zero exit."""
 
 
+EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes": "operator", "yaml": "operator"}
+"""Modules the base install lacks -> the extra of pyproject.toml that brings them."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
@@ -86,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bookfleet {args.command}: {exc or 'timed out'}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as exc:
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if extra := EXTRAS.get((missing or "").split(".")[0]):
+            print(f"bookfleet {args.command}: needs the [{extra}] extra ({missing} is not installed): "
+                  f"pip install 'bookfleet[{extra}]'", file=sys.stderr)
+            return EXIT_USER_ERROR
         log.debug("bookfleet %s failed", args.command, exc_info=True)
         print(
             f"bookfleet {args.command}: unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)",

@@ -277,6 +277,11 @@ def digest_size(digest_type: DigestType) -> int:
     return 4 if digest_type == DigestType.CRC32C else 32
 
 
+def max_payload_size(digest_type: DigestType | str) -> int:
+    """The largest entry payload whose ADD_ENTRY frame (header, master key, entry header, digest) a bookie accepts."""
+    return MAX_FRAME_SIZE - HEADER_SIZE - MASTER_KEY_SIZE - ENTRY_HEADER.size - digest_size(DigestType(digest_type))
+
+
 class Digester:
     """Computes and checks entry digests for one ledger."""
 

@@ -74,6 +74,10 @@ BUILTIN_TYPES = [
 ]
 
 
+CALL_TIMEOUT = 120.0
+"""Seconds a caller waits for the emulator's loop, which on a loaded machine serves many watches at once."""
+
+
 class KubernetesApiError(kmock.KubernetesError):
     pass
 
@@ -622,7 +626,10 @@ class EmulatorThread:
             result = fn(*args)
             return await result if asyncio.iscoroutine(result) else result
 
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+        try:
+            return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=CALL_TIMEOUT)
+        except TimeoutError:
+            raise TimeoutError(f"the emulator did not run {fn.__name__} within {CALL_TIMEOUT:.0f}s") from None
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         config = {

@@ -12,7 +12,7 @@ import pytest
 
 from bookfleet import wire
 from bookfleet.bookie.config import BookieConfig
-from bookfleet.bookie.main import Bookie
+from bookfleet.bookie.main import BookieNode
 from bookfleet.bookie.registration import Registration
 from bookfleet.client.connection import BookieClient, ReadOnlyError
 from bookfleet.meta import zk as zkclient
@@ -33,7 +33,7 @@ async def test_a_journal_write_error_turns_the_bookie_read_only_at_once_and_says
     config = BookieConfig(
         "failing-bookie", free_port(), tmp_path / "journal", tmp_path / "ledgers", zk_connect, verify_ledgers=False
     )
-    bookie = Bookie(config)
+    bookie = BookieNode(config)
     running = asyncio.create_task(bookie.run())
     try:
         await eventually(lambda: zk.exists(zkpaths.available(config.bookie_id)), "registration")

@@ -12,7 +12,7 @@ import pytest
 
 from bookfleet import cli, wire
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.connection import BookieClient, NoSuchLedgerError, ReadOnlyError
+from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, ReadOnlyError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.fleet import BookieProcess
 from bookfleet.meta import bookiestate, zkpaths
@@ -88,7 +88,7 @@ async def test_read_only_when_full_and_writable_after_gc(bookie_fleet, zk):
         async with asyncio.timeout(20):
             while (await client.bookie_info()).state.name != "WRITABLE":
                 await asyncio.sleep(0.05)
-        with pytest.raises(NoSuchLedgerError):
+        with pytest.raises(NoSuchLedgerOnBookieError):
             await client.read_entry(3, 0)
         assert await client.add_entry(MASTER_KEY, encode_test_entry(6, 0, payload)) == (6, 0)
     await registered_as(zk, bookie, "available")
@@ -104,7 +104,7 @@ async def test_read_only_forced_through_zookeeper_until_cleared(bookie_fleet, zk
     async with await BookieClient.connect(target.address) as client:
         await client.add_entry(MASTER_KEY, encode_test_entry(4, 0, b"before"))
         assert cli.main([*readonly, "--reason", "draining for maintenance"]) == 0
-        assert bookiestate.read(zk, target.bookie_id) == bookiestate.BookieState(
+        assert bookiestate.read(zk, target.bookie_id) == bookiestate.ForcedState(
             read_only=True, reason="draining for maintenance")
         await registered_as(zk, target, "readonly")
         with pytest.raises(ReadOnlyError, match=r"forced read-only in ZooKeeper \(draining for maintenance\)"):

@@ -17,7 +17,7 @@ from bookfleet.client.connection import (
     BookieClient,
     FencedError,
     NoSuchEntryError,
-    NoSuchLedgerError,
+    NoSuchLedgerOnBookieError,
     UnauthorizedError,
 )
 from bookfleet.meta import zkpaths
@@ -56,7 +56,7 @@ async def test_every_op_round_trips(bookie_fleet, zk):
         info = await client.bookie_info()
         assert info.state == wire.BookieState.WRITABLE and 0 < info.free_bytes <= info.total_bytes
 
-        with pytest.raises(NoSuchLedgerError, match="READ_ENTRY for ledger 77"):
+        with pytest.raises(NoSuchLedgerOnBookieError, match="READ_ENTRY for ledger 77"):
             await client.read_entry(77, 0)
         with pytest.raises(NoSuchEntryError, match="no entry 42"):
             await client.read_entry(5, 42)

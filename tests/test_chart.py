@@ -6,22 +6,19 @@ import base64
 import importlib
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
 import prometheus_client
 import pytest
-import yaml
 
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import BookieCluster, cluster_problems
-from tests.fixtures.manifests import operator_objects
+from tests.fixtures.manifests import CHART, operator_objects, render_chart
 
-CHART = Path(__file__).resolve().parent.parent / "charts" / "bookfleet"
 ALL_OPTIONAL = {
     "zookeeper": {"enabled": True, "replicas": 3, "storageClassName": "standard"},
     "bookieCluster": {"enabled": True, "zones": ["zone-a", "zone-b", "zone-c"]},
@@ -39,20 +36,9 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def render(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    rendered = chart.render(values, name="bookfleet", namespace="bookfleet", is_install=True)
-    return [
-        doc
-        for path, text in sorted(rendered.items())
-        if path.endswith(".yaml")
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
-
-
 @pytest.fixture(scope="module", params=list(VALUES), ids=list(VALUES))
-def rendered(request, chart: helm.Chart) -> tuple[str, list[dict[str, Any]]]:
-    return request.param, render(chart, VALUES[request.param])
+def rendered(request) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render_chart(VALUES[request.param])
 
 
 @pytest.mark.parametrize("values", list(VALUES.values()), ids=list(VALUES))
@@ -111,8 +97,8 @@ def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_repair_account_has_exactly_what_the_builders_grant(chart: helm.Chart) -> None:
-    objects = render(chart, ALL_OPTIONAL)
+def test_repair_account_has_exactly_what_the_builders_grant() -> None:
+    objects = render_chart(ALL_OPTIONAL)
     (role,) = by_kind(objects, "Role", "repair")
     assert role["metadata"]["namespace"] == "storage"
     assert role["rules"] == resources.REPAIR_RULES
@@ -122,8 +108,8 @@ def test_repair_account_has_exactly_what_the_builders_grant(chart: helm.Chart) -
     assert binding["subjects"][0]["name"] == repair.service_account_name == "bookfleet-repair"
 
 
-def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(chart: helm.Chart) -> None:
-    objects = render(chart, {})
+def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds() -> None:
+    objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
     assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}]
@@ -156,17 +142,17 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds(ch
     assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
 
 
-def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error(chart: helm.Chart) -> None:
+def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error() -> None:
     with pytest.raises(helm.HelmError, match=r"bookieCluster\.zookeeper is empty"):
-        render(chart, {"bookieCluster": {"enabled": True}})
+        render_chart({"bookieCluster": {"enabled": True}})
     with pytest.raises(helm.HelmError, match=r"zookeeper\.replicas must be 1, 3 or 5"):
-        render(chart, {"zookeeper": {"enabled": True, "replicas": 2}})
+        render_chart({"zookeeper": {"enabled": True, "replicas": 2}})
 
 
-def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid(chart: helm.Chart) -> None:
+def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid() -> None:
     """The image's entrypoint (set -e) writes $ZOO_DATA_DIR/myid before ZooKeeper starts: the directory must be a
     mount point, not a subdirectory of an empty volume; every other directory written is a mount too."""
-    (statefulset,) = by_kind(render(chart, ALL_OPTIONAL), "StatefulSet")
+    (statefulset,) = by_kind(render_chart(ALL_OPTIONAL), "StatefulSet")
     (container,) = statefulset["spec"]["template"]["spec"]["containers"]
     env = {item["name"]: item["value"] for item in container["env"]}
     mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
@@ -175,8 +161,8 @@ def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid(chart: helm
     assert {env["ZOO_CONF_DIR"], env["ZOO_LOG_DIR"], "/tmp"} <= mounts
 
 
-def test_disruption_budget_and_zone_spread_for_zookeeper(chart: helm.Chart) -> None:
-    objects = render(chart, ALL_OPTIONAL)
+def test_disruption_budget_and_zone_spread_for_zookeeper() -> None:
+    objects = render_chart(ALL_OPTIONAL)
     (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
     (statefulset,) = by_kind(objects, "StatefulSet")
     assert budget["spec"]["maxUnavailable"] == 1
@@ -186,10 +172,10 @@ def test_disruption_budget_and_zone_spread_for_zookeeper(chart: helm.Chart) -> N
     assert keys == {resources.ZONE_LABEL, resources.HOSTNAME_LABEL}
 
 
-def test_zookeeper_only_from_the_fleet_and_labelled_clients(chart: helm.Chart) -> None:
+def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
     """Bookies and repair pods (watched namespace), the operator (release namespace), labelled clients; peers only
     between servers; and the client label is the one the operator's bookie policies allow."""
-    objects = render(chart, ALL_OPTIONAL)
+    objects = render_chart(ALL_OPTIONAL)
     (policy,) = by_kind(objects, "NetworkPolicy", "zookeeper")
     client_rule, peer_rule = policy["spec"]["ingress"]
     assert [port["port"] for port in client_rule["ports"]] == [2181]
@@ -206,18 +192,18 @@ def test_zookeeper_only_from_the_fleet_and_labelled_clients(chart: helm.Chart) -
     assert {p["port"] for p in peer_rule["ports"]} == {2888, 3888}
     (operator_policy,) = by_kind(objects, "NetworkPolicy", "operator")
     assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
-    assert by_kind(render(chart, {**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+    assert by_kind(render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
 
 
-def test_operator_is_probed_for_readiness(chart: helm.Chart) -> None:
-    (deployment,) = by_kind(render(chart, {}), "Deployment")
+def test_operator_is_probed_for_readiness() -> None:
+    (deployment,) = by_kind(render_chart({}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["readinessProbe"]["httpGet"]["port"] == "health"
 
 
-def test_monitors_scrape_bookie_metrics_in_the_watched_namespace(chart: helm.Chart) -> None:
-    assert [obj for obj in render(chart, {}) if obj["kind"] in PROMETHEUS_OPERATOR_KINDS] == []
-    objects = render(chart, ALL_OPTIONAL)
+def test_monitors_scrape_bookie_metrics_in_the_watched_namespace() -> None:
+    assert [obj for obj in render_chart({}) if obj["kind"] in PROMETHEUS_OPERATOR_KINDS] == []
+    objects = render_chart(ALL_OPTIONAL)
     (pod_monitor,) = by_kind(objects, "PodMonitor")
     (service_monitor,) = by_kind(objects, "ServiceMonitor")
     built = operator_objects()
@@ -257,8 +243,8 @@ def exported_metric_names() -> set[str]:
     }
 
 
-def test_dashboard_queries_only_metrics_the_code_exports(chart: helm.Chart) -> None:
-    (config_map,) = [obj for obj in by_kind(render(chart, ALL_OPTIONAL), "ConfigMap")]
+def test_dashboard_queries_only_metrics_the_code_exports() -> None:
+    (config_map,) = [obj for obj in by_kind(render_chart(ALL_OPTIONAL), "ConfigMap")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(config_map["data"]["bookfleet.json"])
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
@@ -273,7 +259,7 @@ def test_dashboard_queries_only_metrics_the_code_exports(chart: helm.Chart) -> N
 def test_two_operator_replicas_peer_through_a_kopf_peering_the_chart_installs(chart: helm.Chart) -> None:
     """kopf pauses a peered operator until its KopfPeering exists and it holds the top priority: the chart ships the
     CRD and the object (in the watched namespace), and each replica draws its own priority so two never tie."""
-    objects = render(chart, {"operator": {"watchNamespace": "storage"}})
+    objects = render_chart({"operator": {"watchNamespace": "storage"}})
     (deployment,) = by_kind(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     (peering,) = by_kind(objects, "KopfPeering")
@@ -294,8 +280,8 @@ def test_operator_priority_needs_peering(capsys) -> None:
         build_parser().parse_args(["operator", "--standalone", "--peering", "bookfleet"])
 
 
-def test_tls_and_zookeeper_auth_are_on_by_default(chart: helm.Chart) -> None:
-    objects = render(chart, ALL_OPTIONAL)
+def test_tls_and_zookeeper_auth_are_on_by_default() -> None:
+    objects = render_chart(ALL_OPTIONAL)
     (cluster,) = by_kind(objects, "BookieCluster")
     security = BookieCluster.model_validate(cluster).spec.security
     assert security.tls == "Operator" and security.zookeeper_auth_secret == "bookfleet-zk-auth"

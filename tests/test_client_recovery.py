@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.connection import BookieClient, FencedError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
-from bookfleet.client.writeset import quorum_covered
+from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
 from tests.test_client_writer import eventually, stored_entries
 
@@ -106,3 +108,67 @@ async def test_recovery_replaces_a_dead_write_set_bookie(bookie_fleet, zk_connec
         assert await stored_entries(survivor.address, writer.ledger_id, range(12)) == set(range(10))
         reader = await recoverer.open_ledger(writer.ledger_id)
         assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
+
+
+async def test_recovery_reads_fence_a_slow_write_set_bookie(bookie_fleet, zk_connect, link_proxy):
+    """BookKeeper's TLA+ race: C's link loses the fence, B answers the fence and then fails, so recovery hears "no
+    such entry" from A and C. Unless that read fenced C, the old writer's late add of the same entry then reaches
+    C and, with B's copy, gets Qa acks past the lastEntryId recovery just closed at."""
+    proxies = {}
+    for _ in range(4):  # three for the ensemble, one spare for the recovery writer's ensemble change
+        proxy = await link_proxy(0)
+        bookie = bookie_fleet.add(advertised_address=proxy.address)
+        proxy.target_port = bookie.port
+        proxies[bookie.bookie_id] = proxy
+        bookie.start()
+    ports = {b.bookie_id: b.port for b in bookie_fleet.bookies}
+    for bookie in bookie_fleet.bookies:
+        bookie.wait_ready()
+    password, last_acked = b"pw", 5
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as new:
+        writer = await old.create_ledger(3, 3, 2, password=password)
+        for i in range(last_acked + 1):
+            await writer.add(b"%d" % i)
+        await writer.flush()
+        await writer.detach()
+        ensemble = writer.metadata.segments[-1].bookies
+        entry_id = last_acked + 1
+        _, b, c = (ensemble[p] for p in write_set(entry_id, 3, 3))  # recovery reads entry_id from A, B, C
+        late = wire.encode_entry(
+            wire.Digester(writer.metadata.digest_type, password),
+            writer.ledger_id,
+            entry_id,
+            last_acked,
+            writer.length + 4,
+            b"late",
+        )
+        master_key = wire.master_key(password)
+        async with await BookieClient.connect(f"127.0.0.1:{ports[b]}") as direct:
+            await direct.add_entry(master_key, late)  # the old writer's add reached B only so far
+
+        proxies[c].hold()
+        proxies[b].on_answer(lambda: (proxies[b].cut(), proxies[c].release()))
+        metadata = await new.recover_ledger(writer.ledger_id, password)
+        assert metadata.last_entry_id == last_acked
+
+        async with await BookieClient.connect(f"127.0.0.1:{ports[c]}") as direct:
+            with pytest.raises(FencedError):  # the old writer's add finally reaches C: it must be refused
+                await direct.add_entry(master_key, late)
+        reader = await new.open_ledger(writer.ledger_id, password)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(last_acked + 1)]
+
+
+async def test_recovery_takes_its_lac_from_verified_entries_not_bare_numbers(bookie_fleet, zk_connect):
+    """A bookie reporting a LAC beyond every entry (a WRITE_LAC nobody's entries back) must not make recovery start
+    past the real tail (it used to fail for good, leaving the ledger IN_RECOVERY)."""
+    bookie_fleet.start(3)
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as new:
+        writer = await old.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(6):
+            await writer.add(b"%d" % i)
+        await writer.flush()
+        await writer.detach()
+        async with await BookieClient.connect(bookie_fleet.bookies[0].address) as direct:
+            await direct.write_lac(wire.master_key(b"pw"), writer.ledger_id, 100)
+        metadata = await new.recover_ledger(writer.ledger_id, b"pw")
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 5)

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import LedgerClosedError
+from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, WriterSettings
 from bookfleet.client.writeset import write_set
-from bookfleet.meta.metadata import LedgerState
-from bookfleet.meta.metadata import NoSuchLedgerError as UnknownLedger
+from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError
+from bookfleet.meta.underreplication import UnderReplication
 
 
 @contextlib.contextmanager
@@ -38,7 +38,7 @@ async def stored_entries(address: str, ledger_id: int, entry_ids) -> set[int]:
     held = set()
     async with await BookieClient.connect(address) as client:
         for entry_id in entry_ids:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerError):
+            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerOnBookieError):
                 await client.read_entry(ledger_id, entry_id)
                 held.add(entry_id)
     return held
@@ -163,7 +163,7 @@ async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
         await writer.add(b"x")
         with pytest.raises(WrongPasswordError, match=f"wrong password for ledger {writer.ledger_id}"):
             await bk.open_ledger(writer.ledger_id, b"wrong")
-        with pytest.raises(UnknownLedger, match="ledger 4242 does not exist"):
+        with pytest.raises(NoSuchLedgerError, match="ledger 4242 does not exist"):
             await bk.open_ledger(4242)
         await writer.close()
         forged = LedgerReader(writer.ledger_id, bk.ledger_metadata(writer.ledger_id), b"wrong", bk.metadata, bk.pool)
@@ -175,3 +175,57 @@ async def test_clear_errors_for_bad_requests(bookie_fleet, zk_connect):
             await reader.read(1)
         bk.delete_ledger(writer.ledger_id)
         assert bk.list_ledgers() == []
+
+
+async def test_an_oversized_entry_is_refused_without_disturbing_other_ledgers(bookie_fleet, zk_connect):
+    bookie_fleet.start(4)
+    async with BookKeeper(zk_connect) as bk:
+        big, small = await bk.create_ledger(3, 3, 2), await bk.create_ledger(3, 3, 2)  # share the pool's connections
+        await big.add(b"before")
+        await small.add(b"before")
+        with pytest.raises(
+            EntryTooLargeError, match=f"entry of {big.max_payload + 1} bytes for ledger {big.ledger_id}"
+        ):
+            await big.add(b"x" * (big.max_payload + 1))
+        pending_small = small.append(b"alongside")
+        assert await big.add(b"y" * big.max_payload) == 1  # the largest entry a bookie takes; no id was used up
+        assert await pending_small == 1 and await small.add(b"after") == 2
+        for writer in (big, small):  # no connection was closed under them: no ensemble change
+            assert len(writer.metadata.segments) == 1
+            await writer.close()
+        reader = await bk.open_ledger(big.ledger_id)
+        assert [len(e.payload) async for e in reader.entries()] == [6, big.max_payload]
+
+
+async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(bookie_fleet, zk_connect, zk):
+    """E=Qw=3, Qa=2 on exactly three bookies: losing one leaves Qa of every write set, so the writer keeps going
+    (it used to give up: no replacement), marks the ledger under-replicated naming the lost bookie, and moves to a
+    new bookie once one registers."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(3)}
+    payloads = [b"payload %d" % i for i in range(300)]
+    async with BookKeeper(zk_connect, WriterSettings(replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[:10])) == list(range(10))
+        victim = writer.metadata.segments[0].bookies[1]
+        by_id[victim].kill9()
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[10:200])) == list(range(10, 200))
+
+        async def marked() -> bool:
+            marker = UnderReplication(zk).marker(writer.ledger_id)
+            return marker is not None and marker.missing_bookies == {victim}
+
+        await eventually(marked, timeout=30)
+        spare = bookie_fleet.start(1)[0]
+
+        async def replaced() -> bool:
+            return len(writer.metadata.segments) == 2
+
+        await eventually(replaced, timeout=30)
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[200:])) == list(range(200, 300))
+        metadata = await writer.close()
+        old, new = metadata.segments
+        assert new.bookies == (old.bookies[0], spare.bookie_id, old.bookies[2])
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == payloads
+        held = await stored_entries(spare.address, writer.ledger_id, range(new.first_entry_id, 300))
+        assert held == set(range(new.first_entry_id, 300))

@@ -266,6 +266,63 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
     assert "[3, 4]" in data_loss["message"]
 
 
+def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_process, zk_connect, zk):
+    """The cluster's switch is written into ZooKeeper, where the auditor, the repair job and the operator read it.
+    While it is off a lost bookie gets no repair Job (one would only exit "disabled", look successful with ledgers
+    left, and be relaunched until the operator gave up) and its Bookie says why; switched on, the repair starts."""
+    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0, autoRecovery={
+        "enabled": False, "lostBookieRecoveryDelaySeconds": 0}))
+    wait_for("bk-0's pod recorded", lambda: status(kube, "bookies", "bk-0").get("pod"))
+    under_replication = UnderReplication(zk)
+    assert under_replication.is_disabled()
+    lost_id = kube.get("bookies", NS, "bk-0")["spec"]["bookieId"]
+    ledger_id = MetadataStore(zk).create(new_metadata([lost_id, "elsewhere:3181"], 2, 2))
+    kube.delete("pods", NS, "bk-0")
+    for volume in ("journal", "ledgers"):
+        kube.delete("persistentvolumeclaims", NS, f"bk-0-{volume}")
+    disabled = wait_for("the AutoRecoveryDisabled condition",
+                        lambda: (c := condition(status(kube, "bookies", "bk-0"), "Repaired")).get("reason")
+                        == "AutoRecoveryDisabled" and c)
+    assert disabled["status"] == "False" and "disabled" in disabled["message"]
+    assert kube.list("jobs", NS) == [] and under_replication.marker(ledger_id) is None
+
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"autoRecovery": {"enabled": True}}})
+    wait_for("the repair Job once auto-recovery is enabled", lambda: kube.list("jobs", NS))
+    assert not under_replication.is_disabled()
+    assert under_replication.marker(ledger_id).missing_bookies == {lost_id}
+
+
+def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(kube, operator_process, zk_connect,
+                                                                                zk):
+    kube.create("bookieclusters", bookie_cluster(zk_connect, zones=["zone-a", "zone-b", "zone-c"]))
+    wait_for("bk-0", lambda: kube.get("bookies", NS, "bk-0"))
+    for bookie_id, zone in (("in-a:3181", "zone-a"), ("in-b:3181", "zone-b")):
+        zk.create(zkpaths.available(bookie_id),
+                  f'{{"bookie_id": "{bookie_id}", "address": "127.0.0.1:1", "zone": "{zone}"}}'.encode(),
+                  makepath=True, ephemeral=True)
+
+    def ledger(name: str, **spec: Any) -> None:
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": name, "namespace": NS},
+                                "spec": {"cluster": "bk", "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1,
+                                         **spec}})
+
+    ledger("elsewhere", zones=["zone-x"])
+    ledger("too-wide", ensembleSize=2, writeQuorum=2, zones=["zone-a"])
+    ledger("in-b", zones=["zone-b"])
+    invalid = wait_for("Valid=False", lambda: (c := condition(status(kube, "ledgers", "elsewhere"), "Valid"))
+                       .get("status") == "False" and c)
+    assert invalid["reason"] == "InvalidSpec"
+    assert "zones zone-x are not zones of BookieCluster 'bk'" in invalid["message"]
+    too_wide = wait_for("Valid=False", lambda: (c := condition(status(kube, "ledgers", "too-wide"), "Valid"))
+                        .get("status") == "False" and c)
+    assert "ensembleSize 2 is larger than the 1 bookies in zones zone-a" in too_wide["message"]
+    placed = wait_for("the in-b ledger created", lambda: (s := status(kube, "ledgers", "in-b")).get("state") and s)
+    assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"]}]
+    assert condition(placed, "Valid")["status"] == "True"
+    assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
+
+
 def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(
     kube, podrunner, operator_process, zk_connect, zk, tmp_path, monkeypatch
 ):

@@ -86,3 +86,12 @@ def test_random_replacement_avoids_the_ensemble():
     for seed in range(10):
         chosen = choose_replacement(candidates, ["b0", "b1", "b2"], 2, 2, "random", rng=random.Random(seed))
         assert chosen in {"b3", "b4"}
+
+
+def test_ensembles_stay_in_the_zones_asked_for():
+    candidates = fleet("aabbcc")
+    for seed in range(20):
+        ensemble = choose_ensemble(candidates, 3, 2, zones=["a", "c"], rng=random.Random(seed))
+        assert set(zones_of(ensemble, candidates)) == {"a", "c"}
+    with pytest.raises(NotEnoughBookies, match="need 3 writable bookies in zones b, 2 available: b2, b3"):
+        choose_ensemble(candidates, 3, 2, zones=["b"])

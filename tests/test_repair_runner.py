@@ -9,7 +9,7 @@ import pytest
 
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.replication.runner import AutoRecovery, RepairRunner
+from bookfleet.replication.runner import AutoRecoveryRunner, RepairRunner
 from bookfleet.zkserver import free_port
 from tests.test_repair import lose_bookie, wait_until
 
@@ -39,7 +39,7 @@ def test_runner_waits_for_the_switch_then_repairs_through_spark_submit(zk, zk_co
 
 def test_auto_recovery_serves_the_repair_counters(zk_connect):
     port = free_port()
-    with AutoRecovery(zk_connect, metrics_port=port, poll_interval=0.1) as recovery:
+    with AutoRecoveryRunner(zk_connect, metrics_port=port, poll_interval=0.1) as recovery:
         assert recovery.auditor.wait_active(30)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             metrics = reply.read().decode()

@@ -17,7 +17,7 @@ from kazoo.exceptions import NoAuthError
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.connection import BookieClient, NoSuchLedgerError, UnauthorizedError
+from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
@@ -130,11 +130,11 @@ async def test_no_squatting_on_future_ledger_ids(zk_connect, tmp_path: Path):
             for bookie in bookies:
                 async with await BookieClient.connect(bookie.address) as squatter:
                     for ledger_id in future_ids:
-                        with pytest.raises(NoSuchLedgerError, match=f"ledger {ledger_id} has no metadata"):
+                        with pytest.raises(NoSuchLedgerOnBookieError, match=f"ledger {ledger_id} has no metadata"):
                             await squatter.add_entry(squatter_key, encode_test_entry(ledger_id, 0, b"mine"))
-                        with pytest.raises(NoSuchLedgerError, match="has no metadata"):
+                        with pytest.raises(NoSuchLedgerOnBookieError, match="has no metadata"):
                             await squatter.read_lac_and_last(ledger_id, fence=True, master_key=squatter_key)
-                        with pytest.raises(NoSuchLedgerError, match="has no metadata"):
+                        with pytest.raises(NoSuchLedgerOnBookieError, match="has no metadata"):
                             await squatter.write_lac(squatter_key, ledger_id, 0)
             for expected in future_ids:
                 writer = await bk.create_ledger(3, 3, 2)

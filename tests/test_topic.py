@@ -140,3 +140,22 @@ def test_cli_producer_killed_mid_stream_loses_no_acked_message(zk_connect, booki
             [sys.executable, "-m", "bookfleet", "topic", "consume", *args], env=env, capture_output=True, text=True
         )
         assert bad.returncode == 2 and complaint in bad.stderr, bad.stderr
+
+
+async def test_producer_rolls_to_a_new_ledger_when_its_ledger_is_fenced_under_it(zk, bookies):
+    """A recovery open (what a repair or `bookfleet ledger close` does) fences the producer's ledger mid-stream:
+    every message is still acknowledged exactly once, in the closed ledger's recovered prefix or in a new ledger."""
+    messages = [b"m%d" % n for n in range(400)]
+    async with BookKeeper(zk) as bk, BookKeeper(zk) as fencer:
+        async with Producer(bk, "fenced", settings=SMALL) as producer:
+            first = [producer.send(m) for m in messages[:200]]
+            await asyncio.gather(*first[:50])
+            fenced_ledger = Partition(zk, "fenced", -1).read()[0][-1].ledger_id
+            closed = await fencer.recover_ledger(fenced_ledger)  # while the first 200 are still being written
+            second = [producer.send(m) for m in messages[200:]]
+            ids = await asyncio.gather(*first, *second)
+        ledgers, _ = Partition(zk, "fenced", -1).read()
+        assert len(ledgers) == 2 and ledgers[0].ledger_id == fenced_ledger
+        assert (ledgers[0].closed, ledgers[0].last_entry_id) == (True, closed.last_entry_id)
+        assert len(set(ids)) == len(messages) and ids == sorted(ids)
+        assert sorted(await consumed(bk, Partition(zk, "fenced", -1))) == sorted(zip(ids, messages, strict=True))

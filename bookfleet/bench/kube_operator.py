@@ -24,7 +24,7 @@ from typing import Any
 
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
-from bookfleet.kube import crdgen, resources
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
@@ -116,6 +116,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.large_bookies < 3 or args.large_ledgers < 0 or args.delay < 0:
         raise CommandError("--replicas must be >= 1, --large-bookies >= 3, --large-ledgers and --delay >= 0")
     EmulatorThread = _emulator()
+    from bookfleet.kube import crdgen  # pyyaml, from the [operator] extra
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, ZooKeeperServer(Path(tmp) / "zk") as zk_server:
         baseline = {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}

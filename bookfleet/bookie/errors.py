@@ -5,41 +5,41 @@ from __future__ import annotations
 from bookfleet.wire import Status
 
 
-class BookieError(Exception):
+class StatusError(Exception):
     """A request the bookie refuses; `status` is what goes on the wire, the message says why."""
 
     status: Status = Status.INTERNAL_ERROR
 
 
-class NoSuchLedger(BookieError):
+class NoSuchLedger(StatusError):
     status = Status.NO_SUCH_LEDGER
 
     def __init__(self, ledger_id: int):
         super().__init__(f"ledger {ledger_id} is not on this bookie")
 
 
-class NoSuchEntry(BookieError):
+class NoSuchEntry(StatusError):
     status = Status.NO_SUCH_ENTRY
 
     def __init__(self, ledger_id: int, entry_id: int):
         super().__init__(f"ledger {ledger_id} has no entry {entry_id} on this bookie")
 
 
-class LedgerFenced(BookieError):
+class LedgerFenced(StatusError):
     status = Status.FENCED
 
     def __init__(self, ledger_id: int):
         super().__init__(f"ledger {ledger_id} is fenced: only recovery adds are accepted")
 
 
-class Unauthorized(BookieError):
+class Unauthorized(StatusError):
     status = Status.UNAUTHORIZED
 
     def __init__(self, ledger_id: int):
         super().__init__(f"master key does not match the one ledger {ledger_id} was created with")
 
 
-class UnknownLedger(BookieError):
+class UnknownLedger(StatusError):
     """A first add, fence or LAC write of a ledger that has no metadata in ZooKeeper: nobody may claim its id."""
 
     status = Status.NO_SUCH_LEDGER
@@ -50,27 +50,27 @@ class UnknownLedger(BookieError):
         )
 
 
-class Forbidden(BookieError):
+class RoleForbidden(StatusError):
     """The peer's certificate lacks the role the request needs (the message names principal and role)."""
 
     status = Status.UNAUTHORIZED
 
 
-class BadRequest(BookieError):
+class BadRequest(StatusError):
     """Input that cannot be valid whatever the bookie's state (the message names the field)."""
 
     status = Status.BAD_REQUEST
 
 
-class ReadOnly(BookieError):
+class ReadOnly(StatusError):
     status = Status.READ_ONLY
 
 
-class ShuttingDown(BookieError):
+class ShuttingDown(StatusError):
     status = Status.SHUTTING_DOWN
 
 
-class StorageFailure(BookieError):
+class StorageFailure(StatusError):
     """The disk failed under the journal or the entry log; nothing more is acknowledged."""
 
     status = Status.INTERNAL_ERROR

@@ -27,7 +27,7 @@ FILE_NAME = "index.sqlite"
 
 
 @dataclass(slots=True)
-class LedgerState:
+class IndexedLedger:
     """What a bookie knows about one ledger besides its entries."""
 
     master_key: bytes
@@ -54,9 +54,9 @@ class LedgerIndex:
         self._writer.executescript(SCHEMA)
         self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
-    def ledgers(self) -> dict[int, LedgerState]:
+    def ledgers(self) -> dict[int, IndexedLedger]:
         rows = self._reader.execute("SELECT * FROM ledgers").fetchall()
-        return {row[0]: LedgerState(row[1], bool(row[2]), *row[3:]) for row in rows}
+        return {row[0]: IndexedLedger(row[1], bool(row[2]), *row[3:]) for row in rows}
 
     def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int] | None:
         """(log, offset, size) of a flushed entry."""
@@ -73,7 +73,7 @@ class LedgerIndex:
         )
 
     def commit_flush(self, locations: Iterable[tuple], ledgers: Iterable[tuple]) -> None:
-        """Insert entry locations and ledger rows (LedgerState.row) in one durable transaction."""
+        """Insert entry locations and ledger rows (IndexedLedger.row) in one durable transaction."""
         with self._transaction() as db:
             db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", locations)
             db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?)", ledgers)

@@ -50,7 +50,7 @@ def _tls_context(config: BookieConfig) -> ReloadingContext | None:
         raise StartupError(f"--tls-dir {config.tls_dir}: {exc}") from None
 
 
-class Bookie:
+class BookieNode:
     """One bookie's parts, wired together; `run()` serves until a signal or `stop()`."""
 
     def __init__(self, config: BookieConfig):
@@ -168,7 +168,7 @@ def run(config: BookieConfig) -> int:
     """Run a bookie in this process until SIGTERM or SIGINT."""
 
     async def main() -> None:
-        bookie = Bookie(config)
+        bookie = BookieNode(config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, bookie.stop)

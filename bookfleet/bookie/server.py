@@ -214,7 +214,7 @@ class BookieServer:
             try:
                 roles.authorize_closed_ledger_add(principal, ledger_id)
             except roles.Forbidden as exc:
-                raise errors.Forbidden(str(exc)) from None
+                raise errors.RoleForbidden(str(exc)) from None
         body = frame.body.obj
         ledger_id, entry_id, synced = self._add_entry(body, 0, len(body), frame.code)
         await synced
@@ -508,7 +508,7 @@ class _Connection(asyncio.Protocol):
             try:
                 roles.authorize(self.principal, op, flags)
             except roles.Forbidden as exc:
-                self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.Forbidden(str(exc)))
+                self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.RoleForbidden(str(exc)))
                 return
         if handler is None and end - start >= _MIN_ADD_BODY:
             (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.MASTER_KEY_SIZE)
@@ -547,7 +547,7 @@ class _Connection(asyncio.Protocol):
             self._send(wire.encode_add_responses(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
-            status = error.status if isinstance(error, errors.BookieError) else Status.INTERNAL_ERROR
+            status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
             log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
             for request_id, ledger_id, _ in adds.acks:
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
@@ -585,7 +585,7 @@ class _Connection(asyncio.Protocol):
             self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
         elif isinstance(exc, wire.InvalidField):
             self._answer_error(frame, Status.BAD_REQUEST, exc)
-        elif isinstance(exc, errors.BookieError):
+        elif isinstance(exc, errors.StatusError):
             if exc.status == Status.INTERNAL_ERROR:
                 log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
             self._answer_error(frame, exc.status, exc)

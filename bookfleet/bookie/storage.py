@@ -44,7 +44,7 @@ from bookfleet.bookie.errors import (
     StorageFailure,
     Unauthorized,
 )
-from bookfleet.bookie.index import LedgerIndex, LedgerState
+from bookfleet.bookie.index import IndexedLedger, LedgerIndex
 from bookfleet.bookie.journal import LEDGER, LEDGER_AND_LAC, Journal, JournalPosition, RecordType, replay
 from bookfleet.bookie.memtable import Memtable
 
@@ -119,7 +119,7 @@ class LedgerStorage:
         self._mark = LastLogMark(self.ledger_dir)
         self._index: LedgerIndex | None = None
         self._entry_logger: EntryLogger | None = None
-        self._ledgers: dict[int, LedgerState] = {}
+        self._ledgers: dict[int, IndexedLedger] = {}
         self._dirty: set[int] = set()
         """Ledgers whose state changed since the last flush."""
         self._active = Memtable()
@@ -173,7 +173,7 @@ class LedgerStorage:
         state = self._ledgers.get(ledger_id)
         if rtype == RecordType.MASTER_KEY:
             if state is None:
-                self._ledgers[ledger_id] = LedgerState(bytes(body[LEDGER.size :]))
+                self._ledgers[ledger_id] = IndexedLedger(bytes(body[LEDGER.size :]))
         elif state is None:
             return
         elif rtype == RecordType.FENCE:
@@ -551,7 +551,7 @@ class LedgerStorage:
 
     # --- helpers -----------------------------------------------------------------------------------------------
 
-    def _put(self, state: LedgerState, ledger_id: int, entry_id: int, lac: int, entry: bytes) -> None:
+    def _put(self, state: IndexedLedger, ledger_id: int, entry_id: int, lac: int, entry: bytes) -> None:
         self._active.put(ledger_id, entry_id, entry)
         self._dirty.add(ledger_id)
         if entry_id > state.last_entry:
@@ -565,15 +565,15 @@ class LedgerStorage:
             if state.lac > previous:
                 self._wake_lac_waiters(ledger_id)
 
-    def _create(self, ledger_id: int, master_key: bytes) -> LedgerState:
+    def _create(self, ledger_id: int, master_key: bytes) -> IndexedLedger:
         if len(master_key) != wire.MASTER_KEY_SIZE:
             raise BadRequest(f"master key of {len(master_key)} bytes, expected {wire.MASTER_KEY_SIZE}")
-        state = self._ledgers[ledger_id] = LedgerState(bytes(master_key))
+        state = self._ledgers[ledger_id] = IndexedLedger(bytes(master_key))
         self._dirty.add(ledger_id)
         self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(master_key))
         return state
 
-    def _authorized(self, ledger_id: int, master_key: bytes) -> LedgerState:
+    def _authorized(self, ledger_id: int, master_key: bytes) -> IndexedLedger:
         state = self._ledgers.get(ledger_id)
         if state is None:
             return self._create(ledger_id, master_key)
@@ -581,7 +581,7 @@ class LedgerStorage:
             raise Unauthorized(ledger_id)
         return state
 
-    def _state(self, ledger_id: int) -> LedgerState:
+    def _state(self, ledger_id: int) -> IndexedLedger:
         state = self._ledgers.get(ledger_id)
         if state is None:
             raise NoSuchLedger(ledger_id)

@@ -18,11 +18,13 @@ from bookfleet.client.recovery import recover_ledger
 from bookfleet.client.writer import (
     LedgerClosedError,
     LedgerFencedError,
+    LedgerHeldError,
     LedgerWriteError,
     LedgerWriter,
     WriterSettings,
 )
 from bookfleet.meta import zk as zkclient
+from bookfleet.meta.lease import WriterLease
 from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 
@@ -65,31 +67,60 @@ class BookKeeper:
         ensemble = choose_ensemble(candidates, ensemble_size, write_quorum, policy)
         metadata = new_metadata(ensemble, write_quorum, ack_quorum, digest_type, password, custom)
         ledger_id = await asyncio.to_thread(self.metadata.create, metadata)
-        writer = LedgerWriter(ledger_id, metadata, 0, password, self.metadata, self.pool, self.writer_settings)
+        lease = await self._lease(ledger_id)
+        writer = LedgerWriter(
+            ledger_id, metadata, 0, password, self.metadata, self.pool, self.writer_settings, lease=lease
+        )
         return await writer.start()
 
     async def reopen_ledger(self, ledger_id: int, password: bytes = b"") -> LedgerWriter:
         """A writer that continues an open ledger whose previous writer stopped cleanly (flushed, nothing
-        unconfirmed left behind), e.g. one `bookfleet ledger write` after another. A ledger with entries past its
-        LAC needs `recover_ledger` instead: only recovery may decide about those."""
+        unconfirmed left behind), e.g. one `bookfleet ledger write` after another. One writer per ledger: refused
+        with LedgerHeldError while another writer holds the ledger's lease (close or recover it to fence that
+        writer). A ledger with entries past its LAC needs `recover_ledger` instead: only recovery may decide about
+        those."""
         metadata, version = self.metadata.read(ledger_id)
         check_password(ledger_id, metadata, password)
-        if metadata.state == LedgerState.CLOSED:
-            raise LedgerClosedError(f"ledger {ledger_id} is closed")
-        if metadata.state == LedgerState.IN_RECOVERY:
-            raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
-        reader = LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
-        lac, last = await reader.bookie_view()
-        if last > lac:
-            raise LedgerWriteError(
-                f"ledger {ledger_id} has entries after its last confirmed entry {lac} from an earlier writer: "
-                f"recover it instead"
-            )
-        length = (await reader.read(lac)).length if lac >= 0 else 0
+        lease = await self._lease(ledger_id)
+        try:
+            metadata, version = self.metadata.read(ledger_id)  # as of holding the lease
+            if metadata.state == LedgerState.CLOSED:
+                raise LedgerClosedError(f"ledger {ledger_id} is closed")
+            if metadata.state == LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
+            reader = LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
+            lac, last = await reader.bookie_view()
+            if last > lac:
+                raise LedgerWriteError(
+                    f"ledger {ledger_id} has entries after its last confirmed entry {lac} from an earlier writer: "
+                    f"recover it instead"
+                )
+            length = (await reader.read(lac)).length if lac >= 0 else 0
+        except BaseException:
+            await asyncio.to_thread(lease.release)
+            raise
         writer = LedgerWriter(
-            ledger_id, metadata, version, password, self.metadata, self.pool, self.writer_settings, lac, length
+            ledger_id,
+            metadata,
+            version,
+            password,
+            self.metadata,
+            self.pool,
+            self.writer_settings,
+            lac,
+            length,
+            lease=lease,
         )
         return await writer.start()
+
+    async def _lease(self, ledger_id: int) -> WriterLease:
+        lease = WriterLease(self.zk, ledger_id)
+        if holder := await asyncio.to_thread(lease.acquire):
+            raise LedgerHeldError(
+                f"ledger {ledger_id} already has a live writer ({holder}); one writer per ledger: stop it, or fence "
+                f"it with `bookfleet ledger close`"
+            )
+        return lease
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = False) -> LedgerReader:
         """A reader of the ledger; with `recovery`, the ledger is fenced, its tail recovered and it is closed first."""

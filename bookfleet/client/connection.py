@@ -37,7 +37,7 @@ class BookieError(Exception):
         return _ERROR_CLASSES.get(status, BookieError)(status, message)
 
 
-class NoSuchLedgerError(BookieError):
+class NoSuchLedgerOnBookieError(BookieError):
     pass
 
 
@@ -70,7 +70,7 @@ class ShuttingDownError(BookieError):
 
 
 _ERROR_CLASSES: dict[Status, type[BookieError]] = {
-    Status.NO_SUCH_LEDGER: NoSuchLedgerError,
+    Status.NO_SUCH_LEDGER: NoSuchLedgerOnBookieError,
     Status.NO_SUCH_ENTRY: NoSuchEntryError,
     Status.FENCED: FencedError,
     Status.UNAUTHORIZED: UnauthorizedError,
@@ -242,8 +242,13 @@ class BookieClient:
         event-loop turn. The ledger writer's hot path; ignores write backpressure."""
         self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, _AnswerCallback(callback))
 
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        return await self._call(Op.READ_ENTRY, wire.LEDGER_ENTRY.pack(ledger_id, entry_id))
+    async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
+        """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
+        answers, so a NoSuchEntry is a promise that it will never accept that entry from the old writer."""
+        body = wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+        if fence_key is None:
+            return await self._call(Op.READ_ENTRY, body)
+        return await self._call(Op.READ_ENTRY, body + fence_key, wire.Flag.FENCE)
 
     async def read_lac_and_last(
         self, ledger_id: int, fence: bool = False, master_key: bytes | None = None
@@ -307,6 +312,11 @@ class BookieClient:
         if self._error is not None:
             waiter.set_exception(self._error)
             return
+        if wire.HEADER_SIZE + len(body) > wire.MAX_FRAME_SIZE:  # the bookie would close the shared connection
+            size = wire.HEADER_SIZE + len(body)
+            message = f"{op.name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
+            waiter.set_exception(TooLargeError(Status.TOO_LARGE, message))
+            return
         request_id = next(self._ids)
         self._pending[request_id] = waiter
         if not self._outgoing:
@@ -347,4 +357,3 @@ class BookieClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(self._error)
-

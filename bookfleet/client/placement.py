@@ -35,12 +35,15 @@ def choose_ensemble(
     policy: PlacementPolicy | str = PlacementPolicy.ZONE_AWARE,
     exclude: Collection[str] = (),
     rng: random.Random | None = None,
+    zones: Collection[str] = (),
 ) -> list[str]:
-    """`ensemble_size` distinct bookie ids, ordered so that write quorums span zones (zone-aware)."""
+    """`ensemble_size` distinct bookie ids, ordered so that write quorums span zones (zone-aware); only bookies in
+    `zones` when any are given (a Ledger's spec.zones)."""
     rng = rng or random.Random()
-    pool = _unique(candidates, exclude)
+    pool = _unique((info for info in candidates if not zones or info.zone in zones), exclude)
     if len(pool) < ensemble_size:
-        raise NotEnoughBookies(ensemble_size, pool)
+        raise NotEnoughBookies(ensemble_size, pool, f"writable bookies in zones {', '.join(zones)}" if zones
+                               else "writable bookies")
     if PlacementPolicy(policy) == PlacementPolicy.RANDOM:
         return rng.sample(sorted(pool), ensemble_size)
     by_zone: dict[str, list[str]] = defaultdict(list)

@@ -1,17 +1,20 @@
-"""`BookiePool`: bookie ids turned into pipelined connections for the writer, the readers and recovery."""
+"""`BookiePool`: bookie ids turned into pipelined connections for the writer, the readers, recovery, the auditor's
+replica checks and the repair and audit tasks (which get fixed addresses, having no ZooKeeper session)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from bookfleet.client.connection import BookieClient
 from bookfleet.meta.registry import BookieRegistry, UnknownBookie
 
 
 class BookiePool:
-    """One shared pipelined connection per bookie id, resolved through the registry and reopened after a failure."""
+    """One shared pipelined connection per bookie id, resolved through the registry (or a fixed id -> HOST:PORT
+    map) and reopened after a failure."""
 
-    def __init__(self, registry: BookieRegistry, connect_timeout: float = 5.0):
+    def __init__(self, registry: BookieRegistry | Mapping[str, str], connect_timeout: float = 5.0):
         self.registry = registry
         self.connect_timeout = connect_timeout
         self._clients: dict[str, BookieClient] = {}
@@ -34,7 +37,12 @@ class BookiePool:
 
     async def _connect(self, bookie_id: str) -> BookieClient:
         try:
-            address = await asyncio.to_thread(self.registry.address, bookie_id)
+            if isinstance(self.registry, Mapping):
+                address = self.registry.get(bookie_id)
+                if address is None:
+                    raise UnknownBookie(bookie_id)
+            else:
+                address = await asyncio.to_thread(self.registry.address, bookie_id)
         except UnknownBookie as exc:
             raise ConnectionError(str(exc)) from None
         client = await BookieClient.connect(address, self.connect_timeout, bookie_id=bookie_id)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
@@ -92,7 +92,7 @@ class LedgerReader:
     async def _bookie_view(self, position: int, bookie: str) -> tuple[int, tuple[int, int]]:
         try:
             view = await (await self._pool.get(bookie)).read_lac_and_last(self.ledger_id)
-        except NoSuchLedgerError:
+        except NoSuchLedgerOnBookieError:
             view = (wire.INVALID_ENTRY_ID, wire.INVALID_ENTRY_ID)  # nothing written there yet
         return position, view
 
@@ -172,8 +172,10 @@ async def read_entry(
     metadata: LedgerMetadata,
     entry_id: int,
     timeout: float = READ_TIMEOUT,
+    fence_key: bytes | None = None,
 ) -> wire.Entry:
-    """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this."""
+    """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this and
+    passes `fence_key`, so every replica it asks is fenced before it answers (see `BookieClient.read_entry`)."""
     bookies = metadata.segment_for(entry_id).bookies
     reasons: dict[str, str] = {}
     missing = 0
@@ -181,8 +183,9 @@ async def read_entry(
         bookie = bookies[position]
         try:
             client = await pool.get(bookie)
-            entry = wire.decode_entry(digester, await asyncio.wait_for(client.read_entry(ledger_id, entry_id), timeout))
-        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            answer = await asyncio.wait_for(client.read_entry(ledger_id, entry_id, fence_key), timeout)
+            entry = wire.decode_entry(digester, answer)
+        except (NoSuchEntryError, NoSuchLedgerOnBookieError) as exc:
             missing += 1
             reasons[bookie] = exc.message
             continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,13 +23,19 @@ from dataclasses import dataclass
 from functools import partial
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieClient, FencedError
+from bookfleet.client.connection import FencedError
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import write_set
+from bookfleet.meta.lease import WriterLease
 from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
+from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
+
+
+QUORUM_LOST_RETRY = 0.1
+"""How often a writer whose write set lacks Qa bookies looks for a replacement or a returning bookie."""
 
 
 class LedgerWriteError(Exception):
@@ -41,6 +48,14 @@ class LedgerFencedError(LedgerWriteError):
 
 class LedgerClosedError(LedgerWriteError):
     pass
+
+
+class LedgerHeldError(LedgerWriteError):
+    """Another live writer holds the ledger's writer lease."""
+
+
+class EntryTooLargeError(LedgerWriteError):
+    """One entry larger than a bookie accepts; refused before sending (the ledger and its connections go on)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +77,8 @@ class WriterSettings:
     idle_lac_delay: float = 0.05
     """After this long without adds, the LAC is written explicitly so readers can see the last entry."""
     placement: PlacementPolicy = PlacementPolicy.ZONE_AWARE
+    replacement_retry: float = 1.0
+    """While a failed bookie has no replacement (and Qa of every write set still answer), look again this often."""
 
 
 class LedgerWriter:
@@ -79,6 +96,7 @@ class LedgerWriter:
         last_add_confirmed: int = wire.INVALID_ENTRY_ID,
         length: int = 0,
         recovery: bool = False,
+        lease: WriterLease | None = None,
     ):
         self.ledger_id = ledger_id
         self.metadata = metadata
@@ -99,14 +117,26 @@ class LedgerWriter:
         self.last_add_confirmed = last_add_confirmed
         self.length = length
         self._explicit_lac = last_add_confirmed
-        self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there
-        self._changing: asyncio.Task | None = None
+        self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there, not yet replaced
+        self._ever_failed: set[str] = set()
+        self._unmarked: set[str] = set()
+        """Failed bookies not yet recorded in the ledger's under-replication marker."""
+        self._under_replication = UnderReplication(store.zk)
+        self._replacer: asyncio.Task | None = None
+        self._wake_replacer = asyncio.Event()
+        self._attempt: asyncio.Future[None] | None = None
+        """Pending while the replacer marks and looks for replacements."""
+        self._changing: asyncio.Future[None] | None = None
+        """Set while the metadata gets a new segment: completions wait, so its first entry (LAC + 1) stays put."""
         self._error: LedgerWriteError | None = None
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
+        self.max_payload = wire.max_payload_size(metadata.digest_type)
         self._recovery = recovery
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY, and writes no explicit LAC (closing makes the tail visible)."""
+        self._lease = lease
+        """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
 
     async def start(self) -> LedgerWriter:
         """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
@@ -115,13 +145,39 @@ class LedgerWriter:
                 await self._pool.get(bookie)
             except ConnectionError as exc:
                 self._bookie_failed(position, bookie, exc)
-        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+        loop = asyncio.get_running_loop()
+        if self._lease is not None:
+            self._lease.watch(lambda: loop.call_soon_threadsafe(self._lease_lost))
+        self._housekeeper = loop.create_task(self._housekeeping())
         return self
+
+    def _lease_lost(self) -> None:
+        self._fail(
+            LedgerWriteError(
+                f"the writer of ledger {self.ledger_id} lost its lease (ZooKeeper session expired): another writer "
+                f"may own the ledger now"
+            )
+        )
+
+    @property
+    def next_entry_id(self) -> int:
+        """The id the next `append` takes."""
+        return self._next_entry_id
 
     # --- adding ---------------------------------------------------------------------------------------------
 
     def append(self, payload: bytes) -> asyncio.Future[int]:
-        """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably."""
+        """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably. A
+        payload above `max_payload` fails with EntryTooLargeError and takes no entry id."""
+        if len(payload) > self.max_payload:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(
+                EntryTooLargeError(
+                    f"entry of {len(payload)} bytes for ledger {self.ledger_id} exceeds the {self.max_payload}-byte "
+                    f"limit (bookie frames are at most {wire.MAX_FRAME_SIZE} bytes)"
+                )
+            )
+            return future
         entry_id, length = self._next_entry_id, self._pushed_length + len(payload)
         return self._push(entry_id, length, payload, self.last_add_confirmed)
 
@@ -188,62 +244,138 @@ class LedgerWriter:
     # --- failures and ensemble change -----------------------------------------------------------------------
 
     def _bookie_failed(self, position: int, bookie: str, error: BaseException) -> None:
+        """Stop sending to `bookie` and let the replacer take over. Adds keep completing on the rest of their write
+        sets while Qa of each can still answer (BookKeeper's delayed ensemble change)."""
         if self._error is not None or self._failed.get(position) == bookie:
             return
         log.warning("ledger %d: bookie %s at position %d failed: %s", self.ledger_id, bookie, position, error)
         self._failed[position] = bookie
-        if self._changing is None:
-            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+        self._unmarked.add(bookie)
+        self._ever_failed.add(bookie)
+        self._wake_replacer.set()
+        if self._replacer is None:
+            self._replacer = asyncio.get_running_loop().create_task(self._replace_failed_bookies())
 
-    async def _change_ensemble(self) -> None:
+    def _ack_quorum_reachable(self) -> bool:
+        """Whether every write set still has Qa bookies that have not failed."""
+        quorum = self.metadata.ack_quorum
+        return all(sum(p not in self._failed for p in positions) >= quorum for positions in self._write_sets)
+
+    async def _replace_failed_bookies(self) -> None:
+        """Mark the ledger under-replicated naming each failed bookie (the entries acknowledged without it lack a
+        replica), then put a writable bookie in its place as soon as there is one. While some write set cannot
+        reach Qa and no replacement exists, a failed bookie that answers again (restarted on its disk) takes its
+        own position back; the writer gives up only when that stays impossible for `add_timeout`."""
+        quorum_lost_at: float | None = None
         try:
             while self._failed and self._error is None:
-                await self._replace_failed()
+                self._wake_replacer.clear()
+                self._attempt = asyncio.get_running_loop().create_future()
+                try:
+                    await self._mark_failed()
+                    waiting = await self._replace_failed()
+                    if waiting is not None and not self._ack_quorum_reachable() and await self._reinstate():
+                        waiting = None
+                finally:
+                    self._attempt.set_result(None)
+                if waiting is None or self._ack_quorum_reachable():
+                    quorum_lost_at = None
+                    if waiting is None:
+                        continue
+                    retry = self.settings.replacement_retry
+                else:
+                    quorum_lost_at = quorum_lost_at or time.monotonic()
+                    if time.monotonic() - quorum_lost_at >= self.settings.add_timeout:
+                        raise LedgerWriteError(
+                            f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
+                            f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set "
+                            f"answer: {waiting}"
+                        )
+                    retry = QUORUM_LOST_RETRY
+                with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
+                    await asyncio.wait_for(self._wake_replacer.wait(), retry)
         except LedgerWriteError as exc:
             self._fail(exc)
         except Exception as exc:
-            self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc}"))
+            self._fail(LedgerWriteError(f"ensemble change of ledger {self.ledger_id} failed: {exc!r}"))
         finally:
-            self._changing = None
-        if self._error is None:
-            self._complete_ready()
+            self._replacer = None
 
-    async def _replace_failed(self) -> None:
+    async def _reinstate(self) -> bool:
+        """Give failed bookies that can be reached again their own positions back (no metadata change: the
+        entries they missed are in the marker already); True if any came back."""
+        back = []
+        for position, bookie in list(self._failed.items()):
+            try:
+                await self._pool.get(bookie)
+            except ConnectionError:
+                continue
+            if self._failed.get(position) == bookie:
+                del self._failed[position]
+                back.append(position)
+        for add in self._pending:
+            for position in self._write_sets[add.entry_id % len(self._write_sets)]:
+                if position in back and not add.acks >> position & 1:
+                    self._send(add, position)
+        if back:
+            log.info("ledger %d: bookies at positions %s answer again and keep their places", self.ledger_id, back)
+        return bool(back)
+
+    async def _mark_failed(self) -> None:
+        """Record the failed bookies in the ledger's under-replication marker, for the auditor and repair."""
+        if self._unmarked:
+            bookies = set(self._unmarked)
+            await asyncio.to_thread(self._under_replication.mark, self.ledger_id, bookies, missed_entries=True)
+            self._unmarked -= bookies
+
+    async def _replace_failed(self) -> str | None:
+        """Change the ensemble for every failed position a writable bookie can take; returns None when at least
+        one was replaced, else why none could be."""
         failed = dict(self._failed)
         candidates = await asyncio.to_thread(self._pool.registry.writable)
         ensemble = list(self._ensemble)
-        excluded = set(failed.values())
-        clients: dict[int, BookieClient] = {}
+        excluded = set(self._ever_failed)  # named in the marker: back only at its own position (_reinstate)
+        replaced: dict[int, str] = {}
+        reasons = []
         for position in sorted(failed):
-            while position not in clients:
+            while position not in replaced:
                 try:
                     bookie = choose_replacement(
                         candidates, ensemble, position, self.metadata.write_quorum, self.settings.placement, excluded
                     )
                 except NotEnoughBookies as exc:
-                    raise LedgerWriteError(
-                        f"cannot replace bookie {failed[position]} in ledger {self.ledger_id}: {exc}"
-                    ) from None
+                    reasons.append(str(exc))
+                    break
                 try:
-                    clients[position] = await self._pool.get(bookie)
+                    await self._pool.get(bookie)
                     ensemble[position] = bookie
+                    replaced[position] = failed[position]
                 except ConnectionError:
                     excluded.add(bookie)
-        first_entry_id = self.last_add_confirmed + 1
-        await self._update_metadata(lambda meta: _changed(meta, first_entry_id, failed, ensemble))
-        log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
-        self._ensemble = ensemble
-        for position in failed:
-            if self._failed.get(position) == failed[position]:
-                del self._failed[position]
-        kept = ~sum(1 << position for position in failed)
-        now = time.monotonic()
-        for add in self._pending:
-            add.acks &= kept
-            add.sent_at = now
-            for position in self._write_sets[add.entry_id % len(self._write_sets)]:
-                if position in failed:
-                    self._send(add, position)
+        if not replaced:
+            return "; ".join(reasons)
+        self._changing = asyncio.get_running_loop().create_future()
+        try:
+            first_entry_id = self.last_add_confirmed + 1
+            await self._update_metadata(lambda meta: _changed(meta, first_entry_id, replaced, ensemble))
+            log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
+            self._ensemble = ensemble
+            for position in replaced:
+                if self._failed.get(position) == replaced[position]:
+                    del self._failed[position]
+            kept = ~sum(1 << position for position in replaced)
+            now = time.monotonic()
+            for add in self._pending:
+                add.acks &= kept
+                add.sent_at = now
+                for position in self._write_sets[add.entry_id % len(self._write_sets)]:
+                    if position in replaced:
+                        self._send(add, position)
+        finally:
+            changing, self._changing = self._changing, None
+            changing.set_result(None)
+        self._complete_ready()
+        return None
 
     async def _update_metadata(self, change: Callable[[LedgerMetadata], LedgerMetadata]) -> None:
         """Compare-and-set `change(metadata)`, re-reading after a conflict; fails if recovery or close got there."""
@@ -313,8 +445,10 @@ class LedgerWriter:
     async def _drain(self) -> None:
         while self._pending and self._error is None:
             await asyncio.wait([self._pending[-1].future])
-        if self._changing is not None:
-            await asyncio.shield(self._changing)
+        if self._attempt is not None and not self._attempt.done():
+            await asyncio.shield(self._attempt)  # a replacement under way lands before close (or detach) goes on
+        if self._error is None:
+            await self._mark_failed()  # a ledger closed with entries missing a replica is always marked
 
     # --- closing --------------------------------------------------------------------------------------------
 
@@ -330,16 +464,23 @@ class LedgerWriter:
             return self.metadata
         finally:
             self._error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed")
-            if self._housekeeper is not None:
-                self._housekeeper.cancel()
+            await self._stop()
 
     async def detach(self) -> None:
         """Stop this writer but leave the ledger open, for `BookKeeper.reopen_ledger` in another process; call
         `flush()` first so the next writer starts after a confirmed and visible last entry."""
-        await self._drain()
-        self._error = self._error or LedgerClosedError(f"the writer of ledger {self.ledger_id} was detached")
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
+        try:
+            await self._drain()
+        finally:
+            self._error = self._error or LedgerClosedError(f"the writer of ledger {self.ledger_id} was detached")
+            await self._stop()
+
+    async def _stop(self) -> None:
+        for task in (self._housekeeper, self._replacer):
+            if task is not None:
+                task.cancel()
+        if self._lease is not None:
+            await asyncio.to_thread(self._lease.release)
 
     async def __aenter__(self) -> LedgerWriter:
         return self

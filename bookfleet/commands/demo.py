@@ -102,7 +102,7 @@ class Demo:
         from bookfleet.meta import zk as zkclient
         from bookfleet.meta.metadata import MetadataStore
         from bookfleet.meta.underreplication import UnderReplication
-        from bookfleet.replication.runner import AutoRecovery
+        from bookfleet.replication.runner import AutoRecoveryRunner
 
         args, console = self.args, self.console
         for bookie in cluster.fleet.bookies:
@@ -137,7 +137,7 @@ class Demo:
             def on_progress(done: int, total: int, copied: int) -> None:
                 progress.update(task, completed=done, total=total, mb=copied / 1e6)
 
-            recovery = AutoRecovery(cluster.zk, progress=on_progress, poll_interval=0.2).start()
+            recovery = AutoRecoveryRunner(cluster.zk, progress=on_progress, poll_interval=0.2).start()
             victim = max(cluster.fleet.bookies, key=lambda b: len(store.ledgers_on_bookie(b.bookie_id)))
             held = store.ledgers_on_bookie(victim.bookie_id)
             self.step(f"kill -9 bookie [bold red]{victim.bookie_id}[/] (it holds replicas of {len(held)} ledgers)")

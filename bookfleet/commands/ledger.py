@@ -68,7 +68,7 @@ def register(subparsers) -> None:
     read.add_argument("--to", dest="last", type=int, help="last entry id (default: the last confirmed)")
     _password(read)
 
-    _password(action("close", "close an open ledger whose writer has stopped", _close, json_output=True))
+    _password(action("close", "close a ledger: fence its writer (if any), recover its tail", _close, json_output=True))
     _password(action("recover", "fence a ledger, recover its tail and close it", _recover, json_output=True))
     action("delete", "delete a ledger's metadata (bookies drop its entries at their next GC)", _delete)
     _password(
@@ -152,8 +152,9 @@ async def _read(bk: BookKeeper, args) -> None:
 
 
 async def _close(bk: BookKeeper, args) -> None:
-    writer = await bk.reopen_ledger(args.ledger_id, _bytes(args.password))
-    _print_metadata(args, await writer.close())
+    """Closing from outside the writer is a recovery open: it fences a writer that may still be alive, so that
+    writer gets no acknowledgement past the lastEntryId recorded here."""
+    _print_metadata(args, await bk.recover_ledger(args.ledger_id, _bytes(args.password)))
 
 
 async def _recover(bk: BookKeeper, args) -> None:

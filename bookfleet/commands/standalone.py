@@ -48,9 +48,9 @@ def handle(args) -> int:
     recovery = None
     try:
         if not args.no_auto_recovery:
-            from bookfleet.replication.runner import AutoRecovery
+            from bookfleet.replication.runner import AutoRecoveryRunner
 
-            recovery = AutoRecovery(
+            recovery = AutoRecoveryRunner(
                 cluster.zk, metrics_port=args.metrics_port, mode=args.repair_mode, master=args.spark_master
             ).start()
         print(f"ZooKeeper: {cluster.zk}")

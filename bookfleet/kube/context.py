@@ -54,6 +54,17 @@ def timestamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def patch_status(ctx: OperatorContext, plural: str, body: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """The one status write of every reconciler: patch `changes` only if one of them differs from the object's status
+    (no API call otherwise); `body` is updated to match. Returns whether it patched."""
+    current = body.get("status") or {}
+    if all(current.get(key) == value for key, value in changes.items()):
+        return False
+    ctx.api.patch_status(plural, body["metadata"]["namespace"], body["metadata"]["name"], changes)
+    body["status"] = {**current, **changes}
+    return True
+
+
 def conditions_with(status: dict[str, Any], type_: str, ok: bool, reason: str, message: str = "") -> list[dict]:
     """The status's conditions with one of them set (transition time kept while its status is unchanged)."""
     current = [Condition.model_validate(c) for c in status.get("conditions") or []]

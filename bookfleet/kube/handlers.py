@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from bookfleet.kube import api, ledgers, lifecycle, resources, scaling
+from bookfleet.kube import api, ledgers, lifecycle, repairs, resources, scaling
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.models import GROUP, VERSION
 
@@ -68,9 +68,27 @@ def reconcile_bookie(body: kopf.Body, **_: Any) -> None:
     lifecycle.reconcile(context(), dict(body))
 
 
+def _by_ledger(body: kopf.Body) -> dict[repairs.LedgerKey, dict]:
+    job = dict(body)  # one copy, shared (read only) by every ledger the repair covers
+    return {key: job for key in repairs.ledger_keys(job)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=resources.REPAIR_SELECTOR)
+def repair_jobs_by_ledger(body: kopf.Body, **_: Any) -> dict[repairs.LedgerKey, dict]:
+    return _by_ledger(body)
+
+
+@kopf.index("sparkoperator.k8s.io", "v1beta2", "sparkapplications", labels=resources.REPAIR_SELECTOR)
+def spark_repairs_by_ledger(body: kopf.Body, **_: Any) -> dict[repairs.LedgerKey, dict]:
+    return _by_ledger(body)
+
+
 @kopf.timer(GROUP, VERSION, "ledgers", interval=INTERVAL)
-def sync_ledger(body: kopf.Body, **_: Any) -> None:
-    ledgers.sync(context(), dict(body))
+def sync_ledger(body: kopf.Body, repair_jobs_by_ledger: kopf.Index, spark_repairs_by_ledger: kopf.Index,
+                **_: Any) -> None:
+    """Repair state comes from the two indexes above (kept from the watch): no LIST per Ledger."""
+    ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_ledger.get(key, ()),
+                                                     *spark_repairs_by_ledger.get(key, ())])
 
 
 @kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)

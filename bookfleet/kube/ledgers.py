@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
 from pydantic import ValidationError
@@ -15,11 +16,19 @@ from pydantic import ValidationError
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import repairs
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, timestamp
-from bookfleet.kube.models import DATA_LOSS, VALID, BookieCluster, Ledger
-from bookfleet.meta.metadata import MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.kube.context import OperatorContext, conditions_with, patch_status, timestamp
+from bookfleet.kube.models import (
+    DATA_LOSS,
+    VALID,
+    BookieCluster,
+    ConditionStatus,
+    Ledger,
+    ledger_problems,
+    validity_condition,
+)
+from bookfleet.meta.metadata import LedgerMetadata, MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.underreplication import Marker, UnderReplication
 
 CREATED = "Created"
 
@@ -35,16 +44,13 @@ def password(ctx: OperatorContext, ledger: Ledger) -> bytes:
 
 
 def _report(ctx: OperatorContext, body: dict, type_: str, ok: bool, reason: str, message: str) -> None:
-    status = body.get("status") or {}
-    conditions = conditions_with(status, type_, ok, reason, message)
-    if conditions != status.get("conditions"):
-        ctx.api.patch_status("ledgers", body["metadata"]["namespace"], body["metadata"]["name"],
-                             {"conditions": conditions})
-        body.setdefault("status", {})["conditions"] = conditions
+    patch_status(ctx, "ledgers", body, {"conditions": conditions_with(body.get("status") or {}, type_, ok, reason,
+                                                                      message)})
 
 
-def sync(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a Ledger (called by a timer)."""
+def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerKey], Iterable[dict]]) -> None:
+    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
+    ledger in the operator's index."""
     meta = body["metadata"]
     try:
         ledger = Ledger.model_validate(body)
@@ -53,10 +59,11 @@ def sync(ctx: OperatorContext, body: dict) -> None:
         _report(ctx, body, VALID, False, "InvalidSpec", problems)
         return
     cluster_body = ctx.api.get(CUSTOM, "bookieclusters", meta["namespace"], ledger.spec.cluster)
-    if cluster_body is None:
-        _report(ctx, body, VALID, False, "NoCluster", f"BookieCluster {ledger.spec.cluster!r} does not exist")
+    cluster = None if cluster_body is None else BookieCluster.model_validate(cluster_body)
+    validity = validity_condition(ledger_problems(ledger.spec, None if cluster is None else cluster.spec))
+    if cluster is None or validity.status != ConditionStatus.TRUE:
+        _report(ctx, body, validity.type, False, validity.reason, validity.message)
         return
-    cluster = BookieCluster.model_validate(cluster_body)
     zk = ctx.zk(cluster.spec.zookeeper)
     store = MetadataStore(zk)
     ledger_id = ledger.status.ledger_id
@@ -72,11 +79,20 @@ def sync(ctx: OperatorContext, body: dict) -> None:
         if not create(ctx, body, ledger, zk, ledger_id):
             return
         metadata, _ = store.read(ledger_id)
-    _report(ctx, body, VALID, True, "SpecValid", "")
+    _report(ctx, body, validity.type, True, validity.reason, validity.message)
     ur = UnderReplication(zk)
-    marker = ur.marker(ledger_id)
     loss = ur.data_loss(ledger_id)
-    status = {
+    repair = repair_status(repairs_of((meta["namespace"], cluster.metadata.name, ledger_id)))
+    patch_status(ctx, "ledgers", body, decide_status(ledger_id, metadata, ur.marker(ledger_id), repair))
+    if loss is not None:
+        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
+    else:
+        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
+
+
+def decide_status(ledger_id: int, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None) -> dict:
+    """The Ledger's status from its metadata, its under-replication marker and its latest repair (pure)."""
+    return {
         "ledgerId": ledger_id,
         "state": metadata.state.value,
         "lastEntryId": metadata.last_entry_id,
@@ -86,22 +102,16 @@ def sync(ctx: OperatorContext, body: dict) -> None:
             "missingBookies": sorted(marker.missing_bookies),
             "since": timestamp(dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC)),
         },
-        "repair": repair_status(ctx, cluster, ledger_id),
+        "repair": repair,
     }
-    current = body.get("status") or {}
-    if any(current.get(key) != value for key, value in status.items()):
-        ctx.api.patch_status("ledgers", meta["namespace"], meta["name"], status)
-    if loss is not None:
-        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
-    else:
-        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
 
 
 def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, ledger_id: int) -> bool:
     """Create the ledger's metadata under the reserved id; False (with a condition saying why) if it cannot yet."""
     spec = ledger.spec
     try:
-        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum)
+        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum,
+                                   zones=spec.zones)
         metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type,
                                 password(ctx, ledger))
         MetadataStore(zk).create(metadata, ledger_id)
@@ -114,19 +124,17 @@ def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, le
     return True
 
 
-def repair_status(ctx: OperatorContext, cluster: BookieCluster, ledger_id: int) -> dict | None:
-    """The latest repair Job that covers this ledger, as the Ledger's status shows it."""
-    covering = [j for j in repairs.repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name)
-                if str(ledger_id) in (j["metadata"].get("annotations", {}).get(repairs.ANNOTATION_LEDGERS) or "")
-                .split(",")]
-    if not covering:
+def repair_status(covering: Iterable[dict]) -> dict | None:
+    """The latest of the repair Jobs covering a ledger (from the operator's index), as the Ledger's status shows it."""
+    attempts = sorted(covering, key=repairs.attempt_order)
+    if not attempts:
         return None
-    job = covering[-1]
+    job = attempts[-1]
     finished = repairs.finished_at(job)
     return {
         "job": job["metadata"]["name"],
         "state": repairs.job_state(job).value,
         "started": job["metadata"].get("creationTimestamp"),
         "finished": timestamp(finished) if finished else None,
-        "attempts": len(covering),
+        "attempts": len(attempts),
     }

@@ -1,9 +1,11 @@
 """A Bookie's life: its volumes and pod, its status from the pod and ZooKeeper, and what happens when it is lost.
 
 A lost bookie (pod gone or failed) gets `lostSince`. Its pod is recreated on the same volumes when they survive.
-If it comes back registered within the cluster's lostBookieRecoveryDelaySeconds nothing else happens; otherwise its
-ledgers are repaired (repairs.py). A bookie whose volumes are gone rejoins, empty and with a fresh cookie, only
-after the repair has put its ledgers elsewhere.
+What happens next is the auditor's rule (replication.lostbookie), with the delay and the disable switch that the
+cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else happens; lost, its ledgers are
+repaired (repairs.py); while auto-recovery is disabled, nothing is launched and the Repaired condition says so.
+A bookie whose volumes are gone rejoins, empty and with a fresh cookie, only after the repair has put its ledgers
+elsewhere.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ ANNOTATION_PLANNED_RESTART = "bookfleet.io/planned-restart"
 """uid of a pod the operator itself deletes (rolling upgrade): its deletion is not a loss."""
 LOST = "Lost"
 REPAIRED = "Repaired"
+AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
 
 
 def pod_ready(pod: dict | None) -> bool:
@@ -123,13 +128,17 @@ def handle_loss(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie
     has_volumes = volumes_present(ctx, bookie)
     if pod is None and has_volumes:
         ctx.api.ensure(resources.bookie_pod(cluster, bookie))  # back on the same volumes, with its data
-    if has_volumes and pod_ready(pod) and registration(zk, bookie.spec.bookie_id):
+    under_replication = UnderReplication(zk)
+    disabled = under_replication.is_disabled()
+    registered = pod_ready(pod) and registration(zk, bookie.spec.bookie_id) is not None
+    verdict = decide_lost_bookie(lost_since.timestamp(), now().timestamp(), under_replication.recovery_delay(),
+                                 disabled, registered, data_present=has_volumes)
+    if verdict.action == LostBookieAction.NOTHING:
         clear_loss(ctx, body, "BookieReturned", f"bookie {name} came back with its data: no repair needed")
         return
-    if not cluster.spec.auto_recovery.enabled:
-        return
-    delay = cluster.spec.auto_recovery.lost_bookie_recovery_delay_seconds
-    if (now() - lost_since).total_seconds() < delay:
+    if verdict.action == LostBookieAction.WAIT:
+        if disabled:
+            report_disabled(ctx, body)
         return
     outcome = repairs.ensure_repaired(ctx, cluster, bookie, lost_since)
     status = body.get("status") or {}
@@ -138,17 +147,26 @@ def handle_loss(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie
             cookies.forget(zk, bookie.spec.bookie_id)
             ensure_volumes_and_pod(ctx, cluster, bookie)
         clear_loss(ctx, body, "RepairSucceeded", f"the ledgers of bookie {name} are fully replicated again")
+    elif outcome == repairs.Outcome.DISABLED:
+        report_disabled(ctx, body)
     elif outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
         message = ("repair failed, retrying with backoff" if outcome == repairs.Outcome.BACKING_OFF
                    else f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until the Bookie changes")
-        conditions = conditions_with(status, REPAIRED, False, "RepairFailed", message)
-        if conditions != status.get("conditions"):
-            ctx.api.patch_status("bookies", ns, name, {"conditions": conditions})
+        if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "RepairFailed",
+                                                                             message)}):
             ctx.api.post_event(body, "RepairFailed", message, warning=True)
     else:
-        conditions = conditions_with(status, REPAIRED, False, "Repairing", "repair in progress")
-        if [c["status"] for c in conditions] != [c.get("status") for c in status.get("conditions") or []]:
-            ctx.api.patch_status("bookies", ns, name, {"conditions": conditions})
+        patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "Repairing",
+                                                                          "repair in progress")})
+
+
+def report_disabled(ctx: OperatorContext, body: dict) -> None:
+    """Say, once, why a lost bookie's ledgers are not being repaired."""
+    status = body.get("status") or {}
+    message = "auto-recovery is disabled (spec.autoRecovery.enabled): no repair is launched until it is enabled"
+    if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False,
+                                                                         AUTO_RECOVERY_DISABLED, message)}):
+        ctx.api.post_event(body, AUTO_RECOVERY_DISABLED, message, warning=True)
 
 
 def clear_loss(ctx: OperatorContext, body: dict, reason: str, message: str) -> None:
@@ -162,10 +180,15 @@ def clear_loss(ctx: OperatorContext, body: dict, reason: str, message: str) -> N
 
 
 def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie: Bookie) -> None:
-    ns, name = bookie.metadata.namespace, bookie.metadata.name
+    """Observe the pod and ZooKeeper, decide the status, patch what changed."""
     zk = ctx.zk(cluster.spec.zookeeper)
-    pod = ctx.api.get(CORE, "pods", ns, name)
-    info = registration(zk, bookie.spec.bookie_id)
+    pod = ctx.api.get(CORE, "pods", bookie.metadata.namespace, bookie.metadata.name)
+    ledgers = len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id))
+    patch_status(ctx, "bookies", body, decide_status(bookie, pod, registration(zk, bookie.spec.bookie_id), ledgers))
+
+
+def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, ledgers: int) -> dict:
+    """The Bookie's status from its pod, its registration and its ledger count (pure)."""
     if bookie.spec.desired_state != DesiredState.WRITABLE:
         phase = BookiePhase.DECOMMISSIONING
     elif bookie.status.lost_since:
@@ -174,17 +197,14 @@ def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, book
         phase = BookiePhase.READ_ONLY if info.state == BookieMode.READ_ONLY else BookiePhase.RUNNING
     else:
         phase = BookiePhase.PENDING
-    status = {
+    return {
         "phase": phase.value,
         "bookieId": bookie.spec.bookie_id,
-        "pod": name if pod else None,
+        "pod": bookie.metadata.name if pod else None,
         "registered": info is not None,
-        "ledgers": len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
+        "ledgers": ledgers,
         "diskUsage": disk_usage(info, bookie) if info else None,
     }
-    current = body.get("status") or {}
-    if any(current.get(key) != value for key, value in status.items()):
-        ctx.api.patch_status("bookies", ns, name, status)
 
 
 def disk_usage(info: BookieInfo, bookie: Bookie) -> float:

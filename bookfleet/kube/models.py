@@ -201,7 +201,7 @@ class RepairLauncher(enum.StrEnum):
     SPARK_APPLICATION = "sparkapplication"
 
 
-class RepairSettings(KubeModel):
+class RepairSpec(KubeModel):
     """How a repair runs: a Job running spark-submit on Spark's Kubernetes scheduler, or a SparkApplication."""
 
     launcher: RepairLauncher = RepairLauncher.JOB
@@ -220,12 +220,12 @@ class RepairSettings(KubeModel):
     )
 
 
-class AutoRecovery(KubeModel):
+class AutoRecoverySpec(KubeModel):
     enabled: bool = True
     lost_bookie_recovery_delay_seconds: int = Field(
         60, ge=0, description="how long a lost bookie may take to come back with its data before repair starts"
     )
-    repair: RepairSettings = Field(default_factory=RepairSettings)
+    repair: RepairSpec = Field(default_factory=RepairSpec)
 
 
 class TlsMode(enum.StrEnum):
@@ -261,7 +261,7 @@ class BookieClusterSpec(KubeModel):
     zones: ZoneList = Field(default_factory=list, description="bookies spread round-robin over these zones")
     anti_affinity: AntiAffinity = AntiAffinity.PREFERRED
     bookie: BookieSettings = Field(default_factory=BookieSettings)
-    auto_recovery: AutoRecovery = Field(default_factory=AutoRecovery)
+    auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
     security: Security = Field(default_factory=Security)
 
 
@@ -371,14 +371,14 @@ class LedgerSpec(KubeModel):
         return self
 
 
-class Segment(StatusModel):
+class SegmentStatus(StatusModel):
     """The ensemble (bookie ids) that holds the ledger's entries from firstEntryId on."""
 
     first_entry_id: int
     bookies: list[str]
 
 
-class UnderReplication(StatusModel):
+class UnderReplicationStatus(StatusModel):
     missing_bookies: list[str] = Field(default_factory=list)
     since: dt.datetime | None = None
 
@@ -403,8 +403,8 @@ class LedgerStatus(StatusModel):
     state: str | None = Field(None, description="the state in the ledger's metadata (OPEN, IN_RECOVERY, CLOSED)")
     last_entry_id: int | None = None
     length: int | None = None
-    segments: list[Segment] = Field(default_factory=list)
-    under_replicated: UnderReplication | None = None
+    segments: list[SegmentStatus] = Field(default_factory=list)
+    under_replicated: UnderReplicationStatus | None = None
     repair: RepairStatus | None = None
     conditions: Conditions = Field(default_factory=list, description="includes DataLoss when entries are lost")
 

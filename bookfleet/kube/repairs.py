@@ -34,6 +34,8 @@ class Outcome(enum.StrEnum):
     BACKING_OFF = "BackingOff"
     REPAIRED = "Repaired"
     GAVE_UP = "GaveUp"
+    DISABLED = "Disabled"
+    """Auto-recovery is switched off in ZooKeeper: nothing is launched (a repair would only exit "disabled")."""
 
 
 def retry_delay(attempt: int) -> float:
@@ -69,14 +71,32 @@ def finished_at(job: dict) -> dt.datetime | None:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
 
 
+def attempt_order(job: dict) -> tuple[str, int]:
+    """Sort key of repair Jobs: oldest attempt first."""
+    return job["metadata"].get("creationTimestamp", ""), int(job["metadata"].get("annotations", {}).get(
+        ANNOTATION_ATTEMPT, 0))
+
+
 def repair_jobs(api: KubeApi, namespace: str, cluster: str, bookie: str | None = None) -> list[dict]:
     """Repair Jobs and SparkApplications of a cluster (optionally of one bookie), oldest attempt first."""
     selector = resources.labels(cluster, resources.REPAIR, bookie)
     jobs = api.list(BATCH, "jobs", namespace, selector)
     if api.served(SPARK, "sparkapplications", namespace):
         jobs += api.list(SPARK, "sparkapplications", namespace, selector)
-    return sorted(jobs, key=lambda j: (j["metadata"].get("creationTimestamp", ""),
-                                       int(j["metadata"].get("annotations", {}).get(ANNOTATION_ATTEMPT, 0))))
+    return sorted(jobs, key=attempt_order)
+
+
+LedgerKey = tuple[str, str, int]
+"""(namespace, cluster, ledger id): how the operator's index of repair Jobs is keyed."""
+
+
+def ledger_keys(job: dict) -> list[LedgerKey]:
+    """The ledgers a repair Job or SparkApplication covers, as keys of the repair index (kube.handlers keeps it
+    from the watch, so a Ledger's status costs no LIST)."""
+    meta = job["metadata"]
+    cluster = (meta.get("labels") or {}).get(resources.LABEL_CLUSTER)
+    covered = (meta.get("annotations") or {}).get(ANNOTATION_LEDGERS) or ""
+    return [(meta["namespace"], cluster, int(i)) for i in covered.split(",") if i.isdigit()] if cluster else []
 
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
@@ -110,6 +130,8 @@ def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: 
 def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
     """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
     zk = ctx.zk(cluster.spec.zookeeper)
+    if UnderReplication(zk).is_disabled():
+        return Outcome.DISABLED
     ns = cluster.metadata.namespace
     names = {resources.repair_name(cluster.metadata.name, bookie.metadata.name, since, n) for n in range(MAX_ATTEMPTS)}
     attempts = [j for j in repair_jobs(ctx.api, ns, cluster.metadata.name, bookie.metadata.name)

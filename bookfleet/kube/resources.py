@@ -46,6 +46,8 @@ BOOKIE = "bookie"
 REPAIR = "repair"
 OPERATOR = "operator"
 BOOKIE_POD_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: BOOKIE}
+REPAIR_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
+"""Repair Jobs and SparkApplications of every cluster (the operator indexes them by ledger)."""
 """Labels every bookie pod carries: what the operator's pod watch selects on."""
 
 JOURNAL_DIR = "/data/journal"

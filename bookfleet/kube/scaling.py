@@ -16,9 +16,10 @@ from pydantic import ValidationError
 
 from bookfleet.kube import certificates, lifecycle, repairs, resources
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
 from bookfleet.meta import bookiestate, cookies
+from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,14 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
     meta, status = body["metadata"], body.get("status") or {}
     cluster, problem = validate(body)
     if cluster is None:
-        conditions = conditions_with(status, VALID, False, "InvalidSpec", problem)
-        if conditions != status.get("conditions"):
-            ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], {"conditions": conditions})
+        if patch_status(ctx, "bookieclusters", body, {"conditions": conditions_with(status, VALID, False,
+                                                                                    "InvalidSpec", problem)}):
             ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
         return
+    settings = cluster.spec.auto_recovery
+    # The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them here.
+    UnderReplication(ctx.zk(cluster.spec.zookeeper)).configure(settings.enabled,
+                                                                settings.lost_bookie_recovery_delay_seconds)
     for manifest in resources.cluster_objects(cluster):
         existing, created = ctx.api.ensure(manifest)
         if manifest["kind"] == "PodDisruptionBudget" and not created and existing["spec"] != manifest["spec"]:
@@ -77,18 +81,22 @@ def reconcile(ctx: OperatorContext, body: dict) -> None:
             for b in wanted}
     upgrading = rolling_upgrade(ctx, cluster, wanted, pods)
     ready = sum(lifecycle.pod_ready(pod) for pod in pods.values())
+    patch_status(ctx, "bookieclusters", body, decide_status(status, cluster, ready, bool(surplus), upgrading))
+
+
+def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bool, upgrading: str | None) -> dict:
+    """The cluster's status from its ready bookies, a drain under way and the bookie a rolling upgrade restarts
+    (pure; conditions keep their transition time while unchanged)."""
+    replicas = cluster.spec.replicas
     conditions = conditions_with(status, VALID, True, "SpecValid")
-    conditions = conditions_with({"conditions": conditions}, READY, ready == cluster.spec.replicas,
-                                 "AllReady" if ready == cluster.spec.replicas else "NotAllReady",
-                                 f"{ready}/{cluster.spec.replicas} bookies ready")
+    conditions = conditions_with({"conditions": conditions}, READY, ready == replicas,
+                                 "AllReady" if ready == replicas else "NotAllReady",
+                                 f"{ready}/{replicas} bookies ready")
     conditions = conditions_with({"conditions": conditions}, UPGRADING, upgrading is not None,
                                  "RollingUpgrade" if upgrading else "UpToDate",
                                  f"restarting {upgrading}" if upgrading else "")
-    new = {"desiredBookies": cluster.spec.replicas, "readyBookies": ready,
-           "phase": "Ready" if ready == cluster.spec.replicas and not surplus else "Reconciling",
-           "conditions": conditions}
-    if any(status.get(key) != value for key, value in new.items()):
-        ctx.api.patch_status("bookieclusters", meta["namespace"], meta["name"], new)
+    return {"desiredBookies": replicas, "readyBookies": ready,
+            "phase": "Ready" if ready == replicas and not draining else "Reconciling", "conditions": conditions}
 
 
 def sync_read_only(zk: KazooClient, bookies) -> None:

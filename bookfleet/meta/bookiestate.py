@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bookfleet.meta import zkpaths
 
 
-class BookieState(BaseModel):
+class ForcedState(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     read_only: bool = Field(alias="readOnly")
@@ -26,17 +26,17 @@ class BookieState(BaseModel):
         return self.model_dump_json(by_alias=True).encode()
 
 
-def parse(bookie_id: str, data: bytes | None) -> BookieState | None:
+def parse(bookie_id: str, data: bytes | None) -> ForcedState | None:
     """The state a node's data says (None for no node or an empty one); ValueError names a malformed node."""
     if not data:
         return None
     try:
-        return BookieState.model_validate_json(data)
+        return ForcedState.model_validate_json(data)
     except ValidationError as exc:
         raise ValueError(f"{zkpaths.bookie_state(bookie_id)} is not valid bookie-state JSON: {exc}") from None
 
 
-def read(zk: KazooClient, bookie_id: str) -> BookieState | None:
+def read(zk: KazooClient, bookie_id: str) -> ForcedState | None:
     try:
         data, _ = zk.get(zkpaths.bookie_state(bookie_id))
     except NoNodeError:
@@ -54,7 +54,7 @@ def forced_ids(zk: KazooClient) -> set[str]:
 
 def set_read_only(zk: KazooClient, bookie_id: str, reason: str) -> None:
     """Force the bookie read-only (creates or overwrites its node)."""
-    path, data = zkpaths.bookie_state(bookie_id), BookieState(read_only=True, reason=reason).to_json()
+    path, data = zkpaths.bookie_state(bookie_id), ForcedState(read_only=True, reason=reason).to_json()
     try:
         zk.create(path, data, makepath=True)
     except NodeExistsError:

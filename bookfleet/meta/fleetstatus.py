@@ -25,7 +25,7 @@ from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 
 
-class BookieStatus(BaseModel):
+class BookieAtAGlance(BaseModel):
     """One bookie: registered (writable or read-only), or absent while the bookie index still names it."""
 
     bookie_id: str
@@ -67,7 +67,7 @@ class AuditorStatus(BaseModel):
     """The switch of `bookfleet autorecovery disable`: nothing is marked or repaired while it is set."""
 
 
-class RepairStatus(BaseModel):
+class RepairAtAGlance(BaseModel):
     """A repair run seen through its locks: `ledgers_left` of its planned ledgers are not committed yet."""
 
     holder: str
@@ -77,11 +77,11 @@ class RepairStatus(BaseModel):
 
 class FleetStatus(BaseModel):
     taken_at: dt.datetime
-    bookies: list[BookieStatus]
+    bookies: list[BookieAtAGlance]
     ledgers: LedgerCounts
     data_loss_ledgers: list[int]
     auditor: AuditorStatus
-    repairs: list[RepairStatus]
+    repairs: list[RepairAtAGlance]
 
     @computed_field
     @property
@@ -121,7 +121,7 @@ def fleet_status(zk: KazooClient) -> FleetStatus:
     )
 
 
-def bookie_statuses(zk: KazooClient) -> list[BookieStatus]:
+def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
     """Registered bookies and those the bookie index names but that are not registered, by id."""
     registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
     ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
@@ -133,7 +133,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieStatus]:
         info = registered.get(bookie_id)
         state = bookiestate.read(zk, bookie_id) if bookie_id in forced else None
         statuses.append(
-            BookieStatus(
+            BookieAtAGlance(
                 bookie_id=bookie_id,
                 state=info.state.value if info else "absent",
                 address=info.address if info else None,
@@ -180,12 +180,12 @@ def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     return locks
 
 
-def repair_statuses(locks: dict[int, tuple[str, dt.datetime]]) -> list[RepairStatus]:
+def repair_statuses(locks: dict[int, tuple[str, dt.datetime]]) -> list[RepairAtAGlance]:
     by_holder: dict[str, list[dt.datetime]] = {}
     for holder, taken_at in locks.values():
         by_holder.setdefault(holder, []).append(taken_at)
     return [
-        RepairStatus(holder=holder, ledgers_left=len(taken), running_since=min(taken))
+        RepairAtAGlance(holder=holder, ledgers_left=len(taken), running_since=min(taken))
         for holder, taken in sorted(by_holder.items())
     ]
 

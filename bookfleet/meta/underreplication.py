@@ -299,6 +299,13 @@ class UnderReplication:
             except NodeExistsError:
                 self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
 
+    def configure(self, enabled: bool, delay: float) -> None:
+        """Set the switch and the delay to these values, writing only what differs (the operator, every pass)."""
+        if self.recovery_delay() != delay:
+            self.set_recovery_delay(delay)
+        if self.is_disabled() == enabled:
+            self.enable() if enabled else self.disable()
+
     def watch_recovery_delay(self, callback: Callable[[float], None], default: float = DEFAULT_RECOVERY_DELAY) -> None:
         """Call `callback(seconds)` now and whenever the stored delay changes, until the session closes."""
 

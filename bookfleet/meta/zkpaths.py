@@ -10,6 +10,7 @@
     /ledgers/bookieindex/<bookieId>/<ledgerId> which ledgers have a segment on a bookie
     /ledgers/underreplication/...             markers, locks, switches and the auditor election
     /ledgers/topics/<topic>/<partition>       a partition's ordered ledger list
+    /ledgers/writers/<ledgerId>               ephemeral lease of the one live writer of an open ledger
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ IDGEN = f"{ROOT}/idgen"
 IDGEN_PREFIX = f"{IDGEN}/ID-"
 BOOKIE_INDEX = f"{ROOT}/bookieindex"
 TOPICS = f"{ROOT}/topics"
+WRITERS = f"{ROOT}/writers"
 
 UNDERREPLICATION = f"{ROOT}/underreplication"
 UR_LEDGERS = f"{UNDERREPLICATION}/ledgers"
@@ -38,6 +40,7 @@ LEDGER_ID_DIGITS = 10
 
 NOT_LEDGER_DIRS = frozenset(
     {"available", "cookies", "addresses", "bookiestate", "idgen", "bookieindex", "underreplication", "topics"}
+    | {"writers"}
 )
 """Children of /ledgers that are not levels of the ledger-metadata hierarchy."""
 
@@ -109,6 +112,10 @@ def underreplication_lock(ledger_id: int) -> str:
 
 def dataloss(ledger_id: int) -> str:
     return f"{UR_DATALOSS}/L{ledger_id}"
+
+
+def ledger_writer(ledger_id: int) -> str:
+    return f"{WRITERS}/{ledger_id}"
 
 
 def topic(name: str) -> str:

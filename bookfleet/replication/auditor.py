@@ -4,9 +4,10 @@ One auditor is active at a time, elected through ephemeral sequential znodes und
 lowest sequence leads; each standby watches its predecessor only, so a death wakes one standby, not a herd). The
 active auditor:
 
-- watches bookie registrations; a bookie whose registration vanished is lost once it has stayed away for
-  lostBookieRecoveryDelay (read from ZooKeeper at run time). A bookie that registers again within the delay passed
-  its cookie check at start, so its data is the same one: nothing is marked.
+- watches bookie registrations and asks the one lost-bookie rule (lostbookie.decide_lost_bookie, which the
+  operator asks too) what to do about each vanished bookie, with lostBookieRecoveryDelay and the disable switch as
+  ZooKeeper holds them at run time. A bookie that registers again passed its cookie check at start, so its data is
+  the same one: nothing is marked.
 - marks a lost bookie's ledgers with `mark_lost_bookie`, the one rule the Kubernetes operator also calls on pod
   death;
 - on taking office, treats bookies the bookie index knows but that are not registered as just lost (they vanished
@@ -42,6 +43,7 @@ from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
+from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
 
 log = logging.getLogger(__name__)
@@ -378,13 +380,25 @@ class Auditor:
             for bookie in registered - current:
                 log.info("bookie %s vanished; lost unless it returns within the recovery delay", bookie)
                 absent_since.setdefault(bookie, now)
-            returned = current & absent_since.keys()
-            for bookie in returned:
-                log.info("bookie %s returned within the recovery delay: nothing to mark", bookie)
-                del absent_since[bookie]
             came_back = current - registered
             registered = current
-            if self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None:
+            disabled = self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None
+            self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
+            delay = under_replication.recovery_delay(self.default_delay)
+            rechecks = []
+            for bookie, since in list(absent_since.items()):
+                # A registered bookie passed its cookie check at start: its data is the one it had.
+                verdict = decide_lost_bookie(since, now, delay, disabled, registered=bookie in current,
+                                             data_present=True)
+                if verdict.action == LostBookieAction.WAIT:
+                    if verdict.recheck_at is not None:
+                        rechecks.append(verdict.recheck_at)
+                    continue
+                log.info("bookie %s: %s", bookie, verdict.reason)
+                if verdict.action == LostBookieAction.MARK:
+                    mark_lost_bookie(self.zk, bookie)
+                del absent_since[bookie]
+            if disabled:
                 self._wake.wait()
                 continue
             if not stale_markers_checked:
@@ -392,17 +406,10 @@ class Auditor:
                 stale_markers_checked = True
             elif came_back:
                 clear_stale_markers(self.zk, came_back)
-            self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
-            delay = under_replication.recovery_delay(self.default_delay)
-            for bookie, since in list(absent_since.items()):
-                if now >= since + delay:
-                    mark_lost_bookie(self.zk, bookie)
-                    del absent_since[bookie]
             if now >= next_check:
                 check_ledgers(self.zk)
                 next_check = time.monotonic() + self.check_interval
-            deadlines = [since + delay for since in absent_since.values()] + [next_check]
-            self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
+            self._wake.wait(max(0.0, min([*rechecks, next_check]) - time.monotonic()))
 
     def _registered(self) -> set[str]:
         """Ids of writable and read-only bookies, watching both lists for the next change."""

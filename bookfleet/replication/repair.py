@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.replication.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
@@ -161,7 +161,7 @@ async def read_present(client: BookieClient, ledger_id: int, first: int, last: i
     return entries
 
 
-DEFINITIVE = (NoSuchEntryError, NoSuchLedgerError)
+DEFINITIVE = (NoSuchEntryError, NoSuchLedgerOnBookieError)
 """Answers that prove a replica does not hold an entry (as opposed to a bookie we could not ask)."""
 
 

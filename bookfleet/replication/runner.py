@@ -111,7 +111,7 @@ class RepairRunner:
         return RepairSummary.from_dict(json.loads(lines[-1]))
 
 
-class AutoRecovery:
+class AutoRecoveryRunner:
     """What `bookfleet standalone` adds to its bookies: an auditor candidate and a repair runner, one session.
 
     With `metrics_port`, the repair counters (entries, bytes, ledgers, DATA_LOSS entries) of in-process runs are
@@ -130,7 +130,7 @@ class AutoRecovery:
         self.runner: RepairRunner | None = None
         self.metrics_server = None
 
-    def start(self) -> AutoRecovery:
+    def start(self) -> AutoRecoveryRunner:
         if self.metrics_port is not None:
             self.metrics_server, _ = prometheus_client.start_http_server(self.metrics_port, addr="127.0.0.1")
         self.zk = zkclient.connect(self.zk_connect)
@@ -149,7 +149,7 @@ class AutoRecovery:
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
 
-    def __enter__(self) -> AutoRecovery:
+    def __enter__(self) -> AutoRecoveryRunner:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

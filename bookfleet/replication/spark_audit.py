@@ -23,10 +23,9 @@ from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerError
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.meta import zk as zkclient
-from bookfleet.meta.metadata import MetadataStore
-from bookfleet.meta.metadata import NoSuchLedgerError as LedgerGone
+from bookfleet.meta.metadata import MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.planner import FragmentPlan
@@ -110,7 +109,7 @@ async def check_replica(
         if sample >= 1.0:
             try:
                 raws = await read_present(client, fragment.ledger_id, expected[0], expected[-1])
-            except NoSuchLedgerError:
+            except NoSuchLedgerOnBookieError:
                 raws = []
         else:
             raws = await asyncio.gather(*(read_or_none(client, fragment.ledger_id, e) for e in expected))
@@ -128,7 +127,7 @@ async def check_replica(
 async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
     try:
         return await client.read_entry(ledger_id, entry_id)
-    except (NoSuchEntryError, NoSuchLedgerError):
+    except (NoSuchEntryError, NoSuchLedgerOnBookieError):
         return None
 
 
@@ -184,7 +183,7 @@ def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
     for ledger_id in store.ledger_ids():
         try:
             metadata, _ = store.read(ledger_id)
-        except LedgerGone:
+        except NoSuchLedgerError:
             continue
         ledgers += 1
         loss = under_replication.data_loss(ledger_id)

@@ -5,6 +5,10 @@ ledger with recovery: the bookies fence it, so the old producer cannot add anyth
 last recoverable entry. Every message the old producer had acknowledged is in that prefix; then writing continues
 in a new ledger. A ledger joins the partition's list before its first entry is written, so an acknowledged message
 is always reachable from the list.
+
+A ledger fenced or closed under a live producer (a repair that fenced it, `bookfleet ledger close`) makes the
+producer roll over, as Pulsar's does: the ledger is closed at its recovered end in the partition's list, a write
+whose entry made it into that end is acknowledged there, and every later write goes again to a new ledger.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from dataclasses import dataclass
 import crc32c
 
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.writer import LedgerWriter
+from bookfleet.client.writer import LedgerClosedError, LedgerFencedError, LedgerWriter
+from bookfleet.meta.metadata import LedgerMetadata
 from bookfleet.topic.messageid import MessageId
-from bookfleet.topic.partition import Partition, Topic, encode_messages
+from bookfleet.topic.partition import Partition, PartitionChanged, Topic, encode_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class PartitionProducer:
         self._bytes = 0
         self._opened_at = 0.0
         self._lock = asyncio.Lock()
+        self._taken: dict[int, LedgerMetadata] = {}
+        """Closed metadata of the ledgers fenced or closed under this producer, by id (the last few)."""
 
     @property
     def ledger_id(self) -> int | None:
@@ -79,18 +86,63 @@ class PartitionProducer:
         """Append one entry holding `messages`; returns their MessageIds once the entry is durable (Qa acks)."""
         payload = encode_messages(messages, batched)
         async with self._lock:  # rollover must not interleave with the next append; the ack wait is outside
-            if self._writer is None:
-                raise RuntimeError(f"{self.partition}: producer is not started or already closed")
+            self._current()
             if self._full():
                 await self._close_ledger()
                 await self._open()
-            writer = self._writer
-            pending = writer.append(payload)
-            self._entries += 1
-            self._bytes += len(payload)
-        entry_id = await pending
+            writer, entry_id, pending = self._append(payload)
+        while True:
+            try:
+                entry_id = await pending
+                break
+            except (LedgerFencedError, LedgerClosedError) as taken:
+                async with self._lock:  # taken in failure order, so messages written again keep their order
+                    try:
+                        closed = await self._roll_over(writer)
+                    except PartitionChanged:
+                        raise taken from None  # another producer owns the partition now: this one stays fenced
+                    if entry_id <= closed.last_entry_id:
+                        break  # recovered into the closed ledger
+                    writer, entry_id, pending = self._append(payload)  # not in it: write it again in the new one
         batch_indexes = range(len(messages)) if batched else [-1]
         return [MessageId(writer.ledger_id, entry_id, self.partition.index, index) for index in batch_indexes]
+
+    def _append(self, payload: bytes) -> tuple[LedgerWriter, int, asyncio.Future[int]]:
+        """Append to the current ledger (the caller holds the lock): (writer, the entry's id, its ack)."""
+        writer = self._current()
+        entry_id = writer.next_entry_id
+        pending = writer.append(payload)
+        self._entries += 1
+        self._bytes += len(payload)
+        return writer, entry_id, pending
+
+    def _current(self) -> LedgerWriter:
+        if self._writer is None:
+            raise RuntimeError(f"{self.partition}: producer is not started or already closed")
+        return self._writer
+
+    async def _roll_over(self, writer: LedgerWriter) -> LedgerMetadata:
+        """The ledger of `writer` was fenced or closed by someone else (the caller holds the lock): close it in the
+        partition's list at its recovered end and open a new one, once for every write that fails with it; returns
+        its closed metadata."""
+        if writer.ledger_id in self._taken:
+            return self._taken[writer.ledger_id]
+        metadata = await self._record_taken(writer)
+        if self._writer is writer:
+            await self._open()
+        return metadata
+
+    async def _record_taken(self, writer: LedgerWriter) -> LedgerMetadata:
+        """Stop `writer`, recover its ledger (or read where its recovery closed it) and close it in the list."""
+        await writer.detach()
+        metadata = await self.bookkeeper.recover_ledger(writer.ledger_id, self.settings.password)
+        self._version = await asyncio.to_thread(
+            self.partition.close, writer.ledger_id, metadata.last_entry_id, metadata.length, self._version
+        )
+        self._taken[writer.ledger_id] = metadata
+        for old in sorted(self._taken)[:-4]:
+            del self._taken[old]
+        return metadata
 
     async def close(self) -> None:
         async with self._lock:
@@ -120,7 +172,11 @@ class PartitionProducer:
 
     async def _close_ledger(self) -> None:
         writer, self._writer = self._writer, None
-        metadata = await writer.close()
+        try:
+            metadata = await writer.close()
+        except (LedgerFencedError, LedgerClosedError):  # taken away at the very end: close at its recovered end
+            await self._record_taken(writer)
+            return
         self._version = await asyncio.to_thread(
             self.partition.close, writer.ledger_id, metadata.last_entry_id, metadata.length, self._version
         )
