@@ -358,6 +358,10 @@ class PodWorker:
                 source = source / mount["subPath"]
             read_only = bool(mount.get("readOnly"))
             mounts.append({"source": str(source), "target": mount["mountPath"], "readOnly": read_only})
+        if any(images.ROOT.is_relative_to(mount["target"]) for mount in mounts):
+            # A volume over the checkout's parent (an emptyDir at /tmp with the clone under /tmp) would hide the
+            # code and virtualenv that stand in for the image's filesystem: bring them back on top of it.
+            mounts.append({"source": str(images.ROOT), "target": str(images.ROOT), "readOnly": True})
         for mount in mounts:
             if not any(Path(mount["target"]).is_relative_to(hidden) for hidden in image.hidden):
                 self.kubelet.mount_point(mount["target"], Path(mount["source"]).is_dir())
