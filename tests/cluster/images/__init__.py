@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +56,16 @@ def _bookie_files(state: Path) -> dict[str, Path]:
     sources = [ROOT / "bookie-image" / "entrypoint.sh", *ROOT.glob("bookfleet/*/spark_*.py")]
     for source in sources:
         link = opt / source.name
-        if not link.is_symlink():
+        with contextlib.suppress(FileExistsError):  # kubelets of several nodes start bookie pods at once
             link.symlink_to(source)
     return {"/opt/bookfleet": opt}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Several nodes' kubelets start pods of one image at once: a pod must never bind-mount a half-written file."""
+    partial = path.with_name(f"{path.name}.{threading.get_ident()}")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _accounts(state: Path, user: str, uid: int) -> dict[str, Path]:
@@ -64,8 +74,8 @@ def _accounts(state: Path, user: str, uid: int) -> dict[str, Path]:
     etc.mkdir(parents=True, exist_ok=True)
     passwd = [line for line in Path("/etc/passwd").read_text().splitlines() if line.split(":")[2] != str(uid)]
     group = [line for line in Path("/etc/group").read_text().splitlines() if line.split(":")[2] != str(uid)]
-    (etc / "passwd").write_text("\n".join([*passwd, f"{user}:x:{uid}:{uid}::/tmp:/usr/sbin/nologin"]) + "\n")
-    (etc / "group").write_text("\n".join([*group, f"{user}:x:{uid}:"]) + "\n")
+    _write_atomically(etc / "passwd", "\n".join([*passwd, f"{user}:x:{uid}:{uid}::/tmp:/usr/sbin/nologin"]) + "\n")
+    _write_atomically(etc / "group", "\n".join([*group, f"{user}:x:{uid}:"]) + "\n")
     return {"/etc/passwd": etc / "passwd", "/etc/group": etc / "group"}
 
 
