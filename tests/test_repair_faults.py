@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import time
 
 import pytest
 
@@ -161,8 +162,13 @@ def test_a_live_writer_keeps_writing_while_its_replaced_bookie_is_repaired(spark
             await write(20)
             victim = writer.metadata.segments[0].bookies[0]
             bookies[victim].kill9()
-            await write(20)  # the writer replaces the victim: its segment is closed
-            assert len(writer.metadata.segments) == 2 and victim not in writer.metadata.segments[-1].bookies
+            await write(20)
+            # The writer goes on at Qa and replaces the victim once it has noticed (delayed ensemble change); from
+            # then on the victim sits only in the first, closed segment.
+            deadline = time.monotonic() + 120
+            while not (len(writer.metadata.segments) == 2 and victim not in writer.metadata.segments[-1].bookies):
+                assert time.monotonic() < deadline, f"the writer never replaced {victim}: {writer.metadata.segments}"
+                await write(1)
             mark_lost_bookie(zk, victim)
 
             repair = asyncio.ensure_future(asyncio.to_thread(run_repair, zk_connect, open_grace_s=0))
