@@ -53,6 +53,8 @@ async def test_a_journal_write_error_turns_the_bookie_read_only_at_once_and_says
             assert (await client.bookie_info()).state == wire.BookieState.READ_ONLY
             await eventually(lambda: zk.exists(zkpaths.readonly(config.bookie_id)), "read-only registration")
             assert zk.exists(zkpaths.available(config.bookie_id)) is None
+            # One transaction moved it: the writable node went at the zxid that created the read-only one.
+            assert zk.exists(zkpaths.AVAILABLE).pzxid == zk.exists(zkpaths.readonly(config.bookie_id)).czxid
             assert await client.read_entry(1, 0) == encode_test_entry(1, 0, b"before")  # reads go on
     finally:
         monkeypatch.undo()

@@ -114,9 +114,23 @@ class Registration:
             raise ConnectionError("no ZooKeeper session")
         wanted = zkpaths.readonly(self.bookie_id) if self.read_only else zkpaths.available(self.bookie_id)
         other = zkpaths.available(self.bookie_id) if self.read_only else zkpaths.readonly(self.bookie_id)
+        if self._move(other, wanted):
+            return
         self._put_ephemeral(wanted, self.info_json())
         with contextlib.suppress(NoNodeError):
             self.zk.delete(other)
+
+    def _move(self, old: str, new: str) -> bool:
+        """Switch our registration between writable and read-only in one transaction, so no reader ever sees the
+        bookie under both (placement could pick a read-only bookie) or under neither (it would look lost)."""
+        stat = self.zk.exists(old)
+        if stat is None or stat.ephemeralOwner != self.zk.client_id[0] or self.zk.exists(new) is not None:
+            return False
+        self.zk.ensure_path(zkpaths.READONLY)
+        transaction = self.zk.transaction()
+        transaction.create(new, self.info_json(), ephemeral=True)
+        transaction.delete(old, version=stat.version)
+        return not any(isinstance(result, Exception) for result in transaction.commit())
 
     def _put_ephemeral(self, path: str, data: bytes) -> None:
         """Create or update our ephemeral node; one held by another session is waited out, never deleted."""
