@@ -218,8 +218,8 @@ class StandaloneCluster:
     """ZooKeeper (embedded unless `zk` is given) plus `bookies` bookie processes with stable ids bookie-<n>.
 
     Everything lives under `data_dir`, so a second run on the same dir brings back the same bookies and ledgers.
-    With `secure`, bookies serve mutual TLS and ZooKeeper nodes carry the fleet's ACL (`bookfleet.security.local`);
-    this process then acts with the fleet's identity.
+    With `secure`, bookies serve mutual TLS, ZooKeeper nodes carry the fleet's ACL and an embedded ZooKeeper serves
+    only TLS (`bookfleet.security.local`); this process then acts with the fleet's identity.
     """
 
     def __init__(
@@ -227,9 +227,10 @@ class StandaloneCluster:
     ):
         self.data_dir = Path(data_dir).resolve()
         self.bookie_count = bookies
-        self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port)
+        self.security = local_security.prepare(self.data_dir, zookeeper_tls=not zk) if secure else None
+        zookeeper_tls = self.security.zookeeper_dir if self.security else None
+        self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port, tls_dir=zookeeper_tls)
         self.zk = zk or self.zookeeper.connect
-        self.security = local_security.prepare(self.data_dir) if secure else None
         self.fleet = BookieFleet(self.zk, self.data_dir, ca=self.security.ca if self.security else None)
 
     def start(self) -> StandaloneCluster:

@@ -21,7 +21,7 @@ from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError,
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
-from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV, ZooKeeperUnreachable
 from bookfleet.polling import wait_for
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
@@ -209,9 +209,9 @@ def test_cli_against_a_secure_fleet_needs_its_tls_dir(zk_connect, tmp_path: Path
         assert read.stdout.count("entry_id") == 3 or len(read.stdout.strip().splitlines()) == 3
 
 
-def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
+def test_standalone_secure_prints_what_a_client_needs_and_speaks_tls_to_zookeeper(tmp_path: Path):
     data_dir = tmp_path / "fleet"
-    env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV, ZK_TLS_DIR_ENV)}
     command = [sys.executable, "-m", "bookfleet", "--log-level", "WARNING", "standalone", "--secure", "--bookies", "3"]
     standalone = subprocess.Popen(
         [*command, "--no-auto-recovery", "--data-dir", str(data_dir)],
@@ -228,6 +228,7 @@ def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
         )
         zk = next(line.split()[1] for line in lines if line.startswith("ZooKeeper:"))
         assert exports[TLS_DIR_ENV] == str(data_dir.resolve() / "tls" / "client")
+        assert exports[ZK_TLS_DIR_ENV] == exports[TLS_DIR_ENV]
         assert sorted(p.name for p in Path(exports[TLS_DIR_ENV]).iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
         client = {**env, **exports}
 
@@ -237,7 +238,16 @@ def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
         assert _cli("ledger", "write", ledger_id, "--count", "2", "--zk", zk, env=client).returncode == 0
         without_tls = _cli("ledger", "read", ledger_id, "--zk", zk, env={**client, TLS_DIR_ENV: ""})
         assert without_tls.returncode == 2 and "requires mutual TLS" in without_tls.stderr
-        with zkclient.session(zk) as anonymous, pytest.raises(NoAuthError):
+        # ZooKeeper serves only TLS: a plain session gets nowhere, a certificate of another CA neither.
+        with pytest.raises(ZooKeeperUnreachable):
+            zkclient.connect(zk, timeout=3)
+        stranger = identity(CertificateAuthority.create(), tmp_path / "stranger", Role.CLIENT)
+        with pytest.raises(ZooKeeperUnreachable):
+            zkclient.connect(zk, timeout=3, tls_dir=stranger)
+        plain_cli = _cli("ledger", "list", "--zk", zk, env={**client, ZK_TLS_DIR_ENV: ""})
+        assert plain_cli.returncode == 2 and "unreachable" in plain_cli.stderr
+        # Over TLS but without the credential, the ACLs still hold.
+        with zkclient.session(zk, tls_dir=exports[ZK_TLS_DIR_ENV]) as anonymous, pytest.raises(NoAuthError):
             anonymous.create(f"{zkpaths.AVAILABLE}/fake-bookie", b"{}", ephemeral=True)
     finally:
         os.killpg(standalone.pid, signal.SIGINT)

@@ -34,6 +34,15 @@ class TlsConfigError(RuntimeError):
     """A TLS directory that cannot be used; the message names the file and what is wrong with it."""
 
 
+def tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """The CA, certificate and key files of a TLS directory, in our names or a kubernetes.io/tls Secret's."""
+    names = (CA_FILE, CERT_FILE, KEY_FILE)
+    if not (directory / CA_FILE).exists() and (directory / KUBERNETES_FILES[0]).exists():
+        names = KUBERNETES_FILES
+    ca, cert, key = (directory / name for name in names)
+    return ca, cert, key
+
+
 class ReloadingContext:
     """An SSLContext kept in step with the files of a TLS directory."""
 
@@ -46,11 +55,7 @@ class ReloadingContext:
 
     @property
     def files(self) -> tuple[Path, Path, Path]:
-        names = (CA_FILE, CERT_FILE, KEY_FILE)
-        if not (self.directory / CA_FILE).exists() and (self.directory / KUBERNETES_FILES[0]).exists():
-            names = KUBERNETES_FILES
-        ca, cert, key = (self.directory / name for name in names)
-        return ca, cert, key
+        return tls_files(self.directory)
 
     def _new_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if self.server else ssl.PROTOCOL_TLS_CLIENT)
