@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from bookfleet.security import local as local_security
-from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.certs import CA_FILE, CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
@@ -97,15 +98,29 @@ class BookieProcess:
             )
         return self
 
+    def http_url(self, path: str) -> str:
+        """The URL of one of the bookie's HTTP endpoints (HTTPS with `http_tls`)."""
+        scheme = "https" if self.flags.get("http_tls") else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}{path}"
+
+    def http_context(self) -> ssl.SSLContext | None:
+        """What verifies the bookie's HTTPS certificate: its own directory's CA (None for plain HTTP)."""
+        if not self.flags.get("http_tls"):
+            return None
+        return ssl.create_default_context(cafile=Path(str(self.flags["tls_dir"])) / CA_FILE)
+
     def wait_ready(self, timeout: float = 30.0) -> BookieProcess:
         """Poll /readyz until it answers 200; raise with the log's tail if the process dies or time runs out."""
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/readyz"
+        url, context = self.http_url("/readyz"), self.http_context()
         while time.monotonic() < deadline:
             if not self.running:
                 code = self.process.returncode if self.process else None
                 raise BookieStartError(f"bookie {self.bookie_id} exited with code {code}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(url, timeout=1) as reply:
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(url, timeout=1, context=context) as reply,
+            ):
                 if reply.status == 200:
                     return self
             time.sleep(0.05)

@@ -8,14 +8,18 @@ import dataclasses
 import datetime
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import wire
+from bookfleet.bookie.config import BookieConfig
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
@@ -173,6 +177,32 @@ async def test_certificates_rotate_without_a_restart(secure_fleet, ca, tmp_path:
     assert (await old.bookie_info()).state == wire.BookieState.WRITABLE  # open connections keep working
     await old.close()
     assert bookie.running
+
+
+def test_bookie_http_serves_https_when_asked_and_plain_by_default(zk_connect, tmp_path: Path, ca):
+    with BookieFleet(zk_connect, tmp_path / "bookies", ca=ca) as fleet:
+        plain = fleet.add()
+        https = fleet.add(http_tls=True)
+        for bookie in (plain.start(), https.start()):
+            bookie.wait_ready()  # over HTTPS for the second, verified against the fleet's CA
+
+        with urllib.request.urlopen(plain.http_url("/healthz"), timeout=10) as reply:
+            assert plain.http_url("/healthz").startswith("http://") and reply.read() == b"ok\n"
+        url = https.http_url("/metrics")
+        assert url.startswith("https://")
+        with urllib.request.urlopen(url, timeout=10, context=https.http_context()) as reply:
+            assert b"bookie_add_entries" in reply.read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain answer on the HTTPS port
+            urllib.request.urlopen(url.replace("https://", "http://"), timeout=10)
+        (tmp_path / "other-ca.pem").write_bytes(CertificateAuthority.create().cert_pem)
+        stranger = ssl.create_default_context(cafile=tmp_path / "other-ca.pem")
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(url, timeout=10, context=stranger)
+
+
+def test_https_needs_the_bookies_certificate(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"--http-tls .* needs --tls-dir"):
+        BookieConfig("b", 3181, tmp_path / "journal", tmp_path / "ledgers", "127.0.0.1:2181", http_tls=True)
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

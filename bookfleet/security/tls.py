@@ -44,11 +44,13 @@ def tls_files(directory: Path) -> tuple[Path, Path, Path]:
 
 
 class ReloadingContext:
-    """An SSLContext kept in step with the files of a TLS directory."""
+    """An SSLContext kept in step with the files of a TLS directory; a server context requires client certificates
+    unless `client_certificates` is False (HTTPS for probes and scrapers)."""
 
-    def __init__(self, directory: Path, server: bool):
+    def __init__(self, directory: Path, server: bool, client_certificates: bool = True):
         self.directory = Path(directory)
         self.server = server
+        self.client_certificates = client_certificates
         self.context = self._new_context()
         self._stamp: tuple | None = None
         self.refresh()
@@ -60,7 +62,7 @@ class ReloadingContext:
     def _new_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if self.server else ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_REQUIRED if self.client_certificates or not self.server else ssl.CERT_NONE
         context.check_hostname = not self.server
         return context
 
@@ -108,6 +110,11 @@ def bookie_host(bookie_id: str) -> str:
 def server_context(directory: Path) -> ReloadingContext:
     """A bookie's context: presents its certificate, requires a client certificate signed by the CA."""
     return ReloadingContext(directory, server=True)
+
+
+def https_context(directory: Path) -> ReloadingContext:
+    """A bookie's HTTPS context: presents its certificate and asks nothing of the client (probes, scrapers)."""
+    return ReloadingContext(directory, server=True, client_certificates=False)
 
 
 @functools.cache
