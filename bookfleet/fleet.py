@@ -8,6 +8,7 @@ plain classes so the standalone fleet can grow an auditor and a repair runner by
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -19,11 +20,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.acls import secure_tree
 from bookfleet.security import local as local_security
 from bookfleet.security.certs import CA_FILE, CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
+
+log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 """What a bookie of a fleet on this machine is dialled as, so its certificate names them."""
@@ -254,6 +259,8 @@ class StandaloneCluster:
         if self.zookeeper is not None:
             self.zookeeper.start()
         try:
+            if self.security is not None:
+                self._secure_existing_nodes()
             for n in range(self.bookie_count):
                 self.fleet.add(f"bookie-{n}").start()
             for bookie in self.fleet.bookies:
@@ -262,6 +269,16 @@ class StandaloneCluster:
             self.stop()
             raise
         return self
+
+    def _secure_existing_nodes(self) -> None:
+        """Nodes an earlier, plain run on this data dir created still carry ZooKeeper's open default."""
+        with zkclient.session(self.zk) as zk:
+            report = secure_tree(zk, zkclient.fleet_acl(self.security.zk_auth))
+        if report.changed:
+            log.info("gave %d node(s) from an earlier plain run the fleet's ACL", len(report.changed))
+        if report.refused:
+            log.warning("%d ZooKeeper node(s) keep an ACL the fleet may not change: %s", len(report.refused),
+                        ", ".join(report.refused[:5]))
 
     def stop(self) -> None:
         self.fleet.stop()

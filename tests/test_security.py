@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import os
 import signal
 import ssl
@@ -162,6 +163,41 @@ def test_unauthenticated_zookeeper_clients_cannot_write_under_the_ledgers_root(z
             anonymous.delete(zkpaths.ledger(7))
     with zkclient.session(zk_connect, auth="fleet:wrong-password") as intruder, pytest.raises(NoAuthError):
         intruder.set(zkpaths.ledger(7), b"rewritten")
+
+
+def test_zk_secure_puts_the_fleet_acl_on_nodes_created_before_the_credential(zk_connect):
+    cookie = f"{zkpaths.COOKIES}/bookie-0"
+    with zkclient.session(zk_connect) as before:  # a fleet that ran without a credential: world-open nodes
+        before.create(zkpaths.ledger(7), b"{}", makepath=True)
+        before.create(cookie, b"cookie", makepath=True)
+    env = {k: v for k, v in os.environ.items() if k not in (ZK_AUTH_ENV, TLS_DIR_ENV, ZK_TLS_DIR_ENV)}
+
+    no_credential = _cli("zk", "secure", "--zk", zk_connect, env=env)
+    assert no_credential.returncode == 2 and "--zk-auth" in no_credential.stderr
+
+    first = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", ZK_AUTH, "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert {zkpaths.ROOT, zkpaths.COOKIES, cookie, zkpaths.ledger(7)} <= set(report["changed"])
+    assert report["nodes"] == len(report["changed"]) and not report["refused"]
+    with zkclient.session(zk_connect) as anonymous:
+        for path in (cookie, zkpaths.ledger(7)):
+            with pytest.raises(NoAuthError):
+                anonymous.set(path, b"rewritten")
+            with pytest.raises(NoAuthError):
+                anonymous.get(path)
+        with pytest.raises(NoAuthError):
+            anonymous.create(f"{zkpaths.COOKIES}/squatter", b"")
+    with zkclient.session(zk_connect, auth=ZK_AUTH) as fleet:
+        assert fleet.get(cookie)[0] == b"cookie"
+        fleet.set(zkpaths.ledger(7), b"{}")
+
+    again = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", ZK_AUTH, "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"nodes": report["nodes"], "changed": [], "refused": []}
+
+    intruder = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", "intruder:guess", env=env)
+    assert intruder.returncode == 2 and f"may not change: {zkpaths.ROOT}" in intruder.stderr
 
 
 async def test_certificates_rotate_without_a_restart(secure_fleet, ca, tmp_path: Path):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import make_digest_acl
+from kazoo.security import ACL, make_digest_acl
 
 from bookfleet.security.tls import TlsConfigError, tls_files
 
@@ -34,14 +34,19 @@ class ZooKeeperUnreachable(RuntimeError):
     pass
 
 
+def fleet_acl(auth: str) -> list[ACL]:
+    """The ACL every node of a fleet with the `user:password` credential carries: that identity, any access."""
+    user, sep, password = auth.partition(":")
+    if not sep or not user or not password:
+        raise ValueError(f"ZooKeeper credential must be USER:PASSWORD (from --zk-auth or ${ZK_AUTH_ENV})")
+    return [make_digest_acl(user, password, all=True)]
+
+
 def security_options(auth: str | None) -> dict:
     """KazooClient options for a `user:password` digest credential (none: an open, unauthenticated session)."""
     if not auth:
         return {}
-    user, sep, password = auth.partition(":")
-    if not sep or not user or not password:
-        raise ValueError(f"ZooKeeper credential must be USER:PASSWORD (from --zk-auth or ${ZK_AUTH_ENV})")
-    return {"auth_data": [("digest", auth)], "default_acl": [make_digest_acl(user, password, all=True)]}
+    return {"auth_data": [("digest", auth)], "default_acl": fleet_acl(auth)}
 
 
 def tls_options(tls_dir: str | Path | None) -> dict:
