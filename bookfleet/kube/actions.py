@@ -1,0 +1,84 @@
+"""The act step every reconciler shares: decide() returns actions as plain values, `act` applies them in one place.
+
+Each reconciler observes (Kubernetes and ZooKeeper into a frozen dataclass), decides in pure code (observed state and
+the time → a list of actions, in the order they must happen) and acts here. Actions are values, so a decide() test
+compares lists in milliseconds with no API server and no ZooKeeper. An action that needs ZooKeeper or another
+resource is a small dataclass with the same `apply` shape, defined beside the reconciler that decides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bookfleet.kube.context import OperatorContext, patch_status
+
+
+class Action(Protocol):
+    """One change to the world; `body` is the object being reconciled (kept current by status patches)."""
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Ensure:
+    """Create the object unless it exists (never overwrites: changes to existing objects are explicit patches)."""
+
+    manifest: dict[str, Any]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.ensure(self.manifest)
+
+
+@dataclass(frozen=True)
+class Patch:
+    api_version: str
+    plural: str
+    namespace: str | None
+    name: str
+    patch: dict[str, Any]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.patch(self.api_version, self.plural, self.namespace, self.name, self.patch)
+
+
+@dataclass(frozen=True)
+class Delete:
+    api_version: str
+    plural: str
+    namespace: str | None
+    name: str
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.delete(self.api_version, self.plural, self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Patch the reconciled object's status with `changes`, only where they differ (no API call otherwise)."""
+
+    plural: str
+    changes: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        patch_status(ctx, self.plural, body, self.changes)
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    """A Kubernetes Event on the reconciled object, or on `involved` when the decision concerns another one."""
+
+    reason: str
+    message: str
+    warning: bool = False
+    involved: dict[str, Any] | None = None
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
+
+
+def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:
+    """Apply the decided actions in order; the first failure stops the pass (the next pass re-decides from scratch)."""
+    for action in actions:
+        action.apply(ctx, body)
