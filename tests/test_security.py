@@ -275,6 +275,16 @@ def test_cli_against_a_secure_fleet_needs_its_tls_dir(zk_connect, tmp_path: Path
         assert read.stdout.count("entry_id") == 3 or len(read.stdout.strip().splitlines()) == 3
 
 
+def test_an_unusable_zookeeper_tls_dir_is_one_line_naming_the_file(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k not in (ZK_AUTH_ENV, TLS_DIR_ENV, ZK_TLS_DIR_ENV)}
+    listed = _cli("ledger", "list", "--zk", "127.0.0.1:1", "--zk-tls-dir", str(tmp_path / "none"), env=env)
+    assert listed.returncode == 2
+    assert listed.stderr.strip() == (
+        f"bookfleet ledger: ZooKeeper TLS file {tmp_path / 'none' / 'ca.pem'} is missing "
+        f"(from --zk-tls-dir or ${ZK_TLS_DIR_ENV})"
+    )
+
+
 def test_standalone_secure_prints_what_a_client_needs_and_speaks_tls_to_zookeeper(tmp_path: Path):
     data_dir = tmp_path / "fleet"
     env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV, ZK_TLS_DIR_ENV)}

@@ -46,11 +46,11 @@ def apply(args: argparse.Namespace) -> None:
         use_client_tls(getattr(args, "tls_dir", None))
     except TlsConfigError as exc:
         raise SecurityFlagError(f"--tls-dir: {exc}") from None
-    if zk_tls_dir := getattr(args, "zk_tls_dir", None):
+    if hasattr(args, "zk_tls_dir") and (zk_tls_dir := args.zk_tls_dir or os.environ.get(ZK_TLS_DIR_ENV)):
         try:
-            tls_options(zk_tls_dir)
+            tls_options(zk_tls_dir)  # fails now, naming the file, rather than as an unreachable ZooKeeper
         except TlsConfigError as exc:
-            raise SecurityFlagError(f"--zk-tls-dir: {exc}") from None
+            raise SecurityFlagError(str(exc)) from None
         os.environ[ZK_TLS_DIR_ENV] = str(Path(zk_tls_dir).resolve())
 
 
