@@ -8,9 +8,11 @@ plain classes so the standalone fleet can grow an auditor and a repair runner by
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -18,11 +20,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.acls import secure_tree
 from bookfleet.security import local as local_security
-from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.certs import CA_FILE, CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
+
+log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 """What a bookie of a fleet on this machine is dialled as, so its certificate names them."""
@@ -97,15 +103,29 @@ class BookieProcess:
             )
         return self
 
+    def http_url(self, path: str) -> str:
+        """The URL of one of the bookie's HTTP endpoints (HTTPS with `http_tls`)."""
+        scheme = "https" if self.flags.get("http_tls") else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}{path}"
+
+    def http_context(self) -> ssl.SSLContext | None:
+        """What verifies the bookie's HTTPS certificate: its own directory's CA (None for plain HTTP)."""
+        if not self.flags.get("http_tls"):
+            return None
+        return ssl.create_default_context(cafile=Path(str(self.flags["tls_dir"])) / CA_FILE)
+
     def wait_ready(self, timeout: float = 30.0) -> BookieProcess:
         """Poll /readyz until it answers 200; raise with the log's tail if the process dies or time runs out."""
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.http_port}/readyz"
+        url, context = self.http_url("/readyz"), self.http_context()
         while time.monotonic() < deadline:
             if not self.running:
                 code = self.process.returncode if self.process else None
                 raise BookieStartError(f"bookie {self.bookie_id} exited with code {code}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(url, timeout=1) as reply:
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(url, timeout=1, context=context) as reply,
+            ):
                 if reply.status == 200:
                     return self
             time.sleep(0.05)
@@ -218,8 +238,8 @@ class StandaloneCluster:
     """ZooKeeper (embedded unless `zk` is given) plus `bookies` bookie processes with stable ids bookie-<n>.
 
     Everything lives under `data_dir`, so a second run on the same dir brings back the same bookies and ledgers.
-    With `secure`, bookies serve mutual TLS and ZooKeeper nodes carry the fleet's ACL (`bookfleet.security.local`);
-    this process then acts with the fleet's identity.
+    With `secure`, bookies serve mutual TLS, ZooKeeper nodes carry the fleet's ACL and an embedded ZooKeeper serves
+    only TLS (`bookfleet.security.local`); this process then acts with the fleet's identity.
     """
 
     def __init__(
@@ -227,9 +247,10 @@ class StandaloneCluster:
     ):
         self.data_dir = Path(data_dir).resolve()
         self.bookie_count = bookies
-        self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port)
+        self.security = local_security.prepare(self.data_dir, zookeeper_tls=not zk) if secure else None
+        zookeeper_tls = self.security.zookeeper_dir if self.security else None
+        self.zookeeper = None if zk else ZooKeeperServer(self.data_dir / "zookeeper", zk_port, tls_dir=zookeeper_tls)
         self.zk = zk or self.zookeeper.connect
-        self.security = local_security.prepare(self.data_dir) if secure else None
         self.fleet = BookieFleet(self.zk, self.data_dir, ca=self.security.ca if self.security else None)
 
     def start(self) -> StandaloneCluster:
@@ -238,6 +259,8 @@ class StandaloneCluster:
         if self.zookeeper is not None:
             self.zookeeper.start()
         try:
+            if self.security is not None:
+                self._secure_existing_nodes()
             for n in range(self.bookie_count):
                 self.fleet.add(f"bookie-{n}").start()
             for bookie in self.fleet.bookies:
@@ -246,6 +269,16 @@ class StandaloneCluster:
             self.stop()
             raise
         return self
+
+    def _secure_existing_nodes(self) -> None:
+        """Nodes an earlier, plain run on this data dir created still carry ZooKeeper's open default."""
+        with zkclient.session(self.zk) as zk:
+            report = secure_tree(zk, zkclient.fleet_acl(self.security.zk_auth))
+        if report.changed:
+            log.info("gave %d node(s) from an earlier plain run the fleet's ACL", len(report.changed))
+        if report.refused:
+            log.warning("%d ZooKeeper node(s) keep an ACL the fleet may not change: %s", len(report.refused),
+                        ", ".join(report.refused[:5]))
 
     def stop(self) -> None:
         self.fleet.stop()

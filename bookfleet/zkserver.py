@@ -1,4 +1,9 @@
-"""An embedded ZooKeeper server from the Debian package, for the standalone fleet and the tests."""
+"""An embedded ZooKeeper server from the Debian package, for the standalone fleet and the tests.
+
+With a TLS directory (`ca.pem`, `cert.pem`, `key.pem`) it serves only a TLS port (`secureClientPort`, Netty, PEM
+key and trust stores, read by ZooKeeper 3.6 and later; Debian 12 ships 3.8): clients must present a certificate
+of that CA and no plain port is open.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,20 @@ import os
 import random
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
+
+from bookfleet.security.tls import tls_files
 
 ZOOKEEPER_CLASSPATH = ":".join(
     f"/usr/share/java/{jar}"
     for jar in ("zookeeper.jar", "slf4j-simple.jar", "netty-codec.jar", "netty-resolver.jar")
 )
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+KEYSTORE_FILE = "keystore.pem"
+"""ZooKeeper's PEM key store: the private key and the certificate in one file."""
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -53,8 +63,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def four_letter_word(port: int, word: str = "ruok", timeout: float = 1.0) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+def four_letter_word(
+    port: int, word: str = "ruok", timeout: float = 1.0, tls: ssl.SSLContext | None = None
+) -> str:
+    """ZooKeeper's answer to a four-letter command, over TLS with `tls` (a secure port answers only that way)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as plain:
+        sock = tls.wrap_socket(plain, server_hostname="127.0.0.1") if tls else plain
         sock.sendall(word.encode())
         chunks = []
         while chunk := sock.recv(4096):
@@ -62,13 +76,49 @@ def four_letter_word(port: int, word: str = "ruok", timeout: float = 1.0) -> str
     return b"".join(chunks).decode()
 
 
-class ZooKeeperServer:
-    """A standalone ZooKeeper on a loopback port with its own data dir; `connect` is HOST:PORT."""
+def tls_client_context(tls_dir: Path) -> ssl.SSLContext:
+    """A client context with the identity in `tls_dir`, trusting its CA only."""
+    ca, cert, key = tls_files(Path(tls_dir))
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    return context
 
-    def __init__(self, data_dir: Path, port: int | None = None):
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper on a loopback port with its own data dir; `connect` is HOST:PORT.
+
+    With `tls_dir` (its certificate must name 127.0.0.1) the port is a TLS port requiring client certificates of
+    the directory's CA; clients connect with `bookfleet.meta.zk.connect(..., tls_dir=...)`.
+    """
+
+    def __init__(self, data_dir: Path, port: int | None = None, tls_dir: Path | None = None):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
+        self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
         self.process: subprocess.Popen | None = None
+
+    def _port_config(self) -> str:
+        if self.tls_dir is None:
+            return f"clientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+        ca, cert, key = tls_files(self.tls_dir)
+        keystore = self.data_dir / KEYSTORE_FILE
+        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(key.read_bytes() + cert.read_bytes())
+        return (
+            f"secureClientPort={self.port}\n"
+            "secureClientPortAddress=127.0.0.1\n"
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+            f"ssl.keyStore.location={keystore}\n"
+            "ssl.keyStore.type=PEM\n"
+            f"ssl.trustStore.location={ca}\n"
+            "ssl.trustStore.type=PEM\n"
+            "ssl.clientAuth=need\n"
+        )
+
+    def _answers(self) -> bool:
+        tls = tls_client_context(self.tls_dir) if self.tls_dir else None
+        return four_letter_word(self.port, tls=tls) == "imok"
 
     @property
     def connect(self) -> str:
@@ -85,8 +135,7 @@ class ZooKeeperServer:
         config.write_text(
             "tickTime=2000\n"
             f"dataDir={self.data_dir / 'data'}\n"
-            f"clientPort={self.port}\n"
-            "clientPortAddress=127.0.0.1\n"
+            f"{self._port_config()}"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=*\n"
             "maxClientCnxns=0\n"
@@ -108,7 +157,7 @@ class ZooKeeperServer:
                     f"ZooKeeper exited with code {self.process.returncode}; see {self.data_dir / 'zookeeper.log'}"
                 )
             with contextlib.suppress(OSError):
-                if four_letter_word(self.port) == "imok":
+                if self._answers():
                     return self
             time.sleep(0.05)
         self.stop()

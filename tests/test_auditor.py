@@ -191,7 +191,7 @@ def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, audit
     env = {**os.environ, "BOOKFLEET_ZK": zk_connect}
     cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
     try:
-        wait_for(lambda: _active_auditor(zk) == "cli", what="the CLI auditor leading")
+        wait_for(lambda: _active_auditor(zk) == "cli", timeout=60, what="the CLI auditor leading")  # a cold start
         standby, _ = auditor_sessions("standby")
         fleet[0].stop()
         expected = set(MetadataStore(zk).ledgers_on_bookie(fleet[0].bookie_id))

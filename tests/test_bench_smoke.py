@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from bookfleet.bench.baseline import tls_figures
+
 
 @pytest.mark.parametrize(
     ("bench", "keys"),
@@ -16,9 +18,10 @@ import pytest
           "sequential_fsync_mb_per_s", "cpu_loop_ns_per_iteration", "bookie_cpu_per_entry_loop_iterations",
           "tls_entries_per_s", "tls_bookie_cpu_us_per_entry", "tls_throughput_fraction_of_plain"]),
         (
-            ["client", "--bookies", "3", "-e", "3", "-w", "3", "-a", "2", "--seconds", "1"],
+            ["client", "--bookies", "3", "-e", "3", "-w", "3", "-a", "2", "--seconds", "1", "--tls"],
             ["full_entries_per_s", "full_p99_ms", "half_entries_per_s", "half_p99_ms", "raw_fsync_ops_per_s",
-             "cpu_loop_ns_per_iteration", "full_client_cpu_loop_iterations"],
+             "cpu_loop_ns_per_iteration", "full_client_cpu_loop_iterations", "tls_full_entries_per_s",
+             "tls_full_throughput_fraction_of_plain"],
         ),
     ],
 )
@@ -29,3 +32,16 @@ def test_bench_prints_one_json_object_with_its_baseline(bench, keys, tmp_path):
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     for key in keys:
         assert figures[key] > 0, (key, figures)
+
+
+def test_tls_figures_stand_next_to_the_plain_run():
+    plain = {"full_entries_per_s": 100.0, "full_client_cpu_us_per_entry": 5.0, "full_bookies_cpu_us_per_entry": 30.0}
+    secure = {"full_entries_per_s": 80.0, "full_client_cpu_us_per_entry": 6.5, "full_bookies_cpu_us_per_entry": 40.0}
+    assert tls_figures(plain, secure, "full_", ("client", "bookies")) == {
+        "tls_full_entries_per_s": 80.0,
+        "tls_full_client_cpu_us_per_entry": 6.5,
+        "tls_full_bookies_cpu_us_per_entry": 40.0,
+        "tls_full_throughput_fraction_of_plain": 0.8,
+        "tls_extra_client_cpu_us_per_entry": 1.5,
+        "tls_extra_bookies_cpu_us_per_entry": 10.0,
+    }

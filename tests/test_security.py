@@ -6,22 +6,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import wire
+from bookfleet.bookie.config import BookieConfig
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
-from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV, ZooKeeperUnreachable
 from bookfleet.polling import wait_for
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
@@ -160,6 +165,41 @@ def test_unauthenticated_zookeeper_clients_cannot_write_under_the_ledgers_root(z
         intruder.set(zkpaths.ledger(7), b"rewritten")
 
 
+def test_zk_secure_puts_the_fleet_acl_on_nodes_created_before_the_credential(zk_connect):
+    cookie = f"{zkpaths.COOKIES}/bookie-0"
+    with zkclient.session(zk_connect) as before:  # a fleet that ran without a credential: world-open nodes
+        before.create(zkpaths.ledger(7), b"{}", makepath=True)
+        before.create(cookie, b"cookie", makepath=True)
+    env = {k: v for k, v in os.environ.items() if k not in (ZK_AUTH_ENV, TLS_DIR_ENV, ZK_TLS_DIR_ENV)}
+
+    no_credential = _cli("zk", "secure", "--zk", zk_connect, env=env)
+    assert no_credential.returncode == 2 and "--zk-auth" in no_credential.stderr
+
+    first = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", ZK_AUTH, "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert {zkpaths.ROOT, zkpaths.COOKIES, cookie, zkpaths.ledger(7)} <= set(report["changed"])
+    assert report["nodes"] == len(report["changed"]) and not report["refused"]
+    with zkclient.session(zk_connect) as anonymous:
+        for path in (cookie, zkpaths.ledger(7)):
+            with pytest.raises(NoAuthError):
+                anonymous.set(path, b"rewritten")
+            with pytest.raises(NoAuthError):
+                anonymous.get(path)
+        with pytest.raises(NoAuthError):
+            anonymous.create(f"{zkpaths.COOKIES}/squatter", b"")
+    with zkclient.session(zk_connect, auth=ZK_AUTH) as fleet:
+        assert fleet.get(cookie)[0] == b"cookie"
+        fleet.set(zkpaths.ledger(7), b"{}")
+
+    again = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", ZK_AUTH, "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"nodes": report["nodes"], "changed": [], "refused": []}
+
+    intruder = _cli("zk", "secure", "--zk", zk_connect, "--zk-auth", "intruder:guess", env=env)
+    assert intruder.returncode == 2 and f"may not change: {zkpaths.ROOT}" in intruder.stderr
+
+
 async def test_certificates_rotate_without_a_restart(secure_fleet, ca, tmp_path: Path):
     (bookie,) = secure_fleet.start(1)
     tls = client_context(identity(ca, tmp_path / "app", Role.CLIENT))
@@ -173,6 +213,32 @@ async def test_certificates_rotate_without_a_restart(secure_fleet, ca, tmp_path:
     assert (await old.bookie_info()).state == wire.BookieState.WRITABLE  # open connections keep working
     await old.close()
     assert bookie.running
+
+
+def test_bookie_http_serves_https_when_asked_and_plain_by_default(zk_connect, tmp_path: Path, ca):
+    with BookieFleet(zk_connect, tmp_path / "bookies", ca=ca) as fleet:
+        plain = fleet.add()
+        https = fleet.add(http_tls=True)
+        for bookie in (plain.start(), https.start()):
+            bookie.wait_ready()  # over HTTPS for the second, verified against the fleet's CA
+
+        with urllib.request.urlopen(plain.http_url("/healthz"), timeout=10) as reply:
+            assert plain.http_url("/healthz").startswith("http://") and reply.read() == b"ok\n"
+        url = https.http_url("/metrics")
+        assert url.startswith("https://")
+        with urllib.request.urlopen(url, timeout=10, context=https.http_context()) as reply:
+            assert b"bookie_add_entries" in reply.read()
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain answer on the HTTPS port
+            urllib.request.urlopen(url.replace("https://", "http://"), timeout=10)
+        (tmp_path / "other-ca.pem").write_bytes(CertificateAuthority.create().cert_pem)
+        stranger = ssl.create_default_context(cafile=tmp_path / "other-ca.pem")
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(url, timeout=10, context=stranger)
+
+
+def test_https_needs_the_bookies_certificate(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"--http-tls .* needs --tls-dir"):
+        BookieConfig("b", 3181, tmp_path / "journal", tmp_path / "ledgers", "127.0.0.1:2181", http_tls=True)
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -209,9 +275,19 @@ def test_cli_against_a_secure_fleet_needs_its_tls_dir(zk_connect, tmp_path: Path
         assert read.stdout.count("entry_id") == 3 or len(read.stdout.strip().splitlines()) == 3
 
 
-def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
+def test_an_unusable_zookeeper_tls_dir_is_one_line_naming_the_file(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k not in (ZK_AUTH_ENV, TLS_DIR_ENV, ZK_TLS_DIR_ENV)}
+    listed = _cli("ledger", "list", "--zk", "127.0.0.1:1", "--zk-tls-dir", str(tmp_path / "none"), env=env)
+    assert listed.returncode == 2
+    assert listed.stderr.strip() == (
+        f"bookfleet ledger: ZooKeeper TLS file {tmp_path / 'none' / 'ca.pem'} is missing "
+        f"(from --zk-tls-dir or ${ZK_TLS_DIR_ENV})"
+    )
+
+
+def test_standalone_secure_prints_what_a_client_needs_and_speaks_tls_to_zookeeper(tmp_path: Path):
     data_dir = tmp_path / "fleet"
-    env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (TLS_DIR_ENV, ZK_AUTH_ENV, ZK_TLS_DIR_ENV)}
     command = [sys.executable, "-m", "bookfleet", "--log-level", "WARNING", "standalone", "--secure", "--bookies", "3"]
     standalone = subprocess.Popen(
         [*command, "--no-auto-recovery", "--data-dir", str(data_dir)],
@@ -228,6 +304,7 @@ def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
         )
         zk = next(line.split()[1] for line in lines if line.startswith("ZooKeeper:"))
         assert exports[TLS_DIR_ENV] == str(data_dir.resolve() / "tls" / "client")
+        assert exports[ZK_TLS_DIR_ENV] == exports[TLS_DIR_ENV]
         assert sorted(p.name for p in Path(exports[TLS_DIR_ENV]).iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
         client = {**env, **exports}
 
@@ -237,7 +314,16 @@ def test_standalone_secure_prints_what_a_client_needs(tmp_path: Path):
         assert _cli("ledger", "write", ledger_id, "--count", "2", "--zk", zk, env=client).returncode == 0
         without_tls = _cli("ledger", "read", ledger_id, "--zk", zk, env={**client, TLS_DIR_ENV: ""})
         assert without_tls.returncode == 2 and "requires mutual TLS" in without_tls.stderr
-        with zkclient.session(zk) as anonymous, pytest.raises(NoAuthError):
+        # ZooKeeper serves only TLS: a plain session gets nowhere, a certificate of another CA neither.
+        with pytest.raises(ZooKeeperUnreachable):
+            zkclient.connect(zk, timeout=3)
+        stranger = identity(CertificateAuthority.create(), tmp_path / "stranger", Role.CLIENT)
+        with pytest.raises(ZooKeeperUnreachable):
+            zkclient.connect(zk, timeout=3, tls_dir=stranger)
+        plain_cli = _cli("ledger", "list", "--zk", zk, env={**client, ZK_TLS_DIR_ENV: ""})
+        assert plain_cli.returncode == 2 and "unreachable" in plain_cli.stderr
+        # Over TLS but without the credential, the ACLs still hold.
+        with zkclient.session(zk, tls_dir=exports[ZK_TLS_DIR_ENV]) as anonymous, pytest.raises(NoAuthError):
             anonymous.create(f"{zkpaths.AVAILABLE}/fake-bookie", b"{}", ephemeral=True)
     finally:
         os.killpg(standalone.pid, signal.SIGINT)

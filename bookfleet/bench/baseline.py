@@ -6,9 +6,11 @@ reports the time of a fixed pure-Python loop measured in the same run, and CPU c
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -82,6 +84,27 @@ def load_summary(latencies: list[float], elapsed: float, entry_size: int) -> dic
         "p50_ms": percentile(latencies, 0.50) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
     }
+
+
+def tls_figures(plain: dict, secure: dict, prefix: str, sides: Iterable[str]) -> dict[str, float]:
+    """A `--tls` run next to the plain one of the same benchmark: its figures as `tls_*`, its throughput as a
+    fraction of the plain one and the extra CPU per entry of each side (`<prefix><side>_cpu_us_per_entry`)."""
+    figures = {f"tls_{name}": value for name, value in secure.items()}
+    throughput = f"{prefix}entries_per_s"
+    figures[f"tls_{prefix}throughput_fraction_of_plain"] = secure[throughput] / plain[throughput]
+    for side in sides:
+        cpu = f"{prefix}{side}_cpu_us_per_entry"
+        figures[f"tls_extra_{side}_cpu_us_per_entry"] = secure[cpu] - plain[cpu]
+    return figures
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    """One JSON object, or one aligned `name: value` line per figure."""
+    if as_json:
+        print(json.dumps(report))
+        return
+    for name, value in report.items():
+        print(f"{name:>24}: {value:.3f}" if isinstance(value, float) else f"{name:>24}: {value}")
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from bookfleet import wire
-from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
+from bookfleet.bench.baseline import in_loop_iterations, load_summary, print_report, same_run_baselines, tls_figures
 from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
 from bookfleet.fleet import LOOPBACK_NAMES, BookieProcess
@@ -175,14 +174,6 @@ def handle(args: argparse.Namespace) -> int:
         "client_cpu_per_entry_loop_iterations": in_loop_iterations(result["client_cpu_us_per_entry"], baseline),
     }
     if secure is not None:
-        report.update({f"tls_{name}": value for name, value in secure.items()})
-        report["tls_throughput_fraction_of_plain"] = secure["entries_per_s"] / result["entries_per_s"]
-        for side in ("bookie", "client"):
-            extra = secure[f"{side}_cpu_us_per_entry"] - result[f"{side}_cpu_us_per_entry"]
-            report[f"tls_extra_{side}_cpu_us_per_entry"] = extra
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for name, value in report.items():
-            print(f"{name:>24}: {value:.3f}" if isinstance(value, float) else f"{name:>24}: {value}")
+        report.update(tls_figures(result, secure, "", ("bookie", "client")))
+    print_report(report, args.json)
     return 0

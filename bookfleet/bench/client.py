@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from bookfleet.bench.baseline import in_loop_iterations, load_summary, same_run_baselines
+from bookfleet.bench.baseline import in_loop_iterations, load_summary, print_report, same_run_baselines, tls_figures
 from bookfleet.bench.bookie import _cpu_seconds
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
@@ -174,14 +173,6 @@ def handle(args: argparse.Namespace) -> int:
         **baseline,
     }
     if secure is not None:
-        report.update({f"tls_{name}": value for name, value in secure.items()})
-        report["tls_full_throughput_fraction_of_plain"] = secure["full_entries_per_s"] / result["full_entries_per_s"]
-        for side in ("client", "bookies"):
-            extra = secure[f"full_{side}_cpu_us_per_entry"] - result[f"full_{side}_cpu_us_per_entry"]
-            report[f"tls_extra_{side}_cpu_us_per_entry"] = extra
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for name, value in report.items():
-            print(f"{name:>24}: {value:.3f}" if isinstance(value, float) else f"{name:>24}: {value}")
+        report.update(tls_figures(result, secure, "full_", ("client", "bookies")))
+    print_report(report, args.json)
     return 0

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, BookieError
-from bookfleet.client.writeset import stores_entry
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.replication.repair import read_present
+from bookfleet.replication.repair import Reply
+from bookfleet.replication.replicacheck import ALL, ReplicaRange, entries_to_check, read_copies, verdict
 
 WRITES_IN_FLIGHT = 256
 LEDGERS_IN_FLIGHT = 8
@@ -58,6 +58,11 @@ async def fill_ledgers(
     return expected
 
 
+def payload_digest(digester: wire.Digester, raw: bytes) -> bytes:
+    """The sha256 of an encoded entry's payload, as `fill_ledgers` remembers it."""
+    return hashlib.sha256(wire.decode_entry(digester, raw).payload).digest()
+
+
 async def verify_replicas(
     zk: str, expected: dict[int, list[bytes]], skip: dict[int, set[int]] | None = None
 ) -> list[str]:
@@ -75,33 +80,28 @@ async def verify_replicas(
     clients: dict[str, BookieClient] = {}
     slots = asyncio.Semaphore(32)
 
-    async def check(ledger_id: int, position: int, fragment, size: int, write_quorum: int, digester) -> None:
-        bookie = fragment.bookies[position]
-        wanted = [
-            e for e in fragment.entry_ids()
-            if stores_entry(position, e, size, write_quorum) and e not in skip.get(ledger_id, ())
-        ]
+    async def check(ledger_id: int, replica: ReplicaRange, bookie: str, digester: wire.Digester) -> None:
+        wanted = entries_to_check(replica, ALL, frozenset(skip.get(ledger_id, ())))
         if not wanted:
             return
         if bookie not in addresses:
-            problems.append(f"ledger {ledger_id}: bookie {bookie} of segment {fragment.index} is not registered")
+            problems.append(f"ledger {ledger_id}: bookie {bookie} of segment {replica.segment_index} is not registered")
             return
         async with slots:
             if bookie not in clients:
                 clients[bookie] = await BookieClient.connect(addresses[bookie], bookie_id=bookie)
             try:
-                raws = await read_present(clients[bookie], ledger_id, wanted[0], wanted[-1])
+                copies = await read_copies(clients[bookie], ledger_id, wanted, whole_range=True)
             except BookieError as exc:
-                raws = []
+                copies = {}
                 problems.append(f"ledger {ledger_id}: bookie {bookie}: {exc}")
-        held = {}
-        for raw in raws:
-            entry = wire.decode_entry(digester, raw)
-            held[entry.entry_id] = hashlib.sha256(entry.payload).digest()
         for entry_id in wanted:
-            if held.get(entry_id) != expected[ledger_id][entry_id]:
-                state = "differs" if entry_id in held else "is missing"
-                problems.append(f"ledger {ledger_id} entry {entry_id} {state} on bookie {bookie}")
+            raw = copies.get(entry_id)
+            reply = verdict(raw, ledger_id, entry_id, digester)
+            if reply is Reply.HAS and payload_digest(digester, raw) == expected[ledger_id][entry_id]:
+                continue
+            state = "is missing" if reply is Reply.LACKS else "differs"
+            problems.append(f"ledger {ledger_id} entry {entry_id} {state} on bookie {bookie}")
 
     checks = []
     for ledger_id, meta in metadata.items():
@@ -109,10 +109,11 @@ async def verify_replicas(
             problems.append(f"ledger {ledger_id}: last entry {meta.last_entry_id}, wrote {len(expected[ledger_id])}")
         digester = wire.Digester(meta.digest_type)
         for fragment in meta.fragments():
-            if fragment.last_entry_id is None or fragment.is_empty:
+            if fragment.last_entry_id is None:
                 continue
-            for position in range(meta.ensemble_size):
-                checks.append(check(ledger_id, position, fragment, meta.ensemble_size, meta.write_quorum, digester))
+            for position, bookie in enumerate(fragment.bookies):
+                replica = ReplicaRange.of_fragment(ledger_id, fragment, position, meta.write_quorum)
+                checks.append(check(ledger_id, replica, bookie, digester))
     try:
         await asyncio.gather(*checks)
     finally:

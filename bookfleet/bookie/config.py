@@ -31,6 +31,7 @@ class BookieConfig:
     gc_grace: float = 60.0
     zk_session_timeout: float = 6.0
     tls_dir: Path | None = None
+    http_tls: bool = False
     verify_ledgers: bool = True
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: ServerLimits = field(default_factory=ServerLimits)
@@ -47,6 +48,8 @@ class BookieConfig:
             raise ValueError(f"--disk-quota must be a positive number of bytes, not {self.disk_quota}")
         if self.port <= 0:
             raise ValueError(f"--port must be a TCP port, not {self.port}")
+        if self.http_tls and self.tls_dir is None:
+            raise ValueError("--http-tls serves the bookie's certificate: it needs --tls-dir")
 
 
 _STORAGE_PREFIX = "storage_"
@@ -81,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-dir", type=Path, default=None,
         help="serve mutual TLS with ca.pem, cert.pem, key.pem from this directory (reloaded when they change)",
+    )
+    parser.add_argument(
+        "--http-tls", action="store_true",
+        help="serve /healthz /readyz /metrics over HTTPS with the --tls-dir certificate (probes then need HTTPS)",
     )
     parser.add_argument(
         "--no-verify-ledgers", dest="verify_ledgers", action="store_false",

@@ -1,4 +1,8 @@
-"""The bookie's HTTP side on the same event loop: `/healthz`, `/readyz` for Kubernetes probes, `/metrics`."""
+"""The bookie's HTTP side on the same event loop: `/healthz`, `/readyz` for Kubernetes probes, `/metrics`.
+
+Plain HTTP unless asked (`--http-tls`): then HTTPS with the bookie's own certificate, reloaded when its files change
+like the bookie protocol's; no client certificate is asked for, since probes and scrapers carry none.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
+from bookfleet.security.tls import ReloadingContext
 from bookfleet.wire import Op, Status
 
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -121,14 +126,27 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> None:
-        app = web.Application()
+    async def start(self, host: str, port: int, tls: ReloadingContext | None = None) -> None:
+        """Serve on `host:port`; HTTPS with `tls`, whose files are looked at again on every request so the next
+        connections present a rotated certificate."""
+        middlewares = []
+        if tls is not None:
+
+            @web.middleware
+            async def reload_certificate(request: web.Request, handler):
+                tls.refresh()
+                return await handler(request)
+
+            middlewares.append(reload_certificate)
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner, host, port, reuse_address=True, ssl_context=tls.context if tls is not None else None
+        )
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 
@@ -25,7 +26,7 @@ from bookfleet.bookie.storage import LedgerStorage
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.security.tls import ReloadingContext, TlsConfigError, server_context
+from bookfleet.security.tls import ReloadingContext, TlsConfigError, https_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,12 @@ async def _listen(what: str, start, host: str, port: int) -> None:
         raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _tls_context(config: BookieConfig) -> ReloadingContext | None:
-    if config.tls_dir is None:
+def _tls_context(config: BookieConfig, https: bool = False) -> ReloadingContext | None:
+    """The bookie protocol's context (mutual TLS), or with `https` the HTTP endpoints' (None unless --http-tls)."""
+    if config.tls_dir is None or (https and not config.http_tls):
         return None
     try:
-        return server_context(config.tls_dir)
+        return https_context(config.tls_dir) if https else server_context(config.tls_dir)
     except TlsConfigError as exc:
         raise StartupError(f"--tls-dir {config.tls_dir}: {exc}") from None
 
@@ -82,7 +84,8 @@ class BookieNode:
 
     async def run(self) -> None:
         config = self.config
-        await _listen("HTTP", self.health.start, config.listen_host, config.http_port)
+        serve_http = functools.partial(self.health.start, tls=_tls_context(config, https=True))
+        await _listen("HTTP", serve_http, config.listen_host, config.http_port)
         # kazoo's timeout is the session timeout: how long after a crash the registration disappears.
         zk = await asyncio.to_thread(zkclient.connect, config.zk, config.zk_session_timeout)
         try:

@@ -34,6 +34,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     from bookfleet.fleet import BookieStartError, StandaloneCluster
+    from bookfleet.meta.zk import ZooKeeperUnreachable
     from bookfleet.zkserver import ZooKeeperUnavailable
 
     if args.bookies < 1:
@@ -43,7 +44,7 @@ def handle(args) -> int:
     cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port, secure=args.secure)
     try:
         cluster.start()
-    except (BookieStartError, ZooKeeperUnavailable) as exc:
+    except (BookieStartError, ZooKeeperUnavailable, ZooKeeperUnreachable) as exc:
         raise CommandError(str(exc)) from None
     recovery = None
     try:

@@ -4,6 +4,13 @@ With a credential (`user:password`, from the caller or `$BOOKFLEET_ZK_AUTH`) the
 ZooKeeper's digest scheme and every node it creates carries an ACL that gives that identity, and nobody else, any
 access: the fleet's metadata, registrations, cookies, markers and switches are readable and writable only with the
 fleet's credential.
+
+With a TLS directory (`ca.pem`, `cert.pem`, `key.pem`, or a mounted Secret's `ca.crt`, `tls.crt`, `tls.key`; from
+the caller or `$BOOKFLEET_ZK_TLS_DIR`) the session speaks TLS to a ZooKeeper `secureClientPort`: it verifies the
+server's certificate against that CA and the host it dialled, and presents its own certificate, since a secure
+ZooKeeper requires one (`ssl.clientAuth=need`). It is a setting of its own, not `$BOOKFLEET_TLS_DIR`: a fleet may
+serve TLS on its bookies behind a plain ZooKeeper, and TLS to ZooKeeper needs the port that serves it. Any
+certificate of the CA ZooKeeper trusts will do, so both variables may name the same directory.
 """
 
 from __future__ import annotations
@@ -11,44 +18,72 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import make_digest_acl
+from kazoo.security import ACL, make_digest_acl
+
+from bookfleet.security.tls import TlsConfigError, tls_files
 
 ZK_AUTH_ENV = "BOOKFLEET_ZK_AUTH"
+ZK_TLS_DIR_ENV = "BOOKFLEET_ZK_TLS_DIR"
 
 
 class ZooKeeperUnreachable(RuntimeError):
     pass
 
 
+def fleet_acl(auth: str) -> list[ACL]:
+    """The ACL every node of a fleet with the `user:password` credential carries: that identity, any access."""
+    user, sep, password = auth.partition(":")
+    if not sep or not user or not password:
+        raise ValueError(f"ZooKeeper credential must be USER:PASSWORD (from --zk-auth or ${ZK_AUTH_ENV})")
+    return [make_digest_acl(user, password, all=True)]
+
+
 def security_options(auth: str | None) -> dict:
     """KazooClient options for a `user:password` digest credential (none: an open, unauthenticated session)."""
     if not auth:
         return {}
-    user, sep, password = auth.partition(":")
-    if not sep or not user or not password:
-        raise ValueError(f"ZooKeeper credential must be USER:PASSWORD (from --zk-auth or ${ZK_AUTH_ENV})")
-    return {"auth_data": [("digest", auth)], "default_acl": [make_digest_acl(user, password, all=True)]}
+    return {"auth_data": [("digest", auth)], "default_acl": fleet_acl(auth)}
 
 
-def connect(hosts: str, timeout: float = 10.0, auth: str | None = None, **kwargs) -> KazooClient:
+def tls_options(tls_dir: str | Path | None) -> dict:
+    """KazooClient options for TLS to ZooKeeper with the identity in `tls_dir` (none: plain TCP)."""
+    if not tls_dir:
+        return {}
+    ca, cert, key = tls_files(Path(tls_dir))
+    for path in (ca, cert, key):
+        if not path.is_file():
+            raise TlsConfigError(f"ZooKeeper TLS file {path} is missing (from --zk-tls-dir or ${ZK_TLS_DIR_ENV})")
+    return {"use_ssl": True, "ca": str(ca), "certfile": str(cert), "keyfile": str(key), "check_hostname": True}
+
+
+def connect(
+    hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None, **kwargs
+) -> KazooClient:
     """A started KazooClient for `hosts` (HOST:PORT[,...][/chroot]), authenticated with `auth` or, when not given,
-    with `$BOOKFLEET_ZK_AUTH` if set."""
-    options = security_options(auth or os.environ.get(ZK_AUTH_ENV))
+    with `$BOOKFLEET_ZK_AUTH` if set; over TLS with `tls_dir` or, when not given, `$BOOKFLEET_ZK_TLS_DIR` if set."""
+    tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
+    options = {**security_options(auth or os.environ.get(ZK_AUTH_ENV)), **tls_options(tls_dir)}
     client = KazooClient(hosts=hosts, timeout=timeout, **options, **kwargs)
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError:
         client.close()
-        raise ZooKeeperUnreachable(f"ZooKeeper at {hosts} is unreachable (no session within {timeout:.0f}s)") from None
+        over = f" over TLS with {tls_dir}" if tls_dir else ""
+        raise ZooKeeperUnreachable(
+            f"ZooKeeper at {hosts} is unreachable{over} (no session within {timeout:.0f}s)"
+        ) from None
     return client
 
 
 @contextlib.contextmanager
-def session(hosts: str, timeout: float = 10.0, auth: str | None = None) -> Iterator[KazooClient]:
-    client = connect(hosts, timeout, auth)
+def session(
+    hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None
+) -> Iterator[KazooClient]:
+    client = connect(hosts, timeout, auth, tls_dir)
     try:
         yield client
     finally:

@@ -38,13 +38,13 @@ from kazoo.exceptions import KazooException, NoNodeError
 from bookfleet import wire
 from bookfleet.client.connection import BookieError
 from bookfleet.client.pool import BookiePool
-from bookfleet.client.writeset import stores_entry
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import Fragment, LedgerMetadata, MetadataStore, NoSuchLedgerError
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
+from bookfleet.replication.replicacheck import ENDS, ReplicaRange, copy_digester, entries_to_check, verdict
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +73,6 @@ def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
     if ledger_ids:
         log.info("bookie %s is lost: marked %d ledger(s) under-replicated", bookie_id, len(ledger_ids))
     return ledger_ids
-
-
-def replica_ends(fragment: Fragment, position: int, write_quorum: int) -> tuple[int, ...]:
-    """The first and last entry of a closed fragment that ensemble `position` stores (empty if none)."""
-    if fragment.is_empty:
-        return ()
-    size = len(fragment.bookies)
-    first, last = fragment.first_entry_id, fragment.last_entry_id
-    window = min(size, last - first + 1)  # a position's entries repeat every E, so one window finds each end
-    head = next((e for e in range(first, first + window) if stores_entry(position, e, size, write_quorum)), None)
-    if head is None:
-        return ()
-    tail = next(e for e in range(last, last - window, -1) if stores_entry(position, e, size, write_quorum))
-    return (head,) if head == tail else (head, tail)
 
 
 def check_ledgers(zk: KazooClient, ledger_ids: Iterable[int] | None = None) -> list[int]:
@@ -188,8 +174,8 @@ class _ReplicaChecker:
                 continue  # the open tail is still being written: recovery closes it before anyone judges it
             for position, bookie in enumerate(fragment.bookies):
                 if only is None or bookie in only:
-                    for entry_id in replica_ends(fragment, position, metadata.write_quorum):
-                        reads.append((bookie, entry_id))
+                    replica = ReplicaRange.of_fragment(ledger_id, fragment, position, metadata.write_quorum)
+                    reads += [(bookie, entry_id) for entry_id in entries_to_check(replica, ENDS)]
         replies = await asyncio.gather(*(self._ask(bookie, ledger_id, e, metadata) for bookie, e in reads))
         failing: dict[str, Reply] = {}
         for (bookie, _), reply in zip(reads, replies, strict=True):
@@ -214,21 +200,10 @@ class _ReplicaChecker:
             except (BookieError, OSError, wire.ProtocolError) as exc:  # timeouts and connection errors included
                 log.debug("replica of ledger %d entry %d on %s: no answer (%r)", ledger_id, entry_id, bookie, exc)
                 continue
-            return self._verify(data, ledger_id, entry_id, metadata)
+            # MAC needs the ledger's password, which the auditor lacks: then only the copy's ids are checked.
+            return verdict(data, ledger_id, entry_id, copy_digester(metadata.digest_type, None))
         self.silent.add(bookie)
         return Reply.UNREACHABLE
-
-    @staticmethod
-    def _verify(data: bytes, ledger_id: int, entry_id: int, metadata: LedgerMetadata) -> Reply:
-        try:
-            if metadata.digest_type == wire.DigestType.CRC32C:
-                entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), data)
-                ids = (entry.ledger_id, entry.entry_id)
-            else:
-                ids = wire.entry_ids(data)[:2]  # MAC needs the password the auditor lacks
-        except wire.ProtocolError:
-            return Reply.CORRUPT
-        return Reply.HAS if ids == (ledger_id, entry_id) else Reply.CORRUPT
 
 
 class Auditor:

@@ -1,10 +1,11 @@
 """The replica audit job: does every entry (or a sample) have its Qw replicas on the bookies its segment names?
 
 The auditor's periodic check reads only the first and last entry of each fragment; this job reads them all
-(READ_RANGE per bookie and fragment, digests verified) or a random sample (READ_ENTRY), on Spark, and marks
-every ledger that falls short with the bookies that lack replicas, so the repair job copies them back. Only a
-definite answer counts as short (no such entry or ledger, a corrupt copy); a bookie that cannot be asked, even at
-the address it last registered with, is a failure of this run, never a mark.
+(READ_RANGE per bookie and fragment, digests verified) or a seeded sample (READ_ENTRY), on Spark, with the one
+replica checker (`replicacheck`) the auditor and the benchmarks use too, and marks every ledger that falls short
+with the bookies that lack replicas, so the repair job copies them back. Only a definite answer counts as short
+(no such entry or ledger, a corrupt copy); a bookie that cannot be asked, even at the address it last registered
+with, is a failure of this run, never a mark.
 Entries recorded as DATA_LOSS are skipped: nothing can bring them back, and re-marking them would loop.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import sys
 import time
 from collections.abc import Iterable
@@ -23,13 +23,21 @@ from kazoo.client import KazooClient
 
 from bookfleet import spark as sparksettings
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import BookieError
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, NoSuchLedgerError
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.planner import FragmentPlan
-from bookfleet.replication.repair import Connections, read_present
+from bookfleet.replication.repair import Connections, Reply
+from bookfleet.replication.replicacheck import (
+    Coverage,
+    ReplicaRange,
+    Scope,
+    entries_to_check,
+    read_copies,
+    verdict,
+)
 from bookfleet.replication.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
 
 READS_IN_FLIGHT = 64
@@ -82,57 +90,28 @@ class AuditSummary:
         return lines
 
 
-def sampled(unit: AuditUnit, position: int, sample: float) -> list[int]:
-    """Entries `position` must hold, minus DATA_LOSS, thinned to `sample` (seeded: reruns check the same ones)."""
-    entries = [e for e in unit.fragment.entries_for(position) if e not in unit.skip]
-    if sample >= 1.0 or not entries:
-        return entries
-    rng = random.Random(f"{unit.fragment.ledger_id}/{unit.fragment.segment_index}/{position}")
-    return sorted(rng.sample(entries, max(1, round(len(entries) * sample))))
-
-
 async def check_replica(
     unit: AuditUnit,
     position: int,
     connections: Connections,
     digester: wire.Digester,
-    sample: float,
+    coverage: Coverage,
     slots: asyncio.Semaphore,
 ) -> tuple[int, int]:
     """(entries expected, entries absent or corrupt) for one bookie of one fragment."""
     fragment = unit.fragment
-    expected = sampled(unit, position, sample)
+    expected = entries_to_check(ReplicaRange.of_plan(fragment, position), coverage, unit.skip)
     if not expected:
         return 0, 0
     client = await connections.get(fragment.bookies[position])  # no address or no answer: an error, never absent
     async with slots:
-        if sample >= 1.0:
-            try:
-                raws = await read_present(client, fragment.ledger_id, expected[0], expected[-1])
-            except NoSuchLedgerOnBookieError:
-                raws = []
-        else:
-            raws = await asyncio.gather(*(read_or_none(client, fragment.ledger_id, e) for e in expected))
-    present = set()
-    for raw in raws:
-        if raw is None:
-            continue
-        try:
-            present.add(wire.decode_entry(digester, raw).entry_id)
-        except wire.ProtocolError:
-            continue
-    return len(expected), len(set(expected) - present)
-
-
-async def read_or_none(client, ledger_id: int, entry_id: int) -> bytes | None:
-    try:
-        return await client.read_entry(ledger_id, entry_id)
-    except (NoSuchEntryError, NoSuchLedgerOnBookieError):
-        return None
+        copies = await read_copies(client, fragment.ledger_id, expected, whole_range=coverage.scope is Scope.ALL)
+    short = [e for e in expected if verdict(copies.get(e), fragment.ledger_id, e, digester) is not Reply.HAS]
+    return len(expected), len(short)
 
 
 async def audit_unit(
-    unit: AuditUnit, connections: Connections, password: bytes, sample: float, slots: asyncio.Semaphore
+    unit: AuditUnit, connections: Connections, password: bytes, coverage: Coverage, slots: asyncio.Semaphore
 ) -> AuditResult:
     """Check every bookie of one fragment at once."""
     fragment = unit.fragment
@@ -140,7 +119,7 @@ async def audit_unit(
     digester = wire.Digester(fragment.digest_type, password)
     positions = range(fragment.ensemble_size)
     checks = await asyncio.gather(
-        *(asyncio.wait_for(check_replica(unit, p, connections, digester, sample, slots), CHECK_TIMEOUT)
+        *(asyncio.wait_for(check_replica(unit, p, connections, digester, coverage, slots), CHECK_TIMEOUT)
           for p in positions),
         return_exceptions=True,
     )
@@ -155,7 +134,8 @@ async def audit_unit(
         result.replicas += expected
         if absent:
             result.short[bookie] = result.short.get(bookie, 0) + absent
-    result.entries = len({e for p in positions for e in sampled(unit, p, sample)})
+    checked = (entries_to_check(ReplicaRange.of_plan(fragment, p), coverage, unit.skip) for p in positions)
+    result.entries = len({e for entries in checked for e in entries})
     return result
 
 
@@ -163,8 +143,9 @@ async def audit_units(units: list[AuditUnit], addresses: dict[str, str], passwor
     """All fragments of a task concurrently; READS_IN_FLIGHT bounds the reads outstanding."""
     connections = Connections(addresses)
     slots = asyncio.Semaphore(READS_IN_FLIGHT)
+    coverage = Coverage.sampled(sample)
     try:
-        return await asyncio.gather(*(audit_unit(unit, connections, password, sample, slots) for unit in units))
+        return await asyncio.gather(*(audit_unit(unit, connections, password, coverage, slots) for unit in units))
     finally:
         await connections.close()
 

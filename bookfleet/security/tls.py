@@ -34,28 +34,35 @@ class TlsConfigError(RuntimeError):
     """A TLS directory that cannot be used; the message names the file and what is wrong with it."""
 
 
-class ReloadingContext:
-    """An SSLContext kept in step with the files of a TLS directory."""
+def tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """The CA, certificate and key files of a TLS directory, in our names or a kubernetes.io/tls Secret's."""
+    names = (CA_FILE, CERT_FILE, KEY_FILE)
+    if not (directory / CA_FILE).exists() and (directory / KUBERNETES_FILES[0]).exists():
+        names = KUBERNETES_FILES
+    ca, cert, key = (directory / name for name in names)
+    return ca, cert, key
 
-    def __init__(self, directory: Path, server: bool):
+
+class ReloadingContext:
+    """An SSLContext kept in step with the files of a TLS directory; a server context requires client certificates
+    unless `client_certificates` is False (HTTPS for probes and scrapers)."""
+
+    def __init__(self, directory: Path, server: bool, client_certificates: bool = True):
         self.directory = Path(directory)
         self.server = server
+        self.client_certificates = client_certificates
         self.context = self._new_context()
         self._stamp: tuple | None = None
         self.refresh()
 
     @property
     def files(self) -> tuple[Path, Path, Path]:
-        names = (CA_FILE, CERT_FILE, KEY_FILE)
-        if not (self.directory / CA_FILE).exists() and (self.directory / KUBERNETES_FILES[0]).exists():
-            names = KUBERNETES_FILES
-        ca, cert, key = (self.directory / name for name in names)
-        return ca, cert, key
+        return tls_files(self.directory)
 
     def _new_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if self.server else ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_REQUIRED if self.client_certificates or not self.server else ssl.CERT_NONE
         context.check_hostname = not self.server
         return context
 
@@ -103,6 +110,11 @@ def bookie_host(bookie_id: str) -> str:
 def server_context(directory: Path) -> ReloadingContext:
     """A bookie's context: presents its certificate, requires a client certificate signed by the CA."""
     return ReloadingContext(directory, server=True)
+
+
+def https_context(directory: Path) -> ReloadingContext:
+    """A bookie's HTTPS context: presents its certificate and asks nothing of the client (probes, scrapers)."""
+    return ReloadingContext(directory, server=True, client_certificates=False)
 
 
 @functools.cache
