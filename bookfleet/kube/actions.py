@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from bookfleet.kube import metrics
 from bookfleet.kube.context import OperatorContext, patch_status
 
 
@@ -67,7 +68,8 @@ class PatchStatus:
 
 @dataclass(frozen=True)
 class PostEvent:
-    """A Kubernetes Event on the reconciled object, or on `involved` when the decision concerns another one."""
+    """A Kubernetes Event on the reconciled object, or on `involved` when the decision concerns another one; counted
+    in the operator's metrics (kube.metrics) by kind and reason."""
 
     reason: str
     message: str
@@ -75,7 +77,9 @@ class PostEvent:
     involved: dict[str, Any] | None = None
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
+        involved = self.involved or body
+        ctx.api.post_event(involved, self.reason, self.message, warning=self.warning)
+        metrics.record_event(involved.get("kind", ""), self.reason, self.warning)
 
 
 def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:
