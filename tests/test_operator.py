@@ -8,11 +8,14 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bookfleet import polling
 from bookfleet.client.bookkeeper import BookKeeper
@@ -23,6 +26,7 @@ from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV
+from bookfleet.zkserver import free_port
 from tests.emulator import EmulatorThread
 
 NS = "default"
@@ -38,12 +42,14 @@ class OperatorProcess:
 
     def __init__(self, kube: EmulatorThread, log: Path):
         self.kube, self.log, self.process = kube, log, None
+        self.metrics_port = free_port()
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bookfleet", "operator", "--standalone", "--namespace", NS,
-                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5"],
+                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5",
+                 "--metrics-port", str(self.metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
             )
 
@@ -51,6 +57,16 @@ class OperatorProcess:
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the operator's /metrics (0 when absent, or while the operator starts)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except urllib.error.URLError:
+            return 0.0
+        return next((sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                     if sample.name == name and sample.labels == labels), 0.0)
 
 
 @pytest.fixture
@@ -325,6 +341,29 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
     assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"]}]
     assert condition(placed, "Valid")["status"] == "True"
     assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
+
+
+def test_operator_metrics_count_passes_decisions_and_ledger_health(kube, operator_process, zk_connect, zk):
+    kube.create("bookieclusters", bookie_cluster(zk_connect))
+    ledger_id = MetadataStore(zk).create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
+    UnderReplication(zk).mark(ledger_id, ["b2:3181"])
+    UnderReplication(zk).mark_data_loss(ledger_id, [1])
+    for name, spec in (("damaged", {"cluster": "bk", "ledgerId": ledger_id}), ("orphan", {"cluster": "gone"})):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": name, "namespace": NS},
+                                "spec": {"ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2, **spec}})
+    metric = operator_process.metric
+    wait_for("ledger health in the metrics", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                            namespace=NS) == 1
+             and metric("bookfleet_operator_ledgers_data_loss", namespace=NS) == 1, timeout=30)
+    for reason in ("UnderReplicated", "EntriesLost", "InvalidSpec"):
+        assert metric("bookfleet_operator_events_total", kind="Ledger", reason=reason, type="Warning") >= 1, reason
+    assert metric("bookfleet_operator_reconciles_total", resource="ledgers") >= 2
+    assert metric("bookfleet_operator_reconciles_total", resource="bookieclusters") >= 1
+    assert metric("bookfleet_operator_reconcile_seconds_count", resource="ledgers") >= 2
+    kube.delete("ledgers", NS, "damaged")
+    wait_for("a deleted Ledger leaves the gauges", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                                  namespace=NS) == 0, timeout=30)
 
 
 def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(
