@@ -96,6 +96,12 @@ def condition(obj_status: dict, type_: str) -> dict:
     return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
 
 
+def event_reasons(kube: EmulatorThread, kind: str, name: str) -> set[str]:
+    """Reasons of the Events posted on one object."""
+    return {e["reason"] for e in kube.list("events", NS)
+            if (e["involvedObject"]["kind"], e["involvedObject"]["name"]) == (kind, name)}
+
+
 async def write_ledger(zk_connect: str, entries: int) -> int:
     async with BookKeeper(zk_connect) as bk:
         writer = await bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2)
@@ -166,6 +172,8 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     assert zk.exists(zkpaths.cookie(victim_id))
     reasons = {e["reason"] for e in kube.list("events", NS)}
     assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
+    wait_for("the Ledger's own Events", lambda: {"UnderReplicated", "RepairLaunched", "RepairSucceeded",
+                                                 "FullyReplicated"} <= event_reasons(kube, "Ledger", "adopted"))
 
 
 def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner, operator_process, zk_connect, zk):
@@ -284,6 +292,8 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
     data_loss = wait_for("DataLoss", lambda: (c := condition(status(kube, "ledgers", "lost"), "DataLoss"))
                          .get("status") == "True" and c)
     assert "[3, 4]" in data_loss["message"]
+    assert {"Created", "NotEnoughBookies"} <= event_reasons(kube, "Ledger", "fresh")
+    assert {"UnderReplicated", "RepairLaunched", "EntriesLost"} <= event_reasons(kube, "Ledger", "lost")
 
 
 def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_process, zk_connect, zk):
