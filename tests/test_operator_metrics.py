@@ -1,5 +1,5 @@
-"""The operator's metrics: passes and errors counted around each reconciliation, decisions counted where the act step
-posts their Events, ledger health summed per namespace (the scrape of a running operator is in test_operator.py)."""
+"""The operator's metrics: passes and errors counted around each reconciliation, decisions counted where their Events
+are posted, ledger health summed per namespace (the scrape of a running operator is in test_operator.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 from bookfleet.kube import metrics
 from bookfleet.kube.actions import PostEvent, act
+from bookfleet.kube.api import KubeApi
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.ledgers import RecordLedgerHealth
 
@@ -15,9 +16,14 @@ def sample(name: str, **labels: str) -> float:
     return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-class EventApi:
-    def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
-        pass
+class EventApi(KubeApi):
+    """The real post_event; the Event object it would create goes nowhere."""
+
+    def __init__(self) -> None:
+        super().__init__(client=object())  # type: ignore[arg-type]
+
+    def ensure(self, manifest: dict) -> tuple[dict, bool]:
+        return manifest, True
 
 
 def test_a_pass_is_counted_timed_and_its_error_counted():
@@ -41,18 +47,19 @@ def test_posted_events_count_and_a_bookie_repair_counts_once_not_per_ledger():
                 sample("bookfleet_operator_events_total", kind="Ledger", reason="RepairLaunched", type="Normal"))
 
     before = counts()
-    bookie = {"kind": "Bookie", "metadata": {"name": "bk-0", "namespace": "ns"}}
-    ledger = {"kind": "Ledger", "metadata": {"name": "l", "namespace": "ns"}}
-    ctx = OperatorContext(EventApi())  # type: ignore[arg-type]
+    bookie = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Bookie", "metadata": {"name": "bk-0", "namespace": "ns"}}
+    ledger = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger", "metadata": {"name": "l", "namespace": "ns"}}
+    ctx = OperatorContext(EventApi())
     act(ctx, bookie, [PostEvent("BookieLost", "pod gone", warning=True), PostEvent("RepairLaunched", "job"),
                       PostEvent("RepairFailed", "job failed", warning=True)])
     act(ctx, ledger, [PostEvent("RepairLaunched", "job repairs this ledger")])
     act(ctx, ledger, [PostEvent("RepairLaunched", "job", involved=bookie)])
-    assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (2, 2, 1, 1, 1)
+    ctx.api.post_event(bookie, "RepairLaunched", "an action that posts its own Event")
+    assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (3, 3, 1, 1, 1)
 
 
 def test_ledger_health_is_summed_per_namespace_and_forgotten_with_the_ledger():
-    ctx = OperatorContext(EventApi())  # type: ignore[arg-type]
+    ctx = OperatorContext(EventApi())
     for name, health in (("a", RecordLedgerHealth(True, False)), ("b", RecordLedgerHealth(True, True)),
                          ("c", RecordLedgerHealth())):
         act(ctx, {"metadata": {"name": name, "namespace": "health"}}, [health])

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bookfleet.kube import metrics
 from bookfleet.kube.context import OperatorContext, patch_status
 
 
@@ -68,8 +67,7 @@ class PatchStatus:
 
 @dataclass(frozen=True)
 class PostEvent:
-    """A Kubernetes Event on the reconciled object, or on `involved` when the decision concerns another one; counted
-    in the operator's metrics (kube.metrics) by kind and reason."""
+    """A Kubernetes Event on the reconciled object, or on `involved` when the decision concerns another one."""
 
     reason: str
     message: str
@@ -77,9 +75,7 @@ class PostEvent:
     involved: dict[str, Any] | None = None
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        involved = self.involved or body
-        ctx.api.post_event(involved, self.reason, self.message, warning=self.warning)
-        metrics.record_event(involved.get("kind", ""), self.reason, self.warning)
+        ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
 
 
 def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:

@@ -1,8 +1,9 @@
 """The operator's Prometheus metrics, in one registry served by `bookfleet operator --metrics-port`.
 
 Counted in two places only: each reconciliation pass (`reconciling`, around every timer handler) and each decision the
-act step applies as an Event (`record_event`, from `actions.PostEvent`), so a reconciler adds no metric code of its
-own. Ledger health is a gauge per Ledger resource, set by the Ledger reconciler's act step and summed at scrape time.
+act step announces as an Event (`record_event`, from `KubeApi.post_event`, which `actions.PostEvent` and every other
+action that posts one go through), so a reconciler adds no metric code of its own. Ledger health is a gauge per Ledger
+resource, set by the Ledger reconciler's act step and summed at scrape time.
 """
 
 from __future__ import annotations
