@@ -154,6 +154,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
         kube.delete("persistentvolumeclaims", NS, f"{victim}-{volume}")
     job = wait_for("repair job", lambda: kube.list("jobs", NS))[0]
     assert UnderReplication(zk).marker(ledger_id).missing_bookies == {victim_id}
+    wait_for("the losses and the launch in the operator's metrics", lambda: operator_process.metric(
+        "bookfleet_operator_bookies_lost_total") >= 2 and operator_process.metric(
+        "bookfleet_operator_repairs_total", outcome="launched") == 1)
     operator_process.kill()
     operator_process.start()
     wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
@@ -174,6 +177,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
     wait_for("the Ledger's own Events", lambda: {"UnderReplicated", "RepairLaunched", "RepairSucceeded",
                                                  "FullyReplicated"} <= event_reasons(kube, "Ledger", "adopted"))
+    # The restarted operator's metrics: the repair's success, and no launch of its own.
+    assert operator_process.metric("bookfleet_operator_repairs_total", outcome="succeeded") >= 1
+    assert operator_process.metric("bookfleet_operator_repairs_total", outcome="launched") == 0
 
 
 def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner, operator_process, zk_connect, zk):
