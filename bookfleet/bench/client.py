@@ -16,7 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bookfleet.bench.baseline import in_loop_iterations, load_summary, print_report, same_run_baselines, tls_figures
+from bookfleet import eventloop
+from bookfleet.bench.baseline import (
+    add_event_loop_argument,
+    chosen_event_loop,
+    in_loop_iterations,
+    load_summary,
+    print_report,
+    same_run_baselines,
+    tls_figures,
+)
 from bookfleet.bench.bookie import _cpu_seconds
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
@@ -38,6 +47,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--in-flight", type=int, default=2000, help="adds in flight at full load (default 2000)")
     parser.add_argument("--tls", action="store_true", help="also measure a fleet serving mutual TLS, same run")
+    add_event_loop_argument(parser)
     parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
@@ -136,13 +146,14 @@ async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dic
 def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: CertificateAuthority | None = None) -> dict:
     """Both loads on a fleet of its own (serving mutual TLS with `ca`), stopped afterwards."""
     with BookieFleet(zk, directory, ca=ca) as fleet:
-        bookies = fleet.start(args.bookies, log_level="WARNING")
-        result = asyncio.run(_run(zk, args, [bookie.process.pid for bookie in bookies]))
+        bookies = fleet.start(args.bookies, log_level="WARNING", event_loop=args.event_loop)
+        result = eventloop.run(_run(zk, args, [bookie.process.pid for bookie in bookies]), args.event_loop)
         fleet.stop()
     return result
 
 
 def handle(args: argparse.Namespace) -> int:
+    loop_name = chosen_event_loop(args.event_loop)
     if not args.bookies >= args.ensemble >= args.write_quorum >= args.ack_quorum >= 1:
         raise CommandError(
             f"need bookies >= E >= Qw >= Qa >= 1, got bookies={args.bookies} E={args.ensemble} "
@@ -168,6 +179,7 @@ def handle(args: argparse.Namespace) -> int:
         "entry_size": args.entry_size,
         "seconds": args.seconds,
         "in_flight": args.in_flight,
+        "event_loop": loop_name,
         **result,
         "full_client_cpu_loop_iterations": in_loop_iterations(result["full_client_cpu_us_per_entry"], baseline),
         **baseline,
