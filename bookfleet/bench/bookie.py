@@ -87,12 +87,12 @@ async def _load(
     def add(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
         entry_id = next_ids[0]
         next_ids[0] += 1
-        entry = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload)
-        started = clock()
-        client.add_entry_callback(key + entry, lambda error: acked(error, started, client, ledger_id, next_ids))
+        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload, key)
+        client.add_entry_callback(body, acked, (clock(), client, ledger_id, next_ids))
 
-    def acked(error: BaseException | None, started: float, *slot) -> None:
+    def acked(sent: tuple[float, BookieClient, int, list[int]], error: BaseException | None) -> None:
         nonlocal open_slots
+        started, *slot = sent
         if done.done():
             return
         if error is not None:

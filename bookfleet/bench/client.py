@@ -14,6 +14,7 @@ import asyncio
 import os
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from bookfleet import eventloop
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
 
 
 async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> list[float]:
-    """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks, no task per add)."""
+    """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks: no future, no task)."""
     clock = time.perf_counter
     latencies: list[float] = []
     finished = asyncio.get_running_loop().create_future()
@@ -64,15 +65,14 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
     def issue() -> None:
         nonlocal outstanding
         outstanding += 1
-        started = clock()
-        writer.append(payload).add_done_callback(lambda done: completed(done, started))
+        writer.append_callback(payload, partial(completed, clock()))
 
-    def completed(done: asyncio.Future, started: float) -> None:
+    def completed(started: float, _entry_id: int, error: BaseException | None) -> None:
         nonlocal outstanding
         outstanding -= 1
-        if done.exception() is not None:
+        if error is not None:
             if not finished.done():
-                finished.set_exception(done.exception())
+                finished.set_exception(error)
             return
         now = clock()
         latencies.append(now - started)
@@ -89,7 +89,7 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
 
 async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate: float) -> list[float]:
     """Issue adds at `rate` per second, those due at each millisecond tick, and time each one. Only a count of the
-    outstanding adds is kept (holding every future would make the garbage collector's pauses part of the figure)."""
+    outstanding adds is kept (holding every add would make the garbage collector's pauses part of the figure)."""
     clock = time.perf_counter
     latencies: list[float] = []
     finished = asyncio.get_running_loop().create_future()
@@ -97,10 +97,10 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
     start = clock()
     deadline = start + seconds
 
-    def completed(done: asyncio.Future, started: float) -> None:
+    def completed(started: float, _entry_id: int, error: BaseException | None) -> None:
         nonlocal outstanding
         outstanding -= 1
-        if done.exception() is None:
+        if error is None:
             latencies.append(clock() - started)
         if outstanding == 0 and clock() >= deadline and not finished.done():
             finished.set_result(None)
@@ -109,7 +109,7 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
     while (now := clock()) < deadline:
         due = int((now - start) * rate) - issued
         for _ in range(due):
-            writer.append(payload).add_done_callback(lambda done, started=now: completed(done, started))
+            writer.append_callback(payload, partial(completed, now))
         outstanding += due
         issued += due
         await asyncio.sleep(0.001 - (clock() - start) % 0.001)  # to the next tick, whatever this one cost
