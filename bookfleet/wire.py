@@ -19,10 +19,11 @@ payload: CRC32C (4 bytes), or HMAC-SHA256 (32 bytes) keyed from the ledger passw
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -102,6 +103,8 @@ BOOKIE_INFO = struct.Struct(">QQB")
 LEDGER_ID = struct.Struct(">Q")
 READ_RANGE_REQUEST = struct.Struct(">QqqI")
 COUNT = struct.Struct(">I")
+ADD_REQUEST_HEAD = struct.Struct(f">BBHQ{MASTER_KEY_SIZE}sQqqQ")
+"""An ADD_ENTRY request's header, master key and entry header: every field of an add in one unpack."""
 ADD_RESPONSE = struct.Struct(">IBBHQQq")
 """A whole OK ADD_ENTRY response frame: length prefix, header, ledger_id, entry_id."""
 ADD_ACK_LENGTH = ADD_RESPONSE.size - LENGTH_PREFIX.size
@@ -191,10 +194,11 @@ def encode_error(op: int, request_id: int, status: Status, message: str) -> byte
     return encode_response(op, request_id, status, message.encode())
 
 
-def encode_add_responses(acks: Iterable[tuple[int, int, int]]) -> bytes:
-    """OK ADD_ENTRY responses for (request_id, ledger_id, entry_id) triples, back to back."""
-    size, version, op, pack = HEADER_SIZE + LEDGER_ENTRY.size, PROTOCOL_VERSION, Op.ADD_ENTRY, ADD_RESPONSE.pack
-    return b"".join([pack(size, version, op, 0, request_id, ledger, entry) for request_id, ledger, entry in acks])
+encode_add_response: Callable[[int, int, int], bytes] = functools.partial(
+    ADD_RESPONSE.pack, ADD_ACK_LENGTH, PROTOCOL_VERSION, int(Op.ADD_ENTRY), int(Status.OK)
+)
+"""encode_add_response(request_id, ledger_id, entry_id): the whole OK ADD_ENTRY response frame, packed in C (a
+bookie packs one per add; the answers of one group commit go out joined)."""
 
 
 class Frame(NamedTuple):
@@ -256,6 +260,17 @@ def take_frames(
             check_frame_length(length, max_frame_size)
     finally:
         del buffer[:pos]
+
+
+def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[Frame]:
+    """Decode and take every whole frame off the front of `buffer` (bodies are bytes); a partial frame stays."""
+    frames: list[Frame] = []
+
+    def decode(op: int, code: int, request_id: int, start: int, end: int) -> None:
+        frames.append(Frame(op, code, request_id, bytes(buffer[start:end])))
+
+    take_frames(buffer, decode, max_frame_size)
+    return frames
 
 
 def unpack_body(layout: struct.Struct, body: bytes | memoryview, what: str) -> tuple:

@@ -39,13 +39,10 @@ def test_mac_digest_depends_on_the_password():
 
 
 def _taken(buffer: bytearray) -> list[tuple[int, int, int, bytes]]:
-    """(op, code, request_id, body) of every frame take_frames hands over."""
-    frames = []
-    wire.take_frames(buffer, lambda op, code, rid, start, end: frames.append((op, code, rid, bytes(buffer[start:end]))))
-    return frames
+    return [(frame.op, frame.code, frame.request_id, frame.body) for frame in wire.split_frames(buffer)]
 
 
-def test_take_frames_keeps_a_partial_frame():
+def test_split_frames_keeps_a_partial_frame():
     first = wire.encode_request(wire.Op.READ_LAC, 1, b"abc")
     second = wire.encode_request(wire.Op.GET_BOOKIE_INFO, 2)
     buffer = bytearray(first + second[:5])
@@ -56,14 +53,14 @@ def test_take_frames_keeps_a_partial_frame():
 
 
 def test_batched_add_responses_decode_like_single_ones():
-    buffer = bytearray(wire.encode_add_responses([(7, 3, 0), (8, 3, 1)]))
+    buffer = bytearray(wire.encode_add_response(7, 3, 0) + wire.encode_add_response(8, 3, 1))
     assert [(op, code, rid, wire.LEDGER_ENTRY.unpack(body)) for op, code, rid, body in _taken(buffer)] == [
         (wire.Op.ADD_ENTRY, wire.Status.OK, 7, (3, 0)),
         (wire.Op.ADD_ENTRY, wire.Status.OK, 8, (3, 1)),
     ]
-    assert all(len(frame) == wire.ADD_ACK_LENGTH + wire.LENGTH_PREFIX.size for frame in (
-        wire.encode_add_responses([(7, 3, 0)]), wire.encode_response(wire.Op.ADD_ENTRY, 7, body=b"x" * 16)
-    ))
+    assert wire.encode_add_response(7, 3, 0) == wire.encode_response(
+        wire.Op.ADD_ENTRY, 7, body=wire.LEDGER_ENTRY.pack(3, 0)
+    )
 
 
 @pytest.mark.parametrize(
