@@ -31,6 +31,28 @@ def test_mark_all_marks_new_ledgers_and_merges_into_existing_markers(zk):
     assert ur.ledger_ids() == [1, 2, 3]
 
 
+def test_mark_all_takes_about_one_request_per_fresh_ledger(zk, monkeypatch):
+    """A lost bookie's ledgers are marked with one transaction each (own level and marker), the shared levels once:
+    kazoo's makepath costs a failed create plus an exists and a create per missing level, for every ledger."""
+    zk.ensure_path(zkpaths.UR_LEDGERS)  # as in any fleet
+    requests = []
+    call = zk._call
+    monkeypatch.setattr(zk, "_call", lambda request, result: requests.append(request) or call(request, result))
+    ledger_ids = [*range(100), 70000]
+    marked = UnderReplication(zk).mark_all(ledger_ids, ["b1"])
+    monkeypatch.undo()
+    assert len(requests) <= len(ledger_ids) + 5, len(requests)  # + exists, 4 shared levels
+    assert marked == [UnderReplication(zk).marker(ledger_id) for ledger_id in ledger_ids]
+
+
+def test_mark_all_marks_a_ledger_whose_level_was_left_behind(zk):
+    """clear() prunes empty levels only on a best-effort basis: a ledger's own level may exist without a marker."""
+    ur = UnderReplication(zk)
+    zk.ensure_path(zkpaths.underreplicated(4).rsplit("/", 1)[0])
+    (marker,) = ur.mark_all([4], ["b1"])
+    assert marker == ur.marker(4) and marker.missing_bookies == {"b1"}
+
+
 def test_cleared_markers_leave_no_empty_levels(zk):
     ur = UnderReplication(zk)
     markers = ur.mark_all([7, 8, 70000], ["b1"])
