@@ -236,10 +236,8 @@ class UnderReplication:
         data = (holder or f"{socket.gethostname()}:{os.getpid()}").encode()
         session = self._session()
         lock = zkpaths.underreplication_lock
-        creates = [
-            (ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True, makepath=True))
-            for ledger_id in ledger_ids
-        ]
+        self.zk.ensure_path(zkpaths.UR_LOCKS)  # once, not a makepath race of every create on a fleet's first run
+        creates = [(ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True)) for ledger_id in ledger_ids]
         taken = set()
         for ledger_id, create in creates:
             try:
