@@ -65,15 +65,15 @@ def load(ctx: OperatorContext, body: dict) -> tuple[Bookie, BookieCluster] | Non
 
 
 def ensure_volumes_and_pod(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie) -> None:
-    for claim in resources.bookie_pvcs(bookie):
+    for claim in resources.bookie_pvcs(cluster, bookie):
         ctx.api.ensure(claim)
     ctx.api.ensure(resources.bookie_pod(cluster, bookie))
 
 
 def volumes_present(ctx: OperatorContext, bookie: Bookie) -> bool:
     ns = bookie.metadata.namespace
-    return all(ctx.api.get(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])
-               for claim in resources.bookie_pvcs(bookie))
+    return all(ctx.api.get(CORE, "persistentvolumeclaims", ns, claim)
+               for claim in resources.claim_names(bookie.metadata.name))
 
 
 def mark_lost(ctx: OperatorContext, body: dict, reason: str) -> None:
