@@ -162,8 +162,10 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
     wait_for("cluster ready", lambda: status(kube, "bookieclusters", "bk").get("readyBookies") == 3)
     assert kube.list("bookies", NS, "bookfleet.io/cluster=bad") == []
 
-    # Rolling upgrade: one bookie at a time, each back and ready before the next goes.
-    kube.patch("bookieclusters", NS, "bk", {"spec": {"image": "bookfleet/bookie:0.2.0"}})
+    # Rolling upgrade: any change that reaches the pod (here image and resources) restarts one bookie at a time,
+    # each back, ready and registered before the next goes.
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"image": "bookfleet/bookie:0.2.0", "resources": {
+        "requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}}})
     most_down = 0
 
     def upgraded() -> bool:
@@ -171,7 +173,9 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
         pods = {p["metadata"]["name"]: p for p in kube.list("pods", NS, "bookfleet.io/cluster=bk")}
         ready = [n for n, p in pods.items() if condition(p.get("status") or {}, "Ready").get("status") == "True"]
         most_down = max(most_down, 3 - len(ready))
-        return len(ready) == 3 and all(p["spec"]["containers"][0]["image"].endswith("0.2.0") for p in pods.values())
+        return len(ready) == 3 and all(p["spec"]["containers"][0]["image"].endswith("0.2.0") and
+                                       p["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "250m"
+                                       for p in pods.values())
 
     wait_for("all bookies upgraded", upgraded, interval=0.05, timeout=90)
     assert most_down == 1
@@ -180,6 +184,7 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
     wait_for("no bookie counted lost", lambda: all(not status(kube, "bookies", f"bk-{i}").get("lostSince")
                                                    for i in range(3)))
     assert kube.list("jobs", NS) == []
+    wait_for("updatedBookies", lambda: status(kube, "bookieclusters", "bk").get("updatedBookies") == 3)
 
     # Scale down: the highest ordinal is drained (its ledgers repaired elsewhere) before anything is deleted.
     last_id = kube.get("bookies", NS, "bk-2")["spec"]["bookieId"]
@@ -198,7 +203,8 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
     assert any(read_only_during_repair)  # forced read-only through ZooKeeper while its ledgers moved
     assert bookiestate.read(zk, last_id) is None
     assert kube.get("pods", NS, "bk-2") is None
-    assert not any(c["metadata"]["name"].startswith("bk-2-") for c in kube.list("persistentvolumeclaims", NS))
+    released = {c["metadata"]["name"]: c for c in kube.list("persistentvolumeclaims", NS, "bookfleet.io/bookie=bk-2")}
+    assert set(released) == {"bk-2-journal", "bk-2-ledgers"}  # whenScaled: Retain (the default) keeps them
     assert zk.exists(zkpaths.cookie(last_id)) is None
     assert UnderReplication(zk).ledger_ids() == []
     [repair] = kube.list("jobs", NS)
@@ -207,6 +213,22 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
         assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(5)]
     wait_for("cluster ready at 2", lambda: (s := status(kube, "bookieclusters", "bk")).get("desiredBookies") == 2
              and s.get("phase") == "Ready")
+
+    # Scaled up again: bk-2 is a fresh, writable bookie on new volumes (the kept ones hold a retired cookie).
+    kube.patch("bookieclusters", NS, "bk", {"spec": {"replicas": 3}})
+    wait_for("bk-2 writable again", lambda: status(kube, "bookies", "bk-2").get("phase") == "Running", timeout=90)
+    assert last_id in {info.bookie_id for info in BookieRegistry(zk).writable()}
+    fresh = {c["metadata"]["name"]: c["metadata"]["uid"]
+             for c in kube.list("persistentvolumeclaims", NS, "bookfleet.io/bookie=bk-2")}
+    assert fresh.keys() == released.keys() and not set(fresh.values()) & {c["metadata"]["uid"]
+                                                                           for c in released.values()}
+
+    # Deleting the cluster keeps every bookie's volumes (whenDeleted: Retain, the default).
+    kube.delete("bookieclusters", NS, "bk")
+    wait_for("bookies and pods gone", lambda: not kube.list("bookies", NS, "bookfleet.io/cluster=bk")
+             and not kube.list("pods", NS, "bookfleet.io/cluster=bk"))
+    assert {c["metadata"]["name"] for c in kube.list("persistentvolumeclaims", NS, "bookfleet.io/cluster=bk")} == {
+        f"bk-{i}-{v}" for i in range(3) for v in ("journal", "ledgers")}
 
 
 FAILED_STATUS = {
