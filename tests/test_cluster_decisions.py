@@ -115,8 +115,11 @@ def test_scale_up_replaces_volumes_released_by_a_drained_bookie_and_waits_for_dy
     assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
     assert touching(actions, "bookies") == [] and "StaleVolumesDeleted" in events(actions)
 
-    dying = claims_of("bk-2", deletionTimestamp="2026-01-02T03:04:00Z")
-    assert touching(decide(cluster(3), up(0), up(1), claims=dying), "bookies") == []
+    dying = claims_of("bk-2", deletionTimestamp="2026-01-02T03:04:00Z",
+                      annotations={scaling.ANNOTATION_RELEASED: "old-uid"})
+    actions = decide(cluster(3), up(0), up(1), claims=dying)
+    assert touching(actions, "bookies") == [] and touching(actions, "persistentvolumeclaims") == []
+    assert events(actions) == []  # deleted once, said once
 
     retained = claims_of("bk-2")  # left by a deleted cluster (whenDeleted: Retain): the bookie returns to its data
     actions = decide(cluster(3), up(0), up(1), claims=retained)

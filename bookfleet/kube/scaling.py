@@ -301,17 +301,17 @@ def create_missing_bookies(observed: Observed, cluster: BookieCluster, moment: d
         if name in existing:
             continue
         leftovers = [c for n in resources.claim_names(name) if (c := observed.claims.get(n))]
-        released = [c for c in leftovers if ANNOTATION_RELEASED in (c["metadata"].get("annotations") or {})]
+        released = [c for c in leftovers if ANNOTATION_RELEASED in (c["metadata"].get("annotations") or {})
+                    and not c["metadata"].get("deletionTimestamp")]
         for claim in released:
             actions.append(Delete(CORE, PVCS, cluster.metadata.namespace, claim["metadata"]["name"]))
         if released:
             names = ", ".join(c["metadata"]["name"] for c in released)
             actions.append(PostEvent("StaleVolumesDeleted", f"{names} of drained {name} deleted: {name} starts on new "
                                      "volumes (the old ones hold a cookie ZooKeeper no longer has)"))
-        if not leftovers:
-            actions.append(Ensure(manifest))
-        elif not released and not any(c["metadata"].get("deletionTimestamp") for c in leftovers):
-            actions.append(Ensure(manifest))  # retained by whenDeleted: the bookie comes back with its data
+        dying = any(c["metadata"].get("deletionTimestamp") for c in leftovers)
+        if not released and not dying:
+            actions.append(Ensure(manifest))  # on new volumes, or on those whenDeleted Retain kept: with its data
     return actions
 
 
