@@ -309,4 +309,6 @@ def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() ->
     args = build_parser().parse_args(command[1:])
     assert (args.name, args.namespace, args.timeout) == (cluster["metadata"]["name"], "storage", 120)
     assert hook["spec"]["activeDeadlineSeconds"] > 2 * args.timeout  # it ends by itself, not by the deadline
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= hook["spec"]["template"]["metadata"]["labels"].items()  # not an operator replica
     assert all(o["kind"] != "Job" for o in render_chart({}))  # no cluster from the chart, nothing to delete
