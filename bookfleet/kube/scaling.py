@@ -19,7 +19,6 @@ lifecycle.py, so no repair starts. Changing the spec again restarts it at once (
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +34,6 @@ from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Re
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
-
-log = logging.getLogger(__name__)
 
 ANNOTATION_DECOMMISSION_SINCE = "bookfleet.io/decommission-since"
 ANNOTATION_ROLLOUT_STARTED = "bookfleet.io/rollout-started"
