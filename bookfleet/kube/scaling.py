@@ -255,7 +255,7 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     ]
     wanted = [b for b in observed.bookies if ordinal(b.name) < spec.replicas]
     surplus = [b for b in observed.bookies if ordinal(b.name) >= spec.replicas]
-    actions += create_missing_bookies(observed, cluster, moment)
+    actions += create_missing_bookies(observed, cluster)
     actions.append(EnsureCertificates(cluster, tuple(b.model for b in observed.bookies)))
     actions += sync_read_only(spec.zookeeper, observed.bookies)
     actions += cancel_drains(wanted)
@@ -287,7 +287,7 @@ def ensure_cluster_objects(observed: Observed, cluster: BookieCluster) -> list[A
                                                                             repair_account)]
 
 
-def create_missing_bookies(observed: Observed, cluster: BookieCluster, moment: dt.datetime) -> list[Action]:
+def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[Action]:
     """A Bookie for every missing ordinal, on volumes it can start on: claims released by a drained bookie of the
     same ordinal are deleted first, and a claim still being deleted is waited for (a pod created against it would
     stay Pending for ever)."""
