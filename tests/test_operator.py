@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,43 +20,11 @@ from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV
 from tests.emulator import EmulatorThread
-
-NS = "default"
-REPO = Path(__file__).resolve().parents[1]
+from tests.fixtures.kube import NS
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
     return polling.wait_for(check, timeout, what, interval)
-
-
-class OperatorProcess:
-    """`bookfleet operator` as a subprocess; restartable, like a Deployment's pod."""
-
-    def __init__(self, kube: EmulatorThread, log: Path):
-        self.kube, self.log, self.process = kube, log, None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "bookfleet", "operator", "--standalone", "--namespace", NS,
-                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-            )
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def operator_process(kube: EmulatorThread, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(kube, tmp_path / "operator.log")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.kill()
 
 
 def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
