@@ -315,3 +315,49 @@ def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():
 def test_repair_steps(disabled, attempts, remaining, outcome, launch):
     step = repairs.decide_repair(disabled, repairs.RepairObserved(attempts, remaining), NOW)
     assert (step.outcome, step.launch) == (outcome, launch)
+
+
+# --- what observe reads about nodes and volumes ----------------------------------------------------------------
+
+class StoredApi:
+    """Answers `get` from a dict of (plural, name) -> object, like the API server holding just these."""
+
+    def __init__(self, *objects: tuple[str, dict]) -> None:
+        self.objects = {(plural, obj["metadata"]["name"]): obj for plural, obj in objects}
+
+    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        return self.objects.get((plural, name))
+
+
+def node(name: str, ready: str) -> tuple[str, dict]:
+    return "nodes", {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+
+def local_volume(name: str, on: str) -> tuple[str, dict]:
+    term = {"matchExpressions": [{"key": lifecycle.HOSTNAME_LABEL, "operator": "In", "values": [on]}]}
+    return "persistentvolumes", {"metadata": {"name": name},
+                                 "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
+
+
+def claim(name: str, volume: str, deleting: bool = False) -> tuple[str, dict]:
+    meta = {"name": name, **({"deletionTimestamp": timestamp(NOW)} if deleting else {})}
+    return "persistentvolumeclaims", {"metadata": meta, "spec": {"volumeName": volume}}
+
+
+def test_a_node_is_ready_not_ready_or_gone():
+    api = StoredApi(node("node-a", "True"), node("node-b", "Unknown"))
+    assert [lifecycle.node_ready(api, n) for n in ("node-a", "node-b", "node-c")] == ["True", "Unknown",
+                                                                                       lifecycle.NODE_GONE]
+
+
+def test_a_claim_whose_local_volume_is_pinned_to_a_vanished_node_is_not_usable():
+    api = StoredApi(node("node-a", "Unknown"), claim("on-a", "pv-a"), local_volume("pv-a", "node-a"),
+                    claim("on-gone", "pv-gone"), local_volume("pv-gone", "node-gone"),
+                    claim("deleting", "pv-a", deleting=True))
+    on_a, on_gone = (lifecycle.observe_claim(api, "default", c, follow_volume=True) for c in ("on-a", "on-gone"))
+    assert on_a.usable and on_a.lost_node is None  # a node that is down still holds the data
+    assert not on_gone.usable and on_gone.lost_node == "node-gone"
+    assert lifecycle.observe_claim(api, "default", "on-gone", follow_volume=False).usable  # the pod is Ready
+    deleting = lifecycle.observe_claim(api, "default", "deleting", follow_volume=True)
+    assert deleting.terminating and not deleting.usable
+    assert lifecycle.observe_claim(api, "default", "missing", follow_volume=True) == ClaimObserved("missing", False)

@@ -236,11 +236,12 @@ def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool) 
 
 
 def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
-    """Everything a pass decides from; None while the Bookie is gone or its cluster missing or invalid. The Bookie is
-    read afresh (a timer's copy may predate the loss the last pass recorded). Nodes and volumes are looked at only
-    while the pod is not Ready (a Ready pod's node and volumes are evidently there)."""
+    """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
+    loss), or its cluster missing or invalid. The Bookie is read afresh (a timer's copy may predate the loss the last
+    pass recorded). Nodes and volumes are looked at only while the pod is not Ready (a Ready pod's node and volumes
+    are evidently there)."""
     body = ctx.api.get(CUSTOM, "bookies", body["metadata"]["namespace"], body["metadata"]["name"])
-    if body is None:
+    if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     loaded = load(ctx, body)
     if loaded is None:
