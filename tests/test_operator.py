@@ -59,6 +59,16 @@ async def read_ledger(zk_connect: str, ledger_id: int) -> list[bytes]:
         return [entry.payload async for entry in reader.entries()]
 
 
+def adopt_ledger(kube: EmulatorThread, zk_connect: str) -> dict:
+    """A ledger of 20 entries on two bookies, written by a client and adopted as the Ledger `adopted`; its status."""
+    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
+    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                            "metadata": {"name": "adopted", "namespace": NS},
+                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
+                                     "ledgerId": ledger_id}})
+    return wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
+
+
 def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_process, zk_connect, zk):
     kube.create("bookieclusters", bookie_cluster(zk_connect, delay=30))
     wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
@@ -68,13 +78,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
         f"bk-{i}-{v}" for i in range(3) for v in ("journal", "ledgers")}
     wait_for("cluster ready", lambda: status(kube, "bookieclusters", "bk").get("readyBookies") == 3)
 
-    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
-    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                            "metadata": {"name": "adopted", "namespace": NS},
-                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
-                                     "ledgerId": ledger_id}})
-    ledger = wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
-    assert (ledger["ledgerId"], ledger["state"], ledger["lastEntryId"]) == (ledger_id, "CLOSED", 19)
+    ledger = adopt_ledger(kube, zk_connect)
+    ledger_id = ledger["ledgerId"]
+    assert (ledger["state"], ledger["lastEntryId"]) == ("CLOSED", 19)
     victim_id = ledger["segments"][0]["bookies"][0]
     victim = victim_id.split(".")[0]
 

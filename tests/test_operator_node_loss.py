@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from bookfleet.meta import zkpaths
-from tests.test_operator import NS, bookie_cluster, condition, read_ledger, status, wait_for, write_ledger
+from tests.test_operator import NS, adopt_ledger, bookie_cluster, condition, read_ledger, status, wait_for
 
 NODE = "node-a"
 
@@ -27,12 +27,8 @@ def test_bookie_on_a_dead_node_is_repaired_then_force_replaced(kube, podrunner, 
     kube.create("bookieclusters", bookie_cluster(zk_connect, delay=1))
     wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
                                               for i in range(3)))
-    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
-    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                            "metadata": {"name": "adopted", "namespace": NS},
-                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
-                                     "ledgerId": ledger_id}})
-    ledger = wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
+    ledger = adopt_ledger(kube, zk_connect)
+    ledger_id = ledger["ledgerId"]
     victim_id = ledger["segments"][0]["bookies"][0]
     victim = victim_id.split(".")[0]
 
