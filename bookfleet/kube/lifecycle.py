@@ -356,10 +356,12 @@ def delete_pod_on_purpose(observed: BookieObserved, force: bool) -> list[Action]
 def volumes_and_pod(observed: BookieObserved) -> list[Action]:
     """Create what is missing; never a pod against a claim being deleted or on a vanished node (it would stay
     Pending for ever)."""
-    claims = [Ensure(claim) for claim in resources.bookie_pvcs(observed.bookie)]
-    if any(claim.terminating or claim.lost_node for claim in observed.claims):
-        return claims
-    return [*claims, Ensure(resources.bookie_pod(observed.cluster, observed.bookie))]
+    missing = {claim.name for claim in observed.claims if not claim.exists}
+    actions: list[Action] = [Ensure(claim) for claim in resources.bookie_pvcs(observed.bookie)
+                             if claim["metadata"]["name"] in missing]
+    if observed.pod is None and not any(claim.terminating or claim.lost_node for claim in observed.claims):
+        actions.append(Ensure(resources.bookie_pod(observed.cluster, observed.bookie)))
+    return actions
 
 
 def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
