@@ -313,13 +313,13 @@ def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
 class Plan:
     """What one decision builds up: the conditions as they become, the Events their changes post, the actions."""
 
-    status: dict[str, Any]
-    conditions: list[dict] = field(default_factory=list)
+    conditions: list[dict]
     events: list[PostEvent] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.conditions = list(self.status.get("conditions") or [])
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Plan:
+        return cls(list((body.get("status") or {}).get("conditions") or []))
 
     def condition(self, type_: str, ok: bool, reason: str, message: str, event: str | None = None,
                   warning: bool = False) -> None:
@@ -431,7 +431,7 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     lost_since = bookie.status.lost_since
     if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: scaling.py drives it
         return Decision(decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since))
-    plan = Plan(observed.body.get("status") or {})
+    plan = Plan.of(observed.body)
     planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
     if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
         plan.actions.append(Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
@@ -504,7 +504,7 @@ def on_pod_event(ctx: OperatorContext, event_type: str, pod: dict) -> None:
     deleted = event_type == "DELETED"
     death = Death(DeathKind.POD_DELETED if deleted else DeathKind.POD_FAILED, rounded_up(now()),
                   f"pod {meta['name']} was {'deleted' if deleted else 'failed'}")
-    plan = Plan(body.get("status") or {})
+    plan = Plan.of(body)
     plan.record_loss(death)
     act(ctx, body, [PatchStatus("bookies", {"lostSince": timestamp(death.since), "phase": BookiePhase.LOST.value,
                                             "conditions": plan.conditions}), *plan.events])
