@@ -19,10 +19,11 @@ payload: CRC32C (4 bytes), or HMAC-SHA256 (32 bytes) keyed from the ledger passw
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -102,8 +103,12 @@ BOOKIE_INFO = struct.Struct(">QQB")
 LEDGER_ID = struct.Struct(">Q")
 READ_RANGE_REQUEST = struct.Struct(">QqqI")
 COUNT = struct.Struct(">I")
+ADD_REQUEST_HEAD = struct.Struct(f">BBHQ{MASTER_KEY_SIZE}sQqqQ")
+"""An ADD_ENTRY request's header, master key and entry header: every field of an add in one unpack."""
 ADD_RESPONSE = struct.Struct(">IBBHQQq")
 """A whole OK ADD_ENTRY response frame: length prefix, header, ledger_id, entry_id."""
+ADD_ACK_LENGTH = ADD_RESPONSE.size - LENGTH_PREFIX.size
+"""The length prefix of an OK ADD_ENTRY response."""
 
 
 class ProtocolError(Exception):
@@ -173,10 +178,11 @@ def encode_request(op: Op, request_id: int, body: bytes = b"", flags: int = 0) -
 def encode_request_head(op: Op, request_id: int, body_size: int, flags: int = 0) -> bytes:
     """Length prefix and header of a request whose body follows: a body shared by several requests (one entry sent
     to its whole write set) is then never copied per request."""
-    return _REQUEST_HEAD.pack(HEADER_SIZE + body_size, PROTOCOL_VERSION, op, flags, request_id)
+    return FRAME_HEAD.pack(HEADER_SIZE + body_size, PROTOCOL_VERSION, op, flags, request_id)
 
 
-_REQUEST_HEAD = struct.Struct(">I" + REQUEST_HEADER.format.lstrip(">"))
+FRAME_HEAD = struct.Struct(">I" + REQUEST_HEADER.format.lstrip(">"))
+"""Length prefix and header of a frame (request or response: the layouts are the same), packed or read at once."""
 
 
 def encode_response(op: int, request_id: int, status: Status = Status.OK, body: bytes = b"") -> bytes:
@@ -188,10 +194,11 @@ def encode_error(op: int, request_id: int, status: Status, message: str) -> byte
     return encode_response(op, request_id, status, message.encode())
 
 
-def encode_add_responses(acks: Iterable[tuple[int, int, int]]) -> bytes:
-    """OK ADD_ENTRY responses for (request_id, ledger_id, entry_id) triples, back to back."""
-    size, version, op, pack = HEADER_SIZE + LEDGER_ENTRY.size, PROTOCOL_VERSION, Op.ADD_ENTRY, ADD_RESPONSE.pack
-    return b"".join([pack(size, version, op, 0, request_id, ledger, entry) for request_id, ledger, entry in acks])
+encode_add_response: Callable[[int, int, int], bytes] = functools.partial(
+    ADD_RESPONSE.pack, ADD_ACK_LENGTH, PROTOCOL_VERSION, int(Op.ADD_ENTRY), int(Status.OK)
+)
+"""encode_add_response(request_id, ledger_id, entry_id): the whole OK ADD_ENTRY response frame, packed in C (a
+bookie packs one per add; the answers of one group commit go out joined)."""
 
 
 class Frame(NamedTuple):
@@ -226,26 +233,43 @@ def decode_frame(frame: bytes | memoryview) -> Frame:
     return Frame(*decode_header(view), view[HEADER_SIZE:])
 
 
-def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[Frame]:
-    """Decode and take every whole frame off the front of `buffer` (bodies are bytes); a partial frame stays."""
-    frames = []
+def take_frames(
+    buffer: bytearray, on_frame: Callable[[int, int, int, int, int], None], max_frame_size: int = MAX_FRAME_SIZE
+) -> None:
+    """Call `on_frame(op, code, request_id, start, end)` for every whole frame at the front of `buffer`, its body
+    being buffer[start:end], then take them off (a partial frame stays). Per frame: one unpack of length prefix and
+    header, the checks inline and no copy, so an answer whose body nobody reads (an add's ack) costs no allocation.
+    Raises ProtocolError on a bad length or version; the frames before it were handed over and are taken off."""
     pos = 0
     end = len(buffer)
-    # Per frame: one unpack of prefix and header, the checks inline; a client splits every answer it gets here.
-    unpack_length, unpack, new_frame = LENGTH_PREFIX.unpack_from, _REQUEST_HEAD.unpack_from, Frame._make
-    while end - pos >= LENGTH_PREFIX.size:
-        (length,) = unpack_length(buffer, pos)
-        if not HEADER_SIZE <= length <= max_frame_size:
+    unpack, head_size = FRAME_HEAD.unpack_from, FRAME_HEAD.size
+    try:
+        while end - pos >= head_size:
+            length, version, op, code, request_id = unpack(buffer, pos)
+            if not HEADER_SIZE <= length <= max_frame_size:
+                check_frame_length(length, max_frame_size)
+            start = pos + LENGTH_PREFIX.size
+            if end - start < length:
+                return
+            if version != PROTOCOL_VERSION:
+                decode_header(buffer, start)  # raises, naming the version
+            pos = start + length
+            on_frame(op, code, request_id, start + HEADER_SIZE, pos)
+        if end - pos >= LENGTH_PREFIX.size:  # a partial head whose length already shows it can never be a frame
+            (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
             check_frame_length(length, max_frame_size)
-        start = pos + LENGTH_PREFIX.size
-        if end - start < length:
-            break
-        _, version, op, code, request_id = unpack(buffer, pos)
-        if version != PROTOCOL_VERSION:
-            decode_header(buffer, start)  # raises, naming the version
-        pos = start + length
-        frames.append(new_frame((op, code, request_id, bytes(buffer[start + HEADER_SIZE : pos]))))
-    del buffer[:pos]
+    finally:
+        del buffer[:pos]
+
+
+def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[Frame]:
+    """Decode and take every whole frame off the front of `buffer` (bodies are bytes); a partial frame stays."""
+    frames: list[Frame] = []
+
+    def decode(op: int, code: int, request_id: int, start: int, end: int) -> None:
+        frames.append(Frame(op, code, request_id, bytes(buffer[start:end])))
+
+    take_frames(buffer, decode, max_frame_size)
     return frames
 
 
@@ -313,9 +337,12 @@ class DigestMismatch(ProtocolError):
     """An entry whose digest does not match its contents: corrupt on disk or in flight, or the wrong password."""
 
 
-def encode_entry(digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+def encode_entry(
+    digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
+) -> bytes:
+    """The encoded entry, after `prefix` (an ADD_ENTRY body's master key): the payload is copied once."""
     header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
-    return header + digester.digest(header, payload) + payload
+    return b"".join((prefix, header, digester.digest(header, payload), payload))
 
 
 def entry_ids(entry: bytes | memoryview) -> tuple[int, int, int]:

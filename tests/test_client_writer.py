@@ -197,6 +197,34 @@ async def test_an_oversized_entry_is_refused_without_disturbing_other_ledgers(bo
         assert [len(e.payload) async for e in reader.entries()] == [6, big.max_payload]
 
 
+async def test_append_callback_completes_in_entry_order_and_a_raising_callback_harms_nothing(
+    bookie_fleet, zk_connect, caplog
+):
+    """The future-less add path: callbacks run in entry order with the entry id; one that raises is logged and the
+    writer, its connections and the later adds carry on."""
+    bookie_fleet.start(3)
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        completed: list[tuple[int, BaseException | None]] = []
+
+        def on_done(entry_id: int, error: BaseException | None) -> None:
+            completed.append((entry_id, error))
+            if entry_id == 5:
+                raise RuntimeError("a careless callback")
+
+        for i in range(20):
+            writer.append_callback(f"entry {i}".encode(), on_done)
+        writer.append_callback(b"x" * (writer.max_payload + 1), on_done)  # refused at once, takes no id
+        assert completed[-1][0] == -1 and isinstance(completed[-1][1], EntryTooLargeError)
+        assert await writer.flush() == 19
+        assert completed[1:] == [(i, None) for i in range(20)]
+        assert "the completion callback of entry 5 raised" in caplog.text
+        assert await writer.add(b"after") == 20 and len(writer.metadata.segments) == 1
+        await writer.close()
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()][-2:] == [b"entry 19", b"after"]
+
+
 async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(bookie_fleet, zk_connect, zk):
     """E=Qw=3, Qa=2 on exactly three bookies: losing one leaves Qa of every write set, so the writer keeps going
     (it used to give up: no replacement), marks the ledger under-replicated naming the lost bookie, and moves to a

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from bookfleet.bookie import journal
+from bookfleet.bookie import index, journal
 from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.bookie.entrylog import log_ids
 from bookfleet.bookie.errors import BadRequest, LedgerFenced, NoSuchEntry, NoSuchLedger, Unauthorized
@@ -223,3 +223,20 @@ async def test_settings_reject_nonsense():
         StorageSettings(memtable_bytes=0)
     with pytest.raises(ValueError, match="compaction_live_ratio"):
         StorageSettings(compaction_live_ratio=2)
+
+
+async def test_a_flush_of_many_entries_is_indexed_in_several_chunks_and_the_newest_copy_wins(open_storage):
+    """More entries than one multi-row INSERT takes (index.ROWS_PER_INSERT), with a partial last chunk; an entry
+    flushed twice is found at its second copy, also after a restart."""
+    storage = await open_storage()
+    count = 2 * index.ROWS_PER_INSERT + 7
+    first = await add_all(storage, 3, range(count), size=40)
+    await storage.flush()
+    again = {e: make_entry(3, e, size=60) for e in (0, index.ROWS_PER_INSERT, count - 1)}
+    await asyncio.gather(*(storage.add_entry(3, e, data, KEY, recovery=True) for e, data in again.items()))
+    await storage.flush()
+    expected = {**first, **again}
+    assert [await storage.read_entry(3, e) for e in range(count)] == [expected[e] for e in range(count)]
+    await storage.close()
+    storage = await open_storage()
+    assert await storage.read_range(3, 0, count - 1, 10**9) == [expected[e] for e in range(count)]

@@ -38,32 +38,50 @@ def test_mac_digest_depends_on_the_password():
         wire.decode_entry(wire.Digester("mac", b"wrong"), encoded)
 
 
+def _taken(buffer: bytearray) -> list[tuple[int, int, int, bytes]]:
+    return [(frame.op, frame.code, frame.request_id, frame.body) for frame in wire.split_frames(buffer)]
+
+
 def test_split_frames_keeps_a_partial_frame():
     first = wire.encode_request(wire.Op.READ_LAC, 1, b"abc")
     second = wire.encode_request(wire.Op.GET_BOOKIE_INFO, 2)
     buffer = bytearray(first + second[:5])
-    frames = wire.split_frames(buffer)
-    assert len(frames) == 1 and frames[0].request_id == 1
+    assert _taken(buffer) == [(wire.Op.READ_LAC, 0, 1, b"abc")]
+    assert buffer == second[:5]
     buffer += second[5:]
-    (frame,) = wire.split_frames(buffer)
-    assert frame.op == wire.Op.GET_BOOKIE_INFO and not buffer
+    assert _taken(buffer) == [(wire.Op.GET_BOOKIE_INFO, 0, 2, b"")] and not buffer
 
 
 def test_batched_add_responses_decode_like_single_ones():
-    buffer = bytearray(wire.encode_add_responses([(7, 3, 0), (8, 3, 1)]))
-    assert [(f.op, f.code, f.request_id, wire.LEDGER_ENTRY.unpack(f.body)) for f in wire.split_frames(buffer)] == [
+    buffer = bytearray(wire.encode_add_response(7, 3, 0) + wire.encode_add_response(8, 3, 1))
+    assert [(op, code, rid, wire.LEDGER_ENTRY.unpack(body)) for op, code, rid, body in _taken(buffer)] == [
         (wire.Op.ADD_ENTRY, wire.Status.OK, 7, (3, 0)),
         (wire.Op.ADD_ENTRY, wire.Status.OK, 8, (3, 1)),
     ]
+    assert wire.encode_add_response(7, 3, 0) == wire.encode_response(
+        wire.Op.ADD_ENTRY, 7, body=wire.LEDGER_ENTRY.pack(3, 0)
+    )
 
 
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [(wire.LENGTH_PREFIX.pack(2**31), "exceeds"), (wire.LENGTH_PREFIX.pack(3), "shorter than")],
 )
-def test_bad_length_prefix_is_named(prefix, message):
+@pytest.mark.parametrize("rest", [b"\0" * 16, b"\0" * 4], ids=["whole head", "partial head"])
+def test_bad_length_prefix_is_named(prefix, message, rest):
     with pytest.raises(wire.ProtocolError, match=message):
-        wire.split_frames(bytearray(prefix + b"\0" * 16))
+        _taken(bytearray(prefix + rest))
+
+
+def test_frames_before_a_bad_one_are_handed_over_and_taken_off():
+    good = wire.encode_response(wire.Op.READ_LAC, 5, body=wire.LAC.pack(3))
+    bad = bytearray(wire.encode_response(wire.Op.READ_LAC, 6))
+    bad[4] = 99  # the version byte
+    buffer = bytearray(good + bad)
+    seen = []
+    with pytest.raises(wire.ProtocolError, match="version 99"):
+        wire.take_frames(buffer, lambda op, code, rid, start, end: seen.append(rid))
+    assert seen == [5] and buffer == bad
 
 
 def test_unknown_version_is_named():

@@ -13,6 +13,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from bookfleet import eventloop
+from bookfleet.cli import CommandError
+
 
 def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) -> dict[str, float]:
     """Write `block_size` blocks with fdatasync after each, in `directory`, for about `seconds`."""
@@ -96,6 +99,22 @@ def tls_figures(plain: dict, secure: dict, prefix: str, sides: Iterable[str]) ->
         cpu = f"{prefix}{side}_cpu_us_per_entry"
         figures[f"tls_extra_{side}_cpu_us_per_entry"] = secure[cpu] - plain[cpu]
     return figures
+
+
+def add_event_loop_argument(parser) -> None:
+    """`--event-loop`: what the benchmark's load and the bookies it starts run on."""
+    parser.add_argument(
+        "--event-loop", choices=eventloop.CHOICES, default="auto",
+        help="event loop of the load and of the bookies (default auto: uvloop when installed)",
+    )
+
+
+def chosen_event_loop(choice: str) -> str:
+    """What `--event-loop` runs on here (uvloop or asyncio); a clear error when uvloop is asked for and missing."""
+    try:
+        return eventloop.name(choice)
+    except eventloop.EventLoopUnavailable as exc:
+        raise CommandError(str(exc)) from None
 
 
 def print_report(report: dict, as_json: bool) -> None:

@@ -18,8 +18,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bookfleet import wire
-from bookfleet.bench.baseline import in_loop_iterations, load_summary, print_report, same_run_baselines, tls_figures
+from bookfleet import eventloop, wire
+from bookfleet.bench.baseline import (
+    add_event_loop_argument,
+    chosen_event_loop,
+    in_loop_iterations,
+    load_summary,
+    print_report,
+    same_run_baselines,
+    tls_figures,
+)
 from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
 from bookfleet.fleet import LOOPBACK_NAMES, BookieProcess
@@ -50,6 +58,7 @@ def register(subparsers) -> None:
         help="pass --NAME VALUE to the bookie, e.g. journal-max-wait=0 (repeatable)",
     )
     parser.add_argument("--tls", action="store_true", help="also measure a bookie serving mutual TLS, same run")
+    add_event_loop_argument(parser)
     parser.add_argument("--dir", type=Path, help="where the bookie's dirs go (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
@@ -78,12 +87,12 @@ async def _load(
     def add(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
         entry_id = next_ids[0]
         next_ids[0] += 1
-        entry = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload)
-        started = clock()
-        client.add_entry_callback(key + entry, lambda error: acked(error, started, client, ledger_id, next_ids))
+        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload, key)
+        client.add_entry_callback(body, acked, (clock(), client, ledger_id, next_ids))
 
-    def acked(error: BaseException | None, started: float, *slot) -> None:
+    def acked(sent: tuple[float, BookieClient, int, list[int]], error: BaseException | None) -> None:
         nonlocal open_slots
+        started, *slot = sent
         if done.done():
             return
         if error is not None:
@@ -131,7 +140,7 @@ def _measure(
     zk: str, bookie_id: str, directory: Path, args: argparse.Namespace, ca: CertificateAuthority | None = None
 ) -> dict:
     """One bookie process under the load; with `ca`, it serves mutual TLS and the load presents a client certificate."""
-    flags: dict[str, object] = dict(_bookie_flags(args))
+    flags: dict[str, object] = {"event_loop": args.event_loop, **_bookie_flags(args)}
     tls = None
     if ca is not None:
         flags["tls_dir"] = write_tls_dir(directory / "tls", ca.issue(bookie_id, [Role.BOOKIE], LOOPBACK_NAMES))
@@ -143,12 +152,13 @@ def _measure(
     try:
         bookie.start().wait_ready()
         load = _load(bookie.address, bookie.process.pid, ledger_ids, args.entry_size, args.seconds, args.in_flight, tls)
-        return asyncio.run(load)
+        return eventloop.run(load, args.event_loop)
     finally:
         bookie.stop()
 
 
 def handle(args: argparse.Namespace) -> int:
+    loop_name = chosen_event_loop(args.event_loop)
     # Enough in flight to fill big journal batches; more would only add queueing delay to the latency figures.
     args.in_flight = args.in_flight or max(16, min(256, (4 << 20) // args.entry_size))
     with tempfile.TemporaryDirectory(prefix="bench-bookie-", dir=args.dir) as tmp:
@@ -166,6 +176,7 @@ def handle(args: argparse.Namespace) -> int:
         "connections": args.connections,
         "in_flight": args.connections * args.in_flight,
         "bookie_flags": args.bookie_flag,
+        "event_loop": loop_name,
         **result,
         **baseline,
         "fraction_of_raw_fsync": result["mb_per_s"] / baseline["raw_fsync_mb_per_s"],

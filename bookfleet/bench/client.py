@@ -14,9 +14,19 @@ import asyncio
 import os
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-from bookfleet.bench.baseline import in_loop_iterations, load_summary, print_report, same_run_baselines, tls_figures
+from bookfleet import eventloop
+from bookfleet.bench.baseline import (
+    add_event_loop_argument,
+    chosen_event_loop,
+    in_loop_iterations,
+    load_summary,
+    print_report,
+    same_run_baselines,
+    tls_figures,
+)
 from bookfleet.bench.bookie import _cpu_seconds
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
@@ -38,13 +48,14 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--in-flight", type=int, default=2000, help="adds in flight at full load (default 2000)")
     parser.add_argument("--tls", action="store_true", help="also measure a fleet serving mutual TLS, same run")
+    add_event_loop_argument(parser)
     parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
 
 
 async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> list[float]:
-    """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks, no task per add)."""
+    """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks: no future, no task)."""
     clock = time.perf_counter
     latencies: list[float] = []
     finished = asyncio.get_running_loop().create_future()
@@ -54,15 +65,14 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
     def issue() -> None:
         nonlocal outstanding
         outstanding += 1
-        started = clock()
-        writer.append(payload).add_done_callback(lambda done: completed(done, started))
+        writer.append_callback(payload, partial(completed, clock()))
 
-    def completed(done: asyncio.Future, started: float) -> None:
+    def completed(started: float, _entry_id: int, error: BaseException | None) -> None:
         nonlocal outstanding
         outstanding -= 1
-        if done.exception() is not None:
+        if error is not None:
             if not finished.done():
-                finished.set_exception(done.exception())
+                finished.set_exception(error)
             return
         now = clock()
         latencies.append(now - started)
@@ -79,7 +89,7 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
 
 async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate: float) -> list[float]:
     """Issue adds at `rate` per second, those due at each millisecond tick, and time each one. Only a count of the
-    outstanding adds is kept (holding every future would make the garbage collector's pauses part of the figure)."""
+    outstanding adds is kept (holding every add would make the garbage collector's pauses part of the figure)."""
     clock = time.perf_counter
     latencies: list[float] = []
     finished = asyncio.get_running_loop().create_future()
@@ -87,10 +97,10 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
     start = clock()
     deadline = start + seconds
 
-    def completed(done: asyncio.Future, started: float) -> None:
+    def completed(started: float, _entry_id: int, error: BaseException | None) -> None:
         nonlocal outstanding
         outstanding -= 1
-        if done.exception() is None:
+        if error is None:
             latencies.append(clock() - started)
         if outstanding == 0 and clock() >= deadline and not finished.done():
             finished.set_result(None)
@@ -99,7 +109,7 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
     while (now := clock()) < deadline:
         due = int((now - start) * rate) - issued
         for _ in range(due):
-            writer.append(payload).add_done_callback(lambda done, started=now: completed(done, started))
+            writer.append_callback(payload, partial(completed, now))
         outstanding += due
         issued += due
         await asyncio.sleep(0.001 - (clock() - start) % 0.001)  # to the next tick, whatever this one cost
@@ -136,13 +146,14 @@ async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dic
 def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: CertificateAuthority | None = None) -> dict:
     """Both loads on a fleet of its own (serving mutual TLS with `ca`), stopped afterwards."""
     with BookieFleet(zk, directory, ca=ca) as fleet:
-        bookies = fleet.start(args.bookies, log_level="WARNING")
-        result = asyncio.run(_run(zk, args, [bookie.process.pid for bookie in bookies]))
+        bookies = fleet.start(args.bookies, log_level="WARNING", event_loop=args.event_loop)
+        result = eventloop.run(_run(zk, args, [bookie.process.pid for bookie in bookies]), args.event_loop)
         fleet.stop()
     return result
 
 
 def handle(args: argparse.Namespace) -> int:
+    loop_name = chosen_event_loop(args.event_loop)
     if not args.bookies >= args.ensemble >= args.write_quorum >= args.ack_quorum >= 1:
         raise CommandError(
             f"need bookies >= E >= Qw >= Qa >= 1, got bookies={args.bookies} E={args.ensemble} "
@@ -168,6 +179,7 @@ def handle(args: argparse.Namespace) -> int:
         "entry_size": args.entry_size,
         "seconds": args.seconds,
         "in_flight": args.in_flight,
+        "event_loop": loop_name,
         **result,
         "full_client_cpu_loop_iterations": in_loop_iterations(result["full_client_cpu_us_per_entry"], baseline),
         **baseline,

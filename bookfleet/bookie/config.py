@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookfleet import eventloop
 from bookfleet.bookie.server import ServerLimits
 from bookfleet.bookie.storage import StorageSettings
 
@@ -33,6 +34,7 @@ class BookieConfig:
     tls_dir: Path | None = None
     http_tls: bool = False
     verify_ledgers: bool = True
+    event_loop: str = "auto"
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: ServerLimits = field(default_factory=ServerLimits)
 
@@ -48,6 +50,8 @@ class BookieConfig:
             raise ValueError(f"--disk-quota must be a positive number of bytes, not {self.disk_quota}")
         if self.port <= 0:
             raise ValueError(f"--port must be a TCP port, not {self.port}")
+        if self.event_loop not in eventloop.CHOICES:
+            raise ValueError(f"--event-loop must be one of {', '.join(eventloop.CHOICES)}, not {self.event_loop}")
         if self.http_tls and self.tls_dir is None:
             raise ValueError("--http-tls serves the bookie's certificate: it needs --tls-dir")
 
@@ -88,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-tls", action="store_true",
         help="serve /healthz /readyz /metrics over HTTPS with the --tls-dir certificate (probes then need HTTPS)",
+    )
+    parser.add_argument(
+        "--event-loop", choices=eventloop.CHOICES, default=_DEFAULTS["event_loop"],
+        help="auto (default): uvloop when installed, else asyncio",
     )
     parser.add_argument(
         "--no-verify-ledgers", dest="verify_ledgers", action="store_false",

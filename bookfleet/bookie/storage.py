@@ -57,6 +57,7 @@ is blamed."""
 MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
+_INT64_MAX = wire.INT64_MAX
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,23 @@ class LedgerStorage:
         if len(entry) < _ENTRY_HEADER.size:
             raise BadRequest(f"entry of {len(entry)} bytes is shorter than the {_ENTRY_HEADER.size}-byte header")
         ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(entry)
-        wire.check_ledger_id(ledger_id, "entry header's ledger id")
-        wire.check_entry_id(entry_id, "entry header's entry id")
-        wire.check_lac(lac, "entry header's lac")
-        self._check_changeable(ledger_id)
+        if type(entry) is not bytes:
+            entry = bytes(entry)
+        return ledger_id, entry_id, self.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery)
+
+    def add_unpacked(
+        self, ledger_id: int, entry_id: int, lac: int, entry: bytes, master_key: bytes, recovery: bool
+    ) -> asyncio.Future[None]:
+        """`add_entry_nowait` for a caller that unpacked the ids of `entry`'s header itself (the server reads them
+        with the request's other fields in one unpack); returns the future of the add's group commit."""
+        if not self._open:
+            raise ShuttingDown("the bookie's storage is closed")
+        if not (0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX and -1 <= lac <= _INT64_MAX):
+            wire.check_ledger_id(ledger_id, "entry header's ledger id")  # whichever is out of range raises
+            wire.check_entry_id(entry_id, "entry header's entry id")
+            wire.check_lac(lac, "entry header's lac")
+        if self.failure is not None or self._quarantined:
+            self._check_changeable(ledger_id)
         state = self._ledgers.get(ledger_id)
         if state is None:
             state = self._create(ledger_id, master_key)
@@ -237,15 +251,13 @@ class LedgerStorage:
             raise Unauthorized(ledger_id)
         if state.fenced and not recovery:
             raise LedgerFenced(ledger_id)
-        if type(entry) is not bytes:
-            entry = bytes(entry)
         self._put(state, ledger_id, entry_id, lac, entry)
         synced = self._journal.append(RecordType.ADD, entry)
         if self._active.size >= self.settings.memtable_bytes:
             flushing = self._memtable_full()
             if flushing is not None:
                 synced = asyncio.ensure_future(self._synced_after(flushing, synced))
-        return ledger_id, entry_id, synced
+        return synced
 
     @staticmethod
     async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:

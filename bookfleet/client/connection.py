@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from bookfleet import wire
 from bookfleet.security import tls as tlsconfig
@@ -120,13 +121,9 @@ class _ClientProtocol(asyncio.Protocol):
         if self.client is None:  # nothing was asked yet; keep the bytes until the client is bound
             return
         try:
-            frames = wire.split_frames(self.buffer)  # response and request headers share a layout
+            wire.take_frames(self.buffer, self.client._answer)  # response and request heads share a layout
         except wire.ProtocolError as exc:
             self.client._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
-            return
-        resolve = self.client._resolve
-        for frame in frames:
-            resolve(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
@@ -146,26 +143,22 @@ class _ClientProtocol(asyncio.Protocol):
         self.can_write.set()
 
 
-class _AnswerCallback:
-    """Stands where a pending request's future would (`done`, `set_result`, `set_exception`) and calls a plain
-    function instead: the answer costs no future and no callback scheduled on the event loop."""
+AnswerCallback = Callable[[Any, BaseException | None], None]
+"""`on_answer(arg, error)` of an add sent with `add_entry_callback`: error is None once the entry is durable."""
+_Waiter = asyncio.Future | tuple[AnswerCallback, Any]
+"""What waits for a request's answer: a future of the response body, or (on_answer, arg) of a callback add."""
 
-    __slots__ = ("_answered", "_callback")
 
-    def __init__(self, callback: Callable[[BaseException | None], None]):
-        self._callback = callback
-        self._answered = False
+_OK, _ADD_ENTRY, _ACK_BODY_SIZE = int(Status.OK), int(Op.ADD_ENTRY), wire.LEDGER_ENTRY.size
+"""Plain ints for the per-answer checks (an enum attribute costs a lookup each time)."""
 
-    def done(self) -> bool:
-        return self._answered
 
-    def set_result(self, _body: bytes) -> None:
-        self._answered = True
-        self._callback(None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._answered = True
-        self._callback(error)
+def _settle(waiter: _Waiter, error: BaseException) -> None:
+    """Fail a request's waiter with `error` (a future its caller gave up on is left alone)."""
+    if type(waiter) is tuple:
+        waiter[0](waiter[1], error)
+    elif not waiter.done():
+        waiter.set_exception(error)
 
 
 class BookieClient:
@@ -175,7 +168,7 @@ class BookieClient:
         self.address = address
         self._transport = transport
         self._protocol = protocol
-        self._pending: dict[int, asyncio.Future | _AnswerCallback] = {}
+        self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
         self._error: ConnectionError | None = None
         self._outgoing: list[bytes] = []
@@ -234,13 +227,11 @@ class BookieClient:
         thousands of adds and attaches callbacks. Fails like `add_entry`; ignores write backpressure."""
         return self._request(Op.ADD_ENTRY, master_key + entry, wire.Flag.RECOVERY_ADD if recovery else 0)
 
-    def add_entry_callback(
-        self, body: bytes, callback: Callable[[BaseException | None], None], recovery: bool = False
-    ) -> None:
+    def add_entry_callback(self, body: bytes, on_answer: AnswerCallback, arg: Any, recovery: bool = False) -> None:
         """ADD_ENTRY of `body` = master key + encoded entry (built once, shared by a whole write set, never copied
-        here); `callback(None)` once durable or `callback(error)`, called straight from the reader: no future, no
-        event-loop turn. The ledger writer's hot path; ignores write backpressure."""
-        self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, _AnswerCallback(callback))
+        here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader: no
+        future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
+        self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
@@ -308,14 +299,14 @@ class BookieClient:
         self._enqueue(op, body, flags, future)
         return future
 
-    def _enqueue(self, op: Op, body: bytes, flags: int, waiter: asyncio.Future | _AnswerCallback) -> None:
+    def _enqueue(self, op: Op, body: bytes, flags: int, waiter: _Waiter) -> None:
         if self._error is not None:
-            waiter.set_exception(self._error)
+            _settle(waiter, self._error)
             return
         if wire.HEADER_SIZE + len(body) > wire.MAX_FRAME_SIZE:  # the bookie would close the shared connection
             size = wire.HEADER_SIZE + len(body)
             message = f"{op.name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
-            waiter.set_exception(TooLargeError(Status.TOO_LARGE, message))
+            _settle(waiter, TooLargeError(Status.TOO_LARGE, message))
             return
         request_id = next(self._ids)
         self._pending[request_id] = waiter
@@ -335,18 +326,33 @@ class BookieClient:
         if not self._transport.is_closing():
             self._transport.write(b"".join(outgoing))
 
-    def _resolve(self, frame: wire.Frame) -> None:
-        future = self._pending.pop(frame.request_id, None)
-        if future is None:
-            if frame.request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
-                self._fail(ConnectionError(f"bookie {self.address}: {frame.body.decode(errors='replace')}"))
+    def _answer(self, op: int, status: int, request_id: int, start: int, end: int) -> None:
+        """One answer, its body in the protocol's buffer[start:end]: an OK ack of a callback add is passed on without
+        reading its body; any other body is copied out for its future or decoded as the bookie's error message."""
+        waiter = self._pending.pop(request_id, None)
+        if type(waiter) is tuple:
+            if status == _OK and op == _ADD_ENTRY and end - start == _ACK_BODY_SIZE:
+                waiter[0](waiter[1], None)
+                return
+            body = self._protocol.buffer[start:end]
+            if status == _OK:
+                message = f"answered ADD_ENTRY request {request_id} with op {op} and a {len(body)}-byte body"
+                _settle(waiter, ConnectionError(f"bookie {self.address} {message}"))
+                self._fail(ConnectionError(f"bookie {self.address} {message}"))
+            else:
+                _settle(waiter, BookieError.from_status(status, body.decode(errors="replace")))
             return
-        if future.done():  # the answer to a request its caller gave up on (cancelled or timed out)
+        body = bytes(self._protocol.buffer[start:end])
+        if waiter is None:
+            if request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
+                self._fail(ConnectionError(f"bookie {self.address}: {body.decode(errors='replace')}"))
             return
-        if frame.code == Status.OK:
-            future.set_result(frame.body)
+        if waiter.done():  # the answer to a request its caller gave up on (cancelled or timed out)
+            return
+        if status == Status.OK:
+            waiter.set_result(body)
         else:
-            future.set_exception(BookieError.from_status(frame.code, frame.body.decode(errors="replace")))
+            waiter.set_exception(BookieError.from_status(status, body.decode(errors="replace")))
 
     def _fail(self, error: ConnectionError) -> None:
         if self._error is None:
@@ -354,6 +360,5 @@ class BookieClient:
         if not self._transport.is_closing():
             self._transport.close()
         pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(self._error)
+        for waiter in pending.values():
+            _settle(waiter, self._error)

@@ -58,16 +58,30 @@ class EntryTooLargeError(LedgerWriteError):
     """One entry larger than a bookie accepts; refused before sending (the ledger and its connections go on)."""
 
 
+AddCallback = Callable[[int, BaseException | None], None]
+"""`on_done(entry_id, error)` of `append_callback`: error is None once Qa bookies have the entry durably."""
+
+
 @dataclass(slots=True, eq=False)
 class _Add:
     entry_id: int
     length: int
     body: bytes
     """The ADD_ENTRY body, master key + encoded entry: built once, sent unchanged to every bookie of the set."""
-    future: asyncio.Future[int]
+    on_done: AddCallback
     sent_at: float
     acks: int = 0
     """Bit p set: ensemble position p has the entry durably."""
+
+
+def _settle_future(future: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
+    """The AddCallback behind `append`'s future."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(entry_id)
+    else:
+        future.set_exception(error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +120,10 @@ class LedgerWriter:
         self._pool = pool
         self._master_key = wire.master_key(password)
         self._digester = wire.Digester(metadata.digest_type, password)
-        self._ensemble = list(metadata.segments[-1].bookies)
+        self._ensemble: list[str] = []
+        self._answer_handlers: list[Callable[[_Add, BaseException | None], None]] = []
+        """Per ensemble position, the answer callback of its bookie: an add sent there allocates nothing for it."""
+        self._set_ensemble(list(metadata.segments[-1].bookies))
         self._write_sets = [
             write_set(e, metadata.ensemble_size, metadata.write_quorum) for e in range(len(self._ensemble))
         ]
@@ -129,6 +146,8 @@ class LedgerWriter:
         self._changing: asyncio.Future[None] | None = None
         """Set while the metadata gets a new segment: completions wait, so its first entry (LAC + 1) stays put."""
         self._error: LedgerWriteError | None = None
+        self._drained: asyncio.Future[None] | None = None
+        """Set by a waiting drain: resolved once no add is pending (or the writer failed)."""
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
         self.max_payload = wire.max_payload_size(metadata.digest_type)
@@ -169,38 +188,46 @@ class LedgerWriter:
     def append(self, payload: bytes) -> asyncio.Future[int]:
         """Send an entry to its write set now; the future gives its entry id once Qa bookies have it durably. A
         payload above `max_payload` fails with EntryTooLargeError and takes no entry id."""
+        future = asyncio.get_running_loop().create_future()
+        self.append_callback(payload, partial(_settle_future, future))
+        return future
+
+    def append_callback(self, payload: bytes, on_done: AddCallback) -> None:
+        """`append` without a future: `on_done(entry_id, None)` once Qa bookies have the entry durably, in entry order,
+        or `on_done(entry_id, error)` (entry id -1 for a payload above `max_payload`, which takes none). Called
+        straight from the answer that completes it (no event-loop turn); it must not raise."""
         if len(payload) > self.max_payload:
-            future = asyncio.get_running_loop().create_future()
-            future.set_exception(
+            on_done(
+                wire.INVALID_ENTRY_ID,
                 EntryTooLargeError(
                     f"entry of {len(payload)} bytes for ledger {self.ledger_id} exceeds the {self.max_payload}-byte "
                     f"limit (bookie frames are at most {wire.MAX_FRAME_SIZE} bytes)"
-                )
+                ),
             )
-            return future
+            return
         entry_id, length = self._next_entry_id, self._pushed_length + len(payload)
-        return self._push(entry_id, length, payload, self.last_add_confirmed)
+        self._push(entry_id, length, payload, self.last_add_confirmed, on_done)
 
     def recovery_add(self, entry: wire.Entry) -> asyncio.Future[int]:
         """Recovery open: add a recovered entry again, as its writer encoded it (its own LAC and length), to its
         full write set; it must be the next entry of this writer."""
         if entry.entry_id != self._next_entry_id:
             raise ValueError(f"recovered entry {entry.entry_id} of ledger {self.ledger_id} is not the next one")
-        return self._push(entry.entry_id, entry.length, entry.payload, entry.lac)
-
-    def _push(self, entry_id: int, length: int, payload: bytes, lac: int) -> asyncio.Future[int]:
         future = asyncio.get_running_loop().create_future()
+        self._push(entry.entry_id, entry.length, entry.payload, entry.lac, partial(_settle_future, future))
+        return future
+
+    def _push(self, entry_id: int, length: int, payload: bytes, lac: int, on_done: AddCallback) -> None:
         if self._error is not None or self._closing:
-            future.set_exception(self._error or LedgerClosedError(f"ledger {self.ledger_id} is being closed"))
-            return future
+            on_done(entry_id, self._error or LedgerClosedError(f"ledger {self.ledger_id} is being closed"))
+            return
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
-        body = self._master_key + wire.encode_entry(self._digester, self.ledger_id, entry_id, lac, length, payload)
-        add = _Add(entry_id, length, body, future, time.monotonic())
+        body = wire.encode_entry(self._digester, self.ledger_id, entry_id, lac, length, payload, self._master_key)
+        add = _Add(entry_id, length, body, on_done, time.monotonic())
         self._pending.append(add)
         for position in self._write_sets[entry_id % len(self._write_sets)]:
             self._send(add, position)
-        return future
 
     async def add(self, payload: bytes) -> int:
         """Append one entry and wait for it: returns its entry id."""
@@ -214,9 +241,13 @@ class LedgerWriter:
         if client is None:
             self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
             return
-        client.add_entry_callback(add.body, partial(self._on_answer, add, position, bookie), self._recovery)
+        client.add_entry_callback(add.body, self._answer_handlers[position], add, self._recovery)
 
-    def _on_answer(self, add: _Add, position: int, bookie: str, error: BaseException | None) -> None:
+    def _set_ensemble(self, ensemble: list[str]) -> None:
+        self._ensemble = ensemble
+        self._answer_handlers = [partial(self._on_answer, position, bookie) for position, bookie in enumerate(ensemble)]
+
+    def _on_answer(self, position: int, bookie: str, add: _Add, error: BaseException | None) -> None:
         if self._ensemble[position] != bookie:
             return  # the answer of a bookie already replaced: its copy is not in the metadata
         if error is None:
@@ -238,8 +269,10 @@ class LedgerWriter:
             add = pending.popleft()
             self.last_add_confirmed = add.entry_id
             self.length = add.length
-            if not add.future.done():
-                add.future.set_result(add.entry_id)
+            _call(add, None)
+        if not pending and self._drained is not None:
+            self._drained.set_result(None)
+            self._drained = None
 
     # --- failures and ensemble change -----------------------------------------------------------------------
 
@@ -359,7 +392,7 @@ class LedgerWriter:
             first_entry_id = self.last_add_confirmed + 1
             await self._update_metadata(lambda meta: _changed(meta, first_entry_id, replaced, ensemble))
             log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
-            self._ensemble = ensemble
+            self._set_ensemble(ensemble)
             for position in replaced:
                 if self._failed.get(position) == replaced[position]:
                     del self._failed[position]
@@ -401,8 +434,11 @@ class LedgerWriter:
             self._error = error
         pending, self._pending = self._pending, collections.deque()
         for add in pending:
-            if not add.future.done():
-                add.future.set_exception(self._error)
+            _call(add, self._error)
+        pending.clear()  # a completion loop under way on this queue (a callback failed the writer) stops here
+        if self._drained is not None:
+            self._drained.set_result(None)
+            self._drained = None
 
     # --- background: explicit LAC and add timeouts ----------------------------------------------------------
 
@@ -444,7 +480,9 @@ class LedgerWriter:
 
     async def _drain(self) -> None:
         while self._pending and self._error is None:
-            await asyncio.wait([self._pending[-1].future])
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
         if self._attempt is not None and not self._attempt.done():
             await asyncio.shield(self._attempt)  # a replacement under way lands before close (or detach) goes on
         if self._error is None:
@@ -488,6 +526,14 @@ class LedgerWriter:
     async def __aexit__(self, *exc: object) -> None:
         if not isinstance(self._error, LedgerClosedError):
             await self.close()
+
+
+def _call(add: _Add, error: BaseException | None) -> None:
+    """An add's callback; one that raises is logged, never let into the writer's bookkeeping or the connection."""
+    try:
+        add.on_done(add.entry_id, error)
+    except Exception:
+        log.exception("the completion callback of entry %d raised", add.entry_id)
 
 
 def _changed(

@@ -15,6 +15,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     from bookfleet.bookie import config, cookie, main
+    from bookfleet.eventloop import EventLoopUnavailable
     from bookfleet.meta.zk import ZooKeeperUnreachable
 
     try:
@@ -23,5 +24,5 @@ def handle(args) -> int:
         raise CommandError(str(exc)) from None
     try:
         return main.run(settings)
-    except (cookie.CookieMismatch, ZooKeeperUnreachable, main.StartupError) as exc:
+    except (cookie.CookieMismatch, ZooKeeperUnreachable, main.StartupError, EventLoopUnavailable) as exc:
         raise CommandError(str(exc)) from None
