@@ -253,7 +253,9 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
                          .get("status") == "True" and c)
     assert "[3, 4]" in data_loss["message"]
     assert {"Created", "NotEnoughBookies"} <= event_reasons(kube, "Ledger", "fresh")
-    assert {"UnderReplicated", "RepairLaunched", "EntriesLost"} <= event_reasons(kube, "Ledger", "lost")
+    # The Event follows the status patch that showed the condition: wait for it rather than race it.
+    wait_for("the lost ledger's Events", lambda: {"UnderReplicated", "RepairLaunched", "EntriesLost"}
+             <= event_reasons(kube, "Ledger", "lost"), timeout=30)
 
 
 def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_process, zk_connect, zk):
