@@ -140,11 +140,11 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     actions = decide(cluster(2), up(0), up(1), draining(2, remaining=4))
     assert [(a.bookie.metadata.name, a.since) for a in of_type(actions, scaling.EnsureRepaired)] == [
         ("bk-2", dt.datetime(2026, 1, 2, 3, 0, tzinfo=dt.UTC))]
-    assert not of_type(actions, Delete) and not of_type(actions, scaling.ForgetCookie)
+    assert not of_type(actions, Delete) and not of_type(actions, lifecycle.ForgetCookie)
 
     # 3. drained: cookie forgotten, pod deleted, volumes kept (whenScaled Retain) and released from the Bookie
     actions = decide(cluster(2), up(0), up(1), draining(2), claims=claims_of("bk-2"))
-    assert of_type(actions, scaling.ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
+    assert of_type(actions, lifecycle.ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
     assert touching(actions, "pods") == [("delete", "bk-2")]
     assert touching(actions, "persistentvolumeclaims") == [("patch", "bk-2-journal"), ("patch", "bk-2-ledgers")]
     release = of_type(actions, Patch, name="bk-2-journal")[0].patch["metadata"]

@@ -182,15 +182,6 @@ class SetForcedReadOnly:
 
 
 @dataclass(frozen=True)
-class ForgetCookie:
-    zookeeper: str
-    bookie_id: str
-
-    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        cookies.forget(ctx.zk(self.zookeeper), self.bookie_id)
-
-
-@dataclass(frozen=True)
 class EnsureRepaired:
     """One step of moving a draining bookie's ledgers elsewhere (repairs.py launches, tracks and retries)."""
 
@@ -361,7 +352,7 @@ def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBoo
     if bookie.remaining_ledgers:
         since = dt.datetime.fromisoformat(since_text.replace("Z", "+00:00"))
         return [EnsureRepaired(cluster, bookie.model, since)]
-    actions: list[Action] = [ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
+    actions: list[Action] = [lifecycle.ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
     delete_claims = cluster.spec.persistent_volume_claim_retention_policy.when_scaled == Retention.DELETE
     for claim_name in resources.claim_names(name):
         claim = observed.claims.get(claim_name)
