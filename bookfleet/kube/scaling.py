@@ -118,6 +118,7 @@ class Observed:
 
 
 def observe(ctx: OperatorContext, body: dict) -> Observed:
+    """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained."""
     cluster, problem = validate(body)
     if cluster is None:
         return Observed(body, None, problem)
