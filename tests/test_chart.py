@@ -15,7 +15,7 @@ import pytest
 
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
-from bookfleet.kube import crdgen, resources
+from bookfleet.kube import crdgen, metrics, resources
 from bookfleet.kube.models import BookieCluster, cluster_problems
 from tests.fixtures.manifests import CHART, operator_objects, render_chart
 
@@ -136,7 +136,8 @@ def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds() 
     (deployment,) = by_kind(objects, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:6] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet"]
-    assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz"]
+    assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz",
+                           "--metrics-port", "9090"]
     parsed = build_parser().parse_args(command[1:])
     assert (parsed.namespaces, parsed.standalone, parsed.peering) == (["bookfleet"], False, "bookfleet")
     assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
@@ -191,7 +192,8 @@ def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
     assert operator["spec"]["template"]["metadata"]["labels"][resources.LABEL_NAME] == resources.APP
     assert {p["port"] for p in peer_rule["ports"]} == {2888, 3888}
     (operator_policy,) = by_kind(objects, "NetworkPolicy", "operator")
-    assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080},
+                                                             {"protocol": "TCP", "port": 9090}]}]
     assert by_kind(render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
 
 
@@ -204,8 +206,8 @@ def test_operator_is_probed_for_readiness() -> None:
 def test_monitors_scrape_bookie_metrics_in_the_watched_namespace() -> None:
     assert [obj for obj in render_chart({}) if obj["kind"] in PROMETHEUS_OPERATOR_KINDS] == []
     objects = render_chart(ALL_OPTIONAL)
-    (pod_monitor,) = by_kind(objects, "PodMonitor")
-    (service_monitor,) = by_kind(objects, "ServiceMonitor")
+    (pod_monitor,) = by_kind(objects, "PodMonitor", "bookie")
+    (service_monitor,) = by_kind(objects, "ServiceMonitor", "bookie")
     built = operator_objects()
     pod = next(obj for obj in built if obj["kind"] == "Pod")
     service = next(obj for obj in built if obj["kind"] == "Service")
@@ -220,6 +222,27 @@ def test_monitors_scrape_bookie_metrics_in_the_watched_namespace() -> None:
     assert service_monitor["spec"]["endpoints"][0]["port"] in {port["name"] for port in service["spec"]["ports"]}
 
 
+def test_monitors_scrape_the_operators_metrics_port() -> None:
+    """Each operator replica serves /metrics on the port its command names; the monitors find that port by name."""
+    objects = render_chart({"metrics": ALL_OPTIONAL["metrics"]})
+    (deployment,) = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert build_parser().parse_args(container["command"][1:]).metrics_port == port
+    (pod_monitor,) = by_kind(objects, "PodMonitor", "operator")
+    (service_monitor,) = by_kind(objects, "ServiceMonitor", "operator")
+    (service,) = by_kind(objects, "Service", "operator")
+    namespaces = {obj["metadata"]["namespace"] for obj in (deployment, pod_monitor, service_monitor, service)}
+    assert len(namespaces) == 1
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [e["port"] for e in service_monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
 PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "by", "without", "avg", "max", "min", "le",
                 "irate", "count"}
 
@@ -231,9 +254,9 @@ def metric_names(expr: str) -> set[str]:
 
 
 def exported_metric_names() -> set[str]:
-    """Every sample name the code exports: a bookie's registry, and the repair job's counters."""
+    """Every sample name the code exports: a bookie's registry, the repair job's counters, the operator's registry."""
     importlib.import_module("bookfleet.replication.spark_repair")  # registers the repair counters
-    registries = (BookieMetrics().registry, prometheus_client.REGISTRY)
+    registries = (BookieMetrics().registry, prometheus_client.REGISTRY, metrics.REGISTRY)
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {
         family.name + suffix  # by family, so a labelled counter counts before its first sample
@@ -251,7 +274,7 @@ def test_dashboard_queries_only_metrics_the_code_exports() -> None:
     used = set().union(*(metric_names(expr) for expr in exprs))
     assert used - exported_metric_names() == set()
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
-    for topic in ("adds", "reads", "add latency", "journal sync", "disk", "repair"):
+    for topic in ("adds", "reads", "add latency", "journal sync", "disk", "repair", "under-replicated", "reconcil"):
         assert topic in titles
     assert metric_names("sum by (pod) (rate(bookie_add_entries_total{job=\"x\"}[5m]))") == {"bookie_add_entries_total"}
 

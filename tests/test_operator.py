@@ -8,11 +8,14 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bookfleet import polling
 from bookfleet.client.bookkeeper import BookKeeper
@@ -23,6 +26,7 @@ from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV
+from bookfleet.zkserver import free_port
 from tests.emulator import EmulatorThread
 
 NS = "default"
@@ -38,12 +42,14 @@ class OperatorProcess:
 
     def __init__(self, kube: EmulatorThread, log: Path):
         self.kube, self.log, self.process = kube, log, None
+        self.metrics_port = free_port()
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bookfleet", "operator", "--standalone", "--namespace", NS,
-                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5"],
+                 "--kubeconfig", str(self.kube.kubeconfig), "--interval", "0.5",
+                 "--metrics-port", str(self.metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
             )
 
@@ -51,6 +57,16 @@ class OperatorProcess:
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the operator's /metrics (0 when absent, or while the operator starts)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except urllib.error.URLError:
+            return 0.0
+        return next((sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                     if sample.name == name and sample.labels == labels), 0.0)
 
 
 @pytest.fixture
@@ -78,6 +94,12 @@ def status(kube: EmulatorThread, plural: str, name: str) -> dict:
 
 def condition(obj_status: dict, type_: str) -> dict:
     return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def event_reasons(kube: EmulatorThread, kind: str, name: str) -> set[str]:
+    """Reasons of the Events posted on one object."""
+    return {e["reason"] for e in kube.list("events", NS)
+            if (e["involvedObject"]["kind"], e["involvedObject"]["name"]) == (kind, name)}
 
 
 async def write_ledger(zk_connect: str, entries: int) -> int:
@@ -132,6 +154,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
         kube.delete("persistentvolumeclaims", NS, f"{victim}-{volume}")
     job = wait_for("repair job", lambda: kube.list("jobs", NS))[0]
     assert UnderReplication(zk).marker(ledger_id).missing_bookies == {victim_id}
+    wait_for("the losses and the launch in the operator's metrics", lambda: operator_process.metric(
+        "bookfleet_operator_bookies_lost_total") >= 2 and operator_process.metric(
+        "bookfleet_operator_repairs_total", outcome="launched") == 1)
     operator_process.kill()
     operator_process.start()
     wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
@@ -150,6 +175,11 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     assert zk.exists(zkpaths.cookie(victim_id))
     reasons = {e["reason"] for e in kube.list("events", NS)}
     assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
+    wait_for("the Ledger's own Events", lambda: {"UnderReplicated", "RepairLaunched", "RepairSucceeded",
+                                                 "FullyReplicated"} <= event_reasons(kube, "Ledger", "adopted"))
+    # The restarted operator's metrics: the repair's success, and no launch of its own.
+    assert operator_process.metric("bookfleet_operator_repairs_total", outcome="succeeded") >= 1
+    assert operator_process.metric("bookfleet_operator_repairs_total", outcome="launched") == 0
 
 
 def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner, operator_process, zk_connect, zk):
@@ -268,6 +298,8 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
     data_loss = wait_for("DataLoss", lambda: (c := condition(status(kube, "ledgers", "lost"), "DataLoss"))
                          .get("status") == "True" and c)
     assert "[3, 4]" in data_loss["message"]
+    assert {"Created", "NotEnoughBookies"} <= event_reasons(kube, "Ledger", "fresh")
+    assert {"UnderReplicated", "RepairLaunched", "EntriesLost"} <= event_reasons(kube, "Ledger", "lost")
 
 
 def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_process, zk_connect, zk):
@@ -325,6 +357,29 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
     assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"]}]
     assert condition(placed, "Valid")["status"] == "True"
     assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
+
+
+def test_operator_metrics_count_passes_decisions_and_ledger_health(kube, operator_process, zk_connect, zk):
+    kube.create("bookieclusters", bookie_cluster(zk_connect))
+    ledger_id = MetadataStore(zk).create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
+    UnderReplication(zk).mark(ledger_id, ["b2:3181"])
+    UnderReplication(zk).mark_data_loss(ledger_id, [1])
+    for name, spec in (("damaged", {"cluster": "bk", "ledgerId": ledger_id}), ("orphan", {"cluster": "gone"})):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": name, "namespace": NS},
+                                "spec": {"ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2, **spec}})
+    metric = operator_process.metric
+    wait_for("ledger health in the metrics", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                            namespace=NS) == 1
+             and metric("bookfleet_operator_ledgers_data_loss", namespace=NS) == 1, timeout=30)
+    for reason in ("UnderReplicated", "EntriesLost", "InvalidSpec"):
+        assert metric("bookfleet_operator_events_total", kind="Ledger", reason=reason, type="Warning") >= 1, reason
+    assert metric("bookfleet_operator_reconciles_total", resource="ledgers") >= 2
+    assert metric("bookfleet_operator_reconciles_total", resource="bookieclusters") >= 1
+    assert metric("bookfleet_operator_reconcile_seconds_count", resource="ledgers") >= 2
+    kube.delete("ledgers", NS, "damaged")
+    wait_for("a deleted Ledger leaves the gauges", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                                  namespace=NS) == 0, timeout=30)
 
 
 def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(

@@ -12,6 +12,7 @@ import os
 import random
 
 from bookfleet.cli import CommandError
+from bookfleet.kube import metrics
 
 
 def register(subparsers) -> None:
@@ -29,6 +30,9 @@ def register(subparsers) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
     parser.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve the operator's Prometheus metrics on this port at /metrics (default: not served; "
+                             "the chart uses 9090)")
     parser.set_defaults(handler=run, log_level_default="INFO")
 
 
@@ -39,12 +43,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
     if args.priority is not None and not args.peering:
         raise CommandError("--priority needs --peering NAME")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise CommandError(f"--metrics-port must be between 1 and 65535, got {args.metrics_port}")
     os.environ["BOOKFLEET_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["BOOKFLEET_KUBECONFIG"] = args.kubeconfig or ""
     os.environ["BOOKFLEET_OPERATOR_ZK"] = args.zk or ""
     import kopf
 
     importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
     peering = {}
     if args.peering:
         priority = args.priority if args.priority is not None else random.SystemRandom().randrange(1, 2**31)

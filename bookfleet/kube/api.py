@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from bookfleet.kube import metrics
 from bookfleet.kube.models import GROUP, VERSION
 
 PLURALS = {
@@ -141,7 +142,8 @@ class KubeApi:
             raise
 
     def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
-        """A Kubernetes Event on `involved` (what `kubectl describe` shows)."""
+        """A Kubernetes Event on `involved` (what `kubectl describe` shows): one decision, so counted here, where every
+        action that announces one passes (kube.metrics)."""
         meta = involved["metadata"]
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
@@ -153,3 +155,4 @@ class KubeApi:
             "source": {"component": "bookfleet-operator"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         self.ensure(event)
+        metrics.record_event(involved["kind"], reason, warning)

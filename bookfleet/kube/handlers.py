@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from bookfleet.kube import api, ledgers, lifecycle, repairs, resources, scaling
+from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.models import GROUP, VERSION
 
@@ -60,12 +60,14 @@ def close(**_: Any) -> None:
 
 @kopf.timer(GROUP, VERSION, "bookieclusters", interval=INTERVAL)
 def reconcile_cluster(body: kopf.Body, **_: Any) -> None:
-    scaling.reconcile(context(), dict(body))
+    with metrics.reconciling("bookieclusters"):
+        scaling.reconcile(context(), dict(body))
 
 
 @kopf.timer(GROUP, VERSION, "bookies", interval=INTERVAL)
 def reconcile_bookie(body: kopf.Body, **_: Any) -> None:
-    lifecycle.reconcile(context(), dict(body))
+    with metrics.reconciling("bookies"):
+        lifecycle.reconcile(context(), dict(body))
 
 
 def _by_ledger(body: kopf.Body) -> dict[repairs.LedgerKey, dict]:
@@ -87,8 +89,17 @@ def spark_repairs_by_ledger(body: kopf.Body, **_: Any) -> dict[repairs.LedgerKey
 def sync_ledger(body: kopf.Body, repair_jobs_by_ledger: kopf.Index, spark_repairs_by_ledger: kopf.Index,
                 **_: Any) -> None:
     """Repair state comes from the two indexes above (kept from the watch): no LIST per Ledger."""
-    ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_ledger.get(key, ()),
-                                                     *spark_repairs_by_ledger.get(key, ())])
+    with metrics.reconciling("ledgers"):
+        ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_ledger.get(key, ()),
+                                                         *spark_repairs_by_ledger.get(key, ())])
+
+
+@kopf.on.event(GROUP, VERSION, "ledgers")
+def ledger_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A deleted Ledger leaves the operator's ledger-health gauges."""
+    if event["type"] == "DELETED":
+        meta = event["object"]["metadata"]
+        metrics.LEDGERS.forget(meta["namespace"], meta["name"])
 
 
 @kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)

@@ -1,39 +1,164 @@
 """Ledger resources <-> ZooKeeper: create (or adopt) the ledger, then mirror its metadata and health in status.
 
-Creation is restart-safe: the id is reserved first and written to status, then the metadata is created under that
-id; a run interrupted in between finds the id in status and only finishes the creation.
+Observe (the Ledger, its cluster, its metadata, marker and repairs) -> decide (pure) -> act (kube.actions). Creation
+is restart-safe: the id is reserved and written to status before the metadata is created under it, so a pass
+interrupted in between finds the id in status and only finishes the creation. A ledger whose metadata disappears
+after it was seen is never created again: its status says DELETED. Every decision that changes the status posts an
+Event, once: decide compares the status it read with the one it decides.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
-from kazoo.client import KazooClient
 from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
-from bookfleet.kube import repairs
+from bookfleet.kube import metrics, repairs
+from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, patch_status, timestamp
+from bookfleet.kube.context import OperatorContext, now, patch_status, timestamp
 from bookfleet.kube.models import (
     DATA_LOSS,
     VALID,
     BookieCluster,
+    Condition,
     ConditionStatus,
     Ledger,
+    RepairState,
     ledger_problems,
+    set_condition,
     validity_condition,
 )
-from bookfleet.meta.metadata import LedgerMetadata, MetadataError, MetadataStore, NoSuchLedgerError, new_metadata
-from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import Marker, UnderReplication
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.meta.registry import BookieInfo, BookieRegistry
+from bookfleet.meta.underreplication import DataLoss, Marker, UnderReplication
 
 CREATED = "Created"
+DELETED = "DELETED"
+"""status.state of a Ledger whose metadata was deleted from ZooKeeper after the operator had seen it."""
+PROBLEM = {VALID: ConditionStatus.FALSE, CREATED: ConditionStatus.FALSE, DATA_LOSS: ConditionStatus.TRUE}
+"""The status of each condition that needs attention: turning to it posts a Warning named by the reason."""
+RepairsOf = Callable[[repairs.LedgerKey], Iterable[dict]]
 
 
-def password(ctx: OperatorContext, ledger: Ledger) -> bytes:
+@dataclass(frozen=True)
+class ObservedLedger:
+    """What one pass decides on. ZooKeeper is read only as far as the Ledger gets: metadata once it has an id, the
+    writable bookies and the password only while it may still be created."""
+
+    status: Mapping[str, Any]
+    ledger: Ledger | None = None
+    spec_errors: str = ""
+    """pydantic's complaints when the spec does not validate (then `ledger` is None)."""
+    cluster: BookieCluster | None = None
+    metadata: LedgerMetadata | None = None
+    marker: Marker | None = None
+    loss: DataLoss | None = None
+    repairs: tuple[dict, ...] = ()
+    writable: tuple[BookieInfo, ...] = ()
+    password: bytes | None = None
+    password_problem: str = ""
+
+    @property
+    def ledger_id(self) -> int | None:
+        """The reserved id (status), else the one to adopt (spec)."""
+        reserved = self.status.get("ledgerId")
+        return reserved if reserved is not None or self.ledger is None else self.ledger.spec.ledger_id
+
+    @property
+    def adopted(self) -> bool:
+        """The spec names an existing ledger: the operator never creates it."""
+        return self.ledger is not None and self.ledger.spec.ledger_id is not None
+
+    @property
+    def creatable(self) -> bool:
+        """No id to adopt and never seen in ZooKeeper: the operator creates it."""
+        return self.ledger is not None and not self.adopted and self.status.get("state") is None
+
+
+@dataclass(frozen=True)
+class ReserveLedgerId:
+    """Take a cluster-unique id and record it in status before anything is created under it."""
+
+    zookeeper: str
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        patch_status(ctx, "ledgers", body, {"ledgerId": MetadataStore(ctx.zk(self.zookeeper)).new_ledger_id()})
+
+
+@dataclass(frozen=True)
+class CreateLedgerMetadata:
+    """Create the ledger's metadata under the id in status (reserved by this pass or an interrupted one)."""
+
+    zookeeper: str
+    metadata: LedgerMetadata
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        MetadataStore(ctx.zk(self.zookeeper)).create(self.metadata, body["status"]["ledgerId"])
+
+
+@dataclass(frozen=True)
+class RecordLedgerHealth:
+    """The Ledger's health in the operator's metrics (gauges summed over Ledgers)."""
+
+    under_replicated: bool = False
+    data_loss: bool = False
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        metrics.LEDGERS.record(meta["namespace"], meta["name"], self.under_replicated, self.data_loss)
+
+
+def sync(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> None:
+    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
+    ledger in the operator's index."""
+    act(ctx, body, decide(observe(ctx, body, repairs_of), now()))
+
+
+# --- observe ------------------------------------------------------------------------------------------------------
+
+
+def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> ObservedLedger:
+    observed = ObservedLedger(status=body.get("status") or {})
+    try:
+        ledger = Ledger.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return replace(observed, spec_errors=problems)
+    namespace = ledger.metadata.namespace
+    cluster_body = ctx.api.get(CUSTOM, "bookieclusters", namespace, ledger.spec.cluster)
+    observed = replace(observed, ledger=ledger,
+                       cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
+    if observed.cluster is None:
+        return observed
+    zk = ctx.zk(observed.cluster.spec.zookeeper)
+    ledger_id = observed.ledger_id
+    if ledger_id is not None:
+        try:
+            metadata, _ = MetadataStore(zk).read(ledger_id)
+        except NoSuchLedgerError:
+            pass
+        else:
+            under_replication = UnderReplication(zk)
+            return replace(observed, metadata=metadata, marker=under_replication.marker(ledger_id),
+                           loss=under_replication.data_loss(ledger_id),
+                           repairs=tuple(repairs_of((namespace, observed.cluster.metadata.name, ledger_id))))
+    if not observed.creatable:
+        return observed
+    try:
+        password = read_password(ctx, ledger)
+    except LookupError as exc:
+        return replace(observed, password_problem=str(exc))
+    return replace(observed, writable=tuple(BookieRegistry(zk).writable()), password=password)
+
+
+def read_password(ctx: OperatorContext, ledger: Ledger) -> bytes:
     ref = ledger.spec.password_secret_ref
     if ref is None:
         return b""
@@ -43,57 +168,114 @@ def password(ctx: OperatorContext, ledger: Ledger) -> bytes:
     return base64.b64decode(secret["data"][ref.key])
 
 
-def _report(ctx: OperatorContext, body: dict, type_: str, ok: bool, reason: str, message: str) -> None:
-    patch_status(ctx, "ledgers", body, {"conditions": conditions_with(body.get("status") or {}, type_, ok, reason,
-                                                                      message)})
+# --- decide (pure) ------------------------------------------------------------------------------------------------
 
 
-def sync(ctx: OperatorContext, body: dict, repairs_of: Callable[[repairs.LedgerKey], Iterable[dict]]) -> None:
-    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
-    ledger in the operator's index."""
-    meta = body["metadata"]
-    try:
-        ledger = Ledger.model_validate(body)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        _report(ctx, body, VALID, False, "InvalidSpec", problems)
-        return
-    cluster_body = ctx.api.get(CUSTOM, "bookieclusters", meta["namespace"], ledger.spec.cluster)
-    cluster = None if cluster_body is None else BookieCluster.model_validate(cluster_body)
+def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | None = None) -> list[Action]:
+    """The actions of one pass, in order: creation steps, the status patch, then one Event per change it makes
+    (`rng`: placement's choice among the writable bookies)."""
+    ledger, cluster = observed.ledger, observed.cluster
+    if ledger is None:
+        return report(observed, moment, {}, condition(VALID, False, "InvalidSpec", observed.spec_errors))
     validity = validity_condition(ledger_problems(ledger.spec, None if cluster is None else cluster.spec))
     if cluster is None or validity.status != ConditionStatus.TRUE:
-        _report(ctx, body, validity.type, False, validity.reason, validity.message)
-        return
-    zk = ctx.zk(cluster.spec.zookeeper)
-    store = MetadataStore(zk)
-    ledger_id = ledger.status.ledger_id
-    if ledger_id is None:
-        ledger_id = ledger.spec.ledger_id if ledger.spec.ledger_id is not None else store.new_ledger_id()
-        ctx.api.patch_status("ledgers", meta["namespace"], meta["name"], {"ledgerId": ledger_id})
+        return report(observed, moment, {}, validity)
+    if observed.metadata is not None:
+        return mirror(observed, moment, observed.metadata, validity)
+    ledger_id = observed.ledger_id
+    if observed.status.get("state") is not None:
+        return report(observed, moment, {"state": DELETED, "underReplicated": None},
+                      condition(VALID, False, "LedgerDeleted",
+                                f"ledger {ledger_id} was deleted from ZooKeeper; its data is gone"))
+    if not observed.creatable:
+        return report(observed, moment, {"ledgerId": ledger_id},
+                      condition(VALID, False, "NoSuchLedger", f"ledger {ledger_id} does not exist in ZooKeeper"))
+    if observed.password is None:
+        return report(observed, moment, {}, validity, condition(CREATED, False, "SecretNotFound",
+                                                                observed.password_problem))
+    spec = ledger.spec
     try:
-        metadata, _ = store.read(ledger_id)
-    except NoSuchLedgerError:
-        if ledger.spec.ledger_id is not None:
-            _report(ctx, body, VALID, False, "NoSuchLedger", f"ledger {ledger_id} does not exist in ZooKeeper")
-            return
-        if not create(ctx, body, ledger, zk, ledger_id):
-            return
-        metadata, _ = store.read(ledger_id)
-    _report(ctx, body, validity.type, True, validity.reason, validity.message)
-    ur = UnderReplication(zk)
-    loss = ur.data_loss(ledger_id)
-    repair = repair_status(repairs_of((meta["namespace"], cluster.metadata.name, ledger_id)))
-    patch_status(ctx, "ledgers", body, decide_status(ledger_id, metadata, ur.marker(ledger_id), repair))
-    if loss is not None:
-        _report(ctx, body, DATA_LOSS, True, "EntriesLost", f"no replica holds entries {list(loss.entries)[:20]}")
-    else:
-        _report(ctx, body, DATA_LOSS, False, "AllEntriesReplicated", "")
+        ensemble = choose_ensemble(observed.writable, spec.ensemble_size, spec.write_quorum, rng=rng,
+                                   zones=spec.zones)
+    except NotEnoughBookies as exc:
+        return report(observed, moment, {}, validity, condition(CREATED, False, "NotEnoughBookies", str(exc)))
+    metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type, observed.password)
+    reserve: list[Action] = [ReserveLedgerId(cluster.spec.zookeeper)] if ledger_id is None else []
+    return [*reserve, CreateLedgerMetadata(cluster.spec.zookeeper, metadata),
+            *mirror(observed, moment, metadata, validity)]
 
 
-def decide_status(ledger_id: int, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None) -> dict:
-    """The Ledger's status from its metadata, its under-replication marker and its latest repair (pure)."""
+def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetadata, validity: Condition
+           ) -> list[Action]:
+    """A ledger that exists: its metadata, under-replication, latest repair and data loss in status."""
+    ledger_id = observed.ledger_id
+    loss = observed.loss
+    status = decide_status(ledger_id, metadata, observed.marker, repair_status(observed.repairs))
+    conditions = [validity, condition(DATA_LOSS, True, "EntriesLost", f"no replica holds entries "
+                                                                      f"{list(loss.entries)[:20]}")
+                  if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
+    if not observed.adopted:
+        conditions.append(condition(CREATED, True, CREATED, f"ensemble {', '.join(metadata.segments[0].bookies)}"))
+    actions = report(observed, moment, status, *conditions,
+                     under_replicated=observed.marker is not None, data_loss=loss is not None)
+    return [*actions, *health_events(observed.status, status)]
+
+
+def report(observed: ObservedLedger, moment: dt.datetime, status: dict[str, Any], *conditions: Condition,
+           under_replicated: bool = False, data_loss: bool = False) -> list[Action]:
+    """Patch `status` with `conditions` set in it, post an Event for each condition that turns to a problem (or
+    to Created), and record the Ledger's health in the metrics."""
+    current = [Condition.model_validate(c) for c in observed.status.get("conditions") or []]
+    for new in conditions:
+        current = set_condition(current, new, moment)
+    wire = [c.to_wire() for c in current]
+    return [PatchStatus("ledgers", {**status, "conditions": wire}), *condition_events(observed.status, wire),
+            RecordLedgerHealth(under_replicated, data_loss)]
+
+
+def condition(type_: str, ok: bool, reason: str, message: str = "") -> Condition:
+    return Condition(type=type_, status=ConditionStatus.TRUE if ok else ConditionStatus.FALSE, reason=reason,
+                     message=message)
+
+
+def condition_events(before: Mapping[str, Any], conditions: list[dict]) -> list[PostEvent]:
+    old = {c["type"]: (c.get("status"), c.get("reason")) for c in before.get("conditions") or []}
+    events = []
+    for new in conditions:
+        if old.get(new["type"]) == (new["status"], new.get("reason")):
+            continue
+        problem = new["status"] == PROBLEM.get(new["type"])
+        if problem or new["type"] == CREATED:
+            events.append(PostEvent(new["reason"], new.get("message", ""), warning=problem))
+    return events
+
+
+def health_events(before: Mapping[str, Any], after: dict[str, Any]) -> list[PostEvent]:
+    """Events for changes of under-replication and of the latest repair between two statuses."""
+    events = []
+    was, is_ = before.get("underReplicated"), after["underReplicated"]
+    if is_ and (not was or was.get("missingBookies") != is_["missingBookies"]):
+        events.append(PostEvent("UnderReplicated", f"no copy on {', '.join(is_['missingBookies'])}", warning=True))
+    elif was and not is_:
+        events.append(PostEvent("FullyReplicated", "every entry has all its copies again"))
+    old, new = before.get("repair") or {}, after["repair"] or {}
+    if new and new["job"] != old.get("job"):
+        events.append(PostEvent("RepairLaunched", f"{new['job']} repairs this ledger (attempt {new['attempts']})"))
+    state = new.get("state")
+    if state in (RepairState.SUCCEEDED, RepairState.FAILED) and (new["job"], state) != (old.get("job"),
+                                                                                       old.get("state")):
+        succeeded = state == RepairState.SUCCEEDED
+        events.append(PostEvent("RepairSucceeded" if succeeded else "RepairFailed",
+                                f"{new['job']} {'succeeded' if succeeded else 'failed'}", warning=not succeeded))
+    return events
+
+
+def decide_status(ledger_id: int | None, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None
+                  ) -> dict[str, Any]:
+    """The Ledger's status from its metadata, its under-replication marker and its latest repair (pure); no ledgerId
+    while it is being reserved in the same pass."""
     return {
-        "ledgerId": ledger_id,
+        **({} if ledger_id is None else {"ledgerId": ledger_id}),
         "state": metadata.state.value,
         "lastEntryId": metadata.last_entry_id,
         "length": metadata.length,
@@ -104,24 +286,6 @@ def decide_status(ledger_id: int, metadata: LedgerMetadata, marker: Marker | Non
         },
         "repair": repair,
     }
-
-
-def create(ctx: OperatorContext, body: dict, ledger: Ledger, zk: KazooClient, ledger_id: int) -> bool:
-    """Create the ledger's metadata under the reserved id; False (with a condition saying why) if it cannot yet."""
-    spec = ledger.spec
-    try:
-        ensemble = choose_ensemble(BookieRegistry(zk).writable(), spec.ensemble_size, spec.write_quorum,
-                                   zones=spec.zones)
-        metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type,
-                                password(ctx, ledger))
-        MetadataStore(zk).create(metadata, ledger_id)
-    except (NotEnoughBookies, LookupError) as exc:
-        _report(ctx, body, CREATED, False, type(exc).__name__, str(exc))
-        return False
-    except MetadataError:
-        pass  # created by an earlier run that stopped before reporting it
-    _report(ctx, body, CREATED, True, "Created", f"ledger {ledger_id} on {', '.join(ensemble)}")
-    return True
 
 
 def repair_status(covering: Iterable[dict]) -> dict | None:

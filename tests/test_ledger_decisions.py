@@ -1,0 +1,224 @@
+"""Every transition of a Ledger, decided in pure code: observed state + now -> actions, status and Events, with no API
+server and no ZooKeeper (the operator running them end to end is in test_operator.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import replace
+from typing import Any
+
+from bookfleet.kube import ledgers
+from bookfleet.kube.actions import Action, PatchStatus, PostEvent
+from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
+from bookfleet.kube.models import BookieCluster, Ledger
+from bookfleet.meta.metadata import LedgerState, new_metadata
+from bookfleet.meta.registry import BookieInfo
+from bookfleet.meta.underreplication import DataLoss, Marker
+
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+ZK = "zk:2181"
+METADATA = new_metadata(["b1", "b2"], 2, 2).model_copy(update={"state": LedgerState.CLOSED, "last_entry_id": 9,
+                                                               "length": 90})
+
+
+def ledger(**spec: Any) -> Ledger:
+    return Ledger.model_validate({"metadata": {"name": "l", "namespace": "ns"},
+                                  "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
+                                           **spec}})
+
+
+def cluster(replicas: int = 3, zones: tuple[str, ...] = ()) -> BookieCluster:
+    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns"},
+                                         "spec": {"replicas": replicas, "zookeeper": ZK, "zones": list(zones)}})
+
+
+def bookies(*ids: str, zone: str = "") -> tuple[BookieInfo, ...]:
+    return tuple(BookieInfo(bookie_id=i, address="127.0.0.1:1", zone=zone) for i in ids)
+
+
+def observed(status: dict | None = None, **fields: Any) -> ObservedLedger:
+    return ObservedLedger(status=status or {}, **{"ledger": ledger(), "cluster": cluster(), **fields})
+
+
+def existing(status: dict | None = None, **fields: Any) -> ObservedLedger:
+    """An adopted ledger (spec.ledgerId 7) whose metadata is in ZooKeeper."""
+    return observed(status, ledger=ledger(ledgerId=7), metadata=METADATA, **fields)
+
+
+def status_of(actions: list[Action]) -> dict:
+    (patch,) = [a for a in actions if isinstance(a, PatchStatus)]
+    return patch.changes
+
+
+def conditions(actions: list[Action]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status_of(actions)["conditions"]}
+
+
+def events(actions: list[Action]) -> list[tuple[str, bool]]:
+    return [(a.reason, a.warning) for a in actions if isinstance(a, PostEvent)]
+
+
+def next_pass(before: ObservedLedger, actions: list[Action], **fields: Any) -> ObservedLedger:
+    """The next pass's observation: the status the first one patched, with `fields` changed in the world."""
+    return replace(before, status={**before.status, **status_of(actions)}, **fields)
+
+
+def job(name: str, attempt: int, outcome: str | None = None) -> dict:
+    ended = {"Complete": {"conditions": [{"type": "Complete", "status": "True",
+                                          "lastTransitionTime": "2026-01-02T03:06:00Z"}]},
+             "Failed": {"conditions": [{"type": "Failed", "status": "True",
+                                        "lastTransitionTime": "2026-01-02T03:06:00Z"}]},
+             None: {"active": 1}}[outcome]
+    return {"metadata": {"name": name, "creationTimestamp": f"2026-01-02T03:05:0{attempt}Z",
+                         "annotations": {"bookfleet.io/repair-attempt": str(attempt)}}, "status": ended}
+
+
+def test_invalid_spec_says_why_once():
+    first = ObservedLedger(status={}, spec_errors="spec.ensembleSize: must be >= 1")
+    actions = ledgers.decide(first, NOW)
+    assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
+    assert events(actions) == [("InvalidSpec", True)]
+    assert RecordLedgerHealth(False, False) in actions
+    assert events(ledgers.decide(next_pass(first, actions), NOW)) == []  # an Event only on change
+
+
+def test_missing_cluster_makes_the_spec_invalid_and_nothing_is_created():
+    actions = ledgers.decide(observed(cluster=None), NOW)
+    assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
+    assert "BookieCluster 'bk' does not exist" in status_of(actions)["conditions"][0]["message"]
+    assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
+
+
+def test_zones_outside_the_cluster_make_the_spec_invalid():
+    actions = ledgers.decide(observed(ledger=ledger(zones=["zone-x"]), cluster=cluster(zones=("zone-a",))), NOW)
+    assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
+
+
+def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
+    actions = ledgers.decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
+                             rng=random.Random(1))
+    reserve, create = actions[:2]
+    assert reserve == ReserveLedgerId(ZK)
+    assert isinstance(create, CreateLedgerMetadata) and create.zookeeper == ZK
+    ensemble = create.metadata.segments[0].bookies
+    assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
+    assert create.metadata.password_hash == new_metadata(ensemble, 2, 2, password=b"pw").password_hash
+    status = status_of(actions)
+    assert "ledgerId" not in status  # the reservation writes it, before the metadata is created under it
+    assert (status["state"], status["segments"]) == ("OPEN", [{"firstEntryId": 0, "bookies": list(ensemble)}])
+    assert conditions(actions) == {"Valid": ("True", "SpecValid"), "DataLoss": ("False", "AllEntriesReplicated"),
+                                   "Created": ("True", "Created")}
+    assert events(actions) == [("Created", False)]
+    assert actions.index(create) < actions.index(next(a for a in actions if isinstance(a, PatchStatus)))
+
+
+def test_an_id_reserved_by_an_interrupted_pass_is_used_not_reserved_again():
+    actions = ledgers.decide(observed({"ledgerId": 12}, writable=bookies("b1", "b2"), password=b""), NOW)
+    assert not any(isinstance(a, ReserveLedgerId) for a in actions)
+    assert isinstance(actions[0], CreateLedgerMetadata) and status_of(actions)["ledgerId"] == 12
+
+
+def test_zones_limit_placement():
+    actions = ledgers.decide(observed(ledger=ledger(ensembleSize=1, writeQuorum=1, ackQuorum=1, zones=["zone-b"]),
+                                      cluster=cluster(zones=("zone-a", "zone-b")), password=b"",
+                                      writable=bookies("a1", zone="zone-a") + bookies("b1", zone="zone-b")), NOW)
+    create = next(a for a in actions if isinstance(a, CreateLedgerMetadata))
+    assert create.metadata.segments[0].bookies == ("b1",)
+
+
+def test_not_enough_bookies_waits_and_says_why():
+    first = observed(writable=bookies("b1"), password=b"")
+    actions = ledgers.decide(first, NOW)
+    assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
+    assert conditions(actions)["Created"] == ("False", "NotEnoughBookies")
+    assert events(actions) == [("NotEnoughBookies", True)]
+    created = ledgers.decide(next_pass(first, actions, writable=bookies("b1", "b2")), NOW)
+    assert conditions(created)["Created"] == ("True", "Created") and events(created) == [("Created", False)]
+
+
+def test_a_missing_password_secret_blocks_creation():
+    actions = ledgers.decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
+    assert conditions(actions)["Created"] == ("False", "SecretNotFound")
+    assert not any(isinstance(a, CreateLedgerMetadata) for a in actions)
+
+
+def test_an_existing_ledger_is_adopted_and_mirrored():
+    actions = ledgers.decide(existing(), NOW)
+    assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
+    status = status_of(actions)
+    assert (status["ledgerId"], status["state"], status["lastEntryId"], status["length"]) == (7, "CLOSED", 9, 90)
+    assert status["underReplicated"] is None and status["repair"] is None
+    assert conditions(actions) == {"Valid": ("True", "SpecValid"), "DataLoss": ("False", "AllEntriesReplicated")}
+    assert events(actions) == []  # healthy: nothing to say
+
+
+def test_an_id_to_adopt_that_does_not_exist_is_reported_not_created():
+    actions = ledgers.decide(observed(ledger=ledger(ledgerId=7)), NOW)
+    assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
+    assert status_of(actions)["ledgerId"] == 7
+    assert conditions(actions) == {"Valid": ("False", "NoSuchLedger")}
+    assert events(actions) == [("NoSuchLedger", True)]
+
+
+def test_a_healthy_ledger_changes_nothing_on_the_next_pass():
+    first = existing()
+    again = ledgers.decide(next_pass(first, ledgers.decide(first, NOW)), NOW + dt.timedelta(seconds=10))
+    assert events(again) == []
+    assert conditions(again) == conditions(ledgers.decide(first, NOW))
+
+
+def test_under_replication_repair_and_recovery_each_post_one_event():
+    healthy = existing()
+    marker = Marker(7, frozenset({"b2"}), int(NOW.timestamp() * 1000), 0)
+    steps = [
+        ({"marker": marker}, [("UnderReplicated", True)]),
+        ({"repairs": (job("repair-0", 0),)}, [("RepairLaunched", False)]),
+        ({"repairs": (job("repair-0", 0, "Failed"),)}, [("RepairFailed", True)]),
+        ({"repairs": (job("repair-0", 0, "Failed"), job("repair-1", 1))}, [("RepairLaunched", False)]),
+        ({"repairs": (job("repair-0", 0, "Failed"), job("repair-1", 1, "Complete"))}, [("RepairSucceeded", False)]),
+        ({"marker": None}, [("FullyReplicated", False)]),
+        ({}, []),
+    ]
+    current = healthy
+    for change, expected in steps:
+        current = replace(current, **change)
+        actions = ledgers.decide(current, NOW)
+        assert events(actions) == expected, change
+        current = next_pass(current, actions)
+    assert current.status["repair"] == {"job": "repair-1", "state": "Succeeded", "started": "2026-01-02T03:05:01Z",
+                                        "finished": "2026-01-02T03:06:00Z", "attempts": 2}
+
+
+def test_under_replication_shows_in_status_and_metrics():
+    marker = Marker(7, frozenset({"b2", "b1"}), int(NOW.timestamp() * 1000), 0)
+    actions = ledgers.decide(existing(marker=marker), NOW)
+    assert status_of(actions)["underReplicated"] == {"missingBookies": ["b1", "b2"], "since": "2026-01-02T03:04:05Z"}
+    assert RecordLedgerHealth(under_replicated=True, data_loss=False) in actions
+
+
+def test_data_loss_is_a_warning_and_a_condition():
+    actions = ledgers.decide(existing(loss=DataLoss(7, (3, 4), 0)), NOW)
+    assert conditions(actions)["DataLoss"] == ("True", "EntriesLost")
+    assert "[3, 4]" in status_of(actions)["conditions"][1]["message"]
+    assert events(actions) == [("EntriesLost", True)]
+    assert RecordLedgerHealth(under_replicated=False, data_loss=True) in actions
+
+
+def test_a_ledger_deleted_in_zookeeper_shows_deleted_and_is_never_recreated():
+    created = ledgers.decide(observed({"ledgerId": 7}, writable=bookies("b1", "b2"), password=b""), NOW)
+    seen = next_pass(observed({"ledgerId": 7}), created, writable=bookies("b1", "b2"), password=b"")
+    actions = ledgers.decide(seen, NOW)  # the metadata is gone, and bookies to recreate it are there
+    assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
+    status = status_of(actions)
+    assert (status["state"], status["underReplicated"]) == ("DELETED", None)
+    assert conditions(actions)["Valid"] == ("False", "LedgerDeleted")
+    assert events(actions) == [("LedgerDeleted", True)]
+    assert events(ledgers.decide(next_pass(seen, actions), NOW)) == []
+    adopted = ledgers.decide(next_pass(existing(), ledgers.decide(existing(), NOW), metadata=None), NOW)
+    assert (status_of(adopted)["state"], events(adopted)) == ("DELETED", [("LedgerDeleted", True)])
+
+
+def test_condition_transition_times_come_from_the_decision_time():
+    actions = ledgers.decide(existing(), NOW)
+    assert {c["lastTransitionTime"] for c in status_of(actions)["conditions"]} == {"2026-01-02T03:04:05Z"}
