@@ -108,11 +108,12 @@ def test_repair_account_has_exactly_what_the_builders_grant() -> None:
     assert binding["subjects"][0]["name"] == repair.service_account_name == "bookfleet-repair"
 
 
-def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds() -> None:
+def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None:
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}]
+    nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes_and_volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}

@@ -50,7 +50,7 @@ def registration(mode: BookieMode = BookieMode.WRITABLE, free: int = 0) -> Booki
     ],
 )
 def test_bookie_phase(desired, lost_since, pod, info, phase):
-    status = lifecycle.decide_status(bookie(desired, lost_since), pod, info, ledgers=4)
+    status = lifecycle.decide_status(bookie(desired, lost_since), pod, info, 4, lost_since)
     assert status["phase"] == phase.value
     assert status["registered"] == (info is not None) and status["ledgers"] == 4
     assert status["pod"] == ("bk-0" if pod else None)
@@ -58,9 +58,9 @@ def test_bookie_phase(desired, lost_since, pod, info, phase):
 
 def test_bookie_disk_usage_comes_from_its_registration():
     quota = resources.quantity_bytes(bookie().spec.storage.ledgers.size)
-    status = lifecycle.decide_status(bookie(), ready_pod(), registration(free=quota // 4), ledgers=0)
+    status = lifecycle.decide_status(bookie(), ready_pod(), registration(free=quota // 4), 0, None)
     assert status["diskUsage"] == 0.75
-    assert lifecycle.decide_status(bookie(), None, None, ledgers=0)["diskUsage"] is None
+    assert lifecycle.decide_status(bookie(), None, None, 0, None)["diskUsage"] is None
 
 
 def condition(status: dict, type_: str) -> dict:

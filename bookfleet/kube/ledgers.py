@@ -117,7 +117,14 @@ class RecordLedgerHealth:
 
 def sync(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> None:
     """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
-    ledger in the operator's index."""
+    ledger in the operator's index.
+
+    A Ledger not yet seen in ZooKeeper is read afresh: the timer's copy may predate the last pass's status patch,
+    and creating from it would reserve a second id and create a second ledger. Existing ones (nearly all) cost no
+    GET."""
+    if (body.get("status") or {}).get("state") is None:
+        meta = body["metadata"]
+        body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
     act(ctx, body, decide(observe(ctx, body, repairs_of), now()))
 
 
