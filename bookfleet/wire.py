@@ -297,6 +297,9 @@ def _mac_key(password: bytes) -> bytes:
     return hashlib.sha256(b"bookfleet-mac\0" + password).digest()
 
 
+_CRC = struct.Struct(">I")
+
+
 def digest_size(digest_type: DigestType) -> int:
     return 4 if digest_type == DigestType.CRC32C else 32
 
@@ -309,16 +312,18 @@ def max_payload_size(digest_type: DigestType | str) -> int:
 class Digester:
     """Computes and checks entry digests for one ledger."""
 
-    __slots__ = ("_key", "digest_type", "size")
+    __slots__ = ("_crc", "_key", "digest_type", "size")
 
     def __init__(self, digest_type: DigestType | str, password: bytes = b""):
         self.digest_type = DigestType(digest_type)
         self.size = digest_size(self.digest_type)
         self._key = _mac_key(password)
+        self._crc = self.digest_type == DigestType.CRC32C
+        """Decided once: comparing a StrEnum on every entry costs more than the CRC itself."""
 
     def digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
-        if self.digest_type == DigestType.CRC32C:
-            return struct.pack(">I", crc32c.crc32c(payload, crc32c.crc32c(header)))
+        if self._crc:
+            return _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))
         mac = hmac.new(self._key, header, hashlib.sha256)
         mac.update(payload)
         return mac.digest()

@@ -58,6 +58,8 @@ BUILTIN_TYPES = [
     ResourceType("", "v1", "secrets", "Secret"),
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount"),
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True),
+    ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
+    ResourceType("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False, status_subresource=True),
     ResourceType("batch", "v1", "jobs", "Job", status_subresource=True),
     ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True),
     ResourceType("apps", "v1", "statefulsets", "StatefulSet", status_subresource=True),

@@ -54,7 +54,7 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret"}
     expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
     if name == "all-optional":
-        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap"}
+        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap", "Job"}
         expected |= PROMETHEUS_OPERATOR_KINDS
     assert kinds == expected
     for obj in objects:
@@ -108,11 +108,12 @@ def test_repair_account_has_exactly_what_the_builders_grant() -> None:
     assert binding["subjects"][0]["name"] == repair.service_account_name == "bookfleet-repair"
 
 
-def test_operator_may_manage_what_it_builds_and_nothing_cluster_wide_but_crds() -> None:
+def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None:
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}]
+    nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes_and_volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
@@ -315,3 +316,23 @@ def test_tls_and_zookeeper_auth_are_on_by_default() -> None:
     env = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     credential = {"secretKeyRef": {"name": "bookfleet-zk-auth", "key": "auth"}}
     assert env["BOOKFLEET_ZK_AUTH"] == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}
+
+
+def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() -> None:
+    """helm uninstall removes the operator before custom resources: a pre-delete hook deletes the chart's
+    BookieCluster while the operator runs (see kube/teardown.py), its volumes kept by default."""
+    objects = render_chart(ALL_OPTIONAL)
+    (cluster,) = [o for o in objects if o["kind"] == "BookieCluster"]
+    assert cluster["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    (hook,) = [o for o in objects if o["kind"] == "Job"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = hook["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    command = pod["containers"][0]["command"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.name, args.namespace, args.timeout) == (cluster["metadata"]["name"], "storage", 120)
+    assert hook["spec"]["activeDeadlineSeconds"] > 2 * args.timeout  # it ends by itself, not by the deadline
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= hook["spec"]["template"]["metadata"]["labels"].items()  # not an operator replica
+    assert all(o["kind"] != "Job" for o in render_chart({}))  # no cluster from the chart, nothing to delete

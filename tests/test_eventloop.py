@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bookfleet import eventloop
+from bookfleet.bookie.config import BookieConfig
 
 
 async def _loop_type() -> str:
@@ -35,3 +36,10 @@ def test_auto_falls_back_to_asyncio_without_uvloop(monkeypatch):
 def test_an_unknown_choice_is_refused():
     with pytest.raises(ValueError, match="'trio' is not one of auto, uvloop, asyncio"):
         eventloop.loop_factory("trio")
+
+
+def test_a_bookie_serving_tls_runs_on_asyncio(tmp_path):
+    """uvloop's server-side start_tls fails the handshake, so --tls-dir overrides the choice; plain bookies keep it."""
+    plain = BookieConfig("b1", 3181, tmp_path, tmp_path, "127.0.0.1:2181", event_loop="uvloop")
+    secure = BookieConfig("b2", 3182, tmp_path, tmp_path, "127.0.0.1:2181", tls_dir=tmp_path, event_loop="uvloop")
+    assert (plain.loop_choice, secure.loop_choice) == ("uvloop", "asyncio")

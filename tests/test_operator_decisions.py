@@ -1,5 +1,5 @@
 """The operator's decisions as pure functions: every phase of BookieCluster, Bookie and Ledger from observed state,
-with no API server and no ZooKeeper (the end-to-end runs are in test_operator.py)."""
+with no API server and no ZooKeeper (BookieCluster: test_cluster_decisions.py; end to end: test_operator.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from bookfleet.kube import ledgers, lifecycle, resources, scaling
+from bookfleet.kube import ledgers, lifecycle, resources
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieMode
@@ -50,7 +50,7 @@ def registration(mode: BookieMode = BookieMode.WRITABLE, free: int = 0) -> Booki
     ],
 )
 def test_bookie_phase(desired, lost_since, pod, info, phase):
-    status = lifecycle.decide_status(bookie(desired, lost_since), pod, info, ledgers=4)
+    status = lifecycle.decide_status(bookie(desired, lost_since), pod, info, 4, lost_since)
     assert status["phase"] == phase.value
     assert status["registered"] == (info is not None) and status["ledgers"] == 4
     assert status["pod"] == ("bk-0" if pod else None)
@@ -58,39 +58,9 @@ def test_bookie_phase(desired, lost_since, pod, info, phase):
 
 def test_bookie_disk_usage_comes_from_its_registration():
     quota = resources.quantity_bytes(bookie().spec.storage.ledgers.size)
-    status = lifecycle.decide_status(bookie(), ready_pod(), registration(free=quota // 4), ledgers=0)
+    status = lifecycle.decide_status(bookie(), ready_pod(), registration(free=quota // 4), 0, None)
     assert status["diskUsage"] == 0.75
-    assert lifecycle.decide_status(bookie(), None, None, ledgers=0)["diskUsage"] is None
-
-
-def condition(status: dict, type_: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == type_)
-
-
-@pytest.mark.parametrize(
-    ("ready", "draining", "upgrading", "phase", "ready_reason"),
-    [
-        (0, False, None, "Reconciling", "NotAllReady"),  # just created
-        (2, False, None, "Reconciling", "NotAllReady"),
-        (3, False, None, "Ready", "AllReady"),
-        (3, True, None, "Reconciling", "AllReady"),  # scaling down: a surplus bookie is being drained
-        (2, False, "bk-1", "Reconciling", "NotAllReady"),  # rolling upgrade, one bookie restarting
-    ],
-)
-def test_cluster_phase(ready, draining, upgrading, phase, ready_reason):
-    status = scaling.decide_status({}, cluster(3), ready, draining, upgrading)
-    assert (status["phase"], status["readyBookies"], status["desiredBookies"]) == (phase, ready, 3)
-    assert condition(status, "Valid")["status"] == "True"
-    assert condition(status, "Ready")["reason"] == ready_reason
-    upgrade = condition(status, "Upgrading")
-    assert (upgrade["status"], upgrade["message"]) == (("True", f"restarting {upgrading}") if upgrading
-                                                       else ("False", ""))
-
-
-def test_cluster_conditions_keep_their_transition_time_while_unchanged():
-    first = scaling.decide_status({}, cluster(3), 1, False, None)
-    again = scaling.decide_status(first, cluster(3), 2, False, None)
-    assert condition(again, "Ready")["lastTransitionTime"] == condition(first, "Ready")["lastTransitionTime"]
+    assert lifecycle.decide_status(bookie(), None, None, 0, None)["diskUsage"] is None
 
 
 def test_ledger_status_mirrors_metadata_markers_and_repairs():

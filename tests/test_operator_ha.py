@@ -16,7 +16,8 @@ import yaml
 from bookfleet import polling
 from bookfleet.kube import crdgen
 from tests.emulator import EmulatorThread
-from tests.test_operator import NS, REPO, bookie_cluster
+from tests.fixtures.kube import NS, REPO
+from tests.test_operator import bookie_cluster
 
 PEERING = "bookfleet"
 ACTING = "Resuming operations after the pause"

@@ -22,8 +22,9 @@ SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.i
                 "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
                 "net.ipv4.tcp_keepalive_probes"}
 SELINUX_TYPES = {None, "", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
-NEEDS_API = {"operator", "driver"}
-"""Containers that call the Kubernetes API (the operator; Spark's driver creating executor pods)."""
+NEEDS_API = {"operator", "driver", "delete-cluster"}
+"""Containers that call the Kubernetes API (the operator; Spark's driver creating executor pods; the chart's
+uninstall hook deleting its BookieCluster)."""
 
 
 def _containers(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:

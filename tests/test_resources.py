@@ -12,7 +12,7 @@ import yaml
 
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
-from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.kube.models import Bookie, BookieCluster, Ledger, Retention
 from bookfleet.replication import spark_repair
 
 LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
@@ -183,9 +183,12 @@ def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieClus
 
 
 def test_bookie_pvcs_and_headless_service(cluster: BookieCluster, bookie: Bookie) -> None:
-    journal, ledgers = (valid(pvc) for pvc in resources.bookie_pvcs(bookie))
+    journal, ledgers = (valid(pvc) for pvc in resources.bookie_pvcs(cluster, bookie))
     assert [journal["metadata"]["name"], ledgers["metadata"]["name"]] == ["demo-1-journal", "demo-1-ledgers"]
-    assert owner(journal) == ("Bookie", "demo-1", "bookie-uid")
+    assert "ownerReferences" not in journal["metadata"]  # Retain by default: they outlive the Bookie and the cluster
+    deleting = cluster.model_copy(deep=True)
+    deleting.spec.persistent_volume_claim_retention_policy.when_deleted = Retention.DELETE
+    assert all(owner(pvc) == ("Bookie", "demo-1", "bookie-uid") for pvc in resources.bookie_pvcs(deleting, bookie))
     assert journal["spec"]["resources"]["requests"]["storage"] == "2Gi" and "storageClassName" not in journal["spec"]
     assert ledgers["spec"]["storageClassName"] == "fast"
     service = valid(resources.bookies_service(cluster))

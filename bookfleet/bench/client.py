@@ -18,15 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from bookfleet import eventloop
-from bookfleet.bench.baseline import (
-    add_event_loop_argument,
-    chosen_event_loop,
-    in_loop_iterations,
-    load_summary,
-    print_report,
-    same_run_baselines,
-    tls_figures,
-)
+from bookfleet.bench import baseline
 from bookfleet.bench.bookie import _cpu_seconds
 from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
@@ -48,7 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--in-flight", type=int, default=2000, help="adds in flight at full load (default 2000)")
     parser.add_argument("--tls", action="store_true", help="also measure a fleet serving mutual TLS, same run")
-    add_event_loop_argument(parser)
+    baseline.add_event_loop_argument(parser)
     parser.add_argument("--dir", type=Path, help="where ZooKeeper and the bookies keep data (default: temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
@@ -128,13 +120,13 @@ async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dic
         writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
         started, cpu, bookie_cpu = time.perf_counter(), time.process_time(), bookies_cpu()
         full = await _full_load(writer, payload, args.seconds, args.in_flight)
-        full_summary = load_summary(full, time.perf_counter() - started, args.entry_size)
+        full_summary = baseline.load_summary(full, time.perf_counter() - started, args.entry_size)
         full_summary["client_cpu_us_per_entry"] = (time.process_time() - cpu) / max(len(full), 1) * 1e6
         full_summary["bookies_cpu_us_per_entry"] = (bookies_cpu() - bookie_cpu) / max(len(full), 1) * 1e6
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
         half = await _paced_load(writer, payload, args.seconds, half_rate)
-        half_summary = load_summary(half, time.perf_counter() - started, args.entry_size)
+        half_summary = baseline.load_summary(half, time.perf_counter() - started, args.entry_size)
         await writer.close()
     return {
         **{f"full_{name}": value for name, value in full_summary.items()},
@@ -153,7 +145,7 @@ def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: Certificate
 
 
 def handle(args: argparse.Namespace) -> int:
-    loop_name = chosen_event_loop(args.event_loop)
+    loop_name = baseline.chosen_event_loop(args.event_loop)
     if not args.bookies >= args.ensemble >= args.write_quorum >= args.ack_quorum >= 1:
         raise CommandError(
             f"need bookies >= E >= Qw >= Qa >= 1, got bookies={args.bookies} E={args.ensemble} "
@@ -163,7 +155,7 @@ def handle(args: argparse.Namespace) -> int:
         raise CommandError("--seconds must be positive, --in-flight at least 1 and --entry-size at least 0")
     with tempfile.TemporaryDirectory(prefix="bench-client-", dir=args.dir) as tmp:
         root = Path(tmp)
-        baseline = same_run_baselines(root, args.entry_size)
+        baselines = baseline.same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
             result = _measure(zookeeper.connect, root / "plain", args)
             secure = None
@@ -181,10 +173,12 @@ def handle(args: argparse.Namespace) -> int:
         "in_flight": args.in_flight,
         "event_loop": loop_name,
         **result,
-        "full_client_cpu_loop_iterations": in_loop_iterations(result["full_client_cpu_us_per_entry"], baseline),
-        **baseline,
+        "full_client_cpu_loop_iterations": baseline.in_loop_iterations(
+            result["full_client_cpu_us_per_entry"], baselines
+        ),
+        **baselines,
     }
     if secure is not None:
-        report.update(tls_figures(result, secure, "full_", ("client", "bookies")))
-    print_report(report, args.json)
+        report.update(baseline.tls_figures(result, secure, "full_", ("client", "bookies")))
+    baseline.print_report(report, args.json)
     return 0

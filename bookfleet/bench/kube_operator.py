@@ -155,8 +155,8 @@ def _measure(args: argparse.Namespace, kube, connect: str, pid: int) -> dict:
     _wait("the victim's status", lambda: (kube.get("bookies", NS, victim).get("status") or {}).get("pod"))
     deleted = time.perf_counter()
     kube.delete("pods", NS, victim)
-    for claim in resources.bookie_pvcs(Bookie.model_validate(kube.get("bookies", NS, victim))):
-        kube.delete("persistentvolumeclaims", NS, claim["metadata"]["name"])
+    for claim in resources.claim_names(victim):
+        kube.delete("persistentvolumeclaims", NS, claim)
     _wait("the repair Job", lambda: kube.list("jobs", NS))
     loss_to_job = time.perf_counter() - deleted - args.delay
     with zkclient.session(connect) as zk:

@@ -38,6 +38,12 @@ class BookieConfig:
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: ServerLimits = field(default_factory=ServerLimits)
 
+    @property
+    def loop_choice(self) -> str:
+        """The event loop to run on: `event_loop`, except that a bookie serving TLS runs on asyncio (uvloop 0.23's
+        server-side start_tls fails the handshake with UNEXPECTED_MESSAGE)."""
+        return "asyncio" if self.tls_dir is not None else self.event_loop
+
     def __post_init__(self) -> None:
         if not self.advertised_address:
             self.advertised_address = f"127.0.0.1:{self.port}"
@@ -95,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--event-loop", choices=eventloop.CHOICES, default=_DEFAULTS["event_loop"],
-        help="auto (default): uvloop when installed, else asyncio",
+        help="auto (default): uvloop when installed, else asyncio; a bookie serving TLS always runs on asyncio",
     )
     parser.add_argument(
         "--no-verify-ledgers", dest="verify_ledgers", action="store_false",

@@ -60,20 +60,23 @@ class EntryLogger:
         """Write entries (not yet durable: call sync); returns (ledger, entry, log, offset, size) rows."""
         rows = []
         pieces: list[bytes] = []
-        pack, header_size = RECORD_HEADER.pack, RECORD_HEADER.size  # a flush runs this loop per entry
+        add_row, add_piece = rows.append, pieces.append  # a flush runs this loop per entry: locals only
+        pack, header_size, roll_bytes = RECORD_HEADER.pack, RECORD_HEADER.size, self._roll_bytes
         log_id, offset = self._log_id, self._offset
         for ledger_id, entry_id, entry in entries:
-            if offset >= self._roll_bytes:
+            if offset >= roll_bytes:
                 self._offset = offset
                 write_all(self._fd, pieces)
                 pieces = []
+                add_piece = pieces.append
                 self._unsynced.append(self._fd)
                 self._open(log_id + 1)
                 log_id, offset = self._log_id, self._offset
             size = len(entry)
-            pieces += (pack(size, ledger_id, entry_id), entry)
+            add_piece(pack(size, ledger_id, entry_id))
+            add_piece(entry)
             offset += header_size
-            rows.append((ledger_id, entry_id, log_id, offset, size))
+            add_row((ledger_id, entry_id, log_id, offset, size))
             offset += size
         self._offset = offset
         write_all(self._fd, pieces)

@@ -138,7 +138,7 @@ class BookieNode:
         log.info(
             "bookie %s serving on %s:%d (advertised %s), http on %d, event loop %s",
             config.bookie_id, config.listen_host, config.port, config.advertised_address, self.health.port,
-            eventloop.name(config.event_loop),
+            eventloop.name(config.loop_choice),
         )
         await self._stop.wait()
         log.info("bookie %s shutting down", config.bookie_id)
@@ -180,5 +180,5 @@ def run(config: BookieConfig) -> int:
         await bookie.run()
 
     with contextlib.suppress(KeyboardInterrupt):
-        eventloop.run(main(), config.event_loop)
+        eventloop.run(main(), config.loop_choice)
     return 0

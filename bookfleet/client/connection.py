@@ -149,8 +149,10 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 """What waits for a request's answer: a future of the response body, or (on_answer, arg) of a callback add."""
 
 
-_OK, _ADD_ENTRY, _ACK_BODY_SIZE = int(Status.OK), int(Op.ADD_ENTRY), wire.LEDGER_ENTRY.size
-"""Plain ints for the per-answer checks (an enum attribute costs a lookup each time)."""
+_OK, _ADD_ENTRY, _RECOVERY_ADD = int(Status.OK), int(Op.ADD_ENTRY), int(wire.Flag.RECOVERY_ADD)
+"""Plain ints for the per-add work (an enum attribute costs a lookup each time)."""
+_ACK_BODY_SIZE = wire.LEDGER_ENTRY.size
+_MAX_BODY_SIZE = wire.MAX_FRAME_SIZE - wire.HEADER_SIZE
 
 
 def _settle(waiter: _Waiter, error: BaseException) -> None:
@@ -231,7 +233,7 @@ class BookieClient:
         """ADD_ENTRY of `body` = master key + encoded entry (built once, shared by a whole write set, never copied
         here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader: no
         future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
-        self._enqueue(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0, (on_answer, arg))
+        self._enqueue(_ADD_ENTRY, body, _RECOVERY_ADD if recovery else 0, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
@@ -299,13 +301,13 @@ class BookieClient:
         self._enqueue(op, body, flags, future)
         return future
 
-    def _enqueue(self, op: Op, body: bytes, flags: int, waiter: _Waiter) -> None:
+    def _enqueue(self, op: int, body: bytes, flags: int, waiter: _Waiter) -> None:
         if self._error is not None:
             _settle(waiter, self._error)
             return
-        if wire.HEADER_SIZE + len(body) > wire.MAX_FRAME_SIZE:  # the bookie would close the shared connection
+        if len(body) > _MAX_BODY_SIZE:  # the bookie would close the shared connection
             size = wire.HEADER_SIZE + len(body)
-            message = f"{op.name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
+            message = f"{Op(op).name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
             _settle(waiter, TooLargeError(Status.TOO_LARGE, message))
             return
         request_id = next(self._ids)
@@ -321,10 +323,11 @@ class BookieClient:
         return await future
 
     def _flush(self) -> None:
-        """Write every request made in this turn of the event loop with one system call."""
+        """Write every request made in this turn of the event loop with one system call (uvloop's writelines hands
+        the pieces to writev; asyncio's joins them)."""
         outgoing, self._outgoing = self._outgoing, []
         if not self._transport.is_closing():
-            self._transport.write(b"".join(outgoing))
+            self._transport.writelines(outgoing)
 
     def _answer(self, op: int, status: int, request_id: int, start: int, end: int) -> None:
         """One answer, its body in the protocol's buffer[start:end]: an OK ack of a callback add is passed on without

@@ -130,11 +130,17 @@ class KubeApi:
     def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict | None:
         return self.patch(CUSTOM, plural, namespace, name, {"status": status}, subresource="status")
 
-    def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> bool:
-        """True if something was deleted (or is being deleted), False if it was already gone."""
+    def delete(self, api_version: str, plural: str, namespace: str | None, name: str,
+               grace_period_seconds: int | None = None) -> bool:
+        """True if something was deleted (or is being deleted), False if it was already gone.
+
+        `grace_period_seconds=0` removes a pod at once, without waiting for a kubelet (one on a dead node never
+        confirms)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
-            self._call("DELETE", f"{collection_path(api_version, plural, namespace)}/{name}",
-                       body={"propagationPolicy": "Background"})
+            self._call("DELETE", f"{collection_path(api_version, plural, namespace)}/{name}", body=body)
             return True
         except ApiException as exc:
             if exc.status == 404:

@@ -44,10 +44,13 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def now_rounded_up() -> dt.datetime:
-    """Now, to the next whole second: a loss time stored in status must never make a delay end early."""
-    moment = now()
+def rounded_up(moment: dt.datetime) -> dt.datetime:
+    """To the next whole second: a loss time stored in status must never make a delay end early."""
     return moment.replace(microsecond=0) + dt.timedelta(seconds=1 if moment.microsecond else 0)
+
+
+def now_rounded_up() -> dt.datetime:
+    return rounded_up(now())
 
 
 def timestamp(moment: dt.datetime) -> str:

@@ -31,6 +31,7 @@ PRINTER_COLUMNS: dict[type[CustomResource], list[dict[str, Any]]] = {
     BookieCluster: [
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyBookies"},
         {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Updated", "type": "integer", "jsonPath": ".status.updatedBookies"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "ZooKeeper", "type": "string", "jsonPath": ".spec.zookeeper", "priority": 1},
         AGE,

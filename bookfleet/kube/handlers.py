@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 import kubernetes
 
-from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling
+from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling, teardown
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.models import GROUP, VERSION
 
@@ -37,6 +37,7 @@ def context() -> OperatorContext:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's per-handler ones are noise
     settings.watching.server_timeout = 300
+    settings.persistence.finalizer = teardown.FINALIZER  # named, so the chart's uninstall hook can release it
 
 
 @kopf.on.login()

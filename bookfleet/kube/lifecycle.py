@@ -1,23 +1,35 @@
 """A Bookie's life: its volumes and pod, its status from the pod and ZooKeeper, and what happens when it is lost.
 
-A lost bookie (pod gone or failed) gets `lostSince`. Its pod is recreated on the same volumes when they survive.
+One pass is observe (Kubernetes and ZooKeeper into `BookieObserved`) -> decide (pure: observed state and the time ->
+status and actions) -> act (kube.actions). `find_death` is the one place that says what counts as a lost bookie: its
+pod deleted or failed, not Ready on a node that is not Ready (or Terminating past its grace period there),
+crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose), Pending because its volume's
+node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets `lostSince` and a BookieLost
+Event naming the kind.
+
 What happens next is the auditor's rule (replication.lostbookie), with the delay and the disable switch that the
 cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else happens; lost, its ledgers are
-repaired (repairs.py); while auto-recovery is disabled, nothing is launched and the Repaired condition says so.
-A bookie whose volumes are gone rejoins, empty and with a fresh cookie, only after the repair has put its ledgers
-elsewhere.
+repaired (repairs.py); while auto-recovery is disabled, nothing is launched and the Repaired condition says so. A pod
+is recreated on its volumes while they survive. A bookie whose data is gone, or whose pod is stuck on a dead node, is
+replaced (the stuck pod force-deleted, fresh volumes, a fresh cookie) only after the repair has put its ledgers
+elsewhere; one that is merely down (crash-looping with its data) stays Lost, its data kept, until it comes back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
-from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
+from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.api import CORE, CUSTOM, KubeApi
+from bookfleet.kube.context import OperatorContext, conditions_with, now, rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
@@ -28,22 +40,152 @@ from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_booki
 log = logging.getLogger(__name__)
 
 ANNOTATION_PLANNED_RESTART = "bookfleet.io/planned-restart"
-"""uid of a pod the operator itself deletes (rolling upgrade): its deletion is not a loss."""
+"""uid of a pod the operator itself deletes (rolling upgrade, replacement): its deletion is not a loss, and its
+successor is not counted crash-looping before it has been Ready (a rollout that never gets Ready is RolloutStuck)."""
 LOST = "Lost"
 REPAIRED = "Repaired"
 AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NODE_GONE = "Gone"
+"""The Ready status `observe` gives a node that no longer exists."""
 
+
+class DeathKind(enum.StrEnum):
+    POD_DELETED = "PodDeleted"
+    POD_FAILED = "PodFailed"
+    NODE_LOST = "NodeLost"
+    CRASH_LOOP = "CrashLooping"
+    VOLUME_NODE_GONE = "VolumeNodeGone"
+    VOLUMES_GONE = "VolumesGone"
+
+
+@dataclass(frozen=True)
+class Death:
+    kind: DeathKind
+    since: dt.datetime
+    """When the bookie went away, as well as the pod tells (whole seconds, never early)."""
+    detail: str
+
+
+@dataclass(frozen=True)
+class ClaimObserved:
+    name: str
+    exists: bool
+    terminating: bool = False
+    lost_node: str | None = None
+    """The node its volume is pinned to, when that node no longer exists (looked at only while the pod is not
+    Ready)."""
+
+    @property
+    def usable(self) -> bool:
+        """Holds the bookie's data: present, not being deleted, not on a vanished node."""
+        return self.exists and not self.terminating and self.lost_node is None
+
+
+@dataclass(frozen=True)
+class BookieObserved:
+    body: dict[str, Any]
+    bookie: Bookie
+    cluster: BookieCluster
+    pod: dict[str, Any] | None
+    node_ready: str | None
+    """The Ready status of the pod's node ("True", "False", "Unknown", or NODE_GONE); None while the pod is Ready,
+    unscheduled or absent (not looked at)."""
+    claims: tuple[ClaimObserved, ...]
+    registration: BookieInfo | None
+    ledgers: int
+    recovery_delay: float
+    recovery_disabled: bool
+    repair: repairs.RepairObserved = field(default_factory=repairs.RepairObserved)
+    """The repair attempts of the recorded loss (none while no loss is recorded)."""
+
+    @property
+    def data_present(self) -> bool:
+        return all(claim.usable for claim in self.claims)
+
+    @property
+    def on_dead_node(self) -> bool:
+        return self.node_ready not in (None, "True")
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: dict[str, Any]
+    actions: tuple[Action, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchRepair:
+    """Mark the bookie's ledgers and create repair attempt `attempt` of the loss at `since` (posts RepairLaunched)."""
+
+    cluster: BookieCluster
+    bookie: Bookie
+    since: dt.datetime
+    attempt: int
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        repairs.launch(ctx, self.cluster, self.bookie, self.since, self.attempt)
+
+
+@dataclass(frozen=True)
+class ForgetCookie:
+    """Let a replaced bookie start empty under its old id (its ledgers are elsewhere by now)."""
+
+    zookeeper: str
+    bookie_id: str
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        cookies.forget(ctx.zk(self.zookeeper), self.bookie_id)
+
+
+@dataclass(frozen=True)
+class ForceDeletePod:
+    """Delete a pod without waiting for its kubelet: a dead node never confirms, so it would stay Terminating."""
+
+    namespace: str
+    name: str
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.delete(CORE, "pods", self.namespace, self.name, grace_period_seconds=0)
+
+
+# --- reading pods ------------------------------------------------------------------------------------------------
 
 def pod_ready(pod: dict | None) -> bool:
     if not pod or pod["metadata"].get("deletionTimestamp"):
         return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return (ready_condition(pod) or {}).get("status") == "True"
 
 
 def pod_failed(pod: dict | None) -> bool:
     return bool(pod) and (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
 
+
+def ready_condition(pod: dict) -> dict | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def not_ready_since(pod: dict, at: dt.datetime) -> dt.datetime:
+    """When the pod stopped serving: its Ready condition turning false, else its deletion, else `at`."""
+    condition = ready_condition(pod) or {}
+    moment = None if condition.get("status") == "True" else parse_time(condition.get("lastTransitionTime"))
+    return rounded_up(moment or parse_time(pod["metadata"].get("deletionTimestamp")) or at)
+
+
+def restarts(pod: dict) -> int:
+    """Restarts of the bookie container (at least 1 while it waits in CrashLoopBackOff)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == resources.BOOKIE:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            return max(container.get("restartCount", 0), int(waiting.get("reason") == "CrashLoopBackOff"))
+    return 0
+
+
+# --- observe -----------------------------------------------------------------------------------------------------
 
 def registration(zk: KazooClient, bookie_id: str) -> BookieInfo | None:
     try:
@@ -64,134 +206,254 @@ def load(ctx: OperatorContext, body: dict) -> tuple[Bookie, BookieCluster] | Non
         return None  # the cluster's own handler reports why
 
 
-def ensure_volumes_and_pod(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie) -> None:
-    for claim in resources.bookie_pvcs(bookie):
-        ctx.api.ensure(claim)
-    ctx.api.ensure(resources.bookie_pod(cluster, bookie))
+def node_ready(api: KubeApi, name: str) -> str:
+    node = api.get(CORE, "nodes", None, name)
+    if node is None:
+        return NODE_GONE
+    return next((c.get("status", "Unknown") for c in (node.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"), "Unknown")
 
 
-def volumes_present(ctx: OperatorContext, bookie: Bookie) -> bool:
-    ns = bookie.metadata.namespace
-    return all(ctx.api.get(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])
-               for claim in resources.bookie_pvcs(bookie))
+def pinned_nodes(volume: dict) -> list[str]:
+    """The nodes a (local) PersistentVolume's nodeAffinity pins it to, by hostname."""
+    terms = ((((volume.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {})
+             .get("nodeSelectorTerms") or [])
+    return [value for term in terms for expression in term.get("matchExpressions") or []
+            if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In"
+            for value in expression.get("values") or []]
 
 
-def mark_lost(ctx: OperatorContext, body: dict, reason: str) -> None:
-    """Record the loss once: the first lostSince stays, so the recovery delay counts from the real loss."""
-    status = body.get("status") or {}
-    if status.get("lostSince"):
-        return
-    ctx.api.patch_status("bookies", body["metadata"]["namespace"], body["metadata"]["name"], {
-        "lostSince": timestamp(now_rounded_up()), "phase": BookiePhase.LOST.value,
-        "conditions": conditions_with(status, LOST, True, "PodLost", reason),
-    })
-    ctx.api.post_event(body, "BookieLost", reason, warning=True)
+def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool) -> ClaimObserved:
+    claim = api.get(CORE, "persistentvolumeclaims", namespace, name)
+    if claim is None:
+        return ClaimObserved(name, exists=False)
+    terminating = bool(claim["metadata"].get("deletionTimestamp"))
+    volume_name = (claim.get("spec") or {}).get("volumeName")
+    volume = api.get(CORE, "persistentvolumes", None, volume_name) if follow_volume and volume_name else None
+    nodes = pinned_nodes(volume) if volume else []
+    gone = nodes and all(node_ready(api, node) == NODE_GONE for node in nodes)
+    return ClaimObserved(name, exists=True, terminating=terminating, lost_node=nodes[0] if gone else None)
 
 
-def reconcile(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a Bookie (called by a timer and after pod events)."""
+def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
+    """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
+    loss), or its cluster missing or invalid. The Bookie is read afresh (a timer's copy may predate the loss the last
+    pass recorded). Nodes and volumes are looked at only while the pod is not Ready (a Ready pod's node and volumes
+    are evidently there)."""
+    body = ctx.api.get(CUSTOM, "bookies", body["metadata"]["namespace"], body["metadata"]["name"])
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
     loaded = load(ctx, body)
     if loaded is None:
-        return
+        return None
     bookie, cluster = loaded
-    if bookie.spec.desired_state != DesiredState.WRITABLE:
-        update_status(ctx, body, cluster, bookie)  # decommissioning: scaling.py drives it
-        return
     ns, name = bookie.metadata.namespace, bookie.metadata.name
     pod = ctx.api.get(CORE, "pods", ns, name)
-    lost_since = bookie.status.lost_since
-    had_pod = bookie.status.pod is not None  # a bookie whose first pod is still to come is new, not lost
-    planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
-    if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
-        ctx.api.patch(CUSTOM, "bookies", ns, name, {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: None}}})
-    elif planned and pod is None:
-        had_pod = False  # the operator deleted it on purpose (rolling upgrade): recreate, do not repair
-    if lost_since is None and had_pod and (pod is None or pod_failed(pod)):
-        mark_lost(ctx, body, f"pod {name} is {'gone' if pod is None else 'failed'}")
-        lost_since = now_rounded_up()
-    if lost_since is None:
-        ensure_volumes_and_pod(ctx, cluster, bookie)
-    else:
-        handle_loss(ctx, body, cluster, bookie, pod, lost_since)
-    refreshed = ctx.api.get(CUSTOM, "bookies", ns, name)
-    if refreshed:
-        update_status(ctx, refreshed, cluster, Bookie.model_validate(refreshed))
-
-
-def handle_loss(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie: Bookie, pod: dict | None,
-                lost_since: dt.datetime) -> None:
-    ns, name = bookie.metadata.namespace, bookie.metadata.name
+    serving = pod_ready(pod)
+    node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
     zk = ctx.zk(cluster.spec.zookeeper)
-    if pod_failed(pod):
-        ctx.api.delete(CORE, "pods", ns, name)
-        pod = None
-    has_volumes = volumes_present(ctx, bookie)
-    if pod is None and has_volumes:
-        ctx.api.ensure(resources.bookie_pod(cluster, bookie))  # back on the same volumes, with its data
     under_replication = UnderReplication(zk)
     disabled = under_replication.is_disabled()
-    registered = pod_ready(pod) and registration(zk, bookie.spec.bookie_id) is not None
-    verdict = decide_lost_bookie(lost_since.timestamp(), now().timestamp(), under_replication.recovery_delay(),
-                                 disabled, registered, data_present=has_volumes)
+    lost_since = bookie.status.lost_since
+    tracks_repair = lost_since is not None and not disabled and bookie.spec.desired_state == DesiredState.WRITABLE
+    return BookieObserved(
+        body=body, bookie=bookie, cluster=cluster, pod=pod,
+        node_ready=node_ready(ctx.api, node_name) if node_name else None,
+        claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving)
+                     for claim in resources.claim_names(bookie.metadata.name)),
+        registration=registration(zk, bookie.spec.bookie_id),
+        ledgers=len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
+        recovery_delay=under_replication.recovery_delay(), recovery_disabled=disabled,
+        repair=repairs.observe_repair(ctx, cluster, bookie, lost_since) if tracks_repair else repairs.RepairObserved(),
+    )
+
+
+# --- decide ------------------------------------------------------------------------------------------------------
+
+def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
+    """How the bookie's pod died, if it did: the one place that says what counts as a lost bookie."""
+    pod, bookie = observed.pod, observed.bookie
+    name = bookie.metadata.name
+    planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
+    if pod is None:
+        # A bookie whose first pod is still to come is new; one whose pod the operator deleted is restarting.
+        if bookie.status.pod is None or planned:
+            return None
+        return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone")
+    if pod_failed(pod):
+        why = (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase")
+        return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} failed ({why})")
+    condition = ready_condition(pod) or {}
+    deleted_at = parse_time(pod["metadata"].get("deletionTimestamp"))
+    if observed.on_dead_node and (condition.get("status") != "True" or (deleted_at and deleted_at <= at)):
+        node = pod["spec"]["nodeName"]
+        return Death(DeathKind.NODE_LOST, not_ready_since(pod, at),
+                     f"pod {name} is not ready on node {node}, whose Ready status is {observed.node_ready}")
+    lost_node = next((claim for claim in observed.claims if claim.lost_node), None)
+    if lost_node and not pod_ready(pod):
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        return Death(DeathKind.VOLUME_NODE_GONE, rounded_up(at),
+                     f"pod {name} is {phase}: the node {lost_node.lost_node} of volume {lost_node.name} no longer"
+                     " exists")
+    gone = [claim.name for claim in observed.claims if not claim.usable]
+    if gone and bookie.status.pod is not None:
+        return Death(DeathKind.VOLUMES_GONE, rounded_up(at), f"volume(s) {', '.join(gone)} of pod {name} are gone or"
+                                                              " being deleted")
+    since = not_ready_since(pod, at)
+    restarted = restarts(pod)
+    if (not planned and not deleted_at and restarted and condition.get("status") != "True"
+            and (at - since).total_seconds() > observed.recovery_delay):
+        return Death(DeathKind.CRASH_LOOP, since,
+                     f"pod {name} is crash-looping: {restarted} restart(s), not ready since {timestamp(since)}, longer"
+                     f" than lostBookieRecoveryDelay ({observed.recovery_delay:g}s)")
+    return None
+
+
+@dataclass
+class Plan:
+    """What one decision builds up: the conditions as they become, the Events their changes post, the actions."""
+
+    conditions: list[dict]
+    events: list[PostEvent] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Plan:
+        return cls(list((body.get("status") or {}).get("conditions") or []))
+
+    def condition(self, type_: str, ok: bool, reason: str, message: str, event: str | None = None,
+                  warning: bool = False) -> None:
+        """Set a condition; post `event` only when it changes (each pass re-decides, an Event is said once)."""
+        before = _condition(self.conditions, type_)
+        self.conditions = conditions_with({"conditions": self.conditions}, type_, ok, reason, message)
+        if event and before != _condition(self.conditions, type_):
+            self.events.append(PostEvent(event, message, warning=warning))
+
+    def record_loss(self, death: Death) -> None:
+        self.condition(LOST, True, death.kind.value, death.detail, event="BookieLost", warning=True)
+
+    def report_disabled(self) -> None:
+        """Say, once, why a lost bookie's ledgers are not being repaired."""
+        self.condition(REPAIRED, False, AUTO_RECOVERY_DISABLED, "auto-recovery is disabled (spec.autoRecovery.enabled):"
+                       " no repair is launched until it is enabled", event=AUTO_RECOVERY_DISABLED, warning=True)
+
+
+def _condition(conditions: Sequence[dict], type_: str) -> tuple[str, str, str] | None:
+    found = next((c for c in conditions if c["type"] == type_), None)
+    return (found["status"], found.get("reason", ""), found.get("message", "")) if found else None
+
+
+def delete_pod_on_purpose(observed: BookieObserved, force: bool) -> list[Action]:
+    """Delete the bookie's pod, annotated first so that its deletion is not counted as a new loss."""
+    bookie, pod = observed.bookie, observed.pod
+    assert pod is not None
+    ns, name = bookie.metadata.namespace, bookie.metadata.name
+    annotate = Patch(CUSTOM, "bookies", ns, name,
+                     {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: pod["metadata"]["uid"]}}})
+    return [annotate, ForceDeletePod(ns, name) if force else Delete(CORE, "pods", ns, name)]
+
+
+def volumes_and_pod(observed: BookieObserved) -> list[Action]:
+    """Create what is missing; never a pod against a claim being deleted or on a vanished node (it would stay
+    Pending for ever)."""
+    missing = {claim.name for claim in observed.claims if not claim.exists}
+    actions: list[Action] = [Ensure(claim) for claim in resources.bookie_pvcs(observed.cluster, observed.bookie)
+                             if claim["metadata"]["name"] in missing]
+    if observed.pod is None and not any(claim.terminating or claim.lost_node for claim in observed.claims):
+        actions.append(Ensure(resources.bookie_pod(observed.cluster, observed.bookie)))
+    return actions
+
+
+def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
+    """Fresh pod, volumes and cookie for a bookie whose data is gone or whose pod is stuck on a dead node, now that
+    its ledgers are safe elsewhere. The old pod and claims go first; returns True once the fresh ones are made."""
+    bookie = observed.bookie
+    name = bookie.metadata.name
+    if pod is not None:
+        plan.actions += delete_pod_on_purpose(observed, force=observed.on_dead_node)
+        if observed.on_dead_node:
+            plan.events.append(PostEvent("PodForceDeleted", f"pod {name} was stuck on node {pod['spec']['nodeName']}"
+                                         f" ({observed.node_ready}): force-deleted now that its ledgers are safe",
+                                         warning=True))
+    plan.actions += [Delete(CORE, "persistentvolumeclaims", bookie.metadata.namespace, claim.name)
+                     for claim in observed.claims if claim.exists and not claim.terminating]
+    if pod is not None or any(claim.exists for claim in observed.claims):
+        return False  # next pass, once they are gone
+    plan.actions += [ForgetCookie(observed.cluster.spec.zookeeper, bookie.spec.bookie_id),
+                     *volumes_and_pod(observed)]
+    plan.condition(LOST, False, "Replaced", f"bookie {name} rejoins empty, with fresh volumes and a fresh cookie",
+                   event="BookieReplaced")
+    return True
+
+
+def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
+    """One step of a recorded loss; returns the loss time, or None once it is over."""
+    bookie, name = observed.bookie, observed.bookie.metadata.name
+    pod = observed.pod
+    registered = pod_ready(pod) and observed.registration is not None
+    verdict = decide_lost_bookie(lost_since.timestamp(), at.timestamp(), observed.recovery_delay,
+                                 observed.recovery_disabled, registered, data_present=observed.data_present)
     if verdict.action == LostBookieAction.NOTHING:
-        clear_loss(ctx, body, "BookieReturned", f"bookie {name} came back with its data: no repair needed")
-        return
+        plan.condition(LOST, False, "BookieReturned", f"bookie {name} came back with its data", event="BookieReturned")
+        return None
+    if pod_failed(pod) and not observed.on_dead_node:
+        plan.actions += delete_pod_on_purpose(observed, force=False)
+        pod = None
+    if pod is None and observed.data_present:
+        plan.actions.append(Ensure(resources.bookie_pod(observed.cluster, bookie)))  # back on its volumes and data
     if verdict.action == LostBookieAction.WAIT:
-        if disabled:
-            report_disabled(ctx, body)
-        return
-    outcome = repairs.ensure_repaired(ctx, cluster, bookie, lost_since)
-    status = body.get("status") or {}
-    if outcome == repairs.Outcome.REPAIRED:
-        if not has_volumes:
-            cookies.forget(zk, bookie.spec.bookie_id)
-            ensure_volumes_and_pod(ctx, cluster, bookie)
-        clear_loss(ctx, body, "RepairSucceeded", f"the ledgers of bookie {name} are fully replicated again")
-    elif outcome == repairs.Outcome.DISABLED:
-        report_disabled(ctx, body)
-    elif outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
-        message = ("repair failed, retrying with backoff" if outcome == repairs.Outcome.BACKING_OFF
+        if observed.recovery_disabled:
+            plan.report_disabled()
+        return lost_since
+    step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
+    if step.launch is not None:
+        plan.actions.append(LaunchRepair(observed.cluster, bookie, lost_since, step.launch))
+    if step.outcome == repairs.Outcome.REPAIRED:
+        plan.condition(REPAIRED, True, "RepairSucceeded", f"the ledgers of bookie {name} are fully replicated again",
+                       event="RepairSucceeded")
+        if observed.data_present and not observed.on_dead_node:
+            return lost_since  # down with its data kept: Lost until it comes back
+        return None if replace(observed, pod, plan) else lost_since
+    if step.outcome == repairs.Outcome.DISABLED:
+        plan.report_disabled()
+    elif step.outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
+        message = ("repair failed, retrying with backoff" if step.outcome == repairs.Outcome.BACKING_OFF
                    else f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until the Bookie changes")
-        if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "RepairFailed",
-                                                                             message)}):
-            ctx.api.post_event(body, "RepairFailed", message, warning=True)
+        plan.condition(REPAIRED, False, "RepairFailed", message, event="RepairFailed", warning=True)
     else:
-        patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False, "Repairing",
-                                                                          "repair in progress")})
+        plan.condition(REPAIRED, False, "Repairing", "repair in progress")
+    return lost_since
 
 
-def report_disabled(ctx: OperatorContext, body: dict) -> None:
-    """Say, once, why a lost bookie's ledgers are not being repaired."""
-    status = body.get("status") or {}
-    message = "auto-recovery is disabled (spec.autoRecovery.enabled): no repair is launched until it is enabled"
-    if patch_status(ctx, "bookies", body, {"conditions": conditions_with(status, REPAIRED, False,
-                                                                         AUTO_RECOVERY_DISABLED, message)}):
-        ctx.api.post_event(body, AUTO_RECOVERY_DISABLED, message, warning=True)
+def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
+    """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure)."""
+    bookie, pod = observed.bookie, observed.pod
+    lost_since = bookie.status.lost_since
+    if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: scaling.py drives it
+        return Decision(decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since))
+    plan = Plan.of(observed.body)
+    planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
+    if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
+        plan.actions.append(Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
+                                  {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: None}}}))
+    if lost_since is None and (death := find_death(observed, at)):
+        lost_since = death.since
+        plan.record_loss(death)
+    if lost_since is None:
+        plan.actions += volumes_and_pod(observed)
+    else:
+        lost_since = decide_loss(observed, lost_since, at, plan)
+    status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
+              "conditions": plan.conditions}
+    return Decision(status, (*plan.events, *plan.actions))
 
 
-def clear_loss(ctx: OperatorContext, body: dict, reason: str, message: str) -> None:
-    status = body.get("status") or {}
-    conditions = conditions_with(status, LOST, False, reason, message)
-    if reason == "RepairSucceeded":
-        conditions = conditions_with({"conditions": conditions}, REPAIRED, True, reason, message)
-    ctx.api.patch_status("bookies", body["metadata"]["namespace"], body["metadata"]["name"],
-                         {"lostSince": None, "conditions": conditions})
-    ctx.api.post_event(body, reason, message)
-
-
-def update_status(ctx: OperatorContext, body: dict, cluster: BookieCluster, bookie: Bookie) -> None:
-    """Observe the pod and ZooKeeper, decide the status, patch what changed."""
-    zk = ctx.zk(cluster.spec.zookeeper)
-    pod = ctx.api.get(CORE, "pods", bookie.metadata.namespace, bookie.metadata.name)
-    ledgers = len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id))
-    patch_status(ctx, "bookies", body, decide_status(bookie, pod, registration(zk, bookie.spec.bookie_id), ledgers))
-
-
-def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, ledgers: int) -> dict:
-    """The Bookie's status from its pod, its registration and its ledger count (pure)."""
+def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, ledgers: int,
+                  lost_since: dt.datetime | None) -> dict:
+    """The Bookie's status from its pod, its registration, its ledger count and its loss (pure)."""
     if bookie.spec.desired_state != DesiredState.WRITABLE:
         phase = BookiePhase.DECOMMISSIONING
-    elif bookie.status.lost_since:
+    elif lost_since:
         phase = BookiePhase.LOST
     elif info and pod_ready(pod):
         phase = BookiePhase.READ_ONLY if info.state == BookieMode.READ_ONLY else BookiePhase.RUNNING
@@ -204,6 +466,7 @@ def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, led
         "registered": info is not None,
         "ledgers": ledgers,
         "diskUsage": disk_usage(info, bookie) if info else None,
+        "lostSince": timestamp(lost_since) if lost_since else None,
     }
 
 
@@ -213,6 +476,18 @@ def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
     return round(min(max(1 - info.free_bytes / quota, 0.0), 1.0), 4) if quota else 0.0
 
 
+# --- act ---------------------------------------------------------------------------------------------------------
+
+def reconcile(ctx: OperatorContext, body: dict) -> None:
+    """One level-based pass over a Bookie (called by a timer). The status goes first: a loss time is recorded
+    before a repair named after it is launched, and the Events of a change are posted with it."""
+    observed = observe(ctx, body)
+    if observed is None:
+        return
+    decision = decide(observed, now())
+    act(ctx, observed.body, [PatchStatus("bookies", decision.status), *decision.actions])
+
+
 def on_pod_event(ctx: OperatorContext, event_type: str, pod: dict) -> None:
     """A bookie pod deleted or failed: record the loss on its Bookie right away (the timer does the rest)."""
     meta = pod["metadata"]
@@ -220,10 +495,16 @@ def on_pod_event(ctx: OperatorContext, event_type: str, pod: dict) -> None:
     if not bookie_name or not (event_type == "DELETED" or pod_failed(pod)):
         return
     body = ctx.api.get(CUSTOM, "bookies", meta["namespace"], bookie_name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    if body is None or body["metadata"].get("deletionTimestamp") or (body.get("status") or {}).get("lostSince"):
         return
     if (body["metadata"].get("annotations") or {}).get(ANNOTATION_PLANNED_RESTART) == meta.get("uid"):
         return
     if (body.get("spec") or {}).get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE:
         return
-    mark_lost(ctx, body, f"pod {meta['name']} was {'deleted' if event_type == 'DELETED' else 'failed'}")
+    deleted = event_type == "DELETED"
+    death = Death(DeathKind.POD_DELETED if deleted else DeathKind.POD_FAILED, rounded_up(now()),
+                  f"pod {meta['name']} was {'deleted' if deleted else 'failed'}")
+    plan = Plan.of(body)
+    plan.record_loss(death)
+    act(ctx, body, [PatchStatus("bookies", {"lostSince": timestamp(death.since), "phase": BookiePhase.LOST.value,
+                                            "conditions": plan.conditions}), *plan.events])

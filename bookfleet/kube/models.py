@@ -246,6 +246,24 @@ class Security(KubeModel):
     )
 
 
+class Retention(enum.StrEnum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class VolumeRetentionPolicy(KubeModel):
+    """What becomes of a bookie's volumes, as a StatefulSet's persistentVolumeClaimRetentionPolicy says it.
+
+    whenDeleted: Retain leaves the PVCs when the cluster (or a Bookie) is deleted, so a cluster created again under
+    the same name finds its bookies' data; Delete lets them go with it. whenScaled: what happens after a scaled-down
+    bookie is drained: Delete removes its PVCs; Retain keeps them until the ordinal is wanted again, when they are
+    replaced by fresh ones (the drained data is needed by no ledger, and its cookie is gone from ZooKeeper, so the
+    bookie could not start on it)."""
+
+    when_deleted: Retention = Retention.RETAIN
+    when_scaled: Retention = Retention.RETAIN
+
+
 class BookieClusterSpec(KubeModel):
     replicas: int = Field(3, ge=1)
     image: str = "bookfleet/bookie:0.1.0"
@@ -263,11 +281,17 @@ class BookieClusterSpec(KubeModel):
     bookie: BookieSettings = Field(default_factory=BookieSettings)
     auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
     security: Security = Field(default_factory=Security)
+    persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
+    rollout_timeout_seconds: int = Field(
+        600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "
+        "the rollout (condition RolloutStuck); it is never counted lost"
+    )
 
 
 class BookieClusterStatus(StatusModel):
     desired_bookies: int | None = None
     ready_bookies: int | None = None
+    updated_bookies: int | None = Field(None, description="bookies ready and registered in a pod of the current spec")
     phase: str | None = None
     conditions: Conditions = Field(default_factory=list)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import logging
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 
@@ -127,33 +128,63 @@ def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: 
     return job
 
 
-def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
-    """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
-    zk = ctx.zk(cluster.spec.zookeeper)
-    if UnderReplication(zk).is_disabled():
-        return Outcome.DISABLED
-    ns = cluster.metadata.namespace
+@dataclass(frozen=True)
+class RepairObserved:
+    """The attempts of one loss, oldest first, and the ledgers that still need the bookie (read only once the
+    latest attempt succeeded; None otherwise)."""
+
+    attempts: tuple[dict, ...] = ()
+    remaining: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RepairStep:
+    outcome: Outcome
+    launch: int | None = None
+    """The attempt to launch now (None: nothing to launch)."""
+
+
+def observe_repair(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> RepairObserved:
+    """The repair Jobs of the loss at `since` (named after it) and, once the latest succeeded, what is left."""
     names = {resources.repair_name(cluster.metadata.name, bookie.metadata.name, since, n) for n in range(MAX_ATTEMPTS)}
-    attempts = [j for j in repair_jobs(ctx.api, ns, cluster.metadata.name, bookie.metadata.name)
-                if j["metadata"]["name"] in names]
-    if not attempts:
-        launch(ctx, cluster, bookie, since, 0)
-        return Outcome.RUNNING
-    latest = attempts[-1]
-    attempt = int(latest["metadata"]["annotations"].get(ANNOTATION_ATTEMPT, len(attempts) - 1))
+    attempts = tuple(j for j in repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name,
+                                            bookie.metadata.name) if j["metadata"]["name"] in names)
+    if not attempts or job_state(attempts[-1]) != RepairState.SUCCEEDED:
+        return RepairObserved(attempts)
+    left = remaining_ledgers(ctx.zk(cluster.spec.zookeeper), bookie.spec.bookie_id)
+    if left:
+        log.warning("repair %s succeeded but %d ledger(s) still need %s", attempts[-1]["metadata"]["name"], len(left),
+                    bookie.spec.bookie_id)
+    return RepairObserved(attempts, tuple(left))
+
+
+def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime) -> RepairStep:
+    """Where the repair of one loss stands and which attempt to launch (pure): the first at once, a failed one
+    (or one that left ledgers behind) again after its backoff, at most MAX_ATTEMPTS in all."""
+    if disabled:
+        return RepairStep(Outcome.DISABLED)
+    if not observed.attempts:
+        return RepairStep(Outcome.RUNNING, 0)
+    latest = observed.attempts[-1]
+    attempt = int(latest["metadata"].get("annotations", {}).get(ANNOTATION_ATTEMPT, len(observed.attempts) - 1))
     state = job_state(latest)
     if state in (RepairState.PENDING, RepairState.RUNNING):
-        return Outcome.RUNNING
-    if state == RepairState.SUCCEEDED:
-        left = remaining_ledgers(zk, bookie.spec.bookie_id)
-        if not left:
-            return Outcome.REPAIRED
-        log.warning("repair %s succeeded but %d ledger(s) still need %s", latest["metadata"]["name"], len(left),
-                    bookie.spec.bookie_id)
+        return RepairStep(Outcome.RUNNING)
+    if state == RepairState.SUCCEEDED and not observed.remaining:
+        return RepairStep(Outcome.REPAIRED)
     if attempt + 1 >= MAX_ATTEMPTS:
-        return Outcome.GAVE_UP
-    ended = finished_at(latest) or now()
-    if (now() - ended).total_seconds() < retry_delay(attempt):
-        return Outcome.BACKING_OFF
-    launch(ctx, cluster, bookie, since, attempt + 1)
-    return Outcome.RUNNING
+        return RepairStep(Outcome.GAVE_UP)
+    ended = finished_at(latest) or at
+    if (at - ended).total_seconds() < retry_delay(attempt):
+        return RepairStep(Outcome.BACKING_OFF)
+    return RepairStep(Outcome.RUNNING, attempt + 1)
+
+
+def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
+    """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
+    disabled = UnderReplication(ctx.zk(cluster.spec.zookeeper)).is_disabled()
+    observed = RepairObserved() if disabled else observe_repair(ctx, cluster, bookie, since)
+    step = decide_repair(disabled, observed, now())
+    if step.launch is not None:
+        launch(ctx, cluster, bookie, since, step.launch)
+    return step.outcome

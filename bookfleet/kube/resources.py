@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     CustomResource,
+    Retention,
     TlsMode,
     Volume,
     zone_of,
@@ -41,6 +43,9 @@ the same label); every other pod outside the fleet is refused."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
+ANNOTATION_CONFIG_HASH = "bookfleet.io/config-hash"
+"""On a bookie pod: the digest of everything else in the pod as built; a pod whose digest differs from the one the
+current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, storage all reach the pod this way)."""
 
 BOOKIE = "bookie"
 REPAIR = "repair"
@@ -378,22 +383,36 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         pod_spec["affinity"] = affinity
     if not cluster.spec.zones:
         pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
-    manifest = {
+    manifest = owned_by({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name)),
         "spec": pod_spec,
-    }
-    return owned_by(manifest, bookie)
+    }, bookie)
+    manifest["metadata"]["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(manifest)}
+    return manifest
 
 
-def bookie_pvcs(bookie: Bookie) -> list[dict[str, Any]]:
-    """Journal and ledger claims, owned by the Bookie: they outlive its pod and go only with the Bookie itself."""
+def config_hash(manifest: dict[str, Any]) -> str:
+    """A short digest of a manifest as built (canonical JSON), to tell whether a running pod matches it."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def bookie_pvcs(cluster: BookieCluster, bookie: Bookie) -> list[dict[str, Any]]:
+    """Journal and ledger claims. Owned by the Bookie (so deleted with it and with its cluster) only when the
+    cluster's whenDeleted policy is Delete; with Retain they have no owner and outlive both."""
     name, namespace = bookie.metadata.name, bookie.metadata.namespace
+    owned = cluster.spec.persistent_volume_claim_retention_policy.when_deleted == Retention.DELETE
     claims = []
     for volume, request in (("journal", bookie.spec.storage.journal), ("ledgers", bookie.spec.storage.ledgers)):
-        claims.append(owned_by(_pvc(pvc_name(name, volume), namespace, bookie.spec.cluster, name, request), bookie))
+        claim = _pvc(pvc_name(name, volume), namespace, bookie.spec.cluster, name, request)
+        claims.append(owned_by(claim, bookie) if owned else claim)
     return claims
+
+
+def claim_names(bookie_name: str) -> list[str]:
+    """The names of a bookie's PVCs, one per volume."""
+    return [pvc_name(bookie_name, volume) for volume in VOLUMES]
 
 
 def _pvc(name: str, namespace: str, cluster: str, bookie: str, request: Volume) -> dict[str, Any]:

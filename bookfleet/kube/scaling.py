@@ -1,31 +1,53 @@
-"""A BookieCluster's shape: Bookies for its replicas, safe scale-down, rolling upgrades, and its status.
+"""A BookieCluster's shape: Bookies for its replicas, safe scale-down, rollouts, volumes, and its status.
+
+observe (Kubernetes and ZooKeeper → `Observed`) → decide (pure: `decide(observed, now)` → actions) → act.
 
 Scale-down never deletes data that is still needed: the highest ordinal is drained first (read-only, its ledgers
-repaired elsewhere, none left under-replicated, cookie removed) and only then are its pod, volumes and Bookie deleted.
-A Bookie whose desiredState is not Writable is forced read-only through its ZooKeeper state node (level-based, on
-every pass), so the bookie itself refuses adds and leaves the writable registrations that placement picks from.
+repaired elsewhere, none left under-replicated, cookie removed) and only then are its pod and Bookie deleted; its
+volumes follow the whenScaled policy. A Bookie whose desiredState is not Writable is forced read-only through its
+ZooKeeper state node (level-based, on every pass), so the bookie itself refuses adds and leaves the writable
+registrations that placement picks from. Scaled up again before its cookie is gone, a draining bookie turns writable
+again; after, the drain finishes and the ordinal starts afresh.
+
+Rollouts: every bookie pod carries the digest of its manifest (resources.ANNOTATION_CONFIG_HASH). A pod whose digest
+differs from what the current spec builds is restarted, one bookie at a time and only while every other bookie is
+ready and registered; the next waits until the restarted one is ready and registered in a pod of the current spec.
+One that is not within spec.rolloutTimeoutSeconds halts the rollout (RolloutStuck); it stays a planned restart for
+lifecycle.py, so no repair starts. Changing the spec again restarts it at once (it is down anyway).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
-from kazoo.client import KazooClient
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from bookfleet.kube import certificates, lifecycle, repairs, resources
+from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, now_rounded_up, patch_status, timestamp
-from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, cluster_problems
+from bookfleet.kube.context import OperatorContext, conditions_with, now, timestamp
+from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
 from bookfleet.meta import bookiestate, cookies
+from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 
-log = logging.getLogger(__name__)
-
 ANNOTATION_DECOMMISSION_SINCE = "bookfleet.io/decommission-since"
+ANNOTATION_ROLLOUT_STARTED = "bookfleet.io/rollout-started"
+"""On a Bookie whose pod a rollout restarted: when. Removed once it is ready and registered in a current pod."""
+ANNOTATION_RELEASED = "bookfleet.io/released-from"
+"""On a PVC kept (whenScaled Retain) after its bookie was drained and deleted: that Bookie's uid. Such a claim holds
+a cookie ZooKeeper no longer has, so a bookie of the same ordinal could never start on it."""
+ANNOTATION_EXPANSION_REFUSED = "bookfleet.io/expansion-refused"
+"""On a PVC whose expansion the API server refused: the size asked for (not asked again until the spec changes)."""
+PVCS = "persistentvolumeclaims"
 READY = "Ready"
 UPGRADING = "Upgrading"
+ROLLOUT_STUCK = "RolloutStuck"
+VOLUMES_EXPANDED = "VolumesExpanded"
 
 
 def ordinal(bookie_name: str) -> int:
@@ -43,119 +65,465 @@ def validate(body: dict) -> tuple[BookieCluster | None, str]:
     return (None, "; ".join(problems)) if problems else (cluster, "")
 
 
-def reconcile(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a BookieCluster (called by a timer)."""
-    meta, status = body["metadata"], body.get("status") or {}
+# --- observe -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObservedBookie:
+    """One Bookie of the cluster, its pod, its registration and, when it is being drained, what still needs it."""
+
+    body: dict[str, Any]
+    pod: dict[str, Any] | None
+    registered: bool
+    forced_read_only: bool
+    cookie: bool = True
+    remaining_ledgers: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def model(self) -> Bookie:
+        return Bookie.model_validate(self.body)
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return self.body["metadata"].get("annotations") or {}
+
+    @property
+    def writable(self) -> bool:
+        return self.body["spec"].get("desiredState", DesiredState.WRITABLE) == DesiredState.WRITABLE
+
+    @property
+    def decommissioning(self) -> bool:
+        return not self.writable and ANNOTATION_DECOMMISSION_SINCE in self.annotations
+
+    @property
+    def up(self) -> bool:
+        """Ready and registered: what a rollout waits for before touching the next bookie."""
+        return lifecycle.pod_ready(self.pod) and self.registered
+
+
+@dataclass(frozen=True)
+class Observed:
+    body: dict[str, Any]
+    cluster: BookieCluster | None
+    problem: str = ""
+    bookies: tuple[ObservedBookie, ...] = ()
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The cluster's PVCs by name."""
+    budget: dict[str, Any] | None = None
+    """The cluster's PodDisruptionBudget as it is."""
+
+
+def observe(ctx: OperatorContext, body: dict) -> Observed:
+    """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained."""
     cluster, problem = validate(body)
     if cluster is None:
-        if patch_status(ctx, "bookieclusters", body, {"conditions": conditions_with(status, VALID, False,
-                                                                                    "InvalidSpec", problem)}):
-            ctx.api.post_event(body, "InvalidSpec", problem, warning=True)
-        return
-    settings = cluster.spec.auto_recovery
-    # The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them here.
-    UnderReplication(ctx.zk(cluster.spec.zookeeper)).configure(settings.enabled,
-                                                                settings.lost_bookie_recovery_delay_seconds)
-    for manifest in resources.cluster_objects(cluster):
-        existing, created = ctx.api.ensure(manifest)
-        if manifest["kind"] == "PodDisruptionBudget" and not created and existing["spec"] != manifest["spec"]:
-            ctx.api.patch(manifest["apiVersion"], "poddisruptionbudgets", meta["namespace"],
-                          manifest["metadata"]["name"], {"spec": manifest["spec"]})  # follows replicas
-    service_account = cluster.spec.auto_recovery.repair.service_account_name
-    for manifest in resources.repair_namespace_objects(meta["namespace"], service_account):
-        ctx.api.ensure(manifest)
-    existing = {b["metadata"]["name"]: b for b in
-                ctx.api.list(CUSTOM, "bookies", meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]})}
+        return Observed(body, None, problem)
+    meta, spec = body["metadata"], cluster.spec
+    ns, selector = meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]}
+    zk = ctx.zk(spec.zookeeper)
+    registered = {info.bookie_id for info in BookieRegistry(zk).all()}
+    forced = bookiestate.forced_ids(zk)
+    bodies = sorted(ctx.api.list(CUSTOM, "bookies", ns, selector), key=lambda b: ordinal(b["metadata"]["name"]))
+    draining = [b for b in bodies if b["spec"].get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE]
+    bookies = []
+    for bookie in bodies:
+        bookie_id = bookie["spec"]["bookieId"]
+        drain = ({"cookie": cookies.exists(zk, bookie_id),
+                  "remaining_ledgers": len(repairs.remaining_ledgers(zk, bookie_id))} if bookie in draining else {})
+        bookies.append(ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
+                                      bookie_id in registered, bookie_id in forced, **drain))
+    claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
+    budget = resources.bookie_disruption_budget(cluster)["metadata"]["name"]
+    return Observed(body, cluster, "", tuple(bookies), claims,
+                    ctx.api.get("policy/v1", "poddisruptionbudgets", ns, budget))
+
+
+# --- actions of this reconciler --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigureAutoRecovery:
+    """The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them."""
+
+    zookeeper: str
+    enabled: bool
+    delay_seconds: int
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        UnderReplication(ctx.zk(self.zookeeper)).configure(self.enabled, self.delay_seconds)
+
+
+@dataclass(frozen=True)
+class EnsureCertificates:
+    cluster: BookieCluster
+    bookies: tuple[Bookie, ...]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        certificates.ensure(ctx.api, self.cluster, list(self.bookies), now())
+
+
+@dataclass(frozen=True)
+class SetForcedReadOnly:
+    """Force a bookie read-only (reason given) or release it (reason None) through its ZooKeeper state node."""
+
+    zookeeper: str
+    bookie_id: str
+    reason: str | None
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        zk = ctx.zk(self.zookeeper)
+        if self.reason is None:
+            bookiestate.clear(zk, self.bookie_id)
+        else:
+            bookiestate.set_read_only(zk, self.bookie_id, self.reason)
+
+
+@dataclass(frozen=True)
+class EnsureRepaired:
+    """One step of moving a draining bookie's ledgers elsewhere (repairs.py launches, tracks and retries)."""
+
+    cluster: BookieCluster
+    bookie: Bookie
+    since: dt.datetime
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        repairs.ensure_repaired(ctx, self.cluster, self.bookie, self.since)
+
+
+@dataclass(frozen=True)
+class ExpandClaim:
+    """Ask for a bigger volume; a refusal (the storage class does not allow expansion) is recorded on the claim and
+    said once in a Warning Event, instead of failing every pass."""
+
+    namespace: str
+    name: str
+    size: str
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        try:
+            ctx.api.patch(CORE, PVCS, self.namespace, self.name,
+                          {"spec": {"resources": {"requests": {"storage": self.size}}}})
+        except ApiException as exc:
+            if exc.status not in (403, 422):
+                raise
+            ctx.api.patch(CORE, PVCS, self.namespace, self.name,
+                          {"metadata": {"annotations": {ANNOTATION_EXPANSION_REFUSED: self.size}}})
+            ctx.api.post_event(body, "VolumeExpansionRefused",
+                               f"PVC {self.name} cannot grow to {self.size}: {exc.reason}", warning=True)
+
+
+# --- decide --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where the rollout stands: bookies up in a current pod, the one restarting, whether it is stuck."""
+
+    updated: int
+    restarting: str | None = None
+    stuck: str | None = None
+    waiting_for: str | None = None
+
+
+def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
+    """Everything one pass does, in order (pure)."""
+    body, cluster = observed.body, observed.cluster
+    status = body.get("status") or {}
+    if cluster is None:
+        conditions = conditions_with(status, VALID, False, "InvalidSpec", observed.problem)
+        if conditions == status.get("conditions"):
+            return []
+        return [PatchStatus("bookieclusters", {"conditions": conditions}),
+                PostEvent("InvalidSpec", observed.problem, warning=True)]
+    spec = cluster.spec
+    actions: list[Action] = [
+        ConfigureAutoRecovery(spec.zookeeper, spec.auto_recovery.enabled,
+                              spec.auto_recovery.lost_bookie_recovery_delay_seconds),
+        *ensure_cluster_objects(observed, cluster),
+    ]
+    wanted = [b for b in observed.bookies if ordinal(b.name) < spec.replicas]
+    surplus = [b for b in observed.bookies if ordinal(b.name) >= spec.replicas]
+    actions += create_missing_bookies(observed, cluster)
+    actions.append(EnsureCertificates(cluster, tuple(b.model for b in observed.bookies)))
+    actions += sync_read_only(spec.zookeeper, observed.bookies)
+    actions += cancel_drains(wanted)
+    # A bookie scaled up again after its cookie went still finishes its drain: its disks can never serve it again.
+    finishing = [b for b in wanted if b.decommissioning and not b.cookie]
+    draining = sorted(surplus + finishing, key=lambda b: ordinal(b.name), reverse=True)
+    if draining:
+        actions += decommission(observed, cluster, draining[0], moment)
+    serving = [b for b in wanted if b not in finishing]
+    actions += follow_storage(observed, cluster, serving)
+    rollout_actions, rollout = decide_rollout(cluster, serving, moment)
+    actions += rollout_actions
+    actions += rollout_events(status, cluster, rollout)
+    ready = sum(lifecycle.pod_ready(b.pod) for b in serving)
+    actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
+                                                               refused_expansions(observed))))
+    return actions
+
+
+def ensure_cluster_objects(observed: Observed, cluster: BookieCluster) -> list[Action]:
+    """Service, disruption budget (its spec follows replicas), network policies, the repair account."""
+    actions: list[Action] = [Ensure(m) for m in resources.cluster_objects(cluster)]
+    budget = resources.bookie_disruption_budget(cluster)
+    if observed.budget is not None and observed.budget["spec"] != budget["spec"]:
+        actions.append(Patch(budget["apiVersion"], "poddisruptionbudgets", cluster.metadata.namespace,
+                             budget["metadata"]["name"], {"spec": budget["spec"]}))
+    repair_account = cluster.spec.auto_recovery.repair.service_account_name
+    return actions + [Ensure(m) for m in resources.repair_namespace_objects(cluster.metadata.namespace,
+                                                                            repair_account)]
+
+
+def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[Action]:
+    """A Bookie for every missing ordinal, on volumes it can start on: claims released by a drained bookie of the
+    same ordinal are deleted first, and a claim still being deleted is waited for (a pod created against it would
+    stay Pending for ever)."""
+    existing = {b.name for b in observed.bookies}
+    actions: list[Action] = []
     for manifest in resources.bookies_for_cluster(cluster):
-        if manifest["metadata"]["name"] not in existing:
-            created, _ = ctx.api.ensure(manifest)
-            existing[created["metadata"]["name"]] = created
-    certificates.ensure(ctx.api, cluster, [Bookie.model_validate(b) for b in existing.values()], now())
-    sync_read_only(ctx.zk(cluster.spec.zookeeper), existing.values())
-    surplus = sorted((b for b in existing.values() if ordinal(b["metadata"]["name"]) >= cluster.spec.replicas),
-                     key=lambda b: ordinal(b["metadata"]["name"]), reverse=True)
-    if surplus:
-        decommission(ctx, cluster, surplus[0])
-    wanted = [b for b in existing.values() if ordinal(b["metadata"]["name"]) < cluster.spec.replicas]
-    pods = {b["metadata"]["name"]: ctx.api.get(CORE, "pods", meta["namespace"], b["metadata"]["name"])
-            for b in wanted}
-    upgrading = rolling_upgrade(ctx, cluster, wanted, pods)
-    ready = sum(lifecycle.pod_ready(pod) for pod in pods.values())
-    patch_status(ctx, "bookieclusters", body, decide_status(status, cluster, ready, bool(surplus), upgrading))
+        name = manifest["metadata"]["name"]
+        if name in existing:
+            continue
+        leftovers = [c for n in resources.claim_names(name) if (c := observed.claims.get(n))]
+        released = [c for c in leftovers if ANNOTATION_RELEASED in (c["metadata"].get("annotations") or {})
+                    and not c["metadata"].get("deletionTimestamp")]
+        for claim in released:
+            actions.append(Delete(CORE, PVCS, cluster.metadata.namespace, claim["metadata"]["name"]))
+        if released:
+            names = ", ".join(c["metadata"]["name"] for c in released)
+            actions.append(PostEvent("StaleVolumesDeleted", f"{names} of drained {name} deleted: {name} starts on new "
+                                     "volumes (the old ones hold a cookie ZooKeeper no longer has)"))
+        dying = any(c["metadata"].get("deletionTimestamp") for c in leftovers)
+        if not released and not dying:
+            actions.append(Ensure(manifest))  # on new volumes, or on those whenDeleted Retain kept: with its data
+    return actions
 
 
-def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bool, upgrading: str | None) -> dict:
-    """The cluster's status from its ready bookies, a drain under way and the bookie a rolling upgrade restarts
-    (pure; conditions keep their transition time while unchanged)."""
+def sync_read_only(zookeeper: str, bookies: Iterable[ObservedBookie]) -> list[Action]:
+    """Force read-only exactly the Bookies whose desiredState is not Writable (writes only on change)."""
+    actions: list[Action] = []
+    for bookie in bookies:
+        bookie_id, desired = bookie.body["spec"]["bookieId"], bookie.body["spec"].get("desiredState")
+        if not bookie.writable and not bookie.forced_read_only:
+            actions.append(SetForcedReadOnly(zookeeper, bookie_id, f"Bookie {bookie.name} is {desired}"))
+        elif bookie.writable and bookie.forced_read_only:
+            actions.append(SetForcedReadOnly(zookeeper, bookie_id, None))
+    return actions
+
+
+def cancel_drains(wanted: Iterable[ObservedBookie]) -> list[Action]:
+    """Scaled up again while a bookie drains, and its cookie (its identity with its disks) still there: it simply
+    turns writable again; what was already repaired elsewhere stays there."""
+    actions: list[Action] = []
+    for bookie in wanted:
+        if bookie.decommissioning and bookie.cookie:
+            meta = bookie.body["metadata"]
+            actions += [
+                Patch(CUSTOM, "bookies", meta["namespace"], bookie.name, {
+                    "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: None}},
+                    "spec": {"desiredState": DesiredState.WRITABLE.value},
+                }),
+                PostEvent("DecommissionCancelled", f"{bookie.name} is wanted again: writable, with its data",
+                          involved=bookie.body),
+            ]
+    return actions
+
+
+def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBookie,
+                 moment: dt.datetime) -> list[Action]:
+    """One step of draining a bookie; its data is deleted only when nothing needs it any more, and then only if
+    whenScaled is Delete."""
+    meta, spec = bookie.body["metadata"], bookie.body["spec"]
+    ns, name, bookie_id, zookeeper = meta["namespace"], bookie.name, spec["bookieId"], cluster.spec.zookeeper
+    since_text = bookie.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
+    if bookie.writable or not since_text:
+        return [
+            Patch(CUSTOM, "bookies", ns, name, {
+                "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(moment)}},
+                "spec": {"desiredState": DesiredState.READ_ONLY.value},
+            }),
+            PostEvent("Decommissioning", f"draining {name}: read-only, then its ledgers move elsewhere",
+                      involved=bookie.body),
+        ]
+    if bookie.remaining_ledgers:
+        since = dt.datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+        return [EnsureRepaired(cluster, bookie.model, since)]
+    actions: list[Action] = [lifecycle.ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
+    delete_claims = cluster.spec.persistent_volume_claim_retention_policy.when_scaled == Retention.DELETE
+    for claim_name in resources.claim_names(name):
+        claim = observed.claims.get(claim_name)
+        if claim is None:
+            continue
+        if delete_claims:
+            actions.append(Delete(CORE, PVCS, ns, claim_name))
+        elif ANNOTATION_RELEASED not in (claim["metadata"].get("annotations") or {}):
+            actions.append(Patch(CORE, PVCS, ns, claim_name, {"metadata": {
+                "ownerReferences": None, "annotations": {ANNOTATION_RELEASED: meta.get("uid") or name}}}))
+    if bookie.pod is not None:
+        return actions  # the switch goes only after the bookie process: it must not turn writable on its way out
+    kept = "" if delete_claims else "; its volumes are kept (whenScaled: Retain)"
+    return [
+        *actions,
+        SetForcedReadOnly(zookeeper, bookie_id, None),
+        Delete(CUSTOM, "bookies", ns, name),
+        PostEvent("Decommissioned", f"{name} drained and removed; no ledger needs it{kept}"),
+    ]
+
+
+def follow_storage(observed: Observed, cluster: BookieCluster, bookies: Iterable[ObservedBookie]) -> list[Action]:
+    """Bookies take the cluster's storage (the new quota reaches the pod through the rollout); their claims grow to
+    it where the storage class allows, and their owner references follow whenDeleted."""
+    actions: list[Action] = []
+    storage = cluster.spec.storage.to_wire()
+    for bookie in bookies:
+        meta = bookie.body["metadata"]
+        if bookie.body["spec"].get("storage") != storage:
+            actions.append(Patch(CUSTOM, "bookies", meta["namespace"], bookie.name, {"spec": {"storage": storage}}))
+        for wanted in resources.bookie_pvcs(cluster, current_bookie(cluster, bookie)):
+            claim = observed.claims.get(wanted["metadata"]["name"])
+            if claim is None or claim["metadata"].get("deletionTimestamp"):
+                continue
+            owners = wanted["metadata"].get("ownerReferences")
+            if (claim["metadata"].get("ownerReferences") or None) != owners:
+                actions.append(Patch(CORE, PVCS, meta["namespace"], claim["metadata"]["name"],
+                                     {"metadata": {"ownerReferences": owners}}))
+            size = wanted["spec"]["resources"]["requests"]["storage"]
+            if needs_expansion(claim, size):
+                actions.append(ExpandClaim(meta["namespace"], claim["metadata"]["name"], size))
+    return actions
+
+
+def claim_size(claim: dict) -> str:
+    return str(claim["spec"]["resources"]["requests"]["storage"])
+
+
+def needs_expansion(claim: dict, size: str) -> bool:
+    """Bigger than asked and not already refused at that size (shrinking is never possible)."""
+    refused = (claim["metadata"].get("annotations") or {}).get(ANNOTATION_EXPANSION_REFUSED)
+    return resources.quantity_bytes(size) > resources.quantity_bytes(claim_size(claim)) and refused != size
+
+
+def refused_expansions(observed: Observed) -> list[str]:
+    """Claims still smaller than a size the API server refused to grow them to."""
+    return sorted(name for name, claim in observed.claims.items()
+                  if (refused := (claim["metadata"].get("annotations") or {}).get(ANNOTATION_EXPANSION_REFUSED))
+                  and resources.quantity_bytes(refused) > resources.quantity_bytes(claim_size(claim)))
+
+
+def current_bookie(cluster: BookieCluster, bookie: ObservedBookie) -> Bookie:
+    """The Bookie as this pass leaves it: with the cluster's storage."""
+    model = bookie.model
+    return model.model_copy(update={"spec": model.spec.model_copy(update={"storage": cluster.spec.storage})})
+
+
+def desired_hash(cluster: BookieCluster, bookie: ObservedBookie) -> str:
+    return resources.bookie_pod(cluster, current_bookie(cluster, bookie))["metadata"]["annotations"][
+        resources.ANNOTATION_CONFIG_HASH]
+
+
+def pod_hash(pod: dict | None) -> str | None:
+    return ((pod or {}).get("metadata", {}).get("annotations") or {}).get(resources.ANNOTATION_CONFIG_HASH)
+
+
+def decide_rollout(cluster: BookieCluster, bookies: list[ObservedBookie],
+                   moment: dt.datetime) -> tuple[list[Action], Rollout]:
+    """Restart at most one bookie whose pod is not of the current spec, only while every other one is up."""
+    current = {b.name: pod_hash(b.pod) == desired_hash(cluster, b) for b in bookies}
+    updated = sum(current[b.name] and b.up for b in bookies)
+    actions: list[Action] = []
+    restarting = [b for b in bookies if ANNOTATION_ROLLOUT_STARTED in b.annotations]
+    for bookie in restarting:
+        if current[bookie.name] and bookie.up:
+            actions.append(Patch(CUSTOM, "bookies", bookie.body["metadata"]["namespace"], bookie.name,
+                                 {"metadata": {"annotations": {ANNOTATION_ROLLOUT_STARTED: None}}}))
+            actions.append(PostEvent("BookieUpdated", f"{bookie.name} is ready and registered in a pod of the "
+                                     "current spec", involved=bookie.body))
+    pending = [b for b in restarting if not (current[b.name] and b.up)]
+    if pending:
+        bookie = pending[0]
+        if replaced_pod(bookie) and not current[bookie.name]:  # the spec changed again: it is down anyway
+            return actions + restart(cluster, bookie, moment), Rollout(updated, restarting=bookie.name)
+        started = dt.datetime.fromisoformat(bookie.annotations[ANNOTATION_ROLLOUT_STARTED].replace("Z", "+00:00"))
+        stuck = (moment - started).total_seconds() > cluster.spec.rollout_timeout_seconds
+        return actions, Rollout(updated, restarting=bookie.name, stuck=bookie.name if stuck else None)
+    outdated = [b for b in bookies if b.pod is not None and not b.pod["metadata"].get("deletionTimestamp")
+                and not current[b.name]]
+    if not outdated:
+        return actions, Rollout(updated)
+    for bookie in outdated:
+        others_up = all(other.up for other in bookies if other is not bookie)
+        if others_up:
+            return actions + restart(cluster, bookie, moment), Rollout(updated, restarting=bookie.name)
+    waiting_for = next(b.name for b in bookies if not b.up)
+    return actions, Rollout(updated, waiting_for=waiting_for)
+
+
+def replaced_pod(bookie: ObservedBookie) -> bool:
+    """The bookie runs a pod other than the one its restart deleted (that one may stay Terminating a while)."""
+    pod = bookie.pod
+    return (pod is not None and not pod["metadata"].get("deletionTimestamp")
+            and pod["metadata"].get("uid") != bookie.annotations.get(lifecycle.ANNOTATION_PLANNED_RESTART))
+
+
+def restart(cluster: BookieCluster, bookie: ObservedBookie, moment: dt.datetime) -> list[Action]:
+    """Delete the bookie's pod as a planned restart (lifecycle.py recreates it from the current spec, and does not
+    count it lost) and note when, for the rollout timeout."""
+    assert bookie.pod is not None
+    ns = bookie.body["metadata"]["namespace"]
+    return [
+        Patch(CUSTOM, "bookies", ns, bookie.name, {"metadata": {"annotations": {
+            lifecycle.ANNOTATION_PLANNED_RESTART: bookie.pod["metadata"]["uid"],
+            ANNOTATION_ROLLOUT_STARTED: timestamp(moment)}}}),
+        Delete(CORE, "pods", ns, bookie.name),
+        PostEvent("RollingUpgrade", f"restarting {bookie.name} with the current spec (image {cluster.spec.image})",
+                  involved=bookie.body),
+    ]
+
+
+def rollout_events(status: dict, cluster: BookieCluster, rollout: Rollout) -> list[Action]:
+    """A Warning Event when a rollout gets stuck (once: when its condition turns True)."""
+    was_stuck = any(c.get("type") == ROLLOUT_STUCK and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+    if rollout.stuck and not was_stuck:
+        return [PostEvent(ROLLOUT_STUCK, stuck_message(cluster, rollout.stuck), warning=True)]
+    return []
+
+
+def stuck_message(cluster: BookieCluster, name: str) -> str:
+    return (f"{name} is not ready and registered {cluster.spec.rollout_timeout_seconds}s after its restart: the "
+            "rollout is halted (it is not counted lost; fix the spec or the pod and it goes on)")
+
+
+def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bool, rollout: Rollout,
+                  refused: list[str] | None = None) -> dict:
+    """The cluster's status (pure; conditions keep their transition time while unchanged)."""
     replicas = cluster.spec.replicas
     conditions = conditions_with(status, VALID, True, "SpecValid")
-    conditions = conditions_with({"conditions": conditions}, READY, ready == replicas,
-                                 "AllReady" if ready == replicas else "NotAllReady",
-                                 f"{ready}/{replicas} bookies ready")
-    conditions = conditions_with({"conditions": conditions}, UPGRADING, upgrading is not None,
-                                 "RollingUpgrade" if upgrading else "UpToDate",
-                                 f"restarting {upgrading}" if upgrading else "")
-    return {"desiredBookies": replicas, "readyBookies": ready,
+    for type_, ok, reason, message in (
+        (READY, ready == replicas, "AllReady" if ready == replicas else "NotAllReady",
+         f"{ready}/{replicas} bookies ready"),
+        (UPGRADING, rollout.restarting is not None or rollout.waiting_for is not None,
+         "RollingUpgrade" if rollout.restarting or rollout.waiting_for else "UpToDate",
+         f"restarting {rollout.restarting}" if rollout.restarting
+         else f"waiting for {rollout.waiting_for} to be ready" if rollout.waiting_for else ""),
+        (ROLLOUT_STUCK, rollout.stuck is not None, "ReadyTimeout" if rollout.stuck else "NotStuck",
+         stuck_message(cluster, rollout.stuck) if rollout.stuck else ""),
+        (VOLUMES_EXPANDED, not refused, "ExpansionRefused" if refused else "AsRequested",
+         f"the storage class refused to grow {', '.join(refused)}" if refused else ""),
+    ):
+        conditions = conditions_with({"conditions": conditions}, type_, ok, reason, message)
+    return {"desiredBookies": replicas, "readyBookies": ready, "updatedBookies": rollout.updated,
             "phase": "Ready" if ready == replicas and not draining else "Reconciling", "conditions": conditions}
 
 
-def sync_read_only(zk: KazooClient, bookies) -> None:
-    """Force read-only exactly the Bookies whose desiredState is not Writable (one listing, writes only on change)."""
-    forced = bookiestate.forced_ids(zk)
-    for body in bookies:
-        bookie_id, desired = body["spec"]["bookieId"], body["spec"].get("desiredState", DesiredState.WRITABLE)
-        if desired != DesiredState.WRITABLE and bookie_id not in forced:
-            bookiestate.set_read_only(zk, bookie_id, f"Bookie {body['metadata']['name']} is {desired}")
-        elif desired == DesiredState.WRITABLE and bookie_id in forced:
-            bookiestate.clear(zk, bookie_id)
+# --- act -----------------------------------------------------------------------------------------------------
 
 
-def rolling_upgrade(ctx: OperatorContext, cluster: BookieCluster, bookies: list[dict],
-                    pods: dict[str, dict | None]) -> str | None:
-    """Restart one pod whose image is outdated, only while every other bookie is ready; returns who restarts."""
-    outdated = [b for b in sorted(bookies, key=lambda b: ordinal(b["metadata"]["name"]))
-                if (pod := pods[b["metadata"]["name"]]) and pod["spec"]["containers"][0]["image"] != cluster.spec.image]
-    if not outdated:
-        return None
-    if not all(lifecycle.pod_ready(pod) for pod in pods.values()):
-        return next((name for name, pod in pods.items() if not lifecycle.pod_ready(pod)), None)
-    bookie = outdated[0]
-    name, ns = bookie["metadata"]["name"], bookie["metadata"]["namespace"]
-    pod = pods[name]
-    assert pod is not None
-    ctx.api.patch(CUSTOM, "bookies", ns, name,
-                  {"metadata": {"annotations": {lifecycle.ANNOTATION_PLANNED_RESTART: pod["metadata"]["uid"]}}})
-    ctx.api.delete(CORE, "pods", ns, name)
-    ctx.api.post_event(bookie, "RollingUpgrade", f"restarting {name} with image {cluster.spec.image}")
-    return name
-
-
-def decommission(ctx: OperatorContext, cluster: BookieCluster, body: dict) -> None:
-    """One step of draining a surplus bookie; its data is deleted only when nothing needs it any more."""
-    bookie = Bookie.model_validate(body)
-    ns, name = bookie.metadata.namespace, bookie.metadata.name
-    since_text = bookie.metadata.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
-    if bookie.spec.desired_state == DesiredState.WRITABLE or not since_text:
-        since = now_rounded_up()
-        ctx.api.patch(CUSTOM, "bookies", ns, name, {
-            "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(since)}},
-            "spec": {"desiredState": DesiredState.READ_ONLY.value},
-        })
-        ctx.api.post_event(body, "Decommissioning", f"draining {name}: read-only, then its ledgers move elsewhere")
-        return
-    since = dt.datetime.fromisoformat(since_text.replace("Z", "+00:00"))
-    zk = ctx.zk(cluster.spec.zookeeper)
-    if repairs.remaining_ledgers(zk, bookie.spec.bookie_id):
-        outcome = repairs.ensure_repaired(ctx, cluster, bookie, since)
-        if outcome != repairs.Outcome.REPAIRED:
-            return
-    cookies.forget(zk, bookie.spec.bookie_id)
-    pod_left = ctx.api.delete(CORE, "pods", ns, name)
-    for claim in resources.bookie_pvcs(bookie):
-        ctx.api.delete(CORE, "persistentvolumeclaims", ns, claim["metadata"]["name"])
-    if pod_left:
-        return  # the switch goes only after the bookie process: it must not turn writable on its way out
-    bookiestate.clear(zk, bookie.spec.bookie_id)
-    ctx.api.delete(CUSTOM, "bookies", ns, name)
-    ctx.api.post_event(cluster.to_wire(), "Decommissioned", f"{name} drained and removed; no ledger needs it")
-    log.info("decommissioned %s", name)
+def reconcile(ctx: OperatorContext, body: dict) -> None:
+    """One level-based pass over a BookieCluster (called by a timer)."""
+    act(ctx, body, decide(observe(ctx, body), now()))

@@ -1,0 +1,289 @@
+"""BookieCluster decisions as pure functions (scaling.decide): every phase transition from observed state, with no
+API server and no ZooKeeper, in milliseconds."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from bookfleet.kube import lifecycle, resources, scaling
+from bookfleet.kube.actions import Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.models import Bookie, BookieCluster
+
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+NS = "default"
+
+
+def cluster(replicas: int = 3, **spec: Any) -> BookieCluster:
+    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": NS, "uid": "c1"},
+                                         "spec": {"replicas": replicas, "zookeeper": "zk:2181", **spec}})
+
+
+def bookie_body(ordinal: int, **annotations: str) -> dict:
+    manifest = resources.bookies_for_cluster(cluster(ordinal + 1))[ordinal]
+    manifest["metadata"].update(uid=f"b{ordinal}", annotations=annotations)
+    return manifest
+
+
+def pod(of: BookieCluster, body: dict, ready: bool = True, uid: str = "p") -> dict:
+    built = resources.bookie_pod(of, Bookie.model_validate(body))
+    built["metadata"]["uid"] = f"{uid}-{body['metadata']['name']}"
+    built["status"] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
+    return built
+
+
+def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> scaling.ObservedBookie:
+    """A bookie ready and registered in a pod of `of`'s spec (the default cluster's when not given)."""
+    body = bookie_body(ordinal, **annotations)
+    return scaling.ObservedBookie(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
+
+
+def draining(ordinal: int, pod_running: bool = True, cookie: bool = True, remaining: int = 0,
+             since: str = "2026-01-02T03:00:00Z") -> scaling.ObservedBookie:
+    body = bookie_body(ordinal, **{scaling.ANNOTATION_DECOMMISSION_SINCE: since})
+    body["spec"]["desiredState"] = "ReadOnly"
+    return scaling.ObservedBookie(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
+                                  forced_read_only=True, cookie=cookie, remaining_ledgers=remaining)
+
+
+def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
+    return {claim: {"metadata": {"name": claim, **metadata}, "spec": {"resources": {"requests": {"storage": "2Gi"}}}}
+            for name in names for claim in resources.claim_names(name)}
+
+
+def decide(of: BookieCluster, *bookies: scaling.ObservedBookie, status: dict | None = None,
+           claims: dict | None = None, moment: dt.datetime = NOW) -> list:
+    body = {**of.to_wire(), "status": status or {}}
+    return scaling.decide(scaling.Observed(body, of, "", bookies, claims or {}), moment)
+
+
+def of_type(actions: list, kind: type, **fields: Any) -> list:
+    return [a for a in actions if isinstance(a, kind) and all(getattr(a, k) == v for k, v in fields.items())]
+
+
+def touching(actions: list, plural: str) -> list[tuple[str, str]]:
+    """(action, object name) of the Patch/Delete/Ensure actions on one kind of object, in order."""
+    found = []
+    for action in actions:
+        if isinstance(action, Ensure) and resources_plural(action.manifest) == plural:
+            found.append(("ensure", action.manifest["metadata"]["name"]))
+        elif isinstance(action, Patch | Delete) and action.plural == plural:
+            found.append((type(action).__name__.lower(), action.name))
+    return found
+
+
+def resources_plural(manifest: dict) -> str:
+    return {"Bookie": "bookies", "PersistentVolumeClaim": "persistentvolumeclaims"}.get(manifest["kind"], "")
+
+
+def status_of(actions: list) -> dict:
+    (patch,) = of_type(actions, PatchStatus)
+    return patch.changes
+
+
+def condition(status: dict, type_: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def events(actions: list) -> list[str]:
+    return [a.reason for a in of_type(actions, PostEvent)]
+
+
+def test_an_invalid_spec_is_reported_once():
+    body = {"metadata": {"name": "bad", "namespace": NS}, "spec": {"replicas": 2, "zookeeper": "zk",
+                                                                    "zones": ["a", "b", "c"]}}
+    invalid, problem = scaling.validate(body)
+    actions = scaling.decide(scaling.Observed(body, invalid, problem), NOW)
+    assert events(actions) == ["InvalidSpec"] and of_type(actions, PostEvent)[0].warning
+    valid = condition(status_of(actions), "Valid")
+    assert valid["status"] == "False" and "zones: c would have no bookie" in valid["message"]
+    assert scaling.decide(scaling.Observed({**body, "status": status_of(actions)}, None, problem), NOW) == []
+
+
+def test_scale_up_creates_missing_bookies():
+    actions = decide(cluster(3), up(0))
+    assert touching(actions, "bookies") == [("ensure", "bk-1"), ("ensure", "bk-2")]
+    status = status_of(actions)
+    assert (status["phase"], status["readyBookies"], status["desiredBookies"], status["updatedBookies"]) == (
+        "Reconciling", 1, 3, 1)
+    assert condition(status, "Ready")["reason"] == "NotAllReady"
+
+
+def test_scale_up_replaces_volumes_released_by_a_drained_bookie_and_waits_for_dying_ones():
+    released = claims_of("bk-2", annotations={scaling.ANNOTATION_RELEASED: "old-uid"})
+    actions = decide(cluster(3), up(0), up(1), claims=released)
+    assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
+    assert touching(actions, "bookies") == [] and "StaleVolumesDeleted" in events(actions)
+
+    dying = claims_of("bk-2", deletionTimestamp="2026-01-02T03:04:00Z",
+                      annotations={scaling.ANNOTATION_RELEASED: "old-uid"})
+    actions = decide(cluster(3), up(0), up(1), claims=dying)
+    assert touching(actions, "bookies") == [] and touching(actions, "persistentvolumeclaims") == []
+    assert events(actions) == []  # deleted once, said once
+
+    retained = claims_of("bk-2")  # left by a deleted cluster (whenDeleted: Retain): the bookie returns to its data
+    actions = decide(cluster(3), up(0), up(1), claims=retained)
+    assert touching(actions, "bookies") == [("ensure", "bk-2")]
+    assert touching(actions, "persistentvolumeclaims") == []
+
+
+def test_scale_down_drains_the_highest_ordinal_step_by_step():
+    # 1. read-only, with the time the drain started
+    actions = decide(cluster(2), up(0), up(1), up(2))
+    assert touching(actions, "bookies") == [("patch", "bk-2")]
+    patch = of_type(actions, Patch, name="bk-2")[0].patch
+    assert patch["spec"] == {"desiredState": "ReadOnly"}
+    assert patch["metadata"]["annotations"] == {scaling.ANNOTATION_DECOMMISSION_SINCE: "2026-01-02T03:04:05Z"}
+    assert "Decommissioning" in events(actions) and status_of(actions)["phase"] == "Reconciling"
+
+    # 2. forced read-only in ZooKeeper; its ledgers are repaired elsewhere; nothing is deleted yet
+    actions = decide(cluster(2), up(0), up(1), draining(2, remaining=4))
+    assert [(a.bookie.metadata.name, a.since) for a in of_type(actions, scaling.EnsureRepaired)] == [
+        ("bk-2", dt.datetime(2026, 1, 2, 3, 0, tzinfo=dt.UTC))]
+    assert not of_type(actions, Delete) and not of_type(actions, lifecycle.ForgetCookie)
+
+    # 3. drained: cookie forgotten, pod deleted, volumes kept (whenScaled Retain) and released from the Bookie
+    actions = decide(cluster(2), up(0), up(1), draining(2), claims=claims_of("bk-2"))
+    assert of_type(actions, lifecycle.ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
+    assert touching(actions, "pods") == [("delete", "bk-2")]
+    assert touching(actions, "persistentvolumeclaims") == [("patch", "bk-2-journal"), ("patch", "bk-2-ledgers")]
+    release = of_type(actions, Patch, name="bk-2-journal")[0].patch["metadata"]
+    assert release == {"ownerReferences": None, "annotations": {scaling.ANNOTATION_RELEASED: "b2"}}
+    assert touching(actions, "bookies") == []  # not while its process may still turn it writable
+
+    # 4. pod gone: switch cleared, Bookie deleted
+    actions = decide(cluster(2), up(0), up(1), draining(2, pod_running=False, cookie=False),
+                     claims=claims_of("bk-2", annotations={scaling.ANNOTATION_RELEASED: "b2"}))
+    assert of_type(actions, scaling.SetForcedReadOnly, reason=None)
+    assert touching(actions, "bookies") == [("delete", "bk-2")]
+    assert touching(actions, "persistentvolumeclaims") == []
+    assert "Decommissioned" in events(actions)
+
+    # whenScaled Delete: its volumes go once it is drained
+    deleting = cluster(2, persistentVolumeClaimRetentionPolicy={"whenScaled": "Delete"})
+    actions = decide(deleting, up(0, deleting), up(1, deleting), draining(2), claims=claims_of("bk-2"))
+    assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
+
+
+def test_scaled_up_again_mid_drain():
+    # its cookie still there: writable again, with its data
+    actions = decide(cluster(3), up(0), up(1), draining(2, remaining=4))
+    patch = of_type(actions, Patch, name="bk-2")[0].patch
+    assert patch["spec"] == {"desiredState": "Writable"} and "DecommissionCancelled" in events(actions)
+    assert not of_type(actions, scaling.EnsureRepaired)
+    # its cookie gone: the drain finishes first, then the ordinal starts afresh
+    actions = decide(cluster(3), up(0), up(1), draining(2, pod_running=False, cookie=False))
+    assert touching(actions, "bookies") == [("delete", "bk-2")]
+
+
+def test_a_spec_change_rolls_one_bookie_at_a_time():
+    new = cluster(3, resources={"requests": {"cpu": "1"}, "limits": {"cpu": "2"}})
+    actions = decide(new, up(0), up(1), up(2))
+    assert touching(actions, "pods") == [("delete", "bk-0")]
+    annotations = of_type(actions, Patch, name="bk-0")[0].patch["metadata"]["annotations"]
+    assert annotations == {lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0",
+                           scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z"}
+    # the Patch (a planned restart, never a loss) comes before the Delete
+    assert actions.index(of_type(actions, Patch, name="bk-0")[0]) < actions.index(of_type(actions, Delete)[0])
+    status = status_of(actions)
+    assert status["updatedBookies"] == 0 and condition(status, "Upgrading")["message"] == "restarting bk-0"
+
+    # bk-0 back in a pod of the new spec, not ready yet: nobody else goes
+    started = {scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+               lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"}
+    body = bookie_body(0, **started)
+    restarting = scaling.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    actions = decide(new, restarting, up(1), up(2), moment=NOW + dt.timedelta(seconds=30))
+    assert touching(actions, "pods") == []
+    status = status_of(actions)
+    assert condition(status, "RolloutStuck")["status"] == "False" and status["phase"] == "Reconciling"
+
+    # ready and registered: the rollout marks it done and moves on to bk-1
+    ready = scaling.ObservedBookie(body, pod(new, body, uid="q"), True, False)
+    actions = decide(new, ready, up(1), up(2))
+    assert touching(actions, "pods") == [("delete", "bk-1")]
+    done = of_type(actions, Patch, name="bk-0")[0].patch
+    assert done == {"metadata": {"annotations": {scaling.ANNOTATION_ROLLOUT_STARTED: None}}}
+    assert "BookieUpdated" in events(actions) and status_of(actions)["updatedBookies"] == 1
+
+    # all current: nothing to do, the cluster is Ready
+    actions = decide(new, up(0, new), up(1, new), up(2, new))
+    assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
+    status = status_of(actions)
+    assert (status["phase"], status["updatedBookies"]) == ("Ready", 3)
+    assert condition(status, "Upgrading")["status"] == "False"
+
+
+def test_an_outdated_bookie_waits_while_another_one_is_down():
+    new = cluster(3, image="bookfleet/bookie:9")
+    body = bookie_body(1)
+    down = scaling.ObservedBookie(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
+    actions = decide(new, up(0), down, up(2))
+    assert touching(actions, "pods") == [("delete", "bk-1")]  # the one down anyway may go
+    actions = decide(new, up(0), scaling.ObservedBookie(body, None, False, False), up(2))
+    assert touching(actions, "pods") == []
+    assert condition(status_of(actions), "Upgrading")["message"] == "waiting for bk-1 to be ready"
+
+
+def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
+    new = cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
+    body = bookie_body(0, **{scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+                             lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"})
+    broken = scaling.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    later = NOW + dt.timedelta(seconds=61)
+    actions = decide(new, broken, up(1), up(2), moment=later)
+    assert touching(actions, "pods") == [] and events(actions) == ["RolloutStuck"]
+    assert of_type(actions, PostEvent)[0].warning
+    stuck = condition(status_of(actions), "RolloutStuck")
+    assert stuck["status"] == "True" and "bk-0" in stuck["message"]
+    # said once: the next pass only keeps the condition
+    again = decide(new, broken, up(1), up(2), status=status_of(actions), moment=later)
+    assert events(again) == [] and condition(status_of(again), "RolloutStuck")["status"] == "True"
+
+    # the spec fixed: the stuck bookie restarts at once (it is down anyway), the others still wait
+    fixed = cluster(3, image="bookfleet/bookie:fixed", rolloutTimeoutSeconds=60)
+    actions = decide(fixed, broken, up(1), up(2), status=status_of(actions), moment=later)
+    assert touching(actions, "pods") == [("delete", "bk-0")]
+    assert condition(status_of(actions), "RolloutStuck")["status"] == "False"
+
+
+def test_a_pod_still_terminating_after_its_restart_is_waited_for():
+    new = cluster(3, image="bookfleet/bookie:9")
+    body = bookie_body(0, **{scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+                             lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"})
+    old = pod(cluster(), body)
+    old["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z"
+    actions = decide(new, scaling.ObservedBookie(body, old, True, False), up(1), up(2))
+    assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
+
+
+def test_storage_grows_claims_and_rolls_the_new_quota():
+    bigger = cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
+    claims = {name: {"metadata": {"name": name}, "spec": {"resources": {"requests": {"storage": "10Gi"}}}}
+              for name in resources.claim_names("bk-0")}
+    actions = decide(bigger, up(0), up(1), up(2), claims=claims)
+    storage = of_type(actions, Patch, plural="bookies", name="bk-0")[0].patch
+    assert storage == {"spec": {"storage": bigger.spec.storage.to_wire()}}
+    assert of_type(actions, scaling.ExpandClaim) == [scaling.ExpandClaim(NS, "bk-0-ledgers", "20Gi")]
+    assert touching(actions, "pods") == [("delete", "bk-0")]  # --disk-quota changed
+
+    refused = {name: {**claim, "metadata": {"name": name, "annotations": {
+        scaling.ANNOTATION_EXPANSION_REFUSED: "20Gi"}}} for name, claim in claims.items()}
+    actions = decide(bigger, up(0), up(1), up(2), claims=refused)
+    assert of_type(actions, scaling.ExpandClaim) == []
+    assert condition(status_of(actions), "VolumesExpanded")["status"] == "False"
+
+
+def test_claim_owners_follow_whenDeleted():
+    deleting = cluster(3, persistentVolumeClaimRetentionPolicy={"whenDeleted": "Delete"})
+    claims = {name: {"metadata": {"name": name}, "spec": {"resources": {"requests": {"storage": "2Gi"}}}}
+              for name in resources.claim_names("bk-0")}
+    actions = decide(deleting, up(0, deleting), up(1, deleting), up(2, deleting), claims=claims)
+    owners = [a.patch["metadata"]["ownerReferences"] for a in of_type(actions, Patch, plural="persistentvolumeclaims")]
+    assert [[(o["kind"], o["name"], o["uid"]) for o in refs] for refs in owners] == [[("Bookie", "bk-0", "b0")]] * 2
+    # Retain (the default): owned claims are let go, so deleting the cluster keeps them
+    owned = {name: {**claim, "metadata": {**claim["metadata"], "ownerReferences": owners[0]}}
+             for name, claim in claims.items()}
+    actions = decide(cluster(3), up(0), up(1), up(2), claims=owned)
+    assert [a.patch for a in of_type(actions, Patch, plural="persistentvolumeclaims")] == [
+        {"metadata": {"ownerReferences": None}}] * 2
