@@ -24,10 +24,13 @@ $(CHECKOV):
 run: setup
 	$(VENV)/bin/bookfleet demo
 
+# Two workers: most tests wait on processes and disks, not the CPU; the cluster tier stays on one worker (conftest).
+TEST_WORKERS ?= 2
+
 test: setup $(CHECKOV) kube-binaries
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
-	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
 kube-binaries:
