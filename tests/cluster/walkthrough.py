@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import json
 import os
 import shutil
@@ -60,6 +61,14 @@ class LocalCluster:
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def fail_node(self, name: str) -> float:
+        """Stop a node's kubelet (heartbeats stop, its pods' processes die at once) through `python -m tests.cluster`'s
+        control directory; the wall-clock time it happened."""
+        request = self.state / "control" / f"fail-node-{name}"
+        request.touch()
+        wait_for(lambda: not request.exists(), timeout=30, what=f"node {name} failed", interval=0.1)
+        return time.time()
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """A container's output, from the process kubelet's log file: it serves no logs API for `kubectl logs`."""
@@ -140,8 +149,8 @@ def bookie_cluster(cluster: LocalCluster) -> BookieCluster:
     return BookieCluster.model_validate(cluster.get("bookiecluster", "-n", NAMESPACE, CLUSTER))
 
 
-def ledger_status(cluster: LocalCluster) -> dict[str, Any]:
-    return cluster.get("ledger", "-n", NAMESPACE, LEDGER).get("status") or {}
+def ledger_status(cluster: LocalCluster, ledger: str = LEDGER) -> dict[str, Any]:
+    return cluster.get("ledger", "-n", NAMESPACE, ledger).get("status") or {}
 
 
 def scale(cluster: LocalCluster, replicas: int) -> None:
@@ -191,10 +200,10 @@ def run_client(cluster: LocalCluster, name: str, script: str) -> str:
     return log
 
 
-def write_entries(cluster: LocalCluster, count: int) -> int:
-    """`count` entries into the example Ledger, which is then closed; its ledger id."""
-    ledger_id = wait_for(lambda: (status := ledger_status(cluster)).get("state") and status,
-                         timeout=300, what=f"Ledger {LEDGER} created in ZooKeeper", interval=2.0)["ledgerId"]
+def write_entries(cluster: LocalCluster, count: int, ledger: str = LEDGER) -> int:
+    """`count` entries into a Ledger (the example one by default), which is then closed; its ledger id."""
+    ledger_id = wait_for(lambda: (status := ledger_status(cluster, ledger)).get("state") and status,
+                         timeout=300, what=f"Ledger {ledger} created in ZooKeeper", interval=2.0)["ledgerId"]
     zk = bookie_cluster(cluster).spec.zookeeper
     run_client(cluster, "demo-writer", f"bookfleet ledger write {ledger_id} --zk {zk} --count {count} --size 32 && "
                                        f"bookfleet ledger close {ledger_id} --zk {zk}")
@@ -244,14 +253,18 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, timeout: float = 90
                 env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env", [])}
                 seen.executors[name] = {"ip": pod["status"]["podIP"], "driver_url": env.get("SPARK_DRIVER_URL", "")}
                 say(f"Spark executor pod {name} on {pod['status']['podIP']}")
-        status = ledger_status(cluster)
-        loss = next((c for c in status.get("conditions", []) if c["type"] == "DataLoss"), {})
-        return ((status.get("repair") or {}).get("state") == "Succeeded" and not status.get("underReplicated")
-                and loss.get("status") == "False"
-                and all(lost_bookie_id not in s["bookies"] for s in status.get("segments", [])))
+        return repaired_off(ledger_status(cluster), lost_bookie_id)
 
     wait_for(healthy, timeout=timeout, what=f"Ledger {LEDGER} repaired off {lost_bookie_id}", interval=2.0)
     return seen
+
+
+def repaired_off(status: dict[str, Any], lost_bookie_id: str) -> bool:
+    """A Ledger's status says it is healthy again without the lost bookie: repaired, no marker, no data loss."""
+    loss = next((c for c in status.get("conditions", []) if c["type"] == "DataLoss"), {})
+    return ((status.get("repair") or {}).get("state") == "Succeeded" and not status.get("underReplicated")
+            and loss.get("status") == "False"
+            and all(lost_bookie_id not in s["bookies"] for s in status.get("segments", [])))
 
 
 @dataclass
@@ -282,6 +295,138 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     seconds = time.monotonic() - started
     say(f"Ledger {LEDGER} healthy {seconds:.0f} s after the pod was deleted; reading the entries back")
     return ClosedLoop(ledger_id, lost_id, repair, seconds, read_entries(cluster, ledger_id))
+
+
+# --- node failure: a bookie's node stops; repair, then the stuck pod force-replaced -----------------------------
+
+NODE_FAILURE_DELAY = 5
+"""lostBookieRecoveryDelaySeconds for the node failure: low, so that the wait is the node's grace period."""
+NODE_LOSS_LEDGERS = 4
+"""Ledgers tried (the example one, then fresh ones) for one with a replica on a node that may fail."""
+COMPONENT_LABEL = "app.kubernetes.io/component"
+
+
+def acting_operator(cluster: LocalCluster) -> str:
+    """The operator replica that acts: the highest priority in the chart's KopfPeering (kopf names them by pod)."""
+    peers = cluster.get("kopfpeering", "-n", NAMESPACE, "bookfleet").get("status") or {}
+    return max(peers, key=lambda peer: peers[peer]["priority"], default="")
+
+
+def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str] | None:
+    """A node whose failure costs exactly one bookie of the ledger (E = Qw = 3 on 4 bookies leaves 3 to repair onto)
+    and not the fleet's ZooKeeper (the chart runs one server), preferring one without the acting operator replica
+    (its successor would wait out kopf's peering lifetime): (node, bookie pod), or None."""
+    on_node: dict[str, list[dict[str, Any]]] = {}
+    for pod in cluster.get("pods", "-n", NAMESPACE)["items"]:
+        if pod["status"].get("phase") in ("Pending", "Running"):
+            on_node.setdefault(pod["spec"].get("nodeName", ""), []).append(pod)
+    acting = acting_operator(cluster)
+    ensemble = {bookie_id.split(".")[0] for bookie_id in ledger_bookie_ids}
+    choices = []
+    for node, pods in on_node.items():
+        kinds = [pod["metadata"].get("labels", {}).get(COMPONENT_LABEL) for pod in pods]
+        bookies = [pod["metadata"]["name"] for pod, kind in zip(pods, kinds, strict=True) if kind == "bookie"]
+        if len(bookies) == 1 and bookies[0] in ensemble and "zookeeper" not in kinds:
+            choices.append((any(pod["metadata"]["name"] == acting for pod in pods), node, bookies[0]))
+    return min(choices)[1:] if choices else None
+
+
+def closed_ledger(cluster: LocalCluster, ledger: str, entries: int) -> dict[str, Any]:
+    """The Ledger's status once it is closed, writing `entries` to it first if it is not yet."""
+    if ledger_status(cluster, ledger).get("state") != "CLOSED":
+        write_entries(cluster, entries, ledger)
+    return wait_for(lambda: (status := ledger_status(cluster, ledger)).get("state") == "CLOSED" and status,
+                    timeout=120, what=f"Ledger {ledger} closed", interval=1.0)
+
+
+def ledger_to_lose(cluster: LocalCluster, entries: int) -> tuple[str, str, str]:
+    """(ledger, node, bookie pod): a closed Ledger with a replica on a node that may fail (`node_to_fail`); the example
+    Ledger when it has one, else fresh Ledgers until one has (ensembles are placed at random)."""
+    for attempt in range(NODE_LOSS_LEDGERS):
+        ledger = LEDGER if attempt == 0 else f"node-loss-{attempt}"
+        if attempt:
+            manifest = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                        "metadata": {"name": ledger, "namespace": NAMESPACE}, "spec": {"cluster": CLUSTER}}
+            cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        status = closed_ledger(cluster, ledger, entries)
+        if choice := node_to_fail(cluster, {bookie for s in status["segments"] for bookie in s["bookies"]}):
+            return ledger, *choice
+    raise AssertionError(f"none of {NODE_LOSS_LEDGERS} ledgers has a replica on a node that may fail")
+
+
+@dataclass
+class NodeFailure:
+    """The outcome of `node_failure`: what failed, what the operator did, when (seconds after the node failed)."""
+
+    node: str
+    bookie: str
+    ledger_id: int
+    lost_condition: dict[str, Any]
+    job: dict[str, Any]
+    fresh_pod: dict[str, Any]
+    stuck_uid: str
+    events: list[str]
+    read_back: list[dict[str, Any]]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, Any]:
+        """The measured times as JSON-able figures, with the delay they include."""
+        return {"lost_bookie_recovery_delay_seconds": NODE_FAILURE_DELAY, "node": self.node, "bookie": self.bookie,
+                "seconds_after_node_failed": {name: round(value, 1) for name, value in self.seconds.items()}}
+
+
+def server_seconds(stamp: str, since: float) -> float:
+    """An API timestamp (whole seconds) as seconds after the wall-clock time `since`."""
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - since
+
+
+def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
+    """Fail the node of a bookie holding a closed ledger's replica, then wait until the ledger is repaired off it and
+    a fresh bookie runs on a live node, noting when each step was seen."""
+    say("4 bookies (a replacement for the lost one's replicas), a client certificate, a written ledger")
+    scale(cluster, 4)
+    issue_client_certificate(cluster)
+    cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, CLUSTER, "--type", "merge", "-p",
+                    json.dumps({"spec": {"autoRecovery": {"lostBookieRecoveryDelaySeconds": NODE_FAILURE_DELAY}}}))
+    ledger, node, victim = ledger_to_lose(cluster, entries)
+    status = ledger_status(cluster, ledger)
+    bookie_id = cluster.get("bookie", "-n", NAMESPACE, victim)["spec"]["bookieId"]
+    stuck_uid = cluster.get("pod", "-n", NAMESPACE, victim)["metadata"]["uid"]
+    earlier_jobs = {job["metadata"]["name"]
+                    for job in cluster.get("jobs", "-n", NAMESPACE, "-l", REPAIR_SELECTOR)["items"]}
+    say(f"failing node {node}: bookie {victim} of Ledger {ledger} (lost-bookie delay {NODE_FAILURE_DELAY} s)")
+    failed_at = cluster.fail_node(node)
+    outcome = NodeFailure(node, victim, status["ledgerId"], {}, {}, {}, stuck_uid, [], [])
+
+    def note(milestone: str, reached: bool) -> None:
+        if reached and milestone not in outcome.seconds:
+            outcome.seconds[milestone] = time.time() - failed_at
+            say(f"{milestone} {outcome.seconds[milestone]:.0f} s after node {node} failed")
+
+    def replaced() -> bool:
+        bookie = cluster.get("bookie", "-n", NAMESPACE, victim).get("status") or {}
+        if bookie.get("phase") == "Lost" and not outcome.lost_condition:
+            outcome.lost_condition = next(c for c in bookie["conditions"] if c["type"] == "Lost")
+        note("bookie_lost", bool(outcome.lost_condition))
+        if not outcome.job:
+            outcome.job = next((job for job in cluster.get("jobs", "-n", NAMESPACE, "-l", REPAIR_SELECTOR)["items"]
+                                if job["metadata"]["name"] not in earlier_jobs), {})
+        note("repair_job_seen", bool(outcome.job))
+        note("ledger_healthy", repaired_off(ledger_status(cluster, ledger), bookie_id))
+        pods = cluster.get("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={victim}")["items"]
+        outcome.fresh_pod = pods[0] if pods and pods[0]["metadata"]["uid"] != stuck_uid else {}
+        note("fresh_bookie_running", ready(outcome.fresh_pod) and bookie.get("phase") == "Running")
+        return {"ledger_healthy", "fresh_bookie_running"} <= outcome.seconds.keys()
+
+    wait_for(replaced, timeout=900, what=f"Ledger {ledger} repaired off {victim} and a fresh {victim}", interval=1.0)
+    node_ready = next(c for c in cluster.get("node", node)["status"]["conditions"] if c["type"] == "Ready")
+    outcome.seconds["node_not_ready"] = server_seconds(node_ready["lastTransitionTime"], failed_at)
+    outcome.job = cluster.get("job", "-n", NAMESPACE, outcome.job["metadata"]["name"])
+    outcome.seconds["repair_job_created"] = server_seconds(outcome.job["metadata"]["creationTimestamp"], failed_at)
+    events = cluster.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={victim}")["items"]
+    outcome.events = [event["reason"] for event in events]
+    outcome.read_back = read_entries(cluster, outcome.ledger_id)
+    return outcome
 
 
 def main() -> int:
