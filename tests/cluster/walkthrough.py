@@ -3,6 +3,7 @@ chart into a restricted namespace, apply the examples, wait for the bookies."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import datetime as dt
@@ -429,14 +430,24 @@ def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
     return outcome
 
 
-def main() -> int:
-    """`make cluster-demo`: the README walkthrough against a local cluster, ending with a `healthy:` line."""
+def main(argv: list[str] | None = None) -> int:
+    """`make cluster-demo`: the README walkthrough against a local cluster, ending with a `healthy:` line;
+    `--node-failure` (`make cluster-node-failure`): a node failure instead, ending with its figures as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.walkthrough", description=main.__doc__)
+    parser.add_argument("--node-failure", action="store_true",
+                        help="fail a bookie's node and print the seconds to Lost, repair Job, healthy Ledger as JSON")
+    args = parser.parse_args(argv)
     entries = 100
     say("starting the local cluster (the first run builds Kubernetes from its Go modules)")
     with running_cluster() as cluster:
         say(f"helm install into namespace {NAMESPACE} (restricted Pod Security), kubectl apply -f examples/")
         install(cluster)
         say("three bookies Running, one per zone")
+        if args.node_failure:
+            failure = node_failure(cluster, entries)
+            read_back = len(failure.read_back)
+            print(json.dumps({**failure.figures(), "entries_read_back": read_back}), flush=True)
+            return 0 if read_back == entries else 1
         outcome = closed_loop(cluster, entries)
         repair = outcome.repair
         if len(outcome.read_back) != entries:
