@@ -305,6 +305,7 @@ NODE_FAILURE_DELAY = 5
 NODE_LOSS_LEDGERS = 4
 """Ledgers tried (the example one, then fresh ones) for one with a replica on a node that may fail."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 def acting_operator(cluster: LocalCluster) -> str:
@@ -315,8 +316,10 @@ def acting_operator(cluster: LocalCluster) -> str:
 
 def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str] | None:
     """A node whose failure costs exactly one bookie of the ledger (E = Qw = 3 on 4 bookies leaves 3 to repair onto)
-    and not the fleet's ZooKeeper (the chart runs one server), preferring one without the acting operator replica
-    (its successor would wait out kopf's peering lifetime): (node, bookie pod), or None."""
+    and not the fleet's ZooKeeper (the chart runs one server), in a zone with another node (the example pins bookies
+    to zones: the fresh one needs a live node in its zone), preferring one without the acting operator replica (its
+    successor would wait out kopf's peering lifetime): (node, bookie pod), or None."""
+    zones = {node["metadata"]["name"]: node["metadata"]["labels"][ZONE_LABEL] for node in cluster.get("nodes")["items"]}
     on_node: dict[str, list[dict[str, Any]]] = {}
     for pod in cluster.get("pods", "-n", NAMESPACE)["items"]:
         if pod["status"].get("phase") in ("Pending", "Running"):
@@ -327,7 +330,8 @@ def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[st
     for node, pods in on_node.items():
         kinds = [pod["metadata"].get("labels", {}).get(COMPONENT_LABEL) for pod in pods]
         bookies = [pod["metadata"]["name"] for pod, kind in zip(pods, kinds, strict=True) if kind == "bookie"]
-        if len(bookies) == 1 and bookies[0] in ensemble and "zookeeper" not in kinds:
+        spare = sum(zone == zones.get(node) for zone in zones.values()) > 1
+        if spare and len(bookies) == 1 and bookies[0] in ensemble and "zookeeper" not in kinds:
             choices.append((any(pod["metadata"]["name"] == acting for pod in pods), node, bookies[0]))
     return min(choices)[1:] if choices else None
 
