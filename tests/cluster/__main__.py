@@ -1,9 +1,9 @@
 """`python -m tests.cluster`: build (once) and run a local Kubernetes cluster until Ctrl-C or SIGTERM.
 
-etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, four process
-nodes labelled zone-a|b|c (two in zone-a), a pod network on a host-only bridge. Everything it made (processes,
-network namespaces, links, the state directory) is removed when it stops; bind-mount targets it had to create on the
-host stay (see `Kubelet.mount_point`).
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
+nodes labelled zone-a|b|c (and two cordoned spares in zone-b|c), a pod network on a host-only bridge. Everything it
+made (processes, network namespaces, links, the state directory) is removed when it stops; bind-mount targets it had
+to create on the host stay (see `Kubelet.mount_point`).
 """
 
 from __future__ import annotations

@@ -314,12 +314,15 @@ def acting_operator(cluster: LocalCluster) -> str:
     return max(peers, key=lambda peer: peers[peer]["priority"], default="")
 
 
-def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str] | None:
+def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str, str] | str:
     """A node whose failure costs exactly one bookie of the ledger (E = Qw = 3 on 4 bookies leaves 3 to repair onto)
-    and not the fleet's ZooKeeper (the chart runs one server), in a zone with another node (the example pins bookies
-    to zones: the fresh one needs a live node in its zone), preferring one without the acting operator replica (its
-    successor would wait out kopf's peering lifetime): (node, bookie pod), or None."""
-    zones = {node["metadata"]["name"]: node["metadata"]["labels"][ZONE_LABEL] for node in cluster.get("nodes")["items"]}
+    and not the fleet's ZooKeeper (the chart runs one server), in a zone with a cordoned spare node (the example pins
+    bookies to zones: the fresh one needs a live node in its zone), preferring one without the acting operator
+    replica (its successor would wait out kopf's peering lifetime): (node, bookie pod, spare node), or why none."""
+    nodes = cluster.get("nodes")["items"]
+    spares = {node["metadata"]["labels"][ZONE_LABEL]: node["metadata"]["name"]
+              for node in nodes if node["spec"].get("unschedulable")}
+    zones = {node["metadata"]["name"]: node["metadata"]["labels"][ZONE_LABEL] for node in nodes}
     on_node: dict[str, list[dict[str, Any]]] = {}
     for pod in cluster.get("pods", "-n", NAMESPACE)["items"]:
         if pod["status"].get("phase") in ("Pending", "Running"):
@@ -330,10 +333,13 @@ def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[st
     for node, pods in on_node.items():
         kinds = [pod["metadata"].get("labels", {}).get(COMPONENT_LABEL) for pod in pods]
         bookies = [pod["metadata"]["name"] for pod, kind in zip(pods, kinds, strict=True) if kind == "bookie"]
-        spare = sum(zone == zones.get(node) for zone in zones.values()) > 1
+        spare = spares.get(zones.get(node, ""))
         if spare and len(bookies) == 1 and bookies[0] in ensemble and "zookeeper" not in kinds:
-            choices.append((any(pod["metadata"]["name"] == acting for pod in pods), node, bookies[0]))
-    return min(choices)[1:] if choices else None
+            choices.append((any(pod["metadata"]["name"] == acting for pod in pods), node, bookies[0], spare))
+    if not choices:
+        return f"ensemble {sorted(ensemble)}, pods by node " + json.dumps(
+            {node: sorted(pod["metadata"]["name"] for pod in pods) for node, pods in on_node.items()})
+    return min(choices)[1:]
 
 
 def closed_ledger(cluster: LocalCluster, ledger: str, entries: int) -> dict[str, Any]:
@@ -344,9 +350,10 @@ def closed_ledger(cluster: LocalCluster, ledger: str, entries: int) -> dict[str,
                     timeout=120, what=f"Ledger {ledger} closed", interval=1.0)
 
 
-def ledger_to_lose(cluster: LocalCluster, entries: int) -> tuple[str, str, str]:
-    """(ledger, node, bookie pod): a closed Ledger with a replica on a node that may fail (`node_to_fail`); the example
-    Ledger when it has one, else fresh Ledgers until one has (ensembles are placed at random)."""
+def ledger_to_lose(cluster: LocalCluster, entries: int) -> tuple[str, str, str, str]:
+    """(ledger, node, bookie pod, spare node): a closed Ledger with a replica on a node that may fail (`node_to_fail`);
+    the example Ledger when it has one, else fresh Ledgers until one has (ensembles are placed at random)."""
+    why = ""
     for attempt in range(NODE_LOSS_LEDGERS):
         ledger = LEDGER if attempt == 0 else f"node-loss-{attempt}"
         if attempt:
@@ -354,9 +361,11 @@ def ledger_to_lose(cluster: LocalCluster, entries: int) -> tuple[str, str, str]:
                         "metadata": {"name": ledger, "namespace": NAMESPACE}, "spec": {"cluster": CLUSTER}}
             cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
         status = closed_ledger(cluster, ledger, entries)
-        if choice := node_to_fail(cluster, {bookie for s in status["segments"] for bookie in s["bookies"]}):
+        choice = node_to_fail(cluster, {bookie for s in status["segments"] for bookie in s["bookies"]})
+        if not isinstance(choice, str):
             return ledger, *choice
-    raise AssertionError(f"none of {NODE_LOSS_LEDGERS} ledgers has a replica on a node that may fail")
+        why = choice
+    raise AssertionError(f"none of {NODE_LOSS_LEDGERS} ledgers has a replica on a node that may fail ({why})")
 
 
 @dataclass
@@ -393,13 +402,15 @@ def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
     issue_client_certificate(cluster)
     cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, CLUSTER, "--type", "merge", "-p",
                     json.dumps({"spec": {"autoRecovery": {"lostBookieRecoveryDelaySeconds": NODE_FAILURE_DELAY}}}))
-    ledger, node, victim = ledger_to_lose(cluster, entries)
+    ledger, node, victim, spare = ledger_to_lose(cluster, entries)
+    cluster.kubectl("uncordon", spare)
     status = ledger_status(cluster, ledger)
     bookie_id = cluster.get("bookie", "-n", NAMESPACE, victim)["spec"]["bookieId"]
     stuck_uid = cluster.get("pod", "-n", NAMESPACE, victim)["metadata"]["uid"]
     earlier_jobs = {job["metadata"]["name"]
                     for job in cluster.get("jobs", "-n", NAMESPACE, "-l", REPAIR_SELECTOR)["items"]}
-    say(f"failing node {node}: bookie {victim} of Ledger {ledger} (lost-bookie delay {NODE_FAILURE_DELAY} s)")
+    say(f"failing node {node}: bookie {victim} of Ledger {ledger}, spare {spare} uncordoned (lost-bookie delay"
+        f" {NODE_FAILURE_DELAY} s)")
     failed_at = cluster.fail_node(node)
     outcome = NodeFailure(node, victim, status["ledgerId"], {}, {}, {}, stuck_uid, [], [])
 
