@@ -385,8 +385,11 @@ class NodeFailure:
 
     def figures(self) -> dict[str, Any]:
         """The measured times as JSON-able figures, with the delay they include."""
+        seconds = self.seconds
         return {"lost_bookie_recovery_delay_seconds": NODE_FAILURE_DELAY, "node": self.node, "bookie": self.bookie,
-                "seconds_after_node_failed": {name: round(value, 1) for name, value in self.seconds.items()}}
+                "seconds_after_node_failed": {name: round(value, 1) for name, value in seconds.items()},
+                # issue 11's target (<= delay + 5 s) counts from the node being declared NotReady
+                "repair_job_after_node_not_ready": round(seconds["repair_job_created"] - seconds["node_not_ready"], 1)}
 
 
 def server_seconds(stamp: str, since: float) -> float:
