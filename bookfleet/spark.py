@@ -28,6 +28,7 @@ SESSION_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
     "spark.task.maxFailures": "2",
+    "spark.python.daemon.module": "bookfleet.replication.sparkdaemon",
 }
 LOOPBACK_DRIVER_CONF = {"spark.driver.host": LOCAL_IP, "spark.driver.bindAddress": LOCAL_IP}
 """Only for a local master this process picks itself: under spark-submit on Kubernetes the driver's address is the
@@ -52,6 +53,26 @@ def log4j2_config() -> Path:
     if not path.exists() or path.read_text() != LOG4J2_PROPERTIES:
         path.write_text(LOG4J2_PROPERTIES)
     return path
+
+
+def installed_pyspark_first(path: list[str]) -> list[str]:
+    """`path` with the zips of a pip-installed pyspark (SPARK_HOME = the package, as in our image and venv) moved
+    to the end: the package's own modules, with their cached bytecode, are the same code (Spark puts the zips
+    first, and zipimport compiles every module from source in each new process). Zips of any other Spark
+    installation keep their place: the installed package might be another version."""
+
+    def inside_installed_pyspark(entry: str) -> bool:
+        parts = Path(entry).parts
+        package = Path(*parts[:-3]) if len(parts) > 3 else None
+        return (
+            entry.endswith(".zip")
+            and parts[-4:-1] == ("pyspark", "python", "lib")
+            and package is not None
+            and (package / "__init__.py").is_file()
+        )
+
+    moved = [entry for entry in path if inside_installed_pyspark(entry)]
+    return [entry for entry in path if entry not in moved] + moved
 
 
 def is_local(master: str | None) -> bool:

@@ -51,3 +51,35 @@ def test_a_session_under_spark_submit_keeps_the_driver_host_it_was_given(tmp_pat
     result = subprocess.run([*command, str(probe)], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"driver.host={GIVEN_DRIVER_HOST}" in result.stdout.splitlines()
+
+
+def test_only_the_zips_of_an_installed_pyspark_move_behind_the_package(tmp_path: Path) -> None:
+    """Spark puts SPARK_HOME/python/lib/*.zip first on a worker's path; when SPARK_HOME is the pip package, its
+    installed modules (with cached bytecode) are the same code and must win over the zips."""
+    site = tmp_path / "site-packages"
+    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    own = [str(site / "pyspark" / "python" / "lib" / name) for name in ("pyspark.zip", "py4j-0.10.9.9-src.zip")]
+    other = str(tmp_path / "opt" / "spark" / "python" / "lib" / "pyspark.zip")  # a Spark distribution's
+    path = [*own, other, "/usr/lib/python311.zip", str(site)]
+    assert spark.installed_pyspark_first(path) == [other, "/usr/lib/python311.zip", str(site), *own]
+    assert spark.installed_pyspark_first([other, str(site)]) == [other, str(site)]
+
+
+def worker_probe(_: object) -> list[object]:
+    import os
+    import sys
+
+    import pyspark
+
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    return [pyspark.__file__, "bookfleet.replication.repair" in sys.modules, [arg.decode() for arg in parent]]
+
+
+@pytest.mark.spark
+def test_tasks_run_in_workers_forked_from_bookfleets_daemon_with_the_job_code_imported(request) -> None:
+    session = request.getfixturevalue("spark")  # the fixture's name is taken by the module here
+    ((package_file, imported, daemon_command),) = session.sparkContext.parallelize([0], 1).map(worker_probe).collect()
+    assert daemon_command[1:3] == ["-m", "bookfleet.replication.sparkdaemon"]
+    assert imported, "the repair code was not imported by the daemon before the fork"
+    assert ".zip" not in package_file, package_file

@@ -8,6 +8,14 @@ from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 
 
+def count_requests(zk, monkeypatch) -> list:
+    """The requests `zk` sends from now on (until monkeypatch.undo())."""
+    requests = []
+    call = zk._call
+    monkeypatch.setattr(zk, "_call", lambda request, result: requests.append(request) or call(request, result))
+    return requests
+
+
 def test_marking_is_idempotent_and_merges_missing_bookies(zk):
     ur = UnderReplication(zk)
     first = ur.mark(5, ["b1"])
@@ -29,6 +37,26 @@ def test_mark_all_marks_new_ledgers_and_merges_into_existing_markers(zk):
     assert marked[1] == kept  # already missing b1: untouched
     assert marked[2].missing_bookies == {"b1", "b2"} and marked[2] == ur.marker(3)
     assert ur.ledger_ids() == [1, 2, 3]
+
+
+def test_mark_all_takes_about_one_request_per_fresh_ledger(zk, monkeypatch):
+    """A lost bookie's ledgers are marked with one transaction each (own level and marker), the shared levels once:
+    kazoo's makepath costs a failed create plus an exists and a create per missing level, for every ledger."""
+    zk.ensure_path(zkpaths.UR_LEDGERS)  # as in any fleet
+    ledger_ids = [*range(100), 70000]
+    requests = count_requests(zk, monkeypatch)
+    marked = UnderReplication(zk).mark_all(ledger_ids, ["b1"])
+    monkeypatch.undo()
+    assert len(requests) <= len(ledger_ids) + 5, len(requests)  # + exists, 4 shared levels
+    assert marked == [UnderReplication(zk).marker(ledger_id) for ledger_id in ledger_ids]
+
+
+def test_mark_all_marks_a_ledger_whose_level_was_left_behind(zk):
+    """clear() prunes empty levels only on a best-effort basis: a ledger's own level may exist without a marker."""
+    ur = UnderReplication(zk)
+    zk.ensure_path(zkpaths.underreplicated(4).rsplit("/", 1)[0])
+    (marker,) = ur.mark_all([4], ["b1"])
+    assert marker == ur.marker(4) and marker.missing_bookies == {"b1"}
 
 
 def test_cleared_markers_leave_no_empty_levels(zk):
@@ -98,6 +126,14 @@ def test_lock_is_exclusive_ephemeral_and_released_only_by_its_holder(zk, zk_conn
     assert ur.acquire(4)
     ur.release(4)
     assert not ur.is_locked(4)
+
+
+def test_locks_of_a_fleets_first_repair_take_one_request_each(zk, monkeypatch):
+    zk.ensure_path(zkpaths.UR_LEDGERS)  # marked, never locked
+    requests = count_requests(zk, monkeypatch)
+    assert UnderReplication(zk).acquire_all(range(50), "repair") == set(range(50))
+    monkeypatch.undo()
+    assert len(requests) <= 50 + 3, len(requests)  # + the locks' parent, once
 
 
 def test_disable_switch(zk):

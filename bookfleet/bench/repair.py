@@ -12,6 +12,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
@@ -21,9 +22,11 @@ from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.replication.repair import Reply
 from bookfleet.replication.replicacheck import ALL, ReplicaRange, entries_to_check, read_copies, verdict
+from bookfleet.zkserver import four_letter_word
 
 WRITES_IN_FLIGHT = 256
 LEDGERS_IN_FLIGHT = 8
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,61 @@ async def verify_replicas(
     return problems
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessCpu:
+    parent: int
+    command: str
+    seconds: float
+
+
+def process_tree_cpu() -> dict[int, ProcessCpu]:
+    """CPU used so far by this process and each of its descendants (Linux /proc), by pid.
+
+    A descendant's figure includes the children it reaped (Spark's Python daemon reaps its workers); this
+    process's does not, so a bookie killed by the bench is counted nowhere once it is gone."""
+    processes: dict[int, ProcessCpu] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, tail = stat.read_text().rpartition(")")
+        except OSError:
+            continue  # exited meanwhile
+        fields = tail.split()
+        own = 2 if int(stat.parent.name) == os.getpid() else 4  # utime, stime (, cutime, cstime)
+        seconds = sum(map(int, fields[11 : 11 + own])) / CLOCK_TICKS
+        processes[int(stat.parent.name)] = ProcessCpu(int(fields[1]), head.partition("(")[2], seconds)
+    tree: dict[int, ProcessCpu] = {}
+    parents = {os.getpid()}
+    while parents:
+        tree |= {pid: processes[pid] for pid in parents if pid in processes}
+        parents = {pid for pid, process in processes.items() if process.parent in parents and pid not in tree}
+    return tree
+
+
+def cpu_by_role(before: dict[int, ProcessCpu], after: dict[int, ProcessCpu], roles: dict[int, str]) -> dict:
+    """CPU seconds spent between two `process_tree_cpu` snapshots, per role: `roles` names some pids (and their
+    descendants), this process is the driver, any other descendant is Spark's: its JVM or its Python workers."""
+
+    def role(pid: int) -> str:
+        if pid == os.getpid():
+            return "driver"
+        top = pid
+        while top not in roles and after[top].parent in after and after[top].parent != os.getpid():
+            top = after[top].parent
+        return roles.get(top, "spark_jvm" if after[pid].command == "java" else "spark_python")
+
+    spent: dict[str, float] = {}
+    for pid, process in after.items():
+        earlier = before.get(pid)
+        spent[role(pid)] = spent.get(role(pid), 0.0) + process.seconds - (earlier.seconds if earlier else 0.0)
+    return spent
+
+
+def zookeeper_requests(port: int) -> int:
+    """Packets the ZooKeeper server has received so far (every request and ping of every client)."""
+    answer = four_letter_word(port, "srvr")
+    return int(next(line for line in answer.splitlines() if line.startswith("Received:")).split(":")[1])
+
+
 def register(benches) -> None:
     parser = benches.add_parser("repair", help="restore a killed bookie's replicas with the Spark repair job")
     parser.add_argument("--ledgers", type=int, default=1000)
@@ -140,10 +198,9 @@ def run_bench(args) -> int:
     import json
     import tempfile
     import time
-    from pathlib import Path
 
     from bookfleet import spark as sparksettings
-    from bookfleet.bench.baseline import same_run_baselines
+    from bookfleet.bench.baseline import in_loop_iterations, same_run_baselines
     from bookfleet.cli import CommandError
     from bookfleet.fleet import BookieFleet
     from bookfleet.replication.auditor import mark_lost_bookie
@@ -166,13 +223,18 @@ def run_bench(args) -> int:
             write_seconds = time.monotonic() - started
             victim = bookies[0]
             say(f"killing {victim.bookie_id}; repairing")
+            roles = {bookie.process.pid: "bookies" for bookie in bookies[1:]} | {server.process.pid: "zookeeper"}
             with zkclient.session(server.connect) as client:
                 lost_at = time.monotonic()
                 victim.kill9()
+                cpu_before, requests_before = process_tree_cpu(), zookeeper_requests(server.port)
                 marked = mark_lost_bookie(client, victim.bookie_id)
                 summary = run_repair(server.connect, master=args.master, throttle_mb_s=args.throttle_mb_s)
                 recovered = time.monotonic() - lost_at
+                cpu = cpu_by_role(cpu_before, process_tree_cpu(), roles)
+                requests = zookeeper_requests(server.port) - requests_before
             problems = [] if args.no_verify else asyncio.run(verify_replicas(server.connect, expected))
+    entries = max(1, summary.entries)
     result = {
         "bench": "repair",
         "ledgers": args.ledgers,
@@ -191,6 +253,10 @@ def run_bench(args) -> int:
         "mb_per_s": round(summary.bytes / 1e6 / summary.seconds, 2),
         "ledgers_per_min": round(summary.ledgers / summary.seconds * 60),
         "seconds_loss_to_full_replication": round(recovered, 2),
+        "cpu_us_per_entry": round(sum(cpu.values()) / entries * 1e6, 1),
+        "cpu_us_per_entry_by_process": {name: round(cpu[name] / entries * 1e6, 1) for name in sorted(cpu)},
+        "cpu_per_entry_loop_iterations": round(in_loop_iterations(sum(cpu.values()) / entries * 1e6, baseline)),
+        "zookeeper_requests_per_ledger": round(requests / max(1, summary.ledgers), 1),
         "failures": len(summary.failures),
         "replica_problems": len(problems),
         "verified": not args.no_verify,

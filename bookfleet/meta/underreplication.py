@@ -118,29 +118,44 @@ class UnderReplication:
             return Marker(ledger_id, merged, current.ctime, stat.version, merged_missed)
 
     def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str]) -> list[Marker]:
-        """mark() of many ledgers missing the same bookies: unmarked ledgers are marked in one pipeline of
-        asynchronous creates, the others (or any that changed meanwhile) go through mark()."""
+        """mark() of many ledgers missing the same bookies, in about one ZooKeeper request per ledger: the shared hex
+        levels are made once, then each ledger's own level and marker in one transaction, all in one pipeline.
+        A ledger whose transaction fails (already marked, or its level left behind) goes through mark()."""
         missing = frozenset(missing_bookies)
         if not missing:
             raise ValueError("marking ledgers needs at least one missing bookie")
-        current = self.read_markers(ledger_ids)
+        paths = {ledger_id: zkpaths.underreplicated(ledger_id) for ledger_id in ledger_ids}
+        if not paths:
+            return []
+        self._make_levels(path.rsplit("/", 2)[0] for path in paths.values())
         ctime = _now_ms()
         document = _document(missing, frozenset(), ctime)
-        creates = [
-            (ledger_id, self.zk.create_async(zkpaths.underreplicated(ledger_id), document, makepath=True))
-            for ledger_id, marker in current.items()
-            if marker is None
-        ]
-        for ledger_id, create in creates:
-            try:
-                create.get()
-            except (NodeExistsError, NoNodeError):
-                continue  # marked meanwhile, or a level pruned under us: mark() below sorts it out
-            current[ledger_id] = Marker(ledger_id, missing, ctime, 0)
+        commits = []
+        for ledger_id, path in paths.items():
+            txn = self.zk.transaction()
+            txn.create(path.rsplit("/", 1)[0])
+            txn.create(path, document)
+            commits.append((ledger_id, txn.commit_async()))
         return [
-            marker if marker is not None and missing <= marker.missing_bookies else self.mark(ledger_id, missing)
-            for ledger_id, marker in current.items()
+            self.mark(ledger_id, missing)
+            if any(isinstance(result, Exception) for result in commit.get())
+            else Marker(ledger_id, missing, ctime, 0)
+            for ledger_id, commit in commits
         ]
+
+    def _make_levels(self, levels: Iterable[str]) -> None:
+        """Create these hex levels and those above them, one pipeline per depth; existing ones are fine, and one
+        pruned meanwhile only makes its ledgers' transactions fail over to mark()."""
+        self.zk.ensure_path(zkpaths.UR_LEDGERS)
+        by_depth: dict[int, set[str]] = {}
+        for level in levels:
+            parts = level.removeprefix(zkpaths.UR_LEDGERS + "/").split("/")
+            for depth in range(1, len(parts) + 1):
+                by_depth.setdefault(depth, set()).add("/".join([zkpaths.UR_LEDGERS, *parts[:depth]]))
+        for depth in sorted(by_depth):
+            for create in [self.zk.create_async(path) for path in sorted(by_depth[depth])]:
+                with contextlib.suppress(NodeExistsError, NoNodeError):
+                    create.get()
 
     def marker(self, ledger_id: int) -> Marker | None:
         return self.read_markers([ledger_id])[ledger_id]
@@ -221,10 +236,8 @@ class UnderReplication:
         data = (holder or f"{socket.gethostname()}:{os.getpid()}").encode()
         session = self._session()
         lock = zkpaths.underreplication_lock
-        creates = [
-            (ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True, makepath=True))
-            for ledger_id in ledger_ids
-        ]
+        self.zk.ensure_path(zkpaths.UR_LOCKS)  # once, not a makepath race of every create on a fleet's first run
+        creates = [(ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True)) for ledger_id in ledger_ids]
         taken = set()
         for ledger_id, create in creates:
             try:

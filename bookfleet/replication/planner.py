@@ -63,11 +63,9 @@ class FragmentPlan:
     def needed_entries(self) -> list[int]:
         """Entries that at least one lost position must hold."""
         size = self.ensemble_size
-        return [
-            e
-            for e in range(self.first_entry_id, self.last_entry_id + 1)
-            if any(stores_entry(p, e, size, self.write_quorum) for p in self.lost)
-        ]
+        # write sets repeat every E entries: decide each residue once, not each entry
+        residues = {r for r in range(size) if any(stores_entry(p, r, size, self.write_quorum) for p in self.lost)}
+        return [e for e in range(self.first_entry_id, self.last_entry_id + 1) if e % size in residues]
 
     @property
     def survivors(self) -> tuple[str, ...]:

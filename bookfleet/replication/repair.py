@@ -21,7 +21,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from bookfleet import wire
+from bookfleet import eventloop, wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.replication.planner import FragmentPlan
 
@@ -190,6 +190,8 @@ class FragmentCopier:
         size = self.plan.ensemble_size
         retry = []
         for entry_id in entries:
+            if entry_id in found:
+                continue  # a good copy: COPY, whatever the other replicas said
             verdict = entry_verdict(self.replicas[entry_id % size], replies[entry_id], self.declared_lost)
             if verdict is Verdict.LOST:
                 self.result.lost.append(entry_id)
@@ -272,8 +274,34 @@ class FragmentCopier:
     async def write_to(self, target: str, entries: list[bytes]) -> None:
         client = await self.connections.get(target)
         await self.bucket.take(sum(map(len, entries)))
-        # bare futures, no task per add: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded too
-        await asyncio.gather(*(client.add_entry_nowait(self.master_key, raw, recovery=True) for raw in entries))
+        # callback adds, one future per chunk: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded
+        acks = ChunkAcks(len(entries))
+        for raw in entries:
+            client.add_entry_callback(self.master_key + raw, acks.answer, None, recovery=True)
+        await acks.done
+
+
+class ChunkAcks:
+    """The answers to one chunk's recovery adds to one bookie: `done` resolves at the last ack, or fails with the
+    first error (the chunk is then retried by a later run; the other answers no longer matter)."""
+
+    __slots__ = ("done", "remaining")
+
+    def __init__(self, count: int):
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.remaining = count
+        if not count:
+            self.done.set_result(None)
+
+    def answer(self, _: object, error: BaseException | None) -> None:
+        if self.done.done():
+            return
+        if error is not None:
+            self.done.set_exception(error)
+            return
+        self.remaining -= 1
+        if not self.remaining:
+            self.done.set_result(None)
 
 
 async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettings) -> list[FragmentResult]:
@@ -304,5 +332,5 @@ async def repair_fragments(plans: Iterable[FragmentPlan], settings: RepairSettin
 
 
 def repair_partition(plans: Iterable[FragmentPlan], settings: RepairSettings) -> list[FragmentResult]:
-    """The Spark task body: one event loop for all of a partition's fragments."""
-    return asyncio.run(repair_fragments(list(plans), settings))
+    """The Spark task body: one event loop (uvloop when installed) for all of a partition's fragments."""
+    return eventloop.run(repair_fragments(list(plans), settings))
