@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 CHECKOV := $(VENV)/tools/checkov/bin/checkov
 
-.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo chaos floors bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ cluster: setup
 # The README's lost-bookie walkthrough on its own local cluster (the same steps as the cluster tier's repair test).
 cluster-demo: setup kube-binaries
 	$(PY) -m tests.cluster.walkthrough
+
+# A bookie's node fails on its own local cluster: seconds to Lost, to the repair Job, to a healthy Ledger (JSON).
+cluster-node-failure: setup kube-binaries
+	$(PY) -m tests.cluster.walkthrough --node-failure
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200

@@ -8,8 +8,11 @@ with its ServiceAccount's token, so a missing RBAC rule or a rejected pod fails 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from bookfleet.kube.repairs import ANNOTATION_LEDGERS
 from bookfleet.polling import wait_for
 from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
@@ -77,3 +80,24 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes(installed: LocalCluster)
     assert command[command.index("--master") + 1].startswith("k8s://")
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
     assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]
+
+
+def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(installed: LocalCluster):
+    """A node stops (no heartbeats, its processes killed): the node lifecycle controller marks its pods not Ready, the
+    operator counts the bookie lost (NodeLost), repairs its ledgers, then force-deletes the pod its dead kubelet would
+    never confirm and starts a fresh bookie. Last in the module: the node stays failed."""
+    cluster = installed
+    outcome = walkthrough.node_failure(cluster, ENTRIES)
+    print(f"node failure: {json.dumps(outcome.figures())}")
+
+    lost = outcome.lost_condition
+    assert lost["reason"] == "NodeLost" and outcome.node in lost["message"]
+    ledgers = outcome.job["metadata"]["annotations"][ANNOTATION_LEDGERS].split(",")
+    assert str(outcome.ledger_id) in ledgers  # marked before the Job was created
+    assert outcome.job["status"].get("succeeded")
+    assert outcome.seconds["repair_job_created"] <= outcome.seconds["ledger_healthy"]
+    fresh = outcome.fresh_pod
+    assert fresh["spec"]["nodeName"] != outcome.node and walkthrough.ready(fresh)
+    expected = {"BookieLost", "RepairLaunched", "RepairSucceeded", "PodForceDeleted", "BookieReplaced"}
+    assert expected <= set(outcome.events)
+    assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))

@@ -108,13 +108,17 @@ class KubeApi:
         if existing:
             return existing, False
         try:
-            return self._call("POST", collection_path(manifest["apiVersion"], plural, meta.get("namespace")),
-                              body=manifest), True
+            return self.create(manifest), True
         except ApiException as exc:
             if exc.status != 409:
                 raise
         existing = self.get(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
         return existing or manifest, False
+
+    def create(self, manifest: dict) -> dict:
+        """POST `manifest` (ApiException 409 when its name is taken)."""
+        path = collection_path(manifest["apiVersion"], PLURALS[manifest["kind"]], manifest["metadata"].get("namespace"))
+        return self._call("POST", path, body=manifest)
 
     def patch(self, api_version: str, plural: str, namespace: str | None, name: str, patch: dict,
               subresource: str = "") -> dict | None:
@@ -160,5 +164,7 @@ class KubeApi:
             "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
             "source": {"component": "bookfleet-operator"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        self.ensure(event)
+        # Its name is new, so it is created without looking first: the chart's ServiceAccount may create Events, not
+        # read them.
+        self.create(event)
         metrics.record_event(involved["kind"], reason, warning)

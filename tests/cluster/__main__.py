@@ -1,9 +1,9 @@
 """`python -m tests.cluster`: build (once) and run a local Kubernetes cluster until Ctrl-C or SIGTERM.
 
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
-nodes labelled zone-a|b|c, a pod network on a host-only bridge. Everything it made (processes, network namespaces,
-links, the state directory) is removed when it stops; bind-mount targets it had to create on the host stay (see
-`Kubelet.mount_point`).
+nodes labelled zone-a|b|c (and two cordoned spares in zone-b|c), a pod network on a host-only bridge. Everything it
+made (processes, network namespaces, links, the state directory) is removed when it stops; bind-mount targets it had
+to create on the host stay (see `Kubelet.mount_point`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def build() -> Path:
 
 def nodes_ready(kubelet: Kubelet) -> bool:
     nodes = kubelet.api.list_node().items
-    return len(nodes) == 3 and all(
+    return len(nodes) == len(kubelet.nodes) and all(
         any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
     )
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         control_plane.start()
         kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
         kubelet.start()
-        wait_for(lambda: nodes_ready(kubelet), timeout=120, what="three Ready nodes", interval=0.5)
+        wait_for(lambda: nodes_ready(kubelet), timeout=120, what="every node Ready", interval=0.5)
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)

@@ -25,6 +25,9 @@ ZONES = ("zone-a", "zone-b", "zone-c")
 ZONE_LABEL = "topology.kubernetes.io/zone"
 STORAGE_CLASS = "local-dirs"
 PROVISIONER = "bookfleet.test/local-dirs"
+SPARE_NODES = {"node-b2": "zone-b", "node-c2": "zone-c"}
+"""Cordoned spare nodes (spec.unschedulable, so pods land as on three nodes): uncordoned, one gives a bookie pinned to
+its zone (BookieCluster.spec.zones) a live node to come back on when its node fails."""
 CLUSTER_DOMAIN = "cluster.local"
 HEARTBEAT_SECONDS = 5.0
 
@@ -34,7 +37,8 @@ def _json(response: Any) -> Any:
 
 
 class Kubelet:
-    """Nodes `node-a|b|c`, their heartbeats, and a PodWorker for every Pod scheduled to one of them."""
+    """Nodes `node-a|b|c` and the cordoned spares `node-b2|c2`, their heartbeats, and a PodWorker for every Pod
+    scheduled to one of them."""
 
     def __init__(self, kubeconfig: Path, bridge: Bridge, state: Path, api_port: int) -> None:
         client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
@@ -42,7 +46,7 @@ class Kubelet:
         self.coordination = kubernetes.client.CoordinationV1Api(client)
         self.storage = kubernetes.client.StorageV1Api(client)
         self.bridge, self.state, self.api_port = bridge, state, api_port
-        self.nodes = {f"node-{zone[-1]}": zone for zone in ZONES}
+        self.nodes = {**{f"node-{zone[-1]}": zone for zone in ZONES}, **SPARE_NODES}
         self.failed_nodes: set[str] = set()
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()
@@ -124,6 +128,7 @@ class Kubelet:
                 ZONE_LABEL: zone, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
             }},
+            "spec": {"unschedulable": name in SPARE_NODES},
             "status": {"capacity": capacity, "allocatable": capacity},
         }
 
