@@ -43,11 +43,25 @@ def _ephemeral_range() -> tuple[int, int]:
 _handed_out: set[int] = set()
 
 
+PORT_SHARE = "BOOKFLEET_PORT_SHARE"
+"""`I/N`: this process picks ports only from the I-th of N equal shares of free_port's range, so that processes
+starting servers side by side (test workers) never hand out one port twice, nor take one a stopped server of another
+will bind again."""
+
+
+def _port_range() -> range:
+    low = _ephemeral_range()[0]
+    ports = range(max(1024, low - 12000), low)
+    index, _, count = os.environ.get(PORT_SHARE, "0/1").partition("/")
+    share = len(ports) // int(count)
+    return ports[int(index) * share:(int(index) + 1) * share]
+
+
 def free_port() -> int:
     """A loopback port that is free now, chosen below the kernel's ephemeral range: a port from that range can be
     taken as the local end of any outgoing connection before (or while) a server binds it again on restart."""
-    low = _ephemeral_range()[0]
-    candidates = random.sample(range(max(1024, low - 12000), low), 64) if low > 2048 else []
+    ports = _port_range() if _ephemeral_range()[0] > 2048 else range(0)
+    candidates = random.sample(ports, min(64, len(ports)))
     for port in candidates:
         if port in _handed_out:  # handed out earlier, perhaps not bound yet
             continue

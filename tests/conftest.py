@@ -1,10 +1,15 @@
 """Shared fixtures live in tests/fixtures, one plugin module per component; every module there is loaded."""
 
+import os
 import pkgutil
 
 import pytest
 
+from bookfleet import zkserver
 from tests import fixtures
+
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...: each worker its own share of ports
+    os.environ[zkserver.PORT_SHARE] = f"{worker.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
 
 pytest_plugins = [f"{fixtures.__name__}.{m.name}" for m in pkgutil.iter_modules(fixtures.__path__)]
 
