@@ -213,9 +213,26 @@ def lost(**kwargs: Any) -> lifecycle.BookieObserved:
     return observed(bookie_body(lost_since=since, conditions=kwargs.pop("conditions", None)), **kwargs)
 
 
-def test_within_the_delay_it_waits():
+def test_within_the_delay_it_waits_and_is_due_again_when_the_delay_ends():
     decision = lifecycle.decide(lost(pod=pod(ready=False, since=ago(10))), NOW)
     assert decision.status["phase"] == "Lost" and of_type(decision, LaunchRepair) == [] and events(decision) == []
+    assert decision.recheck_at == ago(10) + dt.timedelta(seconds=DELAY)  # not whenever the next interval comes
+
+
+@pytest.mark.parametrize("case", ["running", "repairing", "disabled"])
+def test_only_the_clock_running_out_on_a_delay_makes_a_pass_due(case):
+    observation = {"running": lambda: observed(pod=pod(), info=registered()),
+                   "repairing": lambda: lost(pod=None, since=DELAY + 1),
+                   "disabled": lambda: lost(pod=None, since=10, disabled=True)}[case]()
+    assert lifecycle.decide(observation, NOW).recheck_at is None
+
+
+def test_a_restarted_pod_that_is_not_ready_is_due_again_just_past_the_delay():
+    decision = lifecycle.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), NOW)
+    assert decision.status["lostSince"] is None
+    assert decision.recheck_at == ago(5) + dt.timedelta(seconds=DELAY + 1)
+    later = decision.recheck_at
+    assert lifecycle.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), later).status["lostSince"]
 
 
 def test_back_with_its_data_clears_the_loss():

@@ -1,19 +1,21 @@
 """kopf registrations only: every handler hands the object to a plain domain module.
 
-Level-based throughout: timers re-derive everything from Kubernetes and ZooKeeper on each pass, so a restarted
-operator resumes where the previous one stopped. Bookie pods are watched by label, with no finalizers on them.
+Level-based throughout: timers and loops re-derive everything from Kubernetes and ZooKeeper on each
+pass, so a restarted operator resumes where the previous one stopped. Bookie pods are watched by label, with no
+finalizers on them: their events only wake their Bookie's loop.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 import kubernetes
 
-from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling, teardown
+from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling, teardown, wakeups
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.models import GROUP, VERSION
 
@@ -23,6 +25,8 @@ KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 
 _context: OperatorContext | None = None
+WAKEUPS = wakeups.Wakeups()
+log = logging.getLogger(__name__)
 
 
 def context() -> OperatorContext:
@@ -59,16 +63,34 @@ def close(**_: Any) -> None:
         _context.close()
 
 
-@kopf.timer(GROUP, VERSION, "bookieclusters", interval=INTERVAL)
-def reconcile_cluster(body: kopf.Body, **_: Any) -> None:
-    with metrics.reconciling("bookieclusters"):
-        scaling.reconcile(context(), dict(body))
+def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | None], body: kopf.Body,
+              ) -> Callable[[], float | None]:
+    def one_pass() -> float | None:
+        """A failed pass is logged and retried at the interval, as kopf does for a timer."""
+        try:
+            with metrics.reconciling(plural):
+                return reconcile(context(), dict(body))
+        except Exception:
+            meta = body["metadata"]
+            log.exception("reconciling %s %s/%s failed", plural, meta["namespace"], meta["name"])
+            return None
+    return one_pass
 
 
-@kopf.timer(GROUP, VERSION, "bookies", interval=INTERVAL)
-def reconcile_bookie(body: kopf.Body, **_: Any) -> None:
-    with metrics.reconciling("bookies"):
-        lifecycle.reconcile(context(), dict(body))
+@kopf.daemon(GROUP, VERSION, "bookieclusters", cancellation_backoff=60, cancellation_timeout=10)
+async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
+    the restarted bookie is Ready), else every INTERVAL seconds."""
+    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", scaling.reconcile,
+                           body), stopped, INTERVAL)
+
+
+@kopf.daemon(GROUP, VERSION, "bookies", cancellation_backoff=60, cancellation_timeout=10)
+async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """A loop per Bookie: a pass when its pod changes (a pod that stops being Ready on a failed node is seen at once)
+    and when a recovery delay ends, else every INTERVAL seconds."""
+    await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass("bookies", lifecycle.reconcile, body),
+                           stopped, INTERVAL)
 
 
 def _by_ledger(body: kopf.Body) -> dict[repairs.LedgerKey, dict]:
@@ -104,5 +126,11 @@ def ledger_event(event: kopf.RawEvent, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)
-def bookie_pod_event(event: kopf.RawEvent, **_: Any) -> None:
-    lifecycle.on_pod_event(context(), event["type"] or "", dict(event["object"]))
+async def bookie_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A bookie pod created, changed or deleted wakes its Bookie's and its cluster's loops."""
+    meta = event["object"]["metadata"]
+    labels = meta.get("labels") or {}
+    if bookie := labels.get(resources.LABEL_BOOKIE):
+        WAKEUPS.wake(("bookies", meta["namespace"], bookie))
+    if cluster := labels.get(resources.LABEL_CLUSTER):
+        WAKEUPS.wake(("bookieclusters", meta["namespace"], cluster))

@@ -112,6 +112,9 @@ class BookieObserved:
 class Decision:
     status: dict[str, Any]
     actions: tuple[Action, ...] = ()
+    recheck_at: dt.datetime | None = None
+    """When the passing of time alone changes the decision (the end of a recovery delay): the next pass is due then,
+    not at the next interval."""
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,7 @@ class Plan:
     conditions: list[dict]
     events: list[PostEvent] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    recheck_at: dt.datetime | None = None
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> Plan:
@@ -404,6 +408,8 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
     if verdict.action == LostBookieAction.WAIT:
         if observed.recovery_disabled:
             plan.report_disabled()
+        elif verdict.recheck_at is not None:
+            plan.recheck_at = dt.datetime.fromtimestamp(verdict.recheck_at, dt.UTC)
         return lost_since
     step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
     if step.launch is not None:
@@ -441,11 +447,20 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
         plan.record_loss(death)
     if lost_since is None:
         plan.actions += volumes_and_pod(observed)
+        plan.recheck_at = crash_loop_due(observed, at)
     else:
         lost_since = decide_loss(observed, lost_since, at, plan)
     status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
               "conditions": plan.conditions}
-    return Decision(status, (*plan.events, *plan.actions))
+    return Decision(status, (*plan.events, *plan.actions), plan.recheck_at)
+
+
+def crash_loop_due(observed: BookieObserved, at: dt.datetime) -> dt.datetime | None:
+    """When a restarted pod that is not Ready will have been so for longer than the delay (find_death's crash loop)."""
+    pod = observed.pod
+    if pod is None or pod_ready(pod) or not restarts(pod):
+        return None
+    return not_ready_since(pod, at) + dt.timedelta(seconds=observed.recovery_delay + 1)
 
 
 def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, ledgers: int,
@@ -478,33 +493,14 @@ def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
 
 # --- act ---------------------------------------------------------------------------------------------------------
 
-def reconcile(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a Bookie (called by a timer). The status goes first: a loss time is recorded
-    before a repair named after it is launched, and the Events of a change are posted with it."""
+def reconcile(ctx: OperatorContext, body: dict) -> float | None:
+    """One level-based pass over a Bookie; the seconds until a pass is due by the clock alone (None: only a change,
+    or the next interval, calls for one). The status goes first: a loss time is recorded before a repair
+    named after it is launched, and the Events of a change are posted with it."""
     observed = observe(ctx, body)
     if observed is None:
-        return
-    decision = decide(observed, now())
+        return None
+    at = now()
+    decision = decide(observed, at)
     act(ctx, observed.body, [PatchStatus("bookies", decision.status), *decision.actions])
-
-
-def on_pod_event(ctx: OperatorContext, event_type: str, pod: dict) -> None:
-    """A bookie pod deleted or failed: record the loss on its Bookie right away (the timer does the rest)."""
-    meta = pod["metadata"]
-    bookie_name = (meta.get("labels") or {}).get(resources.LABEL_BOOKIE)
-    if not bookie_name or not (event_type == "DELETED" or pod_failed(pod)):
-        return
-    body = ctx.api.get(CUSTOM, "bookies", meta["namespace"], bookie_name)
-    if body is None or body["metadata"].get("deletionTimestamp") or (body.get("status") or {}).get("lostSince"):
-        return
-    if (body["metadata"].get("annotations") or {}).get(ANNOTATION_PLANNED_RESTART) == meta.get("uid"):
-        return
-    if (body.get("spec") or {}).get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE:
-        return
-    deleted = event_type == "DELETED"
-    death = Death(DeathKind.POD_DELETED if deleted else DeathKind.POD_FAILED, rounded_up(now()),
-                  f"pod {meta['name']} was {'deleted' if deleted else 'failed'}")
-    plan = Plan.of(body)
-    plan.record_loss(death)
-    act(ctx, body, [PatchStatus("bookies", {"lostSince": timestamp(death.since), "phase": BookiePhase.LOST.value,
-                                            "conditions": plan.conditions}), *plan.events])
+    return None if decision.recheck_at is None else max((decision.recheck_at - at).total_seconds(), 0.0)

@@ -525,5 +525,6 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
 
 
 def reconcile(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a BookieCluster (called by a timer)."""
+    """One level-based pass over a BookieCluster (its loop runs the next at the interval or on a bookie pod's
+    change)."""
     act(ctx, body, decide(observe(ctx, body), now()))

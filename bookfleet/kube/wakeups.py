@@ -1,0 +1,61 @@
+"""Reconcile loops that wake up: a watch event on something an object depends on (a Bookie's pod) cuts its loop's
+wait short, so the next pass runs at once instead of at the next interval; a pass may also ask for the next one
+sooner (when a delay it waits out ends)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Protocol
+
+
+class Wakeups:
+    """One asyncio.Event per key, made by the loop that waits on it and dropped when that loop ends."""
+
+    def __init__(self) -> None:
+        self._events: dict[Hashable, asyncio.Event] = {}
+
+    @contextlib.contextmanager
+    def registered(self, key: Hashable) -> Iterator[asyncio.Event]:
+        event = self._events[key] = asyncio.Event()
+        try:
+            yield event
+        finally:
+            if self._events.get(key) is event:
+                del self._events[key]
+
+    def wake(self, key: Hashable) -> None:
+        """Called on the event loop (an async handler): sets the key's event, if a loop waits on it."""
+        event = self._events.get(key)
+        if event is not None:
+            event.set()
+
+
+async def first_of(*waits: Awaitable[object], timeout: float) -> None:
+    """Return when any of `waits` completes or `timeout` seconds pass, and cancel the others."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class Stopped(Protocol):
+    """kopf's DaemonStopped, as far as a loop uses it."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self) -> Awaitable[object]: ...
+
+
+async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float | None], stopped: Stopped,
+                   interval: float) -> None:
+    """Run `one_pass` in a worker thread until `stopped`: again after the seconds it returns (at most `interval`;
+    None: `interval`), or as soon as `key` is woken."""
+    with wakeups.registered(key) as wake:
+        while not stopped:
+            wake.clear()  # before the pass: a wake-up during it runs another right after
+            due = await asyncio.to_thread(one_pass)
+            await first_of(wake.wait(), stopped.wait(), timeout=interval if due is None else min(due, interval))

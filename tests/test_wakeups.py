@@ -1,0 +1,79 @@
+"""The operator's reconcile loops (kube/wakeups.py): a pass runs again when woken, when the time it asked for comes,
+else at the interval; a stopped loop ends. In milliseconds, on a plain event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bookfleet.kube import wakeups
+
+KEY = ("bookies", "default", "bk-0")
+
+
+class Stopped:
+    """Stands in for kopf's DaemonStopped."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self) -> asyncio.Future:
+        return asyncio.ensure_future(self.event.wait())
+
+
+def run(scenario, due: float | None, interval: float = 60.0) -> list[float]:
+    """Run a loop whose pass returns `due` while `scenario(registry, passes)` drives it; when each pass ran."""
+    passes: list[float] = []
+
+    async def main() -> None:
+        registry, stopped = wakeups.Wakeups(), Stopped()
+        started = time.monotonic()
+        loop = asyncio.create_task(wakeups.run_loop(
+            registry, KEY, lambda: passes.append(time.monotonic() - started) or due, stopped, interval))
+        await scenario(registry, passes)
+        stopped.event.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(main())
+    return passes
+
+
+async def until(passes: list[float], count: int) -> None:
+    while len(passes) < count:
+        await asyncio.sleep(0.01)
+
+
+def test_a_wake_up_runs_a_pass_at_once_instead_of_at_the_interval():
+    async def scenario(registry, passes):
+        await until(passes, 1)
+        registry.wake(("bookies", "default", "other"))  # no loop waits on it: nothing happens
+        await asyncio.sleep(0.05)
+        assert len(passes) == 1
+        registry.wake(KEY)
+        await asyncio.wait_for(until(passes, 2), 5)  # not the 60 s interval
+
+    assert len(run(scenario, due=None)) == 2
+
+
+def test_a_pass_that_asks_for_the_next_sooner_gets_it_and_the_interval_bounds_it():
+    async def scenario(registry, passes):
+        await asyncio.wait_for(until(passes, 3), 5)
+
+    assert len(run(scenario, due=0.01)) >= 3  # the 60 s interval never came
+    assert len(run(scenario, due=30.0, interval=0.01)) >= 3  # nor the 30 s the pass asked for
+
+
+def test_a_stopped_loop_ends_without_waiting_out_its_pause_and_forgets_its_key():
+    registries = []
+
+    async def scenario(registry, passes):
+        await until(passes, 1)
+        registries.append(registry)
+        assert KEY in registry._events
+
+    started = time.monotonic()
+    assert len(run(scenario, due=None)) == 1
+    assert time.monotonic() - started < 5 and KEY not in registries[0]._events
