@@ -2,9 +2,10 @@
 only if the ledger exists in ZooKeeper metadata, so nobody can claim a future ledger id before its real writer.
 
 The lookup runs once per new ledger id: a ledger found is remembered (ids are never reused), one not found is asked
-again next time. Before a miss is believed, the ZooKeeper session is synced, so a bookie talking to a lagging
-server never refuses a ledger its writer has just created. The same lookup tells whether a ledger is closed, which
-only the replicator may still add to (see `bookfleet.security.roles`).
+again next time. A found ledger costs one read; before a miss is believed, the ZooKeeper session is synced and the
+read repeated, so a bookie talking to a lagging server never refuses a ledger its writer has just created. Whether a
+ledger is closed, which only the replicator may still add to (see `bookfleet.security.roles`), is read after a sync:
+a lagging server must not make a closed ledger look open.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class LedgerAdmission:
         """Whether storage already has the ledger (then it was admitted before, or replayed from the journal)."""
         self._existing: set[int] = set()
         self._closed: set[int] = set()
-        self._lookups: dict[int, asyncio.Future[LedgerMetadata | None]] = {}
+        self._lookups: dict[tuple[int, bool], asyncio.Future[LedgerMetadata | None]] = {}
 
     def admitted(self, ledger_id: int) -> bool:
         """True when no lookup is needed: the cheap check on every request's path."""
@@ -37,27 +38,28 @@ class LedgerAdmission:
 
     async def admit(self, ledger_id: int) -> None:
         """Return once `ledger_id` is known to exist; raise UnknownLedger if ZooKeeper has no metadata for it."""
-        if not self.admitted(ledger_id) and await self._lookup(ledger_id) is None:
+        if not self.admitted(ledger_id) and await self._lookup(ledger_id, sync_first=False) is None:
             raise UnknownLedger(ledger_id)
 
     async def closed(self, ledger_id: int) -> bool:
         """Whether the ledger's metadata says CLOSED (asked afresh until it does: closing is final)."""
         if ledger_id in self._closed:
             return True
-        metadata = await self._lookup(ledger_id)
+        metadata = await self._lookup(ledger_id, sync_first=True)
         return metadata is not None and metadata.is_closed
 
-    def _lookup(self, ledger_id: int) -> asyncio.Future[LedgerMetadata | None]:
-        """One ZooKeeper read per ledger id at a time, shared by every request that waits for it."""
-        pending = self._lookups.get(ledger_id)
+    def _lookup(self, ledger_id: int, sync_first: bool) -> asyncio.Future[LedgerMetadata | None]:
+        """One ZooKeeper lookup per ledger id (and kind) at a time, shared by every request that waits for it."""
+        key = (ledger_id, sync_first)
+        pending = self._lookups.get(key)
         if pending is not None:
             return pending
         loop = asyncio.get_running_loop()
-        pending = self._lookups[ledger_id] = loop.create_future()
+        pending = self._lookups[key] = loop.create_future()
         path = zkpaths.ledger(ledger_id)
 
         def finish(result: LedgerMetadata | BaseException | None) -> None:
-            self._lookups.pop(ledger_id, None)
+            self._lookups.pop(key, None)
             if isinstance(result, BaseException):
                 pending.set_exception(result)
                 return
@@ -67,10 +69,20 @@ class LedgerAdmission:
                     self._closed.add(ledger_id)
             pending.set_result(result)
 
-        def read(_: object = None) -> None:
+        def synced_read(_: object = None) -> None:
             self.zk.get_async(path).rawlink(lambda answer: loop.call_soon_threadsafe(finish, _parse(answer)))
 
-        self.zk.sync_async(path).rawlink(read)
+        def first_read(answer) -> None:
+            result = _parse(answer)
+            if result is None:  # a miss may be a lagging server's: sync and ask once more before believing it
+                self.zk.sync_async(path).rawlink(synced_read)
+            else:
+                loop.call_soon_threadsafe(finish, result)
+
+        if sync_first:
+            self.zk.sync_async(path).rawlink(synced_read)
+        else:
+            self.zk.get_async(path).rawlink(first_read)
         return pending
 
 
