@@ -30,8 +30,8 @@ def delete_cluster(kube: EmulatorThread, timeout: float) -> str:
 
 
 def create_fleet(kube: EmulatorThread, finalizers: list[str], when_deleted: str = "Retain") -> None:
-    """A cluster and one Bookie as an operator leaves them (kopf's finalizer while it runs timers), the Bookie's pod
-    and claims as lifecycle.py makes them."""
+    """A cluster, one Bookie and a Ledger of it (and a Ledger of another cluster) as an operator leaves them (kopf's
+    finalizer while it runs their loops), the Bookie's pod and claims as lifecycle.py makes them."""
     manifest = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
                 "metadata": {"name": "bk", "namespace": NS, "finalizers": finalizers},
                 "spec": {"replicas": 1, "zookeeper": "zk:2181",
@@ -42,17 +42,21 @@ def create_fleet(kube: EmulatorThread, finalizers: list[str], when_deleted: str 
     created = Bookie.model_validate(kube.create("bookies", bookie))
     for obj in (resources.bookie_pod(cluster, created), *resources.bookie_pvcs(cluster, created)):
         kube.create(PLURALS[obj["kind"]], obj)
+    for ledger, of_cluster in (("bk-ledger", "bk"), ("other-ledger", "other")):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": ledger, "namespace": NS, "finalizers": finalizers},
+                                "spec": {"cluster": of_cluster}})
 
 
 def left(kube: EmulatorThread) -> dict[str, list[str]]:
     return {plural: sorted(o["metadata"]["name"] for o in kube.list(plural, NS))
-            for plural in ("bookieclusters", "bookies", "pods", "persistentvolumeclaims")}
+            for plural in ("bookieclusters", "bookies", "ledgers", "pods", "persistentvolumeclaims")}
 
 
 def test_without_an_operator_the_finalizers_are_released_and_the_volumes_kept(kube):
     create_fleet(kube, [teardown.FINALIZER])
     assert "finalizers were removed" in delete_cluster(kube, timeout=0.5)
-    assert left(kube) == {"bookieclusters": [], "bookies": [], "pods": [],
+    assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
                           "persistentvolumeclaims": ["bk-0-journal", "bk-0-ledgers"]}
     assert "does not exist" in delete_cluster(kube, timeout=0.5)
 
@@ -61,4 +65,5 @@ def test_without_an_operator_the_finalizers_are_released_and_the_volumes_kept(ku
 def test_a_released_cluster_goes_with_its_bookies_and_its_volumes_follow_the_policy(kube, when_deleted, claims):
     create_fleet(kube, [], when_deleted)
     assert "deleted by the operator" in delete_cluster(kube, timeout=30)
-    assert left(kube) == {"bookieclusters": [], "bookies": [], "pods": [], "persistentvolumeclaims": claims}
+    assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
+                          "persistentvolumeclaims": claims}

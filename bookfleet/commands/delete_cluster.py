@@ -11,7 +11,8 @@ from bookfleet.cli import CommandError
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "delete-cluster", help="delete a BookieCluster; if no operator releases it in time, release it here"
+        "delete-cluster",
+        help="delete a BookieCluster and its Ledgers; if no operator releases them in time, release them here",
     )
     parser.add_argument("name", help="the BookieCluster")
     parser.add_argument("--namespace", default="default", help="its namespace (default: default)")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = teardown.delete_cluster(api.KubeApi(), args.namespace, args.name, args.timeout)
     print({
         teardown.Teardown.ABSENT: f"BookieCluster {args.name} does not exist",
-        teardown.Teardown.DELETED: f"BookieCluster {args.name} and its Bookies deleted by the operator",
+        teardown.Teardown.DELETED: f"BookieCluster {args.name}, its Bookies and its Ledgers deleted by the operator",
         teardown.Teardown.FORCED: f"no operator released BookieCluster {args.name} within {args.timeout:g}s: its "
                                  "finalizers were removed and it was deleted here",
     }[outcome])

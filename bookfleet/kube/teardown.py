@@ -1,12 +1,13 @@
 """Deleting a BookieCluster so that nothing waits for ever: what the chart's pre-delete hook runs.
 
-kopf holds a finalizer on every object it runs a timer for, so a BookieCluster and its Bookies go only once an
-operator has stopped their timers. `helm uninstall` removes the operator's Deployment and RBAC before custom
-resources; a cluster deleted after that would stay Terminating for good (and its namespace with it). So the hook
-deletes the cluster first, while the operator still runs, and waits for it and its Bookies to go. If no operator
-releases them in time (scaled to zero, crash-looping), it removes that finalizer itself: the reconcilers are
-level-based and keep nothing to clean up, so the finalizer guards no work. Volumes follow the cluster's whenDeleted
-policy either way (Retain, the default: PVCs have no owner and stay).
+kopf holds a finalizer on every object it runs a timer or loop for, so a BookieCluster, its Bookies and the Ledgers
+naming it go only once an operator has stopped those. `helm uninstall` removes the operator's Deployment and RBAC
+before custom resources; a cluster or Ledger deleted after that would stay Terminating for good (and its namespace
+with it). So the hook deletes the cluster and its Ledgers first, while the operator still runs, and waits for them
+and the Bookies to go. If no operator releases them in time (scaled to zero, crash-looping), it removes that
+finalizer itself: the reconcilers are level-based and keep nothing to clean up, so the finalizer guards no work.
+A Ledger resource is only a view: its ledger stays in ZooKeeper. Volumes follow the cluster's whenDeleted policy
+either way (Retain, the default: PVCs have no owner and stay).
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ class Teardown(enum.StrEnum):
     """no operator did in time: the finalizers were removed here"""
 
 
+def ledgers(api: KubeApi, namespace: str, name: str) -> list[dict]:
+    """The Ledgers that name the cluster."""
+    return [ledger for ledger in api.list(CUSTOM, "ledgers", namespace)
+            if (ledger.get("spec") or {}).get("cluster") == name]
+
+
 def remaining(api: KubeApi, namespace: str, name: str) -> list[tuple[str, dict]]:
-    """The cluster and its Bookies still present, as (plural, object)."""
+    """The cluster, its Bookies and its Ledgers still present, as (plural, object)."""
     found = [("bookies", b) for b in api.list(CUSTOM, "bookies", namespace, {resources.LABEL_CLUSTER: name})]
+    found += [("ledgers", ledger) for ledger in ledgers(api, namespace, name)]
     cluster = api.get(CUSTOM, "bookieclusters", namespace, name)
     return [("bookieclusters", cluster), *found] if cluster else found
 
@@ -47,8 +55,10 @@ def release(api: KubeApi, plural: str, body: dict) -> None:
 
 def delete_cluster(api: KubeApi, namespace: str, name: str, timeout: float, interval: float = 1.0,
                    clock: Callable[[], float] = time.monotonic) -> Teardown:
-    """Delete the BookieCluster and return once it and its Bookies are gone; after `timeout` seconds without an
-    operator releasing them, release (and delete) them here, waiting at most as long again."""
+    """Delete the BookieCluster and its Ledgers and return once they and its Bookies are gone; after `timeout` seconds
+    without an operator releasing them, release (and delete) them here, waiting at most as long again."""
+    for ledger in ledgers(api, namespace, name):
+        api.delete(CUSTOM, "ledgers", namespace, ledger["metadata"]["name"])
     if not api.delete(CUSTOM, "bookieclusters", namespace, name) and not remaining(api, namespace, name):
         return Teardown.ABSENT
     if wait_gone(api, namespace, name, timeout, interval, clock):
