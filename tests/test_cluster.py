@@ -19,6 +19,7 @@ from tests.cluster.walkthrough import NAMESPACE, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 ENTRIES = 50
+MISSING_IMAGE = "registry.invalid/bookfleet/missing:0"
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,7 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
 
 def test_bookie_pod_returning_within_the_delay_is_not_repaired(installed: LocalCluster):
     cluster = installed
-    cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, "demo", "--type", "merge",
-                    "-p", '{"spec": {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}}}')
+    walkthrough.patch_cluster(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
     victim = walkthrough.bookie_pods(cluster)[0]
     name, old_uid = victim["metadata"]["name"], victim["metadata"]["uid"]
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
@@ -61,13 +61,60 @@ def test_bookie_pod_returning_within_the_delay_is_not_repaired(installed: LocalC
             and bookie.get("phase") == "Running" and not bookie.get("lostSince")
 
     wait_for(back, timeout=600, what=f"bookie {name} back on its volumes", interval=2.0)
-    assert cluster.get("jobs", "-n", NAMESPACE, "-l", walkthrough.REPAIR_SELECTOR)["items"] == []
+    assert walkthrough.repair_jobs(cluster) == []
 
 
-def test_lost_bookie_is_repaired_by_spark_on_kubernetes(installed: LocalCluster):
-    """Pod and PVCs deleted -> marked -> repair Job -> spark-submit --master k8s:// -> executor pods on their own
-    IPs connecting back to the driver pod's IP -> Ledger healthy -> every entry reads back."""
+def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_halts_the_rollout(
+        installed: LocalCluster):
+    """A spec change reaches the pods through their config hash, one bookie at a time; an image that never runs
+    halts the rollout at its first bookie (RolloutStuck), counts nobody lost and repairs nothing."""
     cluster = installed
+    image = walkthrough.bookie_cluster(cluster).spec.image
+    walkthrough.patch_cluster(cluster, {"image": MISSING_IMAGE, "rolloutTimeoutSeconds": 30})
+
+    def stuck() -> bool:
+        body = cluster.get("bookiecluster", "-n", NAMESPACE, "demo")
+        return walkthrough.condition(body, "RolloutStuck").get("status") == "True"
+
+    wait_for(stuck, timeout=300, what="RolloutStuck on the BookieCluster", interval=2.0)
+    pods = walkthrough.bookie_pods(cluster)
+    assert sorted(pod["spec"]["containers"][0]["image"] for pod in pods if not walkthrough.ready(pod)) == \
+        [MISSING_IMAGE]  # only the first restarted bookie; the other two serve on
+    assert sum(map(walkthrough.ready, pods)) == 2
+    assert lost_bookies(cluster) == [] and walkthrough.repair_jobs(cluster) == []
+    assert "RolloutStuck" in walkthrough.event_reasons(cluster, "demo")
+
+    walkthrough.patch_cluster(cluster, {"image": image, "bookie": {"gcIntervalSeconds": 61}})
+    most_down = 0
+
+    def rolled() -> bool:
+        nonlocal most_down
+        pods = walkthrough.bookie_pods(cluster)
+        most_down = max(most_down, 3 - sum(map(walkthrough.ready, pods)))
+        status = cluster.get("bookiecluster", "-n", NAMESPACE, "demo").get("status") or {}
+        return status.get("updatedBookies") == 3 and all(map(walkthrough.ready, pods)) and all(
+            "61" in pod["spec"]["containers"][0]["command"] for pod in pods)
+
+    wait_for(rolled, timeout=600, what="every bookie ready with the new spec", interval=1.0)
+    assert most_down == 1  # one bookie at a time
+    body = cluster.get("bookiecluster", "-n", NAMESPACE, "demo")
+    assert walkthrough.condition(body, "RolloutStuck")["status"] == "False"
+    assert lost_bookies(cluster) == [] and walkthrough.repair_jobs(cluster) == []
+
+
+def lost_bookies(cluster: LocalCluster) -> list[str]:
+    return [bookie["metadata"]["name"] for bookie in cluster.get("bookies", "-n", NAMESPACE)["items"]
+            if (bookie.get("status") or {}).get("lostSince")]
+
+
+def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operator_is_killed(
+        installed: LocalCluster):
+    """The acting operator replica's pod deleted (kopf peering: the other takes over) -> pod and PVCs deleted ->
+    marked -> one repair Job -> spark-submit --master k8s:// -> executor pods on their own IPs connecting back to the
+    driver pod's IP -> Ledger healthy -> every entry reads back."""
+    cluster = installed
+    killed = walkthrough.acting_operator(cluster)
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, killed, "--wait=false")
     outcome = walkthrough.closed_loop(cluster, ENTRIES)
     print(f"pod deletion to healthy Ledger: {outcome.seconds_to_healthy:.0f} s")
 
@@ -80,12 +127,14 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes(installed: LocalCluster)
     assert command[command.index("--master") + 1].startswith("k8s://")
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
     assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]
+    assert walkthrough.acting_operator(cluster) not in ("", killed)
+    assert [job["metadata"]["name"] for job in walkthrough.repair_jobs(cluster)] == [repair.job]  # launched once
 
 
 def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(installed: LocalCluster):
     """A node stops (no heartbeats, its processes killed): the node lifecycle controller marks its pods not Ready, the
     operator counts the bookie lost (NodeLost), repairs its ledgers, then force-deletes the pod its dead kubelet would
-    never confirm and starts a fresh bookie. Last in the module: the node stays failed."""
+    never confirm and starts a fresh bookie. The node stays failed."""
     cluster = installed
     outcome = walkthrough.node_failure(cluster, ENTRIES)
     print(f"node failure: {json.dumps(outcome.figures())}")
@@ -101,3 +150,17 @@ def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(instal
     expected = {"BookieLost", "RepairLaunched", "RepairSucceeded", "PodForceDeleted", "BookieReplaced"}
     assert expected <= set(outcome.events)
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
+    assert "disruption budget" in outcome.drain_refusal  # while its bookie was down, a drain evicted no other
+
+
+def test_the_uninstall_hook_deletes_the_cluster_keeping_its_volumes_and_helm_uninstall_finishes(
+        installed: LocalCluster):
+    """The chart's pre-delete hook Job (its ServiceAccount, restricted Pod Security) deletes a BookieCluster while
+    the operator runs: its Bookies go, their volumes stay (whenDeleted Retain). Then helm uninstall and deleting the
+    namespace finish, with nothing left Terminating. Last: it takes the fleet down."""
+    cluster = installed
+    claims = {claim["metadata"]["name"] for claim in walkthrough.bookie_claims(cluster)}
+    outcome = walkthrough.uninstall(cluster)
+    assert outcome.hook_succeeded and outcome.bookies_left == []
+    assert claims and claims <= outcome.claims_kept
+    assert outcome.namespace_gone
