@@ -49,7 +49,7 @@ cluster-demo: setup kube-binaries
 
 # A bookie's node fails on its own local cluster: seconds to Lost, to the repair Job, to a healthy Ledger (JSON).
 cluster-node-failure: setup kube-binaries
-	$(PY) -m tests.cluster.walkthrough --node-failure
+	$(VENV)/bin/bookfleet bench operator --node-failure --json
 
 chaos: setup
 	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200

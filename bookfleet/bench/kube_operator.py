@@ -1,10 +1,15 @@
-"""`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator.
+"""`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator; with
+`--node-failure`, a bookie's node failing on the local Kubernetes cluster.
 
 A real `bookfleet operator` process watches the emulator (tests.emulator) and a real embedded ZooKeeper.
 Pods are not run: the figures are the operator's own work. Reported next to the same-run cost of one emulator
 round trip and one ZooKeeper write (what every reconciliation step is made of) and the raw fsync baseline.
+`--node-failure` starts the local cluster (tests.cluster: a real control plane, process kubelets), installs the
+chart and fails the node of a bookie holding a replica: seconds from the node being NotReady to the ledgers marked
+and the repair Job created, to a healthy Ledger and a fresh bookie.
 
-A development command: the emulator is test tooling, present only in a source checkout with the `[dev]` extra.
+A development command: the emulator and the local cluster are test tooling, present only in a source checkout with
+the `[dev]` extra.
 (The module is not called `operator`: that would shadow the standard library's module of that name.)
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib
 import json
 import os
 import subprocess
@@ -20,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
@@ -33,6 +40,7 @@ from bookfleet.polling import wait_for
 from bookfleet.zkserver import ZooKeeperServer
 
 NS = "default"
+NODE_FAILURE_ENTRIES = 100
 
 
 def register(subparsers) -> None:
@@ -42,6 +50,9 @@ def register(subparsers) -> None:
     parser.add_argument("--large-ledgers", type=int, default=5000, help="ledgers for the RSS figure (default 5000)")
     parser.add_argument("--delay", type=int, default=1, help="lostBookieRecoveryDelaySeconds (default 1)")
     parser.add_argument("--interval", type=float, default=1.0, help="operator reconciliation interval (default 1)")
+    parser.add_argument("--node-failure", action="store_true",
+                        help="instead: fail a bookie's node on the local Kubernetes cluster (minutes; builds it the"
+                             " first time) and report the seconds to the repair Job and to a healthy Ledger")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
 
@@ -97,25 +108,26 @@ def _zk_write_ms(connect: str) -> float:
         return (time.perf_counter() - started) / 50 * 1000
 
 
-def _emulator() -> type:
-    """The emulator's EmulatorThread from the source checkout this bookfleet runs from (an editable install)."""
+def _test_tooling(module: str) -> ModuleType:
+    """A module of the source checkout's tests package (this bookfleet runs from an editable install)."""
     checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "tests" / "emulator.py").is_file() and str(checkout) not in sys.path:
+    if (checkout / "tests" / "__init__.py").is_file() and str(checkout) not in sys.path:
         sys.path.append(str(checkout))
     try:
-        from tests.emulator import EmulatorThread
+        return importlib.import_module(f"tests.{module}")
     except ImportError as exc:
         raise CommandError(
-            f"bench operator is a development command: it needs tests/emulator.py of a source checkout and kmock "
+            f"bench operator is a development command: it needs tests/ of a source checkout and the [dev] extra "
             f"(pip install -e '.[dev]'); {exc}"
         ) from None
-    return EmulatorThread
 
 
 def handle(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.large_bookies < 3 or args.large_ledgers < 0 or args.delay < 0:
         raise CommandError("--replicas must be >= 1, --large-bookies >= 3, --large-ledgers and --delay >= 0")
-    EmulatorThread = _emulator()
+    if args.node_failure:
+        return _node_failure(args)
+    EmulatorThread = _test_tooling("emulator").EmulatorThread
     from bookfleet.kube import crdgen  # pyyaml, from the [operator] extra
 
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, ZooKeeperServer(Path(tmp) / "zk") as zk_server:
@@ -143,6 +155,21 @@ def handle(args: argparse.Namespace) -> int:
               "targets": {"apply_to_pods_s": 2.0, "loss_to_repair_job_s": 2.0, "rss_mb": 250.0}}
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
+
+
+def _node_failure(args: argparse.Namespace) -> int:
+    walkthrough = _test_tooling("cluster.walkthrough")
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
+        baseline = {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}
+    with walkthrough.running_cluster() as cluster:
+        walkthrough.install(cluster)
+        failure = walkthrough.node_failure(cluster, NODE_FAILURE_ENTRIES)
+    figures = failure.figures()
+    report = {"bench": "operator", "scenario": "node-failure", **figures,
+              "entries_read_back": len(failure.read_back), "baseline": baseline,
+              "targets": {"repair_job_after_node_not_ready": figures["lost_bookie_recovery_delay_seconds"] + 5}}
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0 if len(failure.read_back) == NODE_FAILURE_ENTRIES else 1
 
 
 def _measure(args: argparse.Namespace, kube, connect: str, pid: int) -> dict:
