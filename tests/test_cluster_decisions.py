@@ -15,7 +15,7 @@ NS = "default"
 
 
 def cluster(replicas: int = 3, **spec: Any) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": NS, "uid": "c1"},
+    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": NS, "uid": "c1", "generation": 4},
                                          "spec": {"replicas": replicas, "zookeeper": "zk:2181", **spec}})
 
 
@@ -106,6 +106,7 @@ def test_scale_up_creates_missing_bookies():
     status = status_of(actions)
     assert (status["phase"], status["readyBookies"], status["desiredBookies"], status["updatedBookies"]) == (
         "Reconciling", 1, 3, 1)
+    assert status["observedGeneration"] == 4  # the spec this status (and the ZooKeeper settings) answers to
     assert condition(status, "Ready")["reason"] == "NotAllReady"
 
 

@@ -26,6 +26,7 @@ ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 
 _context: OperatorContext | None = None
 WAKEUPS = wakeups.Wakeups()
+SEEN_GENERATIONS: dict[tuple[str, str, str], int | None] = {}
 log = logging.getLogger(__name__)
 
 
@@ -123,6 +124,19 @@ def ledger_event(event: kopf.RawEvent, **_: Any) -> None:
     if event["type"] == "DELETED":
         meta = event["object"]["metadata"]
         metrics.LEDGERS.forget(meta["namespace"], meta["name"])
+
+
+@kopf.on.event(GROUP, VERSION, "bookieclusters")
+async def cluster_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A new spec (generation) wakes the cluster's loop: settings reach ZooKeeper and rollouts start at once. Its
+    own status patches do not (they leave the generation as it is)."""
+    meta = event["object"]["metadata"]
+    key = ("bookieclusters", meta["namespace"], meta["name"])
+    if event["type"] == "DELETED":
+        SEEN_GENERATIONS.pop(key, None)
+    elif SEEN_GENERATIONS.setdefault(key, meta.get("generation")) != meta.get("generation"):
+        SEEN_GENERATIONS[key] = meta.get("generation")
+        WAKEUPS.wake(key)
 
 
 @kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)

@@ -101,6 +101,7 @@ class ObjectMeta(BaseModel):
     name: str
     namespace: str = "default"
     uid: str | None = None
+    generation: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
@@ -289,6 +290,8 @@ class BookieClusterSpec(KubeModel):
 
 
 class BookieClusterStatus(StatusModel):
+    observed_generation: int | None = Field(None, description="the metadata.generation of the spec this status and the"
+                                           " ZooKeeper settings reflect")
     desired_bookies: int | None = None
     ready_bookies: int | None = None
     updated_bookies: int | None = Field(None, description="bookies ready and registered in a pod of the current spec")

@@ -517,7 +517,8 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
          f"the storage class refused to grow {', '.join(refused)}" if refused else ""),
     ):
         conditions = conditions_with({"conditions": conditions}, type_, ok, reason, message)
-    return {"desiredBookies": replicas, "readyBookies": ready, "updatedBookies": rollout.updated,
+    return {"observedGeneration": cluster.metadata.generation, "desiredBookies": replicas, "readyBookies": ready,
+            "updatedBookies": rollout.updated,
             "phase": "Ready" if ready == replicas and not draining else "Reconciling", "conditions": conditions}
 
 
