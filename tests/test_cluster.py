@@ -9,6 +9,8 @@ with its ServiceAccount's token, so a missing RBAC rule or a rejected pod fails 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -45,11 +47,21 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     assert sorted(b.get("status", {}).get("phase") for b in bookies) == ["Running"] * 3
     # Defaults come from the CRD's schema on the server, not from the example file.
     assert cluster.get("bookiecluster", "-n", NAMESPACE, "demo")["spec"]["antiAffinity"] == "preferred"
+    # A drain may take one bookie (and one ZooKeeper server) at a time; every bookie asks for what it needs.
+    budgets = {pdb["metadata"]["name"]: pdb["spec"] for pdb in cluster.get("pdb", "-n", NAMESPACE)["items"]}
+    assert budgets["demo-bookies"]["minAvailable"] == 2 and budgets["bookfleet-zookeeper"]["maxUnavailable"] == 1
+    assert all(pod["spec"]["containers"][0]["resources"]["requests"] for pod in pods)
+    # The columns that answer the first questions on call.
+    for kind, columns in (("bookieclusters", ["READY", "DESIRED", "UPDATED", "PHASE"]),
+                          ("bookies", ["PHASE", "REGISTERED", "ZONE", "LEDGERS", "LOST SINCE"]),
+                          ("ledgers", ["STATE", "UNDER-REPLICATED", "REPAIR", "DATA LOSS"])):
+        header = cluster.kubectl("get", kind, "-n", NAMESPACE).splitlines()[0]
+        assert all(column in header for column in columns), header
 
 
 def test_bookie_pod_returning_within_the_delay_is_not_repaired(installed: LocalCluster):
     cluster = installed
-    walkthrough.patch_cluster(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
     victim = walkthrough.bookie_pods(cluster)[0]
     name, old_uid = victim["metadata"]["name"], victim["metadata"]["uid"]
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
@@ -100,6 +112,36 @@ def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_
     body = cluster.get("bookiecluster", "-n", NAMESPACE, "demo")
     assert walkthrough.condition(body, "RolloutStuck")["status"] == "False"
     assert lost_bookies(cluster) == [] and walkthrough.repair_jobs(cluster) == []
+
+
+def test_a_bookie_restarting_for_longer_than_the_delay_is_lost_crash_looping_then_returns_with_its_data(
+        installed: LocalCluster):
+    """Its container killed, the kubelet restarts it after a 10 s back-off: not Ready for longer than a 5 s delay, so
+    the bookie counts lost (CrashLooping) with its volumes kept; auto-recovery disabled, nothing is launched and the
+    Bookie says so; back and registered with its data, the loss is over."""
+    cluster = installed
+    settings = {"autoRecovery": {"enabled": False, "lostBookieRecoveryDelaySeconds": 5}}
+    walkthrough.apply_settings(cluster, settings)
+    pod = walkthrough.bookie_pods(cluster)[0]
+    name = pod["metadata"]["name"]
+    [container] = pod["status"]["containerStatuses"]
+    os.kill(int(container["containerID"].removeprefix("process://")), signal.SIGKILL)
+
+    def lost() -> dict:
+        return walkthrough.condition(cluster.get("bookie", "-n", NAMESPACE, name), "Lost")
+
+    wait_for(lambda: lost().get("status") == "True", timeout=120, what=f"bookie {name} lost", interval=1.0)
+    bookie = cluster.get("bookie", "-n", NAMESPACE, name)
+    assert lost()["reason"] == "CrashLooping" and "restart" in lost()["message"]
+    assert walkthrough.condition(bookie, "Repaired")["reason"] == "AutoRecoveryDisabled"
+    assert walkthrough.repair_jobs(cluster) == []
+
+    wait_for(lambda: lost().get("reason") == "BookieReturned" and walkthrough.ready(
+        cluster.get("pod", "-n", NAMESPACE, name)), timeout=180, what=f"bookie {name} back", interval=1.0)
+    assert cluster.get("pod", "-n", NAMESPACE, name)["metadata"]["uid"] == pod["metadata"]["uid"]  # same pod, data
+    assert {"BookieLost", "AutoRecoveryDisabled", "BookieReturned"} <= set(walkthrough.event_reasons(cluster, name))
+    assert walkthrough.repair_jobs(cluster) == []
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"enabled": True}})
 
 
 def lost_bookies(cluster: LocalCluster) -> list[str]:

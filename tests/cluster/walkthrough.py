@@ -168,6 +168,15 @@ def patch_cluster(cluster: LocalCluster, spec: dict[str, Any]) -> None:
                     json.dumps({"spec": spec}))
 
 
+def apply_settings(cluster: LocalCluster, spec: dict[str, Any]) -> None:
+    """Patch the BookieCluster's spec and wait until the operator has acted on it (status.observedGeneration: its
+    auto-recovery settings are in ZooKeeper then)."""
+    patch_cluster(cluster, spec)
+    generation = cluster.get("bookiecluster", "-n", NAMESPACE, CLUSTER)["metadata"]["generation"]
+    wait_for(lambda: (cluster.get("bookiecluster", "-n", NAMESPACE, CLUSTER).get("status") or {}).get(
+        "observedGeneration", 0) >= generation, timeout=120, what=f"generation {generation} observed", interval=0.5)
+
+
 def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
     """A condition of a resource's status ({} while it has none of that type)."""
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
@@ -316,7 +325,7 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     issue_client_certificate(cluster)
     say(f"writing {entries} entries to Ledger {LEDGER} from a client pod")
     ledger_id = write_entries(cluster, entries)
-    patch_cluster(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10}})
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10}})
     lost_id = ledger_status(cluster)["segments"][0]["bookies"][0]
     started = time.monotonic()
     say(f"deleting bookie pod {lose_bookie(cluster, lost_id)} and its PVCs (lost-bookie delay 10 s)")
@@ -446,7 +455,7 @@ def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
     say("4 bookies (a replacement for the lost one's replicas), a client certificate, a written ledger")
     scale(cluster, 4)
     issue_client_certificate(cluster)
-    patch_cluster(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": NODE_FAILURE_DELAY}})
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": NODE_FAILURE_DELAY}})
     ledger, node, victim, spare = ledger_to_lose(cluster, entries)
     cluster.kubectl("uncordon", spare)
     status = ledger_status(cluster, ledger)
