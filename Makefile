@@ -2,9 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# checkov (the manifest security scan in `make test`) in a virtualenv of its own: its pins clash with pytest's.
+# checkov (the manifest security scan in `make test`) in a virtualenv of its own (its pins clash with pytest's),
+# built once per version outside the clone, like the Kubernetes binaries.
 CHECKOV_VERSION := 3.3.30
-CHECKOV := $(VENV)/tools/checkov/bin/checkov
+CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
+CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
 .PHONY: setup run test test-cluster kube-binaries cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
 
@@ -17,9 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-$(CHECKOV):
-	python3 -m venv $(VENV)/tools/checkov
-	$(VENV)/tools/checkov/bin/pip install -q checkov==$(CHECKOV_VERSION)
+$(CHECKOV_STAMP):
+	python3 -m venv $(CHECKOV_HOME)
+	$(CHECKOV_HOME)/bin/pip install -q checkov==$(CHECKOV_VERSION)
+	@touch $(CHECKOV_STAMP)
 
 run: setup
 	$(VENV)/bin/bookfleet demo
@@ -27,10 +30,10 @@ run: setup
 # Two workers: most tests wait on processes and disks, not the CPU; the cluster tier stays on one worker (conftest).
 TEST_WORKERS ?= 2
 
-test: setup $(CHECKOV) kube-binaries
+test: setup $(CHECKOV_STAMP) kube-binaries
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
-	BOOKFLEET_REQUIRE_SCAN=1 $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
 kube-binaries:
