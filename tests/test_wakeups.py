@@ -77,3 +77,15 @@ def test_a_stopped_loop_ends_without_waiting_out_its_pause_and_forgets_its_key()
     started = time.monotonic()
     assert len(run(scenario, due=None)) == 1
     assert time.monotonic() - started < 5 and KEY not in registries[0]._events
+
+
+def test_only_a_new_generation_wakes_a_loop_and_a_deleted_object_is_forgotten():
+    woken: list[object] = []
+    registry = wakeups.Wakeups()
+    registry.wake = woken.append  # what would be set, in order
+    registry.wake_on_new_generation(KEY, 3)  # first seen: its loop's first pass is starting anyway
+    registry.wake_on_new_generation(KEY, 3)  # a status patch: same spec
+    registry.wake_on_new_generation(KEY, 4)
+    registry.wake_on_new_generation(KEY, 4, deleted=True)
+    registry.wake_on_new_generation(KEY, 1)  # recreated under the same name
+    assert woken == [KEY]

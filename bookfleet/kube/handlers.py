@@ -1,8 +1,8 @@
 """kopf registrations only: every handler hands the object to a plain domain module.
 
-Level-based throughout: timers and loops re-derive everything from Kubernetes and ZooKeeper on each
-pass, so a restarted operator resumes where the previous one stopped. Bookie pods are watched by label, with no
-finalizers on them: their events only wake their Bookie's loop.
+Level-based throughout: timers and loops re-derive everything from Kubernetes and ZooKeeper on each pass, so a
+restarted operator resumes where the previous one stopped. Bookie pods are watched by label, with no finalizers on
+them: their events only wake their Bookie's and their cluster's loops.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 
 _context: OperatorContext | None = None
 WAKEUPS = wakeups.Wakeups()
-SEEN_GENERATIONS: dict[tuple[str, str, str], int | None] = {}
 log = logging.getLogger(__name__)
 
 
@@ -131,12 +130,8 @@ async def cluster_event(event: kopf.RawEvent, **_: Any) -> None:
     """A new spec (generation) wakes the cluster's loop: settings reach ZooKeeper and rollouts start at once. Its
     own status patches do not (they leave the generation as it is)."""
     meta = event["object"]["metadata"]
-    key = ("bookieclusters", meta["namespace"], meta["name"])
-    if event["type"] == "DELETED":
-        SEEN_GENERATIONS.pop(key, None)
-    elif SEEN_GENERATIONS.setdefault(key, meta.get("generation")) != meta.get("generation"):
-        SEEN_GENERATIONS[key] = meta.get("generation")
-        WAKEUPS.wake(key)
+    WAKEUPS.wake_on_new_generation(("bookieclusters", meta["namespace"], meta["name"]), meta.get("generation"),
+                                   deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)

@@ -303,13 +303,18 @@ def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
         return Death(DeathKind.VOLUMES_GONE, rounded_up(at), f"volume(s) {', '.join(gone)} of pod {name} are gone or"
                                                               " being deleted")
     since = not_ready_since(pod, at)
-    restarted = restarts(pod)
-    if (not planned and not deleted_at and restarted and condition.get("status") != "True"
-            and (at - since).total_seconds() > observed.recovery_delay):
+    if restarting(pod, planned) and (at - since).total_seconds() > observed.recovery_delay:
         return Death(DeathKind.CRASH_LOOP, since,
-                     f"pod {name} is crash-looping: {restarted} restart(s), not ready since {timestamp(since)}, longer"
-                     f" than lostBookieRecoveryDelay ({observed.recovery_delay:g}s)")
+                     f"pod {name} is crash-looping: {restarts(pod)} restart(s), not ready since {timestamp(since)},"
+                     f" longer than lostBookieRecoveryDelay ({observed.recovery_delay:g}s)")
     return None
+
+
+def restarting(pod: dict | None, planned: str | None) -> bool:
+    """Restarted and not Ready, neither Terminating nor restarted on purpose: a crash loop once it lasts longer than
+    the delay."""
+    return pod is not None and not planned and not pod_ready(pod) and not pod["metadata"].get("deletionTimestamp") \
+        and bool(restarts(pod))
 
 
 @dataclass
@@ -456,9 +461,9 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
 
 
 def crash_loop_due(observed: BookieObserved, at: dt.datetime) -> dt.datetime | None:
-    """When a restarted pod that is not Ready will have been so for longer than the delay (find_death's crash loop)."""
+    """When a restarting pod will have been not Ready for longer than the delay (find_death's crash loop)."""
     pod = observed.pod
-    if pod is None or pod_ready(pod) or not restarts(pod):
+    if not restarting(pod, observed.bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)):
         return None
     return not_ready_since(pod, at) + dt.timedelta(seconds=observed.recovery_delay + 1)
 

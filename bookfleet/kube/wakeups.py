@@ -15,6 +15,7 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
+        self._generations: dict[Hashable, int | None] = {}
 
     @contextlib.contextmanager
     def registered(self, key: Hashable) -> Iterator[asyncio.Event]:
@@ -24,6 +25,15 @@ class Wakeups:
         finally:
             if self._events.get(key) is event:
                 del self._events[key]
+
+    def wake_on_new_generation(self, key: Hashable, generation: int | None, deleted: bool = False) -> None:
+        """Wake `key` when its object's metadata.generation (its spec) moved on since the last call; the first call
+        only notes it (its loop is starting a pass anyway), and the object's own status patches never wake it."""
+        if deleted:
+            self._generations.pop(key, None)
+        elif self._generations.setdefault(key, generation) != generation:
+            self._generations[key] = generation
+            self.wake(key)
 
     def wake(self, key: Hashable) -> None:
         """Called on the event loop (an async handler): sets the key's event, if a loop waits on it."""
