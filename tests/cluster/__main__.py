@@ -1,7 +1,7 @@
 """`python -m tests.cluster`: build (once) and run a local Kubernetes cluster until Ctrl-C or SIGTERM.
 
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
-nodes labelled zone-a|b|c (and two cordoned spares in zone-b|c), a pod network on a host-only bridge. Everything it
+nodes labelled zone-a|b|c (and a cordoned spare in each zone), a pod network on a host-only bridge. Everything it
 made (processes, network namespaces, links, the state directory) is removed when it stops; bind-mount targets it had
 to create on the host stay (see `Kubelet.mount_point`).
 """
@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             control_plane.check_alive()
             for request in sorted(control.glob("fail-node-*")):
                 kubelet.fail_node(request.name.removeprefix("fail-node-"))
+                request.unlink()
+            for request in sorted(control.glob("evict-pod-*")):
+                kubelet.evict(*request.name.removeprefix("evict-pod-").split(".", 1))
                 request.unlink()
         return 0
     finally:

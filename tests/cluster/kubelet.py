@@ -1,6 +1,10 @@
 """The process kubelet: three Nodes (one per zone) whose Pods run as local processes, plus a local-directory
 provisioner for PersistentVolumeClaims and the pods' /etc/hosts (Service and headless-Service names -> pod IPs).
 
+The provisioner behaves like a node-local CSI driver that can grow volumes (TopoLVM, say): a claim waits for its first
+pod (WaitForFirstConsumer), its volume is pinned to the node the scheduler picked (so a pod on it can never move to
+another node), and a bigger request is granted at once (the external resizer's and the kubelet's steps in one).
+
 Development and test tooling only: it lives under tests/ and is never part of the product wheel.
 """
 
@@ -17,6 +21,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
+from bookfleet.kube.resources import quantity_bytes
 from tests.cluster.network import Bridge
 from tests.cluster.pods import PodWorker, now
 
@@ -25,9 +30,11 @@ ZONES = ("zone-a", "zone-b", "zone-c")
 ZONE_LABEL = "topology.kubernetes.io/zone"
 STORAGE_CLASS = "local-dirs"
 PROVISIONER = "bookfleet.test/local-dirs"
-SPARE_NODES = {"node-b2": "zone-b", "node-c2": "zone-c"}
+SPARE_NODES = {"node-a2": "zone-a", "node-b2": "zone-b", "node-c2": "zone-c"}
 """Cordoned spare nodes (spec.unschedulable, so pods land as on three nodes): uncordoned, one gives a bookie pinned to
 its zone (BookieCluster.spec.zones) a live node to come back on when its node fails."""
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""Set on a claim by the scheduler once it picked the node of the claim's first pod (WaitForFirstConsumer)."""
 CLUSTER_DOMAIN = "cluster.local"
 HEARTBEAT_SECONDS = 5.0
 
@@ -37,7 +44,7 @@ def _json(response: Any) -> Any:
 
 
 class Kubelet:
-    """Nodes `node-a|b|c` and the cordoned spares `node-b2|c2`, their heartbeats, and a PodWorker for every Pod
+    """Nodes `node-a|b|c` and the cordoned spares `node-a2|b2|c2`, their heartbeats, and a PodWorker for every Pod
     scheduled to one of them."""
 
     def __init__(self, kubeconfig: Path, bridge: Bridge, state: Path, api_port: int) -> None:
@@ -182,6 +189,15 @@ class Kubelet:
         for worker in workers:
             worker.kill_now()
 
+    def evict(self, namespace: str, name: str) -> None:
+        """Evict a pod as under node pressure: it ends Failed, reason Evicted."""
+        with self._lock:
+            worker = next((w for w in self.workers.values() if (w.namespace, w.name) == (namespace, name)), None)
+        if worker is None:
+            log.warning("no pod %s/%s runs here to evict", namespace, name)
+            return
+        worker.evict("The node was low on resource: ephemeral-storage.")
+
     # --- storage ------------------------------------------------------------------------------------------------
 
     def ensure_storage_class(self) -> None:
@@ -192,7 +208,8 @@ class Kubelet:
                          "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
             "provisioner": PROVISIONER,
             "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "allowVolumeExpansion": True,
         }
         try:
             self.storage.create_storage_class(body)
@@ -201,38 +218,19 @@ class Kubelet:
                 raise
 
     def _provision(self) -> None:
-        """Bind every pending claim of our class to a fresh directory; delete released volumes and their data."""
+        """Bind every claim of our class whose node is picked to a fresh directory pinned to that node; grow volumes
+        whose claim asks for more; delete released volumes and their data."""
         claims = _json(self.api.list_persistent_volume_claim_for_all_namespaces(_preload_content=False))["items"]
+        volumes = {volume["metadata"]["name"]: volume
+                   for volume in _json(self.api.list_persistent_volume(_preload_content=False))["items"]}
         for claim in claims:
-            spec = claim["spec"]
-            if spec.get("volumeName") or spec.get("storageClassName") != STORAGE_CLASS:
+            if claim["spec"].get("storageClassName") != STORAGE_CLASS or claim["metadata"].get("deletionTimestamp"):
                 continue
-            if claim["metadata"].get("deletionTimestamp"):
-                continue
-            name = f"pvc-{claim['metadata']['uid']}"
-            path = self.state / "volumes" / name
-            path.mkdir(parents=True, exist_ok=True)
-            volume = {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
-                "spec": {
-                    "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                    "accessModes": spec["accessModes"],
-                    "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": STORAGE_CLASS,
-                    "hostPath": {"path": str(path), "type": "Directory"},
-                    "claimRef": {"namespace": claim["metadata"]["namespace"], "name": claim["metadata"]["name"],
-                                 "uid": claim["metadata"]["uid"]},
-                },
-            }
-            try:
-                self.api.create_persistent_volume(volume)
-            except ApiException as error:
-                if error.status != 409:
-                    raise
-        volumes = _json(self.api.list_persistent_volume(_preload_content=False))["items"]
-        for volume in volumes:
+            if volume := volumes.get(claim["spec"].get("volumeName") or ""):
+                self._grow(claim, volume)
+            elif node := (claim["metadata"].get("annotations") or {}).get(SELECTED_NODE):
+                self._create_volume(claim, node)
+        for volume in volumes.values():
             released = volume.get("status", {}).get("phase") in ("Released", "Failed")
             ours = volume["metadata"].get("annotations", {}).get("pv.kubernetes.io/provisioned-by") == PROVISIONER
             if released and ours:
@@ -242,6 +240,44 @@ class Kubelet:
                 except ApiException as error:
                     if error.status != 404:
                         raise
+
+    def _create_volume(self, claim: dict[str, Any], node: str) -> None:
+        spec = claim["spec"]
+        name = f"pvc-{claim['metadata']['uid']}"
+        path = self.state / "volumes" / name
+        path.mkdir(parents=True, exist_ok=True)
+        volume = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                "accessModes": spec["accessModes"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": STORAGE_CLASS,
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
+                "claimRef": {"namespace": claim["metadata"]["namespace"], "name": claim["metadata"]["name"],
+                             "uid": claim["metadata"]["uid"]},
+            },
+        }
+        try:
+            self.api.create_persistent_volume(volume)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    def _grow(self, claim: dict[str, Any], volume: dict[str, Any]) -> None:
+        """A bound claim asking for more than its volume has: the volume grows, and the claim's status says so."""
+        wanted = claim["spec"]["resources"]["requests"]["storage"]
+        if quantity_bytes(wanted) <= quantity_bytes(volume["spec"]["capacity"]["storage"]):
+            return
+        self.api.patch_persistent_volume(volume["metadata"]["name"], {"spec": {"capacity": {"storage": wanted}}})
+        self.api.patch_namespaced_persistent_volume_claim_status(
+            claim["metadata"]["name"], claim["metadata"]["namespace"],
+            {"status": {"capacity": {"storage": wanted}, "allocatedResources": {"storage": wanted},
+                        "allocatedResourceStatuses": None, "conditions": None}})
 
     # --- pods ---------------------------------------------------------------------------------------------------
 

@@ -140,6 +140,8 @@ class PodWorker:
         self.volumes_ready = False
         self.phase = "Pending"
         self.stop_requested = threading.Event()
+        self.eviction: str | None = None
+        """Why the kubelet evicted the pod, once it has: it ends Failed (reason Evicted) and stays until deleted."""
         self.grace = float(self.spec.get("terminationGracePeriodSeconds", 30))
         self.done = threading.Event()
         self.last_status: dict[str, Any] | None = None
@@ -154,6 +156,11 @@ class PodWorker:
         if grace is not None:
             self.grace = min(self.grace, grace)
         self.stop_requested.set()
+
+    def evict(self, message: str) -> None:
+        """Node-pressure eviction, as a kubelet does it: the containers are stopped and the pod ends Failed."""
+        self.eviction = message
+        self.request_stop()
 
     def _run(self) -> None:
         try:
@@ -183,6 +190,8 @@ class PodWorker:
             self._report()
             self.stop_requested.wait(0.5)
         self._stop_all(self.grace)
+        if self.eviction is not None:
+            self.phase = "Failed"
         self._report()
 
     def _teardown(self) -> None:
@@ -586,6 +595,8 @@ class PodWorker:
             status["initContainerStatuses"] = [self._container_status(c) for c in self.init_containers]
         if self.pod_ip:
             status["podIP"], status["podIPs"] = self.pod_ip, [{"ip": self.pod_ip}]
+        if self.eviction is not None:
+            status["reason"], status["message"] = "Evicted", self.eviction
         return status
 
     def _report(self) -> None:
