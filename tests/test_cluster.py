@@ -13,8 +13,12 @@ import os
 import signal
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from bookfleet.kube.repairs import ANNOTATION_LEDGERS
+from bookfleet.kube.resources import quantity_bytes
+from bookfleet.kube.scaling import ANNOTATION_RELEASED
 from bookfleet.polling import wait_for
 from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
@@ -59,21 +63,31 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
         assert all(column in header for column in columns), header
 
 
-def test_bookie_pod_returning_within_the_delay_is_not_repaired(installed: LocalCluster):
+def test_bookie_pods_deleted_or_evicted_returning_within_the_delay_are_not_repaired(installed: LocalCluster):
+    """One bookie's pod is deleted; another's is evicted by its kubelet (phase Failed, reason Evicted: such a pod
+    stays as it is until someone deletes it). Both count lost, come back in new pods on their own volumes within the
+    delay, and nothing is repaired."""
     cluster = installed
     walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
-    victim = walkthrough.bookie_pods(cluster)[0]
-    name, old_uid = victim["metadata"]["name"], victim["metadata"]["uid"]
-    cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+    deleted, evicted = walkthrough.bookie_pods(cluster)[:2]
+    old_uids = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in (deleted, evicted)}
+    claims = {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)}
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, deleted["metadata"]["name"], "--wait=false")
+    cluster.evict(NAMESPACE, evicted["metadata"]["name"])
 
-    def back() -> bool:
+    def back(name: str) -> bool:
         pods = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == name]
         bookie = cluster.get("bookie", "-n", NAMESPACE, name).get("status", {})
-        return bool(pods) and pods[0]["metadata"]["uid"] != old_uid and walkthrough.ready(pods[0]) \
+        return bool(pods) and pods[0]["metadata"]["uid"] != old_uids[name] and walkthrough.ready(pods[0]) \
             and bookie.get("phase") == "Running" and not bookie.get("lostSince")
 
-    wait_for(back, timeout=600, what=f"bookie {name} back on its volumes", interval=2.0)
+    wait_for(lambda: all(map(back, old_uids)), timeout=600, what="both bookies back on their volumes", interval=2.0)
     assert walkthrough.repair_jobs(cluster) == []
+    for name, kind in ((deleted["metadata"]["name"], "is gone"), (evicted["metadata"]["name"], "failed (Evicted)")):
+        said = {event["reason"]: event["message"] for event in walkthrough.events(cluster, name)}
+        assert kind in said["BookieLost"] and "BookieReturned" in said
+    assert {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)} \
+        == claims  # the same volumes: their data
 
 
 def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_halts_the_rollout(
@@ -96,7 +110,9 @@ def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_
     assert lost_bookies(cluster) == [] and walkthrough.repair_jobs(cluster) == []
     assert "RolloutStuck" in walkthrough.event_reasons(cluster, "demo")
 
-    walkthrough.patch_cluster(cluster, {"image": image, "bookie": {"gcIntervalSeconds": 61}})
+    grown = "6Gi"
+    walkthrough.patch_cluster(cluster, {"image": image, "bookie": {"gcIntervalSeconds": 61},
+                                        "storage": {"ledgers": {"size": grown}}})
     most_down = 0
 
     def rolled() -> bool:
@@ -105,13 +121,18 @@ def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_
         most_down = max(most_down, 3 - sum(map(walkthrough.ready, pods)))
         status = cluster.get("bookiecluster", "-n", NAMESPACE, "demo").get("status") or {}
         return status.get("updatedBookies") == 3 and all(map(walkthrough.ready, pods)) and all(
-            "61" in pod["spec"]["containers"][0]["command"] for pod in pods)
+            {"61", str(quantity_bytes(grown))} <= set(pod["spec"]["containers"][0]["command"]) for pod in pods)
 
     wait_for(rolled, timeout=600, what="every bookie ready with the new spec", interval=1.0)
     assert most_down == 1  # one bookie at a time
     body = cluster.get("bookiecluster", "-n", NAMESPACE, "demo")
     assert walkthrough.condition(body, "RolloutStuck")["status"] == "False"
     assert lost_bookies(cluster) == [] and walkthrough.repair_jobs(cluster) == []
+    # The ledger volumes grew in place (the storage class allows it): same claims, the new size granted.
+    ledger_claims = [c for c in walkthrough.bookie_claims(cluster) if c["metadata"]["name"].endswith("-ledgers")]
+    assert len(ledger_claims) == 3
+    assert all(claim["status"]["capacity"]["storage"] == grown for claim in ledger_claims)
+    assert walkthrough.condition(body, "VolumesExpanded")["status"] == "True"
 
 
 def test_a_bookie_restarting_for_longer_than_the_delay_is_lost_crash_looping_then_returns_with_its_data(
@@ -144,6 +165,76 @@ def test_a_bookie_restarting_for_longer_than_the_delay_is_lost_crash_looping_the
     walkthrough.apply_settings(cluster, {"autoRecovery": {"enabled": True}})
 
 
+FOURTH = "demo-3"
+"""The bookie a scale-up to four adds: pinned to zone-a, on the zone's spare node once that is uncordoned."""
+SPARE_A = "node-a2"
+
+
+def test_scaling_down_then_up_drains_the_bookie_then_brings_back_a_fresh_writable_one(installed: LocalCluster):
+    """Four bookies, then three: the fourth is drained (read-only, no ledger needs it), removed, its volumes kept
+    (whenScaled Retain). Four again: the kept volumes (a cookie ZooKeeper no longer has) are deleted and the fourth
+    starts afresh, registered writable."""
+    cluster = installed
+    cluster.kubectl("uncordon", SPARE_A)
+    walkthrough.scale(cluster, 4)
+    first = {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
+             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    assert len(first) == 2
+
+    cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, "demo", "--replicas=3")
+    wait_for(lambda: FOURTH not in {b["metadata"]["name"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]},
+             timeout=300, what=f"Bookie {FOURTH} drained and removed", interval=2.0)
+    kept = {claim["metadata"]["name"]: claim for claim in walkthrough.bookie_claims(cluster)}
+    assert first.keys() <= kept.keys() and all(
+        ANNOTATION_RELEASED in kept[name]["metadata"]["annotations"] for name in first)
+    assert {"Decommissioning", "Decommissioned"} <= set(walkthrough.event_reasons(cluster, FOURTH)) | set(
+        walkthrough.event_reasons(cluster, "demo"))
+
+    walkthrough.scale(cluster, 4)  # waits for four Running (registered writable, not ReadOnly) Bookies
+    again = {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
+             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    assert again.keys() == first.keys() and not set(again.values()) & set(first.values())  # fresh volumes
+    assert "StaleVolumesDeleted" in walkthrough.event_reasons(cluster, "demo")
+    assert walkthrough.repair_jobs(cluster) == []  # it held no ledger: nothing to copy
+
+
+def test_a_bookie_whose_node_is_drained_then_deleted_is_repaired_and_replaced_on_fresh_volumes(
+        installed: LocalCluster):
+    """A node pool shrinks: the fourth bookie's node is drained (the disruption budget lets one bookie go) and
+    deleted. Its pod comes back Pending, its volume pinned to the vanished node: lost for good, so once its (no)
+    ledgers are safe it is replaced on fresh volumes on a live node of its zone."""
+    cluster = installed
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 5}})
+    [pod] = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+    node = pod["spec"]["nodeName"]
+    assert node == SPARE_A, f"{FOURTH} runs on {node}"
+    others = [p["metadata"]["name"] for p in cluster.get("pods", "-n", NAMESPACE)["items"]
+              if p["spec"].get("nodeName") == node and p["metadata"]["name"] != FOURTH]
+    assert not others, f"{node} also runs {others}"
+    claims = {claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
+              if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    cluster.kubectl("drain", node, "--pod-selector", walkthrough.BOOKIE_SELECTOR, "--delete-emptydir-data", "--timeout",
+                    "60s", timeout=90)
+    cluster.fail_node(node)
+    cluster.kubectl("delete", "node", node)
+
+    def replaced() -> bool:
+        bookie = cluster.get("bookie", "-n", NAMESPACE, FOURTH)
+        pods = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+        return bookie.get("status", {}).get("phase") == "Running" and bool(pods) and walkthrough.ready(pods[0]) \
+            and "BookieReplaced" in walkthrough.event_reasons(cluster, FOURTH)
+
+    wait_for(replaced, timeout=600, what=f"{FOURTH} replaced on a live node", interval=2.0)
+    [pod] = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+    assert pod["spec"]["nodeName"] == "node-a"
+    fresh = {claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
+             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    assert len(fresh) == 2 and not fresh & claims
+    reasons = walkthrough.event_reasons(cluster, FOURTH)
+    assert {"BookieLost", "RepairLaunched", "RepairSucceeded", "BookieReplaced"} <= set(reasons)
+    assert "PodForceDeleted" not in reasons  # nothing was stuck on a dead kubelet: the pod was Pending
+
+
 def lost_bookies(cluster: LocalCluster) -> list[str]:
     return [bookie["metadata"]["name"] for bookie in cluster.get("bookies", "-n", NAMESPACE)["items"]
             if (bookie.get("status") or {}).get("lostSince")]
@@ -170,7 +261,24 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
     assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]
     assert walkthrough.acting_operator(cluster) not in ("", killed)
-    assert [job["metadata"]["name"] for job in walkthrough.repair_jobs(cluster)] == [repair.job]  # launched once
+    lost_bookie = outcome.lost_bookie_id.split(".")[0]
+    assert [job["metadata"]["name"] for job in walkthrough.repair_jobs(cluster, lost_bookie)] == [repair.job]  # once
+    # What a Prometheus scrapes (the chart's monitors): the operators counted the repair, a bookie its journal syncs.
+    operators = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    repairs = [sample for pod in operators if walkthrough.ready(pod)
+               for sample in samples(walkthrough.scrape(pod, "metrics"), "bookfleet_operator_repairs_total")]
+    outcomes = {outcome: sum(s.value for s in repairs if s.labels["outcome"] == outcome)
+                for outcome in ("launched", "succeeded")}
+    assert outcomes["launched"] >= 1 and outcomes["succeeded"] >= 1, outcomes
+    syncs = [sample.value for pod in walkthrough.bookie_pods(cluster) if walkthrough.ready(pod)
+             for sample in samples(walkthrough.scrape(pod, "http"), "bookie_journal_sync_latency_seconds_count")]
+    assert syncs and max(syncs) > 0  # the ledger's bookies synced its entries
+
+
+def samples(text: str, name: str) -> list[Sample]:
+    """The samples called `name` in a Prometheus text exposition."""
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == name]
 
 
 def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(installed: LocalCluster):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,12 +66,19 @@ class LocalCluster:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
     def fail_node(self, name: str) -> float:
-        """Stop a node's kubelet (heartbeats stop, its pods' processes die at once) through `python -m tests.cluster`'s
-        control directory; the wall-clock time it happened."""
-        request = self.state / "control" / f"fail-node-{name}"
-        request.touch()
-        wait_for(lambda: not request.exists(), timeout=30, what=f"node {name} failed", interval=0.1)
+        """Stop a node's kubelet (heartbeats stop, its pods' processes die at once); the wall-clock time it happened."""
+        self._control(f"fail-node-{name}")
         return time.time()
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """Have the pod's kubelet evict it as under node pressure (it ends Failed, reason Evicted)."""
+        self._control(f"evict-pod-{namespace}.{pod}")
+
+    def _control(self, request_name: str) -> None:
+        """A request to the process kubelet through `python -m tests.cluster`'s control directory, once it is done."""
+        request = self.state / "control" / request_name
+        request.touch()
+        wait_for(lambda: not request.exists(), timeout=30, what=f"{request_name} done", interval=0.1)
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """A container's output, from the process kubelet's log file: it serves no logs API for `kubectl logs`."""
@@ -115,6 +123,14 @@ def running_cluster(keep_logs: bool = False) -> Iterator[LocalCluster]:
 def ready(pod_or_node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in pod_or_node.get("status", {}).get("conditions", []))
+
+
+def scrape(pod: dict[str, Any], port_name: str) -> str:
+    """The pod's Prometheus /metrics, on its pod IP and its container port named `port_name` (as a scraper would)."""
+    [port] = [port["containerPort"] for container in pod["spec"]["containers"] for port in container.get("ports", [])
+              if port.get("name") == port_name]
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
 
 
 BOOKIE_SELECTOR = "app.kubernetes.io/component=bookie,app.kubernetes.io/instance=demo"
@@ -182,14 +198,19 @@ def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def events(cluster: LocalCluster, involved: str) -> list[dict[str, Any]]:
+    """The namespace's Events about the object named `involved`."""
+    return cluster.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={involved}")["items"]
+
+
 def event_reasons(cluster: LocalCluster, involved: str) -> list[str]:
-    """The reasons of the namespace's Events about the object named `involved`."""
-    events = cluster.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={involved}")["items"]
-    return [event["reason"] for event in events]
+    return [event["reason"] for event in events(cluster, involved)]
 
 
-def repair_jobs(cluster: LocalCluster) -> list[dict[str, Any]]:
-    return cluster.get("jobs", "-n", NAMESPACE, "-l", REPAIR_SELECTOR)["items"]
+def repair_jobs(cluster: LocalCluster, bookie: str | None = None) -> list[dict[str, Any]]:
+    """The repair Jobs in the namespace, or those of one Bookie."""
+    selector = REPAIR_SELECTOR + (f",{resources.LABEL_BOOKIE}={bookie}" if bookie else "")
+    return cluster.get("jobs", "-n", NAMESPACE, "-l", selector)["items"]
 
 
 def scale(cluster: LocalCluster, replicas: int) -> None:
@@ -280,7 +301,7 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, timeout: float = 90
     seen = Repair()
 
     def healthy() -> bool:
-        if not seen.job and (jobs := repair_jobs(cluster)):
+        if not seen.job and (jobs := repair_jobs(cluster, lost_bookie_id.split(".")[0])):
             seen.job = jobs[0]["metadata"]["name"]
             say(f"repair Job {seen.job} created")
         if seen.job and not seen.driver_ip:
