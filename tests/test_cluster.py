@@ -205,7 +205,16 @@ def test_a_bookie_whose_node_is_drained_then_deleted_is_repaired_and_replaced_on
     ledgers are safe it is replaced on fresh volumes on a live node of its zone."""
     cluster = installed
     walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 5}})
-    [pod] = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+
+    def fourth() -> dict:
+        return next((p for p in walkthrough.bookie_pods(cluster)
+                     if p["metadata"]["name"] == FOURTH and walkthrough.ready(p)), {})
+
+    try:
+        pod = wait_for(fourth, timeout=120, what=f"{FOURTH} ready", interval=1.0)
+    except TimeoutError as missing:
+        said = [(event["reason"], event["message"]) for event in walkthrough.events(cluster, FOURTH)]
+        raise AssertionError(f"{FOURTH} is not running; its Events: {said}") from missing
     node = pod["spec"]["nodeName"]
     assert node == SPARE_A, f"{FOURTH} runs on {node}"
     others = [p["metadata"]["name"] for p in cluster.get("pods", "-n", NAMESPACE)["items"]

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,8 +87,9 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def running_cluster(keep_logs: bool = False) -> Iterator[LocalCluster]:
-    """`python -m tests.cluster` as a child process (so it stops and cleans up through its SIGTERM path)."""
+def running_cluster(keep_logs: Callable[[], bool] = lambda: False) -> Iterator[LocalCluster]:
+    """`python -m tests.cluster` as a child process (so it stops and cleans up through its SIGTERM path); its logs
+    (the cluster's, every pod's) are kept if `keep_logs()` says so when it stops."""
     work = Path(tempfile.mkdtemp(prefix="bookfleet-cluster-"))
     ready, state = work / "ready", work / "state"
     with (work / "cluster.log").open("wb") as log:
@@ -114,8 +115,8 @@ def running_cluster(keep_logs: bool = False) -> Iterator[LocalCluster]:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
-            if keep_logs:
-                print(f"local cluster logs kept in {work}")
+            if keep_logs():
+                print(f"local cluster logs kept in {work}", flush=True)
             else:
                 shutil.rmtree(work, ignore_errors=True)
 
