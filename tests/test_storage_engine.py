@@ -240,3 +240,22 @@ async def test_a_flush_of_many_entries_is_indexed_in_several_chunks_and_the_newe
     await storage.close()
     storage = await open_storage()
     assert await storage.read_range(3, 0, count - 1, 10**9) == [expected[e] for e in range(count)]
+
+
+async def test_journals_fed_the_same_records_roll_at_different_points_within_the_roll_size(tmp_path):
+    """Every bookie of an ensemble journals the same bytes: with one fixed roll size they all rolled (and stalled
+    their syncs) in the same instant. Each file now rolls at its own point in the upper half of the roll size."""
+    roll, record = 64 * 1024, b"r" * 1000
+    sizes = []
+    for name in ("a", "b"):
+        log = journal.Journal(tmp_path / name, max_wait=0, flush_bytes=1 << 20, roll_bytes=roll)
+        await log.start()
+        for _ in range(400):
+            await log.append(journal.RecordType.ADD, record)  # one record per group commit: exact roll offsets
+        await log.close()
+        files = [journal.journal_path(tmp_path / name, seq) for seq in journal.journal_seqs(tmp_path / name)]
+        sizes.append([path.stat().st_size for path in files[:-1]])  # the last one is still filling
+    step = journal.RECORD_HEADER.size + len(record)
+    for rolled in sizes:
+        assert len(rolled) >= 5 and all(roll // 2 <= size < roll + step for size in rolled), rolled
+    assert sizes[0] != sizes[1]

@@ -3,8 +3,9 @@
 Files are `journal-<seq>.log`; each record is `length u32 | crc32c u32 | type u8 | body`, where `length` counts
 the body and the CRC covers the type byte and the body. Records are group-committed: appends accumulate in memory,
 one writer task writes them with a single os.write and fdatasyncs in a worker thread, then resolves the one future
-every append of that batch shares. A new file is started on every start and whenever the current one passes the
-roll size, so a torn tail can only be at the end of the file that was current at a crash.
+every append of that batch shares. A new file is started on every start and whenever the current one passes its
+roll point (`roll_point`: at random in the upper half of the roll size), so a torn tail can only be at the end of
+the file that was current at a crash.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import enum
 import logging
 import mmap
 import os
+import random
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +91,14 @@ def write_all(fd: int, pieces: list[bytes]) -> None:
             rest = memoryview(b"".join(chunk))[written:]
             while rest:
                 rest = rest[os.write(fd, rest) :]
+
+
+def roll_point(roll_bytes: int) -> int:
+    """Where a new journal file rolls: somewhere in the upper half of `roll_bytes`, at random. Every bookie of an
+    ensemble journals the same bytes, so with one fixed size they all rolled in the same instant; a roll (the new
+    file, then removing the old one at the next checkpoint) stalls a bookie's fdatasyncs for 0.1-0.5 s on ext4, and
+    all of them at once stalled the writer's acks. Apart, the other bookies' acks carry the adds (Qa < Qw)."""
+    return random.randint(roll_bytes // 2, roll_bytes)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -173,6 +183,7 @@ class Journal:
         self._fd = -1
         self._seq = 0
         self._offset = 0
+        self._roll_at = roll_bytes
         self._failure: BaseException | None = None
         self._writer: asyncio.Task[None] | None = None
         self.synced = JournalPosition(0, 0)
@@ -246,6 +257,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd, self._seq, self._offset = fd, seq, 0
+        self._roll_at = roll_point(self._roll_bytes)
         self.synced = JournalPosition(seq, 0)
 
     def _write_and_sync(self, pieces: list[bytes]) -> float:
@@ -273,7 +285,7 @@ class Journal:
                     self._on_sync(size, seconds)
                 self._offset += size
                 self.synced = JournalPosition(self._seq, self._offset)
-                if self._offset >= self._roll_bytes:
+                if self._offset >= self._roll_at:
                     await asyncio.to_thread(self._open, self._seq + 1)
             except OSError as exc:
                 log.error("journal %s failed; no further adds are acknowledged: %s", self.directory, exc)

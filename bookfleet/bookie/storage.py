@@ -68,6 +68,7 @@ class StorageSettings:
     journal_flush_bytes: int = 512 * 1024
     """A batch this large is written at once, without waiting."""
     journal_roll_bytes: int = 256 * 1024 * 1024
+    """A journal file rolls somewhere between half of this and this (journal.roll_point)."""
     memtable_bytes: int = 64 * 1024 * 1024
     """Flush the memtable to the entry log once it holds this much."""
     flush_interval: float = 0.25
