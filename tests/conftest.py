@@ -14,6 +14,7 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...: each worke
 pytest_plugins = [f"{fixtures.__name__}.{m.name}" for m in pkgutil.iter_modules(fixtures.__path__)]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns xdist_group marks into the node ids it schedules by
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run in parallel (`-n`), the local Kubernetes cluster is still one per session: its tests share one worker."""
     if not config.pluginmanager.hasplugin("xdist"):
