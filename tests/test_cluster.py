@@ -170,6 +170,16 @@ FOURTH = "demo-3"
 SPARE_A = "node-a2"
 
 
+def fourth_claims(cluster: LocalCluster) -> dict[str, str]:
+    """The fourth bookie's PVCs: name -> uid."""
+    return {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
+            if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+
+
+def fourth_pods(cluster: LocalCluster) -> list[dict]:
+    return [pod for pod in walkthrough.bookie_pods(cluster) if pod["metadata"]["name"] == FOURTH]
+
+
 def test_scaling_down_then_up_drains_the_bookie_then_brings_back_a_fresh_writable_one(installed: LocalCluster):
     """Four bookies, then three: the fourth is drained (read-only, no ledger needs it), removed, its volumes kept
     (whenScaled Retain). Four again: the kept volumes (a cookie ZooKeeper no longer has) are deleted and the fourth
@@ -177,8 +187,7 @@ def test_scaling_down_then_up_drains_the_bookie_then_brings_back_a_fresh_writabl
     cluster = installed
     cluster.kubectl("uncordon", SPARE_A)
     walkthrough.scale(cluster, 4)
-    first = {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
-             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    first = fourth_claims(cluster)
     assert len(first) == 2
 
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, "demo", "--replicas=3")
@@ -191,8 +200,7 @@ def test_scaling_down_then_up_drains_the_bookie_then_brings_back_a_fresh_writabl
         walkthrough.event_reasons(cluster, "demo"))
 
     walkthrough.scale(cluster, 4)  # waits for four Running (registered writable, not ReadOnly) Bookies
-    again = {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
-             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    again = fourth_claims(cluster)
     assert again.keys() == first.keys() and not set(again.values()) & set(first.values())  # fresh volumes
     assert "StaleVolumesDeleted" in walkthrough.event_reasons(cluster, "demo")
     assert walkthrough.repair_jobs(cluster) == []  # it held no ledger: nothing to copy
@@ -206,22 +214,13 @@ def test_a_bookie_whose_node_is_drained_then_deleted_is_repaired_and_replaced_on
     cluster = installed
     walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 5}})
 
-    def fourth() -> dict:
-        return next((p for p in walkthrough.bookie_pods(cluster)
-                     if p["metadata"]["name"] == FOURTH and walkthrough.ready(p)), {})
-
-    try:
-        pod = wait_for(fourth, timeout=120, what=f"{FOURTH} ready", interval=1.0)
-    except TimeoutError as missing:
-        said = [(event["reason"], event["message"]) for event in walkthrough.events(cluster, FOURTH)]
-        raise AssertionError(f"{FOURTH} is not running; its Events: {said}") from missing
+    [pod] = fourth_pods(cluster)
     node = pod["spec"]["nodeName"]
     assert node == SPARE_A, f"{FOURTH} runs on {node}"
     others = [p["metadata"]["name"] for p in cluster.get("pods", "-n", NAMESPACE)["items"]
               if p["spec"].get("nodeName") == node and p["metadata"]["name"] != FOURTH]
     assert not others, f"{node} also runs {others}"
-    claims = {claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
-              if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    claims = set(fourth_claims(cluster).values())
     cluster.kubectl("drain", node, "--pod-selector", walkthrough.BOOKIE_SELECTOR, "--delete-emptydir-data", "--timeout",
                     "60s", timeout=90)
     cluster.fail_node(node)
@@ -229,15 +228,14 @@ def test_a_bookie_whose_node_is_drained_then_deleted_is_repaired_and_replaced_on
 
     def replaced() -> bool:
         bookie = cluster.get("bookie", "-n", NAMESPACE, FOURTH)
-        pods = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+        pods = fourth_pods(cluster)
         return bookie.get("status", {}).get("phase") == "Running" and bool(pods) and walkthrough.ready(pods[0]) \
             and "BookieReplaced" in walkthrough.event_reasons(cluster, FOURTH)
 
     wait_for(replaced, timeout=600, what=f"{FOURTH} replaced on a live node", interval=2.0)
-    [pod] = [p for p in walkthrough.bookie_pods(cluster) if p["metadata"]["name"] == FOURTH]
+    [pod] = fourth_pods(cluster)
     assert pod["spec"]["nodeName"] == "node-a"
-    fresh = {claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)
-             if claim["metadata"]["name"].startswith(f"{FOURTH}-")}
+    fresh = set(fourth_claims(cluster).values())
     assert len(fresh) == 2 and not fresh & claims
     reasons = walkthrough.event_reasons(cluster, FOURTH)
     assert {"BookieLost", "RepairLaunched", "RepairSucceeded", "BookieReplaced"} <= set(reasons)

@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from bookfleet.kube.resources import quantity_bytes
+from bookfleet.kube.resources import HOSTNAME_LABEL, quantity_bytes
 from tests.cluster.network import Bridge
 from tests.cluster.pods import PodWorker, now
 
@@ -132,7 +132,7 @@ class Kubelet:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": name, "labels": {
-                ZONE_LABEL: zone, "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                ZONE_LABEL: zone, HOSTNAME_LABEL: name, "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
             }},
             "spec": {"unschedulable": name in SPARE_NODES},
@@ -257,7 +257,7 @@ class Kubelet:
                 "storageClassName": STORAGE_CLASS,
                 "hostPath": {"path": str(path), "type": "Directory"},
                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
+                    {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}]}},
                 "claimRef": {"namespace": claim["metadata"]["namespace"], "name": claim["metadata"]["name"],
                              "uid": claim["metadata"]["uid"]},
             },
