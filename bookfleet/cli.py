@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more: -v INFO, -vv DEBUG")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if module.name.startswith("_"):  # helper modules, not commands
+            continue
         importlib.import_module(f"{commands.__name__}.{module.name}").register(subparsers)
     return parser
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from bookfleet.cli import CommandError
-from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieRegistry
 

@@ -17,7 +17,7 @@ from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerWriteError
-from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.metadata import LedgerMetadata, MetadataError
 
 CLEAR_ERRORS = (MetadataError, WrongPasswordError, NotEnoughBookies, LedgerWriteError, LedgerReadError, RecoveryError)

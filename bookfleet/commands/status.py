@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.fleetstatus import FleetStatus, fleet_status
 
 DEFAULT_WATCH_INTERVAL = 2.0

@@ -14,41 +14,15 @@ from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.writer import LedgerWriteError
-from bookfleet.meta import zk as zkclient
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.metadata import MetadataError
-from bookfleet.security import options as security_options
 from bookfleet.topic.consumer import consume
 from bookfleet.topic.messageid import BadMessageId, MessageId
 from bookfleet.topic.partition import Partition, Topic, TopicError
 from bookfleet.topic.producer import Producer, ProducerSettings
-from bookfleet.zkserver import zk_from_env
 
 DEFAULTS = ProducerSettings()
 _CLEAR_ERRORS = (TopicError, BadMessageId, NotEnoughBookies, MetadataError, LedgerWriteError, LedgerReadError)
-
-
-def add_zk_argument(parser) -> None:
-    parser.add_argument("--zk", default=zk_from_env(), help="ZooKeeper connect string (default $BOOKFLEET_ZK)")
-    security_options.add_arguments(parser)
-
-
-@contextmanager
-def zk_session(hosts: str | None, talks_to_bookies: bool = False) -> Iterator[KazooClient]:
-    """A ZooKeeper session for a command; a missing or unreachable ZooKeeper is one clear line, and so is a missing
-    TLS identity when the command talks to bookies that require one."""
-    if not hosts:
-        raise CommandError("no ZooKeeper given: pass --zk HOST:PORT or set BOOKFLEET_ZK")
-    try:
-        client = zkclient.connect(hosts)
-    except zkclient.ZooKeeperUnreachable as exc:
-        raise CommandError(str(exc)) from None
-    try:
-        if talks_to_bookies and (missing := security_options.missing_tls(client)):
-            raise CommandError(missing)
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def register(subparsers) -> None:

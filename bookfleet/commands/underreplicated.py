@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.fleetstatus import under_replicated_ledgers
 
 

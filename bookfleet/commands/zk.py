@@ -7,7 +7,7 @@ import json
 import os
 
 from bookfleet.cli import CommandError
-from bookfleet.commands.topic import add_zk_argument, zk_session
+from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta import zkpaths
 from bookfleet.meta.acls import secure_tree
 from bookfleet.meta.zk import ZK_AUTH_ENV, fleet_acl
