@@ -11,6 +11,7 @@ from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
+from tests.fixtures.netfault import LinkProxy
 from tests.test_client_writer import eventually, stored_entries
 
 
@@ -158,6 +159,40 @@ async def test_recovery_reads_fence_a_slow_write_set_bookie(bookie_fleet, zk_con
         assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(last_acked + 1)]
 
 
+async def test_a_retried_recovery_reads_the_tail_where_the_writer_wrote_it(bookie_fleet, zk_connect, link_proxy):
+    """Recovery's own ensemble changes reach ZooKeeper only with its close (BookKeeper's newEnsemblesFromRecovery).
+    E=Qw=Qa=2 on A, B with entries 0-9 acknowledged on both: recovery 1 (B unreachable) replaces B by C to re-add
+    entry 9, then C fails. Had it stored the segment [A, C] from entry 9, recovery 2 (A down, B back) would read
+    entry 9 from A and C only, hear C's "no such entry" and close at 8 although B holds the acknowledged entry 9."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect, WriterSettings(add_timeout=1.0)) as recoverer:
+        writer = await old.create_ledger(2, 2, 2)
+        assert [await writer.add(b"%d" % i) for i in range(10)] == list(range(10))
+        await writer.detach()
+        a, b = writer.metadata.segments[0].bookies
+        spare = await _bookies_behind_proxies(bookie_fleet, link_proxy, 1)
+        (c,) = spare
+        proxies.update(spare)
+
+        proxies[b].cut()
+        proxies[c].hold()  # C is connected as B's replacement but never gets the re-added entry 9 ...
+        proxies[c].on_request(proxies[c].cut)  # ... and fails as that add arrives
+        with pytest.raises(RecoveryError, match="cannot replace bookie"):
+            await recoverer.recover_ledger(writer.ledger_id)
+        metadata = recoverer.ledger_metadata(writer.ledger_id)
+        assert metadata.state == LedgerState.IN_RECOVERY
+        assert metadata.segments == writer.metadata.segments
+
+        proxies[a].cut()
+        await proxies[b].reopen()
+        await proxies[c].reopen()
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 9)
+        assert [(s.first_entry_id, list(s.bookies)) for s in metadata.segments] == [(0, [a, b]), (9, [c, b])]
+        reader = await recoverer.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
+
+
 async def test_recovery_takes_its_lac_from_verified_entries_not_bare_numbers(bookie_fleet, zk_connect):
     """A bookie reporting a LAC beyond every entry (a WRITE_LAC nobody's entries back) must not make recovery start
     past the real tail (it used to fail for good, leaving the ledger IN_RECOVERY)."""
@@ -172,3 +207,17 @@ async def test_recovery_takes_its_lac_from_verified_entries_not_bare_numbers(boo
             await direct.write_lac(wire.master_key(b"pw"), writer.ledger_id, 100)
         metadata = await new.recover_ledger(writer.ledger_id, b"pw")
         assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 5)
+
+
+async def _bookies_behind_proxies(bookie_fleet, link_proxy, count: int) -> dict[str, LinkProxy]:
+    """`count` more bookies, each registered with the address of its own proxy: bookie id -> proxy, all ready."""
+    proxies, started = {}, []
+    for _ in range(count):
+        proxy = await link_proxy(0)
+        bookie = bookie_fleet.add(advertised_address=proxy.address)
+        proxy.target_port = bookie.port
+        proxies[bookie.bookie_id] = proxy
+        started.append(bookie.start())
+    for bookie in started:
+        bookie.wait_ready()
+    return proxies
