@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 
 import pytest
@@ -234,6 +236,44 @@ async def test_a_retried_recovery_reads_the_tail_where_the_writer_wrote_it(booki
         metadata = await recoverer.recover_ledger(writer.ledger_id)
         assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 9)
         assert [(s.first_entry_id, list(s.bookies)) for s in metadata.segments] == [(0, [a, b]), (9, [c, b])]
+        reader = await recoverer.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
+
+
+async def test_recovery_stores_each_of_its_ensemble_changes_with_the_close(bookie_fleet, zk_connect, link_proxy):
+    """Two ensemble changes in one recovery: B is unreachable from the start, and the spare that replaces it for the
+    re-added tail (entries 5-9, which all carry LAC 4) fails at its third add. The close stores both new segments,
+    each from the entry it took over at, with lastEntryId."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as recoverer:
+        writer = await old.create_ledger(2, 2, 2)
+        for i in range(5):
+            await writer.add(b"%d" % i)
+        assert await asyncio.gather(*(writer.append(b"%d" % i) for i in range(5, 10))) == list(range(5, 10))
+        await writer.detach()
+        ensemble = writer.metadata.segments[0].bookies
+        spares = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+        proxies.update(spares)
+        failed: list[str] = []
+
+        def fail_at_third_add(spare: str) -> None:
+            proxies[spare].cut()
+            failed.append(spare)
+            for other in spares.keys() - {spare}:
+                proxies[other].on_request(lambda: None)  # the other spare, which replaces it, stays up
+
+        for spare in spares:
+            proxies[spare].on_request(functools.partial(fail_at_third_add, spare), requests=3)
+        proxies[ensemble[1]].cut()
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 9)
+        (first,) = failed
+        (second,) = spares.keys() - {first}
+        assert [(s.first_entry_id, s.bookies) for s in metadata.segments] == [
+            (0, ensemble),
+            (5, (ensemble[0], first)),
+            (7, (ensemble[0], second)),
+        ]
         reader = await recoverer.open_ledger(writer.ledger_id)
         assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
 

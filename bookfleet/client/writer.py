@@ -159,7 +159,7 @@ class LedgerWriter:
         self._lease = lease
         """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
         self._unstored_changes: list[Callable[[LedgerMetadata], LedgerMetadata]] = []
-        """Recovery's ensemble changes, in order: applied to `metadata` at once, stored only by `close`."""
+        """Recovery's ensemble changes, in order: `metadata` stays as stored, `close` stores them onto it."""
 
     async def start(self) -> LedgerWriter:
         """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
@@ -420,7 +420,6 @@ class LedgerWriter:
         (BookKeeper's newEnsemblesFromRecovery): a recovery that fails leaves the segments the writer made, so a retry
         reads the tail from the bookies that hold the writer's copies, not from a segment only recovery wrote to."""
         if self._recovery:
-            self.metadata = change(self.metadata)
             self._unstored_changes.append(change)
         else:
             await self._update_metadata(change)
