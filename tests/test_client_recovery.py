@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import itertools
+
 import pytest
 
 from bookfleet import wire
@@ -11,6 +15,7 @@ from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
+from tests.fixtures.netfault import LinkProxy
 from tests.test_client_writer import eventually, stored_entries
 
 
@@ -111,19 +116,12 @@ async def test_recovery_replaces_a_dead_write_set_bookie(bookie_fleet, zk_connec
 
 
 async def test_recovery_reads_fence_a_slow_write_set_bookie(bookie_fleet, zk_connect, link_proxy):
-    """BookKeeper's TLA+ race: C's link loses the fence, B answers the fence and then fails, so recovery hears "no
-    such entry" from A and C. Unless that read fenced C, the old writer's late add of the same entry then reaches
-    C and, with B's copy, gets Qa acks past the lastEntryId recovery just closed at."""
-    proxies = {}
-    for _ in range(4):  # three for the ensemble, one spare for the recovery writer's ensemble change
-        proxy = await link_proxy(0)
-        bookie = bookie_fleet.add(advertised_address=proxy.address)
-        proxy.target_port = bookie.port
-        proxies[bookie.bookie_id] = proxy
-        bookie.start()
+    """BookKeeper's TLA+ race: S's link loses the fence, B answers the fence and its LAC read and then fails, so
+    recovery hears "no such entry" from S and A. Unless that read fenced S, the old writer's late add of the same
+    entry then reaches S and, with B's copy, gets Qa acks past the lastEntryId recovery just closed at. A comes first
+    for the LAC entry, so only the tail read itself can have fenced S."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 3)
     ports = {b.bookie_id: b.port for b in bookie_fleet.bookies}
-    for bookie in bookie_fleet.bookies:
-        bookie.wait_ready()
     password, last_acked = b"pw", 5
     async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as new:
         writer = await old.create_ledger(3, 3, 2, password=password)
@@ -133,29 +131,151 @@ async def test_recovery_reads_fence_a_slow_write_set_bookie(bookie_fleet, zk_con
         await writer.detach()
         ensemble = writer.metadata.segments[-1].bookies
         entry_id = last_acked + 1
-        _, b, c = (ensemble[p] for p in write_set(entry_id, 3, 3))  # recovery reads entry_id from A, B, C
-        late = wire.encode_entry(
-            wire.Digester(writer.metadata.digest_type, password),
-            writer.ledger_id,
-            entry_id,
-            last_acked,
-            writer.length + 4,
-            b"late",
-        )
+        s, b, a = (ensemble[p] for p in write_set(entry_id, 3, 3))  # recovery reads entry_id from S, B, A
+        assert ensemble[write_set(last_acked, 3, 3)[0]] == a  # and its LAC entry from A first
+        late = _late_entry(writer, password, entry_id)
         master_key = wire.master_key(password)
         async with await BookieClient.connect(f"127.0.0.1:{ports[b]}") as direct:
             await direct.add_entry(master_key, late)  # the old writer's add reached B only so far
 
-        proxies[c].hold()
-        proxies[b].on_answer(lambda: (proxies[b].cut(), proxies[c].release()))
+        proxies[s].hold()
+        proxies[b].on_answer(lambda: (proxies[b].cut(), proxies[s].release()), answers=2)
         metadata = await new.recover_ledger(writer.ledger_id, password)
         assert metadata.last_entry_id == last_acked
 
-        async with await BookieClient.connect(f"127.0.0.1:{ports[c]}") as direct:
-            with pytest.raises(FencedError):  # the old writer's add finally reaches C: it must be refused
+        async with await BookieClient.connect(f"127.0.0.1:{ports[s]}") as direct:
+            with pytest.raises(FencedError):  # the old writer's add finally reaches S: it must be refused
                 await direct.add_entry(master_key, late)
         reader = await new.open_ledger(writer.ledger_id, password)
         assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(last_acked + 1)]
+
+
+async def test_recovery_fences_every_bookie_of_the_last_segment(bookie_fleet, zk_connect):
+    """E > Qw: recovery's reads fence only the replicas they ask, so only its explicit fence step reaches a bookie
+    outside every write set it reads (here the fourth, which holds no entry of a one-entry ledger). Afterwards every
+    bookie of the last segment must refuse the old writer's next add there."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    password = b"pw"
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as new:
+        writer = await old.create_ledger(4, 2, 2, password=password)
+        assert await writer.add(b"0") == 0
+        await writer.detach()
+        ensemble = writer.metadata.segments[-1].bookies
+        for bookie in ensemble:  # connected before recovery, so its fences all leave at once (none still dialling)
+            await new.pool.get(bookie)
+        metadata = await new.recover_ledger(writer.ledger_id, password)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 0)
+        master_key = wire.master_key(password)
+        for position, bookie in enumerate(ensemble):
+            entry_id = next(e for e in itertools.count(1) if position in write_set(e, 4, 2))
+            async with await BookieClient.connect(by_id[bookie].address) as direct:
+                with pytest.raises(FencedError):
+                    await direct.add_entry(master_key, _late_entry(writer, password, entry_id))
+
+
+async def test_recovery_fails_rather_than_count_failing_replicas_as_missing(bookie_fleet, zk_connect, link_proxy):
+    """Entry 6 is on A and B, Qa of E=Qw=3: acknowledged. When A's connection is refused and B stays silent while C
+    says "no such entry", one "no" is not the Qw - Qa + 1 = 2 that prove entry 6 was never acknowledged: recovery
+    must fail and leave the ledger IN_RECOVERY, not close at 5. Retried with A and B back, it closes at 6."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 3)
+    ports = {b.bookie_id: b.port for b in bookie_fleet.bookies}
+    password, entry_id = b"pw", 6
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as recoverer:
+        writer = await old.create_ledger(3, 3, 2, password=password)
+        for i in range(entry_id):
+            await writer.add(b"%d" % i)
+        await writer.detach()
+        ensemble = writer.metadata.segments[-1].bookies
+        a, b, c = (ensemble[p] for p in write_set(entry_id, 3, 3))  # recovery reads entry 6 from A, B, C
+        assert ensemble[write_set(entry_id - 1, 3, 3)[0]] == c  # and its LAC entry 5 from C first
+        for bookie in (a, b):
+            async with await BookieClient.connect(f"127.0.0.1:{ports[bookie]}") as direct:
+                await direct.add_entry(wire.master_key(password), _late_entry(writer, password, entry_id, b"6"))
+
+        proxies[a].on_answer(proxies[a].cut, answers=2)  # A answers the fence and the LAC read, then is refused
+        proxies[b].hold()  # B stays silent: its fence and reads time out
+        with pytest.raises(RecoveryError, match=f"entry {entry_id} of ledger {writer.ledger_id} could not be read"):
+            await recoverer.recover_ledger(writer.ledger_id, password)
+        assert recoverer.ledger_metadata(writer.ledger_id).state == LedgerState.IN_RECOVERY
+
+        await proxies[a].reopen()
+        proxies[b].release()
+        metadata = await recoverer.recover_ledger(writer.ledger_id, password)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, entry_id)
+        reader = await recoverer.open_ledger(writer.ledger_id, password)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(entry_id + 1)]
+
+
+async def test_a_retried_recovery_reads_the_tail_where_the_writer_wrote_it(bookie_fleet, zk_connect, link_proxy):
+    """Recovery's own ensemble changes reach ZooKeeper only with its close (BookKeeper's newEnsemblesFromRecovery).
+    E=Qw=Qa=2 on A, B with entries 0-9 acknowledged on both: recovery 1 (B unreachable) replaces B by C to re-add
+    entry 9, then C fails. Had it stored the segment [A, C] from entry 9, recovery 2 (A down, B back) would read
+    entry 9 from A and C only, hear C's "no such entry" and close at 8 although B holds the acknowledged entry 9."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect, WriterSettings(add_timeout=1.0)) as recoverer:
+        writer = await old.create_ledger(2, 2, 2)
+        assert [await writer.add(b"%d" % i) for i in range(10)] == list(range(10))
+        await writer.detach()
+        a, b = writer.metadata.segments[0].bookies
+        spare = await _bookies_behind_proxies(bookie_fleet, link_proxy, 1)
+        (c,) = spare
+        proxies.update(spare)
+
+        proxies[b].cut()
+        proxies[c].hold()  # C is connected as B's replacement but never gets the re-added entry 9 ...
+        proxies[c].on_request(proxies[c].cut)  # ... and fails as that add arrives
+        with pytest.raises(RecoveryError, match="cannot replace bookie"):
+            await recoverer.recover_ledger(writer.ledger_id)
+        metadata = recoverer.ledger_metadata(writer.ledger_id)
+        assert metadata.state == LedgerState.IN_RECOVERY
+        assert metadata.segments == writer.metadata.segments
+
+        proxies[a].cut()
+        await proxies[b].reopen()
+        await proxies[c].reopen()
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 9)
+        assert [(s.first_entry_id, list(s.bookies)) for s in metadata.segments] == [(0, [a, b]), (9, [c, b])]
+        reader = await recoverer.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
+
+
+async def test_recovery_stores_each_of_its_ensemble_changes_with_the_close(bookie_fleet, zk_connect, link_proxy):
+    """Two ensemble changes in one recovery: B is unreachable from the start, and the spare that replaces it for the
+    re-added tail (entries 5-9, which all carry LAC 4) fails at its third add. The close stores both new segments,
+    each from the entry it took over at, with lastEntryId."""
+    proxies = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as recoverer:
+        writer = await old.create_ledger(2, 2, 2)
+        for i in range(5):
+            await writer.add(b"%d" % i)
+        assert await asyncio.gather(*(writer.append(b"%d" % i) for i in range(5, 10))) == list(range(5, 10))
+        await writer.detach()
+        ensemble = writer.metadata.segments[0].bookies
+        spares = await _bookies_behind_proxies(bookie_fleet, link_proxy, 2)
+        proxies.update(spares)
+        failed: list[str] = []
+
+        def fail_at_third_add(spare: str) -> None:
+            proxies[spare].cut()
+            failed.append(spare)
+            for other in spares.keys() - {spare}:
+                proxies[other].on_request(lambda: None)  # the other spare, which replaces it, stays up
+
+        for spare in spares:
+            proxies[spare].on_request(functools.partial(fail_at_third_add, spare), requests=3)
+        proxies[ensemble[1]].cut()
+        metadata = await recoverer.recover_ledger(writer.ledger_id)
+        assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 9)
+        (first,) = failed
+        (second,) = spares.keys() - {first}
+        assert [(s.first_entry_id, s.bookies) for s in metadata.segments] == [
+            (0, ensemble),
+            (5, (ensemble[0], first)),
+            (7, (ensemble[0], second)),
+        ]
+        reader = await recoverer.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(10)]
 
 
 async def test_recovery_takes_its_lac_from_verified_entries_not_bare_numbers(bookie_fleet, zk_connect):
@@ -172,3 +292,23 @@ async def test_recovery_takes_its_lac_from_verified_entries_not_bare_numbers(boo
             await direct.write_lac(wire.master_key(b"pw"), writer.ledger_id, 100)
         metadata = await new.recover_ledger(writer.ledger_id, b"pw")
         assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, 5)
+
+
+async def _bookies_behind_proxies(bookie_fleet, link_proxy, count: int) -> dict[str, LinkProxy]:
+    """`count` more bookies, each registered with the address of its own proxy: bookie id -> proxy, all ready."""
+    proxies, started = {}, []
+    for _ in range(count):
+        proxy = await link_proxy(0)
+        bookie = bookie_fleet.add(advertised_address=proxy.address)
+        proxy.target_port = bookie.port
+        proxies[bookie.bookie_id] = proxy
+        started.append(bookie.start())
+    for bookie in started:
+        bookie.wait_ready()
+    return proxies
+
+
+def _late_entry(writer, password: bytes, entry_id: int, payload: bytes = b"late") -> bytes:
+    """Entry `entry_id` as the old writer would send it next (its LAC the entry before, as after a flush)."""
+    digester = wire.Digester(writer.metadata.digest_type, password)
+    return wire.encode_entry(digester, writer.ledger_id, entry_id, entry_id - 1, writer.length + len(payload), payload)

@@ -7,17 +7,19 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
+from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
 from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, WriterSettings
+from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, LedgerWriter, WriterSettings
 from bookfleet.client.writeset import write_set
-from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError
+from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 
 
@@ -257,3 +259,38 @@ async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(
         assert [e.payload async for e in reader.entries()] == payloads
         held = await stored_entries(spare.address, writer.ledger_id, range(new.first_entry_id, 300))
         assert held == set(range(new.first_entry_id, 300))
+
+
+class ScriptedBookies:
+    """A writer's pool whose bookies answer an add only when the test says so: completion order without timing."""
+
+    def __init__(self) -> None:
+        self._adds: dict[tuple[str, int], tuple[Callable, object]] = {}
+
+    def connected(self, bookie: str) -> SimpleNamespace:
+        def add_entry_callback(body: bytes, on_answer: Callable, arg: object, recovery: bool = False) -> None:
+            entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.MASTER_KEY_SIZE :])
+            self._adds[bookie, entry.entry_id] = on_answer, arg
+
+        return SimpleNamespace(add_entry_callback=add_entry_callback, closed=False)
+
+    def ack(self, bookie: str, entry_id: int) -> None:
+        on_answer, arg = self._adds.pop((bookie, entry_id))
+        on_answer(arg, None)
+
+
+async def test_an_add_behind_the_head_completes_only_at_its_own_ack_quorum():
+    """E=3 Qw=2 Qa=2: entry 0 goes to x, y and entry 1 to y, z. When the head reaches Qa while entry 1 has Qa - 1
+    acks, completing the head must leave entry 1 pending until its own write set gives Qa."""
+    bookies = ScriptedBookies()
+    metadata = new_metadata(["x", "y", "z"], write_quorum=2, ack_quorum=2)
+    writer = LedgerWriter(1, metadata, 0, b"", SimpleNamespace(zk=None), bookies)  # type: ignore[arg-type]
+    head, behind = writer.append(b"0"), writer.append(b"1")
+    bookies.ack("y", 1)
+    bookies.ack("y", 0)
+    assert not head.done() and not behind.done()
+    bookies.ack("x", 0)  # the head has Qa, entry 1 has Qa - 1
+    assert head.result() == 0 and writer.last_add_confirmed == 0
+    assert not behind.done()
+    bookies.ack("z", 1)
+    assert behind.result() == 1 and writer.last_add_confirmed == 1

@@ -7,14 +7,20 @@
 3. From the highest LAC carried by a digest-verified entry of a fenced bookie (never a bare LAC number), read
    forward: an entry readable from any replica is recovered (added again to its whole write set with RECOVERY_ADD);
    the first entry that at least Qw - Qa + 1 replicas of its write set do not have was never acknowledged, and
-   recovery stops before it. Every recovery read carries the fence flag and master key (BookKeeper's fix after its
-   TLA+ model): a replica's "no such entry" only counts because that replica is fenced when it says so; a slow
-   bookie that missed step 2 could otherwise say it and then still take the old writer's add.
+   recovery stops before it. Only "no such entry" counts: a replica that times out, refuses the connection or fails
+   the digest check may hold the entry, so then recovery fails and the ledger stays IN_RECOVERY for a retry. Every
+   recovery read carries the fence flag and master key (BookKeeper's fix after its TLA+ model): a replica's "no such
+   entry" only counts because that replica is fenced when it says so; a slow bookie that missed step 2 could
+   otherwise say it and then still take the old writer's add.
 4. Close the ledger at the last recovered entry.
 
 The tail is re-added by a `LedgerWriter` in recovery mode, as BookKeeper does: a write-set bookie that is dead or
 fails is replaced by the writer's own ensemble change (same placement rule, new segment from the recovered LAC + 1),
-so the tail ends on a full write set even when Qw == Qa. Reads keep using the ensemble the old writer wrote to.
+so the tail ends on a full write set even when Qw == Qa. Reads keep using the ensemble the old writer wrote to. Those
+new segments stay in the recovery writer until the close stores them with lastEntryId in one compare-and-set
+(BookKeeper's newEnsemblesFromRecovery): while a ledger is IN_RECOVERY its segments are the old writer's only, so a
+retried recovery's floor (the last segment's first entry - 1) and its tail reads reach the bookies holding the old
+writer's copies, never a segment that only a failed recovery wrote to.
 """
 
 from __future__ import annotations

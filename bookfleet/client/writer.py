@@ -8,7 +8,8 @@ move under the metadata update.
 Per add the hot path builds one ADD_ENTRY body (master key + encoded entry) shared by the whole write set; each
 bookie answers through a plain callback (no future, no task), acks are a bitmask of ensemble positions, and only the
 head of the pending queue is ever looked at. Recovery open uses the same writer (`recovery=True`) to add the
-ledger's tail again, so a dead bookie is replaced there by the very same ensemble-change rule.
+ledger's tail again, so a dead bookie is replaced there by the very same ensemble-change rule (its new segments
+are stored only with the close).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 
 from bookfleet import wire
 from bookfleet.client.connection import FencedError
@@ -153,9 +154,12 @@ class LedgerWriter:
         self.max_payload = wire.max_payload_size(metadata.digest_type)
         self._recovery = recovery
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
-        that is IN_RECOVERY, and writes no explicit LAC (closing makes the tail visible)."""
+        that is IN_RECOVERY but stores the new segments only with the close, and writes no explicit LAC (closing
+        makes the tail visible)."""
         self._lease = lease
         """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
+        self._unstored_changes: list[Callable[[LedgerMetadata], LedgerMetadata]] = []
+        """Recovery's ensemble changes, in order: `metadata` stays as stored, `close` stores them onto it."""
 
     async def start(self) -> LedgerWriter:
         """Connect to the ensemble (a bookie that cannot be reached is replaced at once)."""
@@ -390,7 +394,7 @@ class LedgerWriter:
         self._changing = asyncio.get_running_loop().create_future()
         try:
             first_entry_id = self.last_add_confirmed + 1
-            await self._update_metadata(lambda meta: _changed(meta, first_entry_id, replaced, ensemble))
+            await self._record_ensemble_change(lambda meta: _changed(meta, first_entry_id, replaced, ensemble))
             log.info("ledger %d: ensemble from entry %d is %s", self.ledger_id, first_entry_id, ensemble)
             self._set_ensemble(ensemble)
             for position in replaced:
@@ -409,6 +413,16 @@ class LedgerWriter:
             changing.set_result(None)
         self._complete_ready()
         return None
+
+    async def _record_ensemble_change(self, change: Callable[[LedgerMetadata], LedgerMetadata]) -> None:
+        """A writer stores its new segment at once: readers and a later recovery must find its entries there.
+        Recovery keeps its segments local until the close stores them with lastEntryId in one compare-and-set
+        (BookKeeper's newEnsemblesFromRecovery): a recovery that fails leaves the segments the writer made, so a retry
+        reads the tail from the bookies that hold the writer's copies, not from a segment only recovery wrote to."""
+        if self._recovery:
+            self._unstored_changes.append(change)
+        else:
+            await self._update_metadata(change)
 
     async def _update_metadata(self, change: Callable[[LedgerMetadata], LedgerMetadata]) -> None:
         """Compare-and-set `change(metadata)`, re-reading after a conflict; fails if recovery or close got there."""
@@ -498,7 +512,8 @@ class LedgerWriter:
             if self._error is not None:
                 raise self._error
             lac, length = self.last_add_confirmed, self.length
-            await self._update_metadata(lambda meta: meta.with_closed(lac, length))
+            changes = self._unstored_changes
+            await self._update_metadata(lambda meta: reduce(_apply, changes, meta).with_closed(lac, length))
             return self.metadata
         finally:
             self._error = self._error or LedgerClosedError(f"ledger {self.ledger_id} is closed")
@@ -542,3 +557,7 @@ def _changed(
     for position in sorted(failed):
         metadata = metadata.with_ensemble_change(first_entry_id, position, ensemble[position])
     return metadata
+
+
+def _apply(metadata: LedgerMetadata, change: Callable[[LedgerMetadata], LedgerMetadata]) -> LedgerMetadata:
+    return change(metadata)
