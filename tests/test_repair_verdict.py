@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from bookfleet.meta.metadata import new_metadata
+from bookfleet.meta.underreplication import Marker
+from bookfleet.replication.planner import plan_ledger
 from bookfleet.replication.repair import Reply, Verdict, entry_verdict
 
 REPLICAS = ["a", "b", "c"]
@@ -34,3 +37,21 @@ def test_every_replica_declared_lost_and_silent_is_data_loss():
 
 def test_a_declared_lost_bookie_that_answers_with_the_entry_is_copied():
     assert entry_verdict(["a", "b"], {"a": Reply.HAS, "b": Reply.LACKS}, {"a"}) is Verdict.COPY
+
+
+def spare(ensemble, position, write_quorum, avoid) -> str:
+    return min({"d", "e"} - set(avoid))
+
+
+def test_only_a_bookie_the_lost_bookie_rule_declared_lost_counts_as_gone():
+    """A marker names "a" as lost and "b" for entries a writer went on without (b is usually alive): b's timeout
+    is retried, and only b's definite answer that it lacks the entry makes it lost."""
+    metadata = new_metadata(["a", "b", "c"], write_quorum=2, ack_quorum=2).with_closed(9, 1000)
+    marker = Marker(1, frozenset({"a", "b"}), 0, 0, missed_entries=frozenset({"b"}), lost_bookies=frozenset({"a"}))
+    (plan,) = plan_ledger(1, metadata, marker.missing_bookies, spare, marker.lost_bookies)
+    held_by_a_and_b = next(e for e in plan.needed_entries() if set(plan.replicas(e)) == {"a", "b"})
+
+    assert plan.declared_lost == {"a"}
+    replicas = plan.replicas(held_by_a_and_b)
+    assert entry_verdict(replicas, {"b": Reply.UNREACHABLE}, plan.declared_lost) is Verdict.RETRY
+    assert entry_verdict(replicas, {"a": Reply.UNREACHABLE, "b": Reply.LACKS}, plan.declared_lost) is Verdict.LOST
