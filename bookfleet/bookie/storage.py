@@ -141,6 +141,7 @@ class LedgerStorage:
         self._quarantine_hold: JournalPosition | None = None
         """Where the last journal copy of the quarantined ledgers starts."""
         self._flush_lock = asyncio.Lock()
+        self._gc_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_failing = False
         """The last timed or size-triggered flush failed (its traceback is logged once per run of failures)."""
@@ -204,15 +205,16 @@ class LedgerStorage:
         with contextlib.suppress(asyncio.CancelledError):
             await self._timer
         await self._journal.close()
-        try:
-            await self.flush()
-        except Exception:
-            if self.failure is None:
-                raise
-            log.warning("closing failed storage without a last flush: its memtable is in the journal only")
-        finally:
-            self._entry_logger.close()
-            self._index.close()
+        async with self._gc_lock:  # a compaction in a worker thread may still use the files
+            try:
+                await self.flush()
+            except Exception:
+                if self.failure is None:
+                    raise
+                log.warning("closing failed storage without a last flush: its memtable is in the journal only")
+            finally:
+                self._entry_logger.close()
+                self._index.close()
         for waiters in self._lac_waiters.values():
             for waiter in waiters:
                 if not waiter.done():
@@ -434,23 +436,39 @@ class LedgerStorage:
         return await asyncio.shield(self._collect_garbage(live_ledgers))
 
     async def _collect_garbage(self, live_ledgers: set[int]) -> GcReport:
-        async with self._flush_lock:
-            deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
-            for ledger_id in deleted:
-                del self._ledgers[ledger_id]
-                self._dirty.discard(ledger_id)
-            self._active.drop(deleted)
-            self._quarantine.drop(deleted)
-            for ledger_id in deleted:
-                self._quarantined.pop(ledger_id, None)
-            report = await asyncio.to_thread(
-                gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
-            )
-            for log_id in report.logs_removed + report.logs_compacted:
+        """Deleting and picking logs hold the flush lock (see gc.py); compaction does not, so adds and flushes go on
+        while live entries are copied. One pass at a time (`_gc_lock`), and close() waits for it."""
+        async with self._gc_lock:
+            self._check_open()  # closed while this pass waited for the one before
+            async with self._flush_lock:
+                deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
+                for ledger_id in deleted:
+                    del self._ledgers[ledger_id]
+                    self._dirty.discard(ledger_id)
+                self._active.drop(deleted)
+                self._quarantine.drop(deleted)
+                for ledger_id in deleted:
+                    self._quarantined.pop(ledger_id, None)
+                report = await self._gc_step(
+                    gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
+                )
+                for log_id in report.logs_removed:
+                    report.bytes_reclaimed += self._entry_logger.remove(log_id)
+            for log_id in report.logs_compacted:
+                await self._gc_step(gc.compact, self._index, self._entry_logger, log_id)
                 report.bytes_reclaimed += self._entry_logger.remove(log_id)
         if report.ledgers_deleted or report.bytes_reclaimed:
             log.info("gc: %s", report)
         return report
+
+    async def _gc_step(self, step: Callable, *args):
+        """Run one GC step in a worker thread; a failing disk or index fails the storage, as a flush would."""
+        try:
+            return await asyncio.to_thread(step, *args)
+        except Exception as exc:
+            if _is_storage_error(exc):
+                self._failed(f"garbage collection failed: {_describe(exc)}")
+            raise
 
     # --- flushing ----------------------------------------------------------------------------------------------
 
