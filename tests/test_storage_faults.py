@@ -220,3 +220,22 @@ async def test_a_corrupt_index_fails_the_storage_instead_of_quarantining_every_l
         assert failures == [storage.failure]
     finally:
         await storage.close()
+
+
+async def test_a_read_that_meets_a_corrupt_index_fails_the_storage(storage_dirs):
+    """An idle bookie flushes nothing: its readers find the damage, and the bookie stops taking adds."""
+    failures: list[str] = []
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
+    await storage.start()
+    try:
+        await add_all(storage, 1, range(5))
+        await storage.flush()
+        corrupt_index(storage_dirs[1], "corrupt_pages")
+
+        with pytest.raises(StorageFailure, match="index read failed: the ledger index is corrupt"):
+            await storage.read_range(1, 0, 4, 1 << 20)
+        assert failures == [storage.failure] and "index read failed" in failures[0]
+        with pytest.raises(StorageFailure, match="bookie storage failed: index read failed"):
+            await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+    finally:
+        await storage.close()

@@ -333,7 +333,8 @@ class LedgerStorage:
             try:
                 location = self._index.locate(ledger_id, entry_id)
             except sqlite3.Error as exc:
-                raise self._index_failed(exc) from exc
+                self._check_index(exc)
+                raise
             if location is None:
                 raise NoSuchEntry(ledger_id, entry_id)
             entry = self._entry_logger.read(*location)
@@ -374,7 +375,8 @@ class LedgerStorage:
                     if len(entries) == max_entries:
                         break
         except sqlite3.Error as exc:
-            raise self._index_failed(exc) from exc
+            self._check_index(exc)
+            raise
         return entries
 
     def lac(self, ledger_id: int) -> int:
@@ -658,15 +660,13 @@ class LedgerStorage:
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
 
-    def _index_failed(self, exc: sqlite3.Error) -> Exception:
-        """What a read that met an index error raises: a failing or corrupt index fails the storage, as a flush that
-        meets it does, and the read is refused saying why (the client asks another replica); anything else is the
-        error itself."""
-        if not _is_storage_error(exc):
-            return exc
-        reason = f"index read failed: {_describe(exc)}"
-        self._failed(reason)
-        return StorageFailure(f"bookie storage failed: {reason}")
+    def _check_index(self, exc: sqlite3.Error) -> None:
+        """After a read met an index error: a corrupt index fails the storage, as a flush that meets it does, and the
+        read is refused saying why (the client asks another replica); any other error is the caller's to raise."""
+        if _is_corrupt_index(exc):
+            reason = f"index read failed: {_describe(exc)}"
+            self._failed(reason)
+            raise StorageFailure(f"bookie storage failed: {reason}") from exc
 
     def _check_changeable(self, ledger_id: int) -> None:
         """Refuse changes while the storage has failed, and to a quarantined ledger (its copy must stay fixed)."""
