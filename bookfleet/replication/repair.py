@@ -221,7 +221,9 @@ class FragmentCopier:
         self.result.entries += len(found)
         self.result.bytes += sum(len(raw) * len(self.targets[e % size]) for e, raw in found.items())
 
-    async def read(self, entries: list[int], turn: int) -> tuple[dict[int, bytes], dict[int, dict[str, Reply]], str]:
+    async def read(
+        self, entries: list[int], turn: int
+    ) -> tuple[dict[int, bytes], dict[int, dict[str, Reply]], str]:
         """Entries read and verified, each entry's replies by bookie, and why the unreachable ones were.
 
         Survivors first (rotated by `turn` to spread reads), then the missing bookies that may be alive, then the
