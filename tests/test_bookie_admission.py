@@ -74,3 +74,23 @@ def test_closed_is_read_after_a_sync_so_a_lagging_server_never_makes_a_closed_le
     zk = LaggingZooKeeper(METADATA.with_closed(4, 500).to_json(), lagging=True)
     assert asyncio.run(LedgerAdmission(zk, holds=lambda ledger_id: True).closed(LEDGER))
     assert [call for call, _ in zk.calls] == ["sync", "get"]
+
+
+def test_what_admission_remembers_is_bounded_least_recently_used_first():
+    zk = LaggingZooKeeper(METADATA.with_closed(4, 500).to_json(), lagging=False)
+    admission = LedgerAdmission(zk, holds=lambda ledger_id: False, cache_ledgers=2)
+
+    async def ask(kind, *ledger_ids: int) -> list[tuple[str, str]]:
+        zk.calls.clear()
+        for ledger_id in ledger_ids:
+            await kind(ledger_id)
+        return zk.calls
+
+    asyncio.run(ask(admission.admit, 1, 2))
+    assert admission.admitted(1)  # 1 is now used more recently than 2
+    asyncio.run(ask(admission.admit, 3))  # past the bound: 2 is forgotten, not 1
+    assert [admission.admitted(ledger_id) for ledger_id in (1, 2, 3)] == [True, False, True]
+    assert asyncio.run(ask(admission.admit, 1, 2)) == [("get", zkpaths.ledger(2))]  # only 2 is looked up again
+
+    asyncio.run(ask(admission.closed, 1, 2, 1, 3))
+    assert asyncio.run(ask(admission.closed, 1, 2)) == [("sync", zkpaths.ledger(2)), ("get", zkpaths.ledger(2))]

@@ -19,6 +19,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.zkserver import free_port
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+from tests.fixtures.storage import corrupt_index
 
 
 async def eventually(condition, what: str, timeout: float = 30.0) -> None:
@@ -58,6 +59,33 @@ async def test_a_journal_write_error_turns_the_bookie_read_only_at_once_and_says
             assert await client.read_entry(1, 0) == encode_test_entry(1, 0, b"before")  # reads go on
     finally:
         monkeypatch.undo()
+        bookie.stop()
+        await asyncio.wait_for(running, 60)
+
+
+async def test_a_corrupt_index_turns_the_bookie_read_only_and_says_why(zk_connect, zk, tmp_path):
+    """Not one quarantined ledger per flush: the bookie leaves the writable set and goes on serving reads."""
+    config = BookieConfig(
+        "corrupt-index-bookie", free_port(), tmp_path / "journal", tmp_path / "ledgers", zk_connect,
+        verify_ledgers=False,
+    )
+    bookie = BookieNode(config)
+    running = asyncio.create_task(bookie.run())
+    try:
+        await eventually(lambda: zk.exists(zkpaths.available(config.bookie_id)), "registration")
+        async with await BookieClient.connect(config.advertised_address) as client:
+            assert await client.add_entry(MASTER_KEY, encode_test_entry(1, 0, b"before")) == (1, 0)
+            corrupt_index(config.ledger_dir, "corrupt_pages")
+            assert await client.add_entry(MASTER_KEY, encode_test_entry(2, 0, b"after")) == (2, 0)  # journaled
+
+            await eventually(lambda: zk.exists(zkpaths.readonly(config.bookie_id)), "read-only registration")
+            assert zk.exists(zkpaths.available(config.bookie_id)) is None
+            assert (await client.bookie_info()).state == wire.BookieState.READ_ONLY
+            why = r"storage failed \(memtable flush failed: the ledger index is corrupt \(SQLITE_CORRUPT"
+            with pytest.raises(ReadOnlyError, match=why):
+                await client.add_entry(MASTER_KEY, encode_test_entry(3, 0, b"refused"))
+            assert await client.read_entry(2, 0) == encode_test_entry(2, 0, b"after")  # still in memory
+    finally:
         bookie.stop()
         await asyncio.wait_for(running, 60)
 

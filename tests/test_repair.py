@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client import REGISTRY
@@ -15,7 +17,8 @@ from prometheus_client import REGISTRY
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writeset import write_set
-from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.replication.auditor import mark_lost_bookie
@@ -95,6 +98,28 @@ def test_open_ledger_is_fenced_and_closed_after_its_grace_period(spark, zk, zk_c
     assert metadata.is_closed and metadata.last_entry_id == 29
     assert victim.bookie_id not in metadata.bookies()
     assert asyncio.run(verify_replicas(zk_connect, {ledger_id: digests})) == []
+
+
+def test_a_writers_fresh_mark_on_an_old_marker_restarts_the_open_ledger_grace(zk, zk_connect, bookie_fleet):
+    """A replica check marked the ledger two hours ago; its writer, riding through, has just named a bookie it went
+    on without. The grace counts from that mark, so repair does not fence the live writer at once."""
+    bookie_fleet.start(5)  # two spares: both named bookies could be replaced, so only the grace holds repair back
+    ledger_id, _ = asyncio.run(write_without_closing(zk_connect, 10))
+    checked, skipped, _ = MetadataStore(zk).read(ledger_id)[0].segments[-1].bookies
+    two_hours_ago = int(time.time() * 1000) - 2 * 3600 * 1000
+    zk.create(
+        zkpaths.underreplicated(ledger_id),
+        json.dumps({"missingBookies": [checked], "ctime": two_hours_ago}).encode(),
+        makepath=True,
+    )
+    under_replication = UnderReplication(zk)
+    marker = under_replication.mark(ledger_id, [skipped], missed_entries=True)
+    assert marker.ctime == two_hours_ago and marker.grace_start > two_hours_ago
+
+    job = RepairJob(zk, open_grace_s=600)
+    assert job.prepare(None) == []
+    assert (job.summary.pending, job.summary.failures) == ([ledger_id], [])
+    assert MetadataStore(zk).read(ledger_id)[0].state == LedgerState.OPEN  # its writer was not fenced
 
 
 async def write_without_closing(zk_connect: str, entries: int) -> tuple[int, list[bytes]]:

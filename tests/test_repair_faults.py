@@ -72,6 +72,31 @@ def test_a_frozen_survivor_is_waited_for_never_declared_lost(spark, zk, zk_conne
     assert asyncio.run(read_back(zk_connect, ledger_id)) == expected[ledger_id]
 
 
+def test_a_slow_bookie_a_writer_named_is_waited_for_never_declared_lost(spark, zk, zk_connect, bookie_fleet):
+    """The only other copy is on a bookie a writer named for missed entries, alive but too slow to answer: the
+    repair fails for a later retry, with no DATA_LOSS and the live copy kept in the metadata."""
+    lost, slow, *_ = bookie_fleet.start(4)
+    ledger_id = handmade_ledger(zk, [lost, slow], 10, lambda ledger_id, entry_id, _: good_entry(ledger_id, entry_id))
+    lost.kill9()
+    mark_lost_bookie(zk, lost.bookie_id)
+    under_replication = UnderReplication(zk)
+    under_replication.mark(ledger_id, [slow.bookie_id], missed_entries=True)
+    store = MetadataStore(zk)
+    before = store.read(ledger_id)[0]
+
+    with frozen(slow):
+        during = run_repair(zk_connect, open_grace_s=0)
+        assert during.data_loss == {} and during.entries == 0
+        assert during.failures and slow.bookie_id in during.failures[0]
+        assert under_replication.ledger_ids() == [ledger_id] and under_replication.data_losses() == []
+        assert store.read(ledger_id)[0] == before  # the slow bookie's copy is still named
+
+    after = run_repair(zk_connect, open_grace_s=0)
+    assert (after.failures, after.data_loss, after.entries) == ([], {}, 10)
+    assert not {lost.bookie_id, slow.bookie_id} & store.read(ledger_id)[0].bookies()
+    assert under_replication.ledger_ids() == [] and under_replication.data_losses() == []
+
+
 async def read_back(zk_connect: str, ledger_id: int) -> list[bytes]:
     async with BookKeeper(zk_connect) as bookkeeper:
         reader = await bookkeeper.open_ledger(ledger_id)

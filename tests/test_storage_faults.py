@@ -17,7 +17,7 @@ from bookfleet.bookie.entrylog import EntryLogger
 from bookfleet.bookie.errors import LedgerFenced, StorageFailure
 from bookfleet.bookie.index import LedgerIndex
 from bookfleet.bookie.storage import LedgerStorage, StorageSettings
-from tests.fixtures.storage import KEY, TEST_SETTINGS, make_entry
+from tests.fixtures.storage import INDEX_DAMAGE, KEY, TEST_SETTINGS, corrupt_index, make_entry
 
 POISON = 2**63
 """A ledger id a u64 field can carry and no SQLite integer can hold."""
@@ -50,17 +50,17 @@ async def test_ids_outside_the_signed_64_bit_range_never_reach_the_index(open_st
 
 
 class RefusingIndex:
-    """Makes the index refuse every flush that carries `ledger_id` (a fault no validation can foresee)."""
+    """Makes the index refuse every flush that carries one of `ledger_ids` (a fault no validation can foresee)."""
 
-    def __init__(self, monkeypatch, ledger_id: int):
+    def __init__(self, monkeypatch, *ledger_ids: int):
         real = LedgerIndex.commit_flush
         self.refusals = 0
 
         def commit_flush(index, locations, ledgers):
             locations, ledgers = list(locations), list(ledgers)
-            if any(row[0] == ledger_id for row in locations + ledgers):
+            if refused := sorted({row[0] for row in locations + ledgers} & set(ledger_ids)):
                 self.refusals += 1
-                raise sqlite3.IntegrityError(f"injected refusal of ledger {ledger_id}")
+                raise sqlite3.IntegrityError(f"injected refusal of ledger {refused[0]}")
             real(index, locations, ledgers)
 
         monkeypatch.setattr(LedgerIndex, "commit_flush", commit_flush)
@@ -102,6 +102,31 @@ async def test_a_ledger_the_index_refuses_neither_blocks_the_others_nor_is_lost(
     await storage.flush()
     await storage.add_entry(13, 10, make_entry(13, 10), KEY)
     assert [await storage.read_entry(13, e) for e in range(11)] == [*stuck.values(), make_entry(13, 10)]
+
+
+async def test_an_index_refusing_ever_more_ledgers_fails_the_storage_once_the_quarantine_is_full(
+    storage_dirs, monkeypatch
+):
+    RefusingIndex(monkeypatch, 10, 11)
+    failures: list[str] = []
+    settings = StorageSettings(**{**TEST_SETTINGS, "quarantine_bytes": 20 * len(make_entry(10, 0))})
+    storage = LedgerStorage(*storage_dirs, settings, on_failure=failures.append)
+    await storage.start()
+    try:
+        first = await add_all(storage, 10, range(15))
+        await storage.flush()  # quarantined, within the bound: the bookie goes on
+        assert failures == [] and storage.failure is None
+        second = await add_all(storage, 11, range(15))
+        await storage.flush()
+
+        assert failures == [storage.failure]
+        assert "the index refused 2 ledger(s)" in failures[0] and "over quarantine_bytes" in failures[0]
+        with pytest.raises(StorageFailure, match="over quarantine_bytes"):
+            await storage.add_entry(12, 0, make_entry(12, 0), KEY)  # no further ledger can join the quarantine
+        assert [await storage.read_entry(10, e) for e in range(15)] == list(first.values())
+        assert await storage.read_range(11, 0, 14, 1 << 20) == list(second.values())
+    finally:
+        await storage.close()
 
 
 async def test_a_journal_write_error_fails_the_storage_at_once_and_says_why(storage_dirs, monkeypatch):
@@ -169,4 +194,48 @@ async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(sto
         assert [await storage.read_entry(1, e) for e in range(5)] == list(entries.values())
     finally:
         monkeypatch.undo()
+        await storage.close()
+
+
+@pytest.mark.parametrize("damage", sorted(INDEX_DAMAGE))
+async def test_a_corrupt_index_fails_the_storage_instead_of_quarantining_every_ledger(storage_dirs, damage):
+    failures: list[str] = []
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
+    await storage.start()
+    try:
+        await add_all(storage, 1, range(5))
+        await storage.flush()
+        corrupt_index(storage_dirs[1], damage)
+        held = await add_all(storage, 2, range(5))  # acknowledged: durable in the journal, held in memory
+
+        with pytest.raises(sqlite3.DatabaseError):
+            await storage.flush()
+        assert len(failures) == 1 and "memtable flush failed: the ledger index is corrupt" in failures[0]
+        assert storage.failure == failures[0]
+        with pytest.raises(StorageFailure, match="bookie storage failed: memtable flush failed: the ledger index"):
+            await storage.add_entry(3, 0, make_entry(3, 0), KEY)  # no new ledger is taken, none quarantined
+        assert [await storage.read_entry(2, e) for e in range(5)] == list(held.values())  # reads go on
+        with pytest.raises(StorageFailure, match="the ledger index is corrupt"):
+            await storage.read_entry(1, 0)  # flushed, behind the broken index: the client asks another replica
+        assert failures == [storage.failure]
+    finally:
+        await storage.close()
+
+
+async def test_a_read_that_meets_a_corrupt_index_fails_the_storage(storage_dirs):
+    """An idle bookie flushes nothing: its readers find the damage, and the bookie stops taking adds."""
+    failures: list[str] = []
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
+    await storage.start()
+    try:
+        await add_all(storage, 1, range(5))
+        await storage.flush()
+        corrupt_index(storage_dirs[1], "corrupt_pages")
+
+        with pytest.raises(StorageFailure, match="index read failed: the ledger index is corrupt"):
+            await storage.read_range(1, 0, 4, 1 << 20)
+        assert failures == [storage.failure] and "index read failed" in failures[0]
+        with pytest.raises(StorageFailure, match="bookie storage failed: index read failed"):
+            await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+    finally:
         await storage.close()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from bookfleet.bookie import journal
+from bookfleet.bookie import gc, journal
 from bookfleet.bookie.entrylog import log_ids
 from bookfleet.bookie.errors import NoSuchLedger
 from tests.fixtures.storage import KEY, make_entry
@@ -78,6 +79,42 @@ async def test_compaction_moves_live_entries_and_keeps_them_byte_identical(open_
     storage = await open_storage(entrylog_roll_bytes=ROLL)
     assert await read_all(storage, live) == live
     assert await storage.read_range(2, 0, 44, 1 << 20) == [live[2, e] for e in range(45)]
+
+
+async def test_adds_and_flushes_go_on_while_a_compaction_is_in_progress(open_storage, storage_dirs, monkeypatch):
+    """Compaction copies without the flush lock: adds past twice the memtable size wait for a flush, and that
+    flush must not wait for the compaction (held here until the adds are done)."""
+    storage = await open_storage(entrylog_roll_bytes=ROLL, compaction_live_ratio=0.6, memtable_bytes=4096)
+    entries = await write_rounds(storage, [1, 2, 3], rounds=4, per_round=10)
+    compacting, release = threading.Event(), threading.Event()
+    compact = gc.compact
+
+    def held_compact(*args) -> None:
+        compacting.set()
+        release.wait()
+        compact(*args)
+
+    monkeypatch.setattr(gc, "compact", held_compact)
+    collecting = asyncio.ensure_future(storage.collect_garbage({2, 4}))
+    try:
+        await asyncio.to_thread(compacting.wait)
+        during = {(4, e): make_entry(4, e, size=500) for e in range(40)}  # about 5x memtable_bytes
+        async with asyncio.timeout(120):  # only a failure waits this long: the flush lock held by the compaction
+            for (ledger_id, entry_id), data in during.items():
+                await storage.add_entry(ledger_id, entry_id, data, KEY)
+            await storage.flush()
+        assert not collecting.done()
+    finally:
+        release.set()
+    report = await collecting
+
+    assert report.ledgers_deleted == [1, 3] and report.logs_compacted, report
+    assert not set(report.logs_compacted) & set(log_ids(storage_dirs[1]))
+    live = {key: data for key, data in entries.items() if key[0] == 2} | during
+    assert await read_all(storage, live) == live
+    await storage.close()
+    storage = await open_storage(entrylog_roll_bytes=ROLL)
+    assert await read_all(storage, live) == live
 
 
 async def test_checkpoint_deletes_journals_before_the_mark(open_storage, storage_dirs):

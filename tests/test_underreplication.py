@@ -1,6 +1,7 @@
 """Under-replication markers, locks, switches and DATA_LOSS records against a real ZooKeeper."""
 
 import threading
+import time
 
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
@@ -25,6 +26,20 @@ def test_marking_is_idempotent_and_merges_missing_bookies(zk):
     assert merged.ctime == first.ctime
     assert merged.version == first.version + 1
     assert zk.exists(zkpaths.underreplicated(5))
+
+
+def test_a_marker_says_why_it_names_each_bookie(zk):
+    ur = UnderReplication(zk)
+    ur.mark_all([7], ["lost"], lost=True)
+    ur.mark(7, ["checked"])
+    first = ur.mark(7, ["skipped"], missed_entries=True)
+    assert first.missing_bookies == {"lost", "checked", "skipped"}
+    assert (first.lost_bookies, first.missed_entries) == ({"lost"}, {"skipped"})
+    assert first.grace_start == first.missed_at >= first.ctime
+    wait_for(lambda: time.time() * 1000 > first.missed_at + 1, 10, "the clock to move on")
+    again = ur.mark(7, ["skipped"], missed_entries=True)  # the writer names the bookie again: the grace restarts
+    assert again == ur.marker(7) and again.missed_at > first.missed_at and again.ctime == first.ctime
+    assert ur.mark(7, ["lost"]) == again  # a replica check naming a lost bookie changes nothing
 
 
 def test_mark_all_marks_new_ledgers_and_merges_into_existing_markers(zk):

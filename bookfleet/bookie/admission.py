@@ -2,10 +2,12 @@
 only if the ledger exists in ZooKeeper metadata, so nobody can claim a future ledger id before its real writer.
 
 The lookup runs once per new ledger id: a ledger found is remembered (ids are never reused), one not found is asked
-again next time. A found ledger costs one read; before a miss is believed, the ZooKeeper session is synced and the
-read repeated, so a bookie talking to a lagging server never refuses a ledger its writer has just created. Whether a
-ledger is closed, which only the replicator may still add to (see `bookfleet.security.roles`), is read after a sync:
-a lagging server must not make a closed ledger look open.
+again next time. What is remembered is bounded (`cache_ledgers` ids of each kind, least recently used forgotten
+first): a forgotten ledger is only looked up again, and one the storage holds needs no memory at all. A found ledger
+costs one read; before a miss is believed, the ZooKeeper session is synced and the read repeated, so a bookie
+talking to a lagging server never refuses a ledger its writer has just created. Whether a ledger is closed, which
+only the replicator may still add to (see `bookfleet.security.roles`), is read after a sync: a lagging server must
+not make a closed ledger look open.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from cachetools import LRUCache
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -20,21 +23,26 @@ from bookfleet.bookie.errors import UnknownLedger
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata
 
+DEFAULT_CACHE_LEDGERS = 100_000
+"""Ledger ids remembered as existing, and as closed (each an LRU of this many)."""
+
 
 class LedgerAdmission:
     """Checks ledger ids this bookie does not hold yet against ZooKeeper metadata."""
 
-    def __init__(self, zk: KazooClient, holds: Callable[[int], bool]):
+    def __init__(self, zk: KazooClient, holds: Callable[[int], bool], cache_ledgers: int = DEFAULT_CACHE_LEDGERS):
+        if cache_ledgers <= 0:
+            raise ValueError(f"the admission cache must hold at least one ledger, got {cache_ledgers}")
         self.zk = zk
         self.holds = holds
         """Whether storage already has the ledger (then it was admitted before, or replayed from the journal)."""
-        self._existing: set[int] = set()
-        self._closed: set[int] = set()
+        self._existing: LRUCache[int, bool] = LRUCache(cache_ledgers)
+        self._closed: LRUCache[int, bool] = LRUCache(cache_ledgers)
         self._lookups: dict[tuple[int, bool], asyncio.Future[LedgerMetadata | None]] = {}
 
     def admitted(self, ledger_id: int) -> bool:
         """True when no lookup is needed: the cheap check on every request's path."""
-        return ledger_id in self._existing or self.holds(ledger_id)
+        return self.holds(ledger_id) or self._existing.get(ledger_id, False)
 
     async def admit(self, ledger_id: int) -> None:
         """Return once `ledger_id` is known to exist; raise UnknownLedger if ZooKeeper has no metadata for it."""
@@ -43,7 +51,7 @@ class LedgerAdmission:
 
     async def closed(self, ledger_id: int) -> bool:
         """Whether the ledger's metadata says CLOSED (asked afresh until it does: closing is final)."""
-        if ledger_id in self._closed:
+        if self._closed.get(ledger_id, False):
             return True
         metadata = await self._lookup(ledger_id, sync_first=True)
         return metadata is not None and metadata.is_closed
@@ -64,9 +72,9 @@ class LedgerAdmission:
                 pending.set_exception(result)
                 return
             if result is not None:
-                self._existing.add(ledger_id)
+                self._existing[ledger_id] = True
                 if result.is_closed:
-                    self._closed.add(ledger_id)
+                    self._closed[ledger_id] = True
             pending.set_result(result)
 
         def synced_read(_: object = None) -> None:

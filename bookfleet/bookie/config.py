@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bookfleet import eventloop
+from bookfleet.bookie.admission import DEFAULT_CACHE_LEDGERS
 from bookfleet.bookie.server import ServerLimits
 from bookfleet.bookie.storage import StorageSettings
 
@@ -34,6 +35,8 @@ class BookieConfig:
     tls_dir: Path | None = None
     http_tls: bool = False
     verify_ledgers: bool = True
+    admission_cache_ledgers: int = DEFAULT_CACHE_LEDGERS
+    """Ledger ids admission remembers as existing (and as closed), least recently used forgotten first."""
     event_loop: str = "auto"
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: ServerLimits = field(default_factory=ServerLimits)
@@ -91,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tunable(parser, "gc_interval", "seconds between garbage collections")
     _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")
     _tunable(parser, "zk_session_timeout", "seconds after a crash until the registration vanishes")
+    _tunable(parser, "admission_cache_ledgers", "ledger ids admission remembers (an LRU; a forgotten one is looked up)")
     parser.add_argument(
         "--tls-dir", type=Path, default=None,
         help="serve mutual TLS with ca.pem, cert.pem, key.pem from this directory (reloaded when they change)",

@@ -1,9 +1,10 @@
 """Entry logs: append-only files `entrylog-<id>.log` shared by all ledgers.
 
 A record is `length u32 | ledger u64 | entry i64 | entry bytes`; an entry's location is (log id, offset of its
-bytes, size), which the index keeps. Writes come from one flush (or compaction) at a time, always to the current
-log, which rolls at a size; the log is fsynced before the index that points into it commits. A new log is started
-on every open, so bytes a crash left unindexed at the end of a log are never appended to, only reclaimed by GC.
+bytes, size), which the index keeps. Writes come from flushes and GC's compaction (two threads may append at once:
+appends and syncs take turns under a lock), always to the current log, which rolls at a size; the log is fsynced
+before the index that points into it commits. A new log is started on every open, so bytes a crash left unindexed
+at the end of a log are never appended to, only reclaimed by GC.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class EntryLogger:
         existing = log_ids(directory)
         self._readers: dict[int, int] = {}
         self._readers_lock = threading.Lock()
+        self._writing = threading.Lock()
         self._fd = -1
         self._unsynced: list[int] = []
         self._open((existing[-1] + 1) if existing else 1)
@@ -58,6 +60,10 @@ class EntryLogger:
 
     def append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[tuple[int, int, int, int, int]]:
         """Write entries (not yet durable: call sync); returns (ledger, entry, log, offset, size) rows."""
+        with self._writing:
+            return self._append(entries)
+
+    def _append(self, entries: Iterable[tuple[int, int, bytes]]) -> list[tuple[int, int, int, int, int]]:
         rows = []
         pieces: list[bytes] = []
         add_row, add_piece = rows.append, pieces.append  # a flush runs this loop per entry: locals only
@@ -84,11 +90,12 @@ class EntryLogger:
 
     def sync(self) -> None:
         """Make everything appended so far durable (including logs rolled away from since the last sync)."""
-        for fd in self._unsynced:
-            os.fsync(fd)
-            os.close(fd)
-        self._unsynced.clear()
-        os.fsync(self._fd)
+        with self._writing:
+            for fd in self._unsynced:
+                os.fsync(fd)
+                os.close(fd)
+            self._unsynced.clear()
+            os.fsync(self._fd)
 
     def read(self, log_id: int, offset: int, size: int) -> bytes:
         fd = self._readers.get(log_id)

@@ -1,8 +1,12 @@
 """Garbage collection: forget deleted ledgers, then reclaim entry logs that hold few or no live bytes.
 
-Runs in a worker thread while the storage holds its flush lock, so nothing else writes the entry log or the index.
-Files are not unlinked here: the storage removes them on the event loop, where reads resolve a location and pread
-it without yielding, so a read never looks up a location in a file that disappears before it is read.
+`sweep` runs in a worker thread while the storage holds its flush lock: no flush is half done, so a log's live bytes
+are all in the index and the logs it picks (never the current one) receive no more appends. `compact`, the long
+part, runs without that lock while flushes go on: the entry logger and the index serialize their own writes, a
+compacted entry is repointed only where the index still points at the old log, and the old log is removed only
+after that commit. Files are not unlinked here: the storage removes them on the event loop, where reads resolve a
+location and pread it without yielding, so a read never looks up a location in a file that disappears before it is
+read.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ class GcReport:
     logs_removed: list[int] = field(default_factory=list)
     """Logs deleted because no indexed entry was left in them."""
     logs_compacted: list[int] = field(default_factory=list)
-    """Logs whose live entries were copied to the current log before they were deleted."""
+    """Logs whose live entries are copied to the current log (`compact`) before they are deleted."""
     bytes_reclaimed: int = 0
 
 
 def sweep(index: LedgerIndex, entry_logger: EntryLogger, deleted: list[int], min_live_ratio: float) -> GcReport:
-    """Delete the ledgers' index rows, then pick logs to remove and compact; returns the report of files to delete
-    (bytes_reclaimed is filled in by whoever deletes them)."""
+    """Delete the ledgers' index rows, then pick logs to remove and to compact; returns the report of files to
+    delete (compacting and bytes_reclaimed are up to whoever deletes them)."""
     report = GcReport(ledgers_deleted=sorted(deleted))
     if deleted:
         index.delete_ledgers(deleted)
@@ -39,13 +43,13 @@ def sweep(index: LedgerIndex, entry_logger: EntryLogger, deleted: list[int], min
         if live_bytes == 0:
             report.logs_removed.append(log_id)
         elif live_bytes < min_live_ratio * entry_logger.path(log_id).stat().st_size:
-            compact(index, entry_logger, log_id)
             report.logs_compacted.append(log_id)
     return report
 
 
 def compact(index: LedgerIndex, entry_logger: EntryLogger, log_id: int) -> None:
-    """Copy the live entries of a log to the current log, fsync it, then repoint the index in one transaction."""
+    """Copy the live entries of a log to the current log, fsync it, then repoint the index in one transaction (only
+    rows still in `log_id`: a flush may have written a newer copy of an entry meanwhile)."""
     moved = []
     batch: list[tuple[int, int, bytes]] = []
     batch_bytes = 0
@@ -57,4 +61,4 @@ def compact(index: LedgerIndex, entry_logger: EntryLogger, log_id: int) -> None:
             batch, batch_bytes = [], 0
     moved += entry_logger.append(batch)
     entry_logger.sync()
-    index.relocate((log, offset, size, ledger_id, entry_id) for ledger_id, entry_id, log, offset, size in moved)
+    index.relocate(log_id, [(log, offset, size, ledger, entry) for ledger, entry, log, offset, size in moved])

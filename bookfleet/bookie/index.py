@@ -1,7 +1,8 @@
 """The ledger index (SQLite): where each flushed entry lives, and each ledger's durable state.
 
-One connection writes (flushes, GC; one at a time, from worker threads) and commits with synchronous=FULL in WAL
-mode; another reads on the event loop (WAL readers never wait for the writer). Every flush is one transaction with
+One connection writes (flushes and GC's compaction, from worker threads, one statement or transaction at a time
+under a lock: compaction runs alongside flushes) and commits with synchronous=FULL in WAL mode; another reads on
+the event loop (WAL readers never wait for the writer). Every flush is one transaction with
 batched inserts, committed only after the entry log it points into is fsynced.
 """
 
@@ -11,6 +12,7 @@ import contextlib
 import functools
 import itertools
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,8 @@ class LedgerIndex:
         self._writer.execute("PRAGMA synchronous=FULL")
         self._writer.executescript(SCHEMA)
         self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._writing = threading.Lock()
+        """Held for each use of the writer connection: a transaction there must not take in another thread's rows."""
         variables = self._writer.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._rows_per_insert = min(ROWS_PER_INSERT, variables // ENTRY_COLUMNS)
 
@@ -106,19 +110,24 @@ class LedgerIndex:
 
     def live_bytes_by_log(self) -> dict[int, int]:
         """Bytes of indexed entries per entry log (what GC would keep), computed, so it is never out of date."""
-        return dict(self._writer.execute("SELECT log, SUM(size) FROM entries GROUP BY log").fetchall())
+        with self._writing:
+            return dict(self._writer.execute("SELECT log, SUM(size) FROM entries GROUP BY log").fetchall())
 
     def entries_in_log(self, log_id: int) -> list[tuple[int, int, int, int]]:
         """(ledger, entry, offset, size) of every indexed entry in one log, in file order."""
-        return self._writer.execute(
-            "SELECT ledger, entry, offset, size FROM entries WHERE log = ? ORDER BY offset", (log_id,)
-        ).fetchall()
+        with self._writing:
+            return self._writer.execute(
+                "SELECT ledger, entry, offset, size FROM entries WHERE log = ? ORDER BY offset", (log_id,)
+            ).fetchall()
 
-    def relocate(self, locations: Iterable[tuple]) -> None:
-        """Point entries at their new (log, offset, size) after compaction: rows of (log, offset, size, ledger,
-        entry)."""
+    def relocate(self, old_log: int, locations: Iterable[tuple]) -> None:
+        """Point entries still in `old_log` at their new (log, offset, size) after compaction: rows of (log, offset,
+        size, ledger, entry). An entry a flush rewrote meanwhile keeps its newer location."""
+        rows = [(*location, old_log) for location in locations]
         with self._transaction() as db:
-            db.executemany("UPDATE entries SET log = ?, offset = ?, size = ? WHERE ledger = ? AND entry = ?", locations)
+            db.executemany(
+                "UPDATE entries SET log = ?, offset = ?, size = ? WHERE ledger = ? AND entry = ? AND log = ?", rows
+            )
 
     def close(self) -> None:
         self._reader.close()
@@ -127,10 +136,11 @@ class LedgerIndex:
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One explicit transaction (the connection is in autocommit mode): COMMIT on success, ROLLBACK on error."""
-        self._writer.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._writer
-        except BaseException:
-            self._writer.execute("ROLLBACK")
-            raise
-        self._writer.execute("COMMIT")
+        with self._writing:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")

@@ -125,7 +125,11 @@ class BookieNode:
             monitor.space,
             config.limits,
             tls=_tls_context(config),
-            admission=LedgerAdmission(zk, self.storage.has_ledger) if config.verify_ledgers else None,
+            admission=(
+                LedgerAdmission(zk, self.storage.has_ledger, config.admission_cache_ledgers)
+                if config.verify_ledgers
+                else None
+            ),
         )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
         self.read_only.set_storage_failure(self.storage.failure)

@@ -12,8 +12,12 @@ event loop: page-cache reads take microseconds, and it keeps a read atomic with 
 A flush that fails must neither repeat forever nor hold back the other ledgers: when the index refuses some
 ledgers' rows, the others are committed ledger by ledger and the refused ledgers are quarantined — kept in memory
 (still readable), refused for further changes, and written to the journal again, so the LastLogMark can move past
-their old records (the journal is trimmed as usual) while a restart still replays them. A failure of the disk
-itself (every ledger refused, or an OSError) is reported through `on_failure` and retried with backoff.
+their old records (the journal is trimmed as usual) while a restart still replays them. The quarantine is bounded
+(`quarantine_bytes`): an index that refuses more than that fails the storage instead of collecting ever more ledgers.
+A failure of the disk or of the index itself (an OSError, SQLite's I/O and full-disk errors, an index file that is
+corrupt or no database at all) is reported through `on_failure` and retried with backoff: the bookie turns
+read-only and leaves the writable set, and reads go on from whatever is still readable (the memtables, the entry
+logs through an index that still answers).
 """
 
 from __future__ import annotations
@@ -51,9 +55,9 @@ from bookfleet.bookie.memtable import Memtable
 log = logging.getLogger(__name__)
 
 GcReport = gc.GcReport
-_DISK_ERRORS = (OSError, sqlite3.OperationalError)
-"""Flush errors of the disk or the database itself (I/O error, disk full, locked): the storage fails, no ledger
-is blamed."""
+_CORRUPT_INDEX = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+"""Primary SQLite result codes of an index file that is damaged or not a database: Python raises them as a plain
+sqlite3.DatabaseError, the class a refused row (IntegrityError) belongs to as well."""
 MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
@@ -77,9 +81,13 @@ class StorageSettings:
     entrylog_roll_bytes: int = 512 * 1024 * 1024
     compaction_live_ratio: float = 0.5
     """GC compacts an entry log whose live bytes are under this fraction of its size."""
+    quarantine_bytes: int = 64 * 1024 * 1024
+    """Entries of ledgers the index refused that are kept in memory; past this the storage fails (read-only)."""
 
     def __post_init__(self) -> None:
-        for name in ("journal_flush_bytes", "journal_roll_bytes", "memtable_bytes", "entrylog_roll_bytes"):
+        for name in (
+            "journal_flush_bytes", "journal_roll_bytes", "memtable_bytes", "entrylog_roll_bytes", "quarantine_bytes"
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"storage setting {name} must be positive, got {getattr(self, name)}")
         for name in ("journal_max_wait", "flush_interval"):
@@ -133,7 +141,10 @@ class LedgerStorage:
         self._quarantine_hold: JournalPosition | None = None
         """Where the last journal copy of the quarantined ledgers starts."""
         self._flush_lock = asyncio.Lock()
+        self._gc_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
+        self._flush_failing = False
+        """The last timed or size-triggered flush failed (its traceback is logged once per run of failures)."""
         self._timer: asyncio.Task[None] | None = None
         self._lac_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._open = False
@@ -185,7 +196,8 @@ class LedgerStorage:
         self._dirty.add(ledger_id)
 
     async def close(self) -> None:
-        """Flush the memtable, checkpoint, and close every file (what a graceful shutdown does)."""
+        """Flush the memtable, checkpoint, and close every file (what a graceful shutdown does). A storage that
+        failed closes anyway: what the flush could not write is in the journal, replayed at the next start."""
         if not self._open:
             return
         self._open = False
@@ -193,9 +205,16 @@ class LedgerStorage:
         with contextlib.suppress(asyncio.CancelledError):
             await self._timer
         await self._journal.close()
-        await self.flush()
-        self._entry_logger.close()
-        self._index.close()
+        async with self._gc_lock:  # a compaction in a worker thread may still use the files
+            try:
+                await self.flush()
+            except Exception:
+                if self.failure is None:
+                    raise
+                log.warning("closing failed storage without a last flush: its memtable is in the journal only")
+            finally:
+                self._entry_logger.close()
+                self._index.close()
         for waiters in self._lac_waiters.values():
             for waiter in waiters:
                 if not waiter.done():
@@ -311,7 +330,11 @@ class LedgerStorage:
         if entry is None and ledger_id in self._quarantined:
             entry = self._quarantine.get(ledger_id, entry_id)
         if entry is None:
-            location = self._index.locate(ledger_id, entry_id)
+            try:
+                location = self._index.locate(ledger_id, entry_id)
+            except sqlite3.Error as exc:
+                self._check_index(exc)
+                raise
             if location is None:
                 raise NoSuchEntry(ledger_id, entry_id)
             entry = self._entry_logger.read(*location)
@@ -337,19 +360,23 @@ class LedgerStorage:
         entries: list[bytes] = []
         total = 0
         previous = None
-        with contextlib.closing(self._index.locate_range(ledger_id, first, last)) as on_disk:
-            # (entry,) sorts before (entry, log, offset, size): the memtable's copy of an entry comes first and wins.
-            for item in heapq.merge([(entry_id,) for entry_id in sorted(in_memory)], on_disk):
-                if item[0] == previous:
-                    continue
-                previous = item[0]
-                entry = in_memory[previous] if len(item) == 1 else self._entry_logger.read(*item[1:])
-                total += len(entry)
-                if entries and total > max_bytes:
-                    break
-                entries.append(entry)
-                if len(entries) == max_entries:
-                    break
+        try:
+            with contextlib.closing(self._index.locate_range(ledger_id, first, last)) as on_disk:
+                # (entry,) sorts before (entry, log, offset, size): the memtable's copy of an entry comes first.
+                for item in heapq.merge([(entry_id,) for entry_id in sorted(in_memory)], on_disk):
+                    if item[0] == previous:
+                        continue
+                    previous = item[0]
+                    entry = in_memory[previous] if len(item) == 1 else self._entry_logger.read(*item[1:])
+                    total += len(entry)
+                    if entries and total > max_bytes:
+                        break
+                    entries.append(entry)
+                    if len(entries) == max_entries:
+                        break
+        except sqlite3.Error as exc:
+            self._check_index(exc)
+            raise
         return entries
 
     def lac(self, ledger_id: int) -> int:
@@ -411,23 +438,39 @@ class LedgerStorage:
         return await asyncio.shield(self._collect_garbage(live_ledgers))
 
     async def _collect_garbage(self, live_ledgers: set[int]) -> GcReport:
-        async with self._flush_lock:
-            deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
-            for ledger_id in deleted:
-                del self._ledgers[ledger_id]
-                self._dirty.discard(ledger_id)
-            self._active.drop(deleted)
-            self._quarantine.drop(deleted)
-            for ledger_id in deleted:
-                self._quarantined.pop(ledger_id, None)
-            report = await asyncio.to_thread(
-                gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
-            )
-            for log_id in report.logs_removed + report.logs_compacted:
+        """Deleting and picking logs hold the flush lock (see gc.py); compaction does not, so adds and flushes go on
+        while live entries are copied. One pass at a time (`_gc_lock`), and close() waits for it."""
+        async with self._gc_lock:
+            self._check_open()  # closed while this pass waited for the one before
+            async with self._flush_lock:
+                deleted = [ledger_id for ledger_id in self._ledgers if ledger_id not in live_ledgers]
+                for ledger_id in deleted:
+                    del self._ledgers[ledger_id]
+                    self._dirty.discard(ledger_id)
+                self._active.drop(deleted)
+                self._quarantine.drop(deleted)
+                for ledger_id in deleted:
+                    self._quarantined.pop(ledger_id, None)
+                report = await self._gc_step(
+                    gc.sweep, self._index, self._entry_logger, deleted, self.settings.compaction_live_ratio
+                )
+                for log_id in report.logs_removed:
+                    report.bytes_reclaimed += self._entry_logger.remove(log_id)
+            for log_id in report.logs_compacted:
+                await self._gc_step(gc.compact, self._index, self._entry_logger, log_id)
                 report.bytes_reclaimed += self._entry_logger.remove(log_id)
         if report.ledgers_deleted or report.bytes_reclaimed:
             log.info("gc: %s", report)
         return report
+
+    async def _gc_step(self, step: Callable, *args):
+        """Run one GC step in a worker thread; a failing disk or index fails the storage, as a flush would."""
+        try:
+            return await asyncio.to_thread(step, *args)
+        except Exception as exc:
+            if _is_storage_error(exc):
+                self._failed(f"garbage collection failed: {_describe(exc)}")
+            raise
 
     # --- flushing ----------------------------------------------------------------------------------------------
 
@@ -448,10 +491,12 @@ class LedgerStorage:
             mark = self._journal.synced
             try:
                 refused = await asyncio.to_thread(self._write_snapshot, snapshot, ledgers)
-            except BaseException:
+            except BaseException as exc:
                 snapshot.absorb(self._active)
                 self._active = snapshot
                 self._dirty |= dirty
+                if _is_storage_error(exc):  # whoever flushed (timer, GC, close): the bookie stops taking adds
+                    self._failed(f"memtable flush failed: {_describe(exc)}")
                 raise
             finally:
                 self._flushing = None
@@ -464,15 +509,15 @@ class LedgerStorage:
     def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
         """Append the snapshot to the entry log, sync it, index it; returns the ledgers the index refused (with
         why), after committing every other ledger on its own. A failure of the disk or the database itself
-        (_DISK_ERRORS) is raised instead: it is no ledger's fault."""
+        (`_is_storage_error`) is raised instead: it is no ledger's fault."""
         locations = self._entry_logger.append(snapshot.items())
         self._entry_logger.sync()
         try:
             self._index.commit_flush(locations, ledgers)
             return {}
-        except _DISK_ERRORS:
-            raise
-        except Exception:
+        except Exception as exc:
+            if _is_storage_error(exc):
+                raise
             log.warning("the index refused a flush; committing it ledger by ledger", exc_info=True)
         by_ledger: dict[int, tuple[list[tuple], list[tuple]]] = {}
         for row in locations:
@@ -483,9 +528,9 @@ class LedgerStorage:
         for ledger_id, (ledger_locations, rows) in by_ledger.items():
             try:
                 self._index.commit_flush(ledger_locations, rows)
-            except _DISK_ERRORS:
-                raise
             except Exception as exc:
+                if _is_storage_error(exc):
+                    raise
                 refused[ledger_id] = f"{type(exc).__name__}: {exc}"
         return refused
 
@@ -495,6 +540,12 @@ class LedgerStorage:
             self._quarantined[ledger_id] = why
             for entry_id, entry in snapshot.ledgers.get(ledger_id, {}).items():
                 self._quarantine.put(ledger_id, entry_id, entry)
+        limit = self.settings.quarantine_bytes
+        if self._quarantine.size > limit:  # no more adds: the quarantine cannot grow past one more memtable
+            self._failed(
+                f"the index refused {len(self._quarantined)} ledger(s) whose {self._quarantine.size} bytes are "
+                f"kept in memory, over quarantine_bytes ({limit})"
+            )
 
     async def _keep_quarantine_journaled(self, refused_now: bool) -> JournalPosition:
         """The position the LastLogMark must not pass for the quarantined ledgers' sake. Their records are written
@@ -535,10 +586,15 @@ class LedgerStorage:
         try:
             await self.flush()
         except Exception as exc:
-            first = self.failure is None
-            log.error("memtable flush failed; its entries stay in memory and in the journal: %s", exc, exc_info=first)
-            self._failed(f"memtable flush failed: {exc}")
+            log.error(
+                "memtable flush failed; its entries stay in memory and in the journal: %s",
+                exc,
+                exc_info=not self._flush_failing,
+            )
+            self._flush_failing = True
+            self._failed(f"memtable flush failed: {_describe(exc)}")
             return False
+        self._flush_failing = False
         return True
 
     async def _flush_periodically(self) -> None:
@@ -604,6 +660,14 @@ class LedgerStorage:
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
 
+    def _check_index(self, exc: sqlite3.Error) -> None:
+        """After a read met an index error: a corrupt index fails the storage, as a flush that meets it does, and the
+        read is refused saying why (the client asks another replica); any other error is the caller's to raise."""
+        if _is_corrupt_index(exc):
+            reason = f"index read failed: {_describe(exc)}"
+            self._failed(reason)
+            raise StorageFailure(f"bookie storage failed: {reason}") from exc
+
     def _check_changeable(self, ledger_id: int) -> None:
         """Refuse changes while the storage has failed, and to a quarantined ledger (its copy must stay fixed)."""
         if self.failure is not None:
@@ -616,3 +680,21 @@ class LedgerStorage:
         for waiter in self._lac_waiters.pop(ledger_id, ()):
             if not waiter.done():
                 waiter.set_result(None)
+
+
+def _is_storage_error(exc: BaseException) -> bool:
+    """An error of the disk or of the index database itself (I/O error, disk full, locked, a corrupt index file):
+    the storage fails, no ledger is blamed."""
+    return isinstance(exc, (OSError, sqlite3.OperationalError)) or _is_corrupt_index(exc)
+
+
+def _is_corrupt_index(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None) if isinstance(exc, sqlite3.DatabaseError) else None
+    return code is not None and code & 0xFF in _CORRUPT_INDEX
+
+
+def _describe(exc: BaseException) -> str:
+    """An error as the operator reads it in the read-only reason: a corrupt index says so."""
+    if _is_corrupt_index(exc):
+        return f"the ledger index is corrupt ({exc.sqlite_errorname}: {exc})"
+    return str(exc)

@@ -4,7 +4,14 @@ This is the one place where the auditor (who marks), the repair job (who locks, 
 operator (who marks on pod death and flips the switches) meet, so every change is a compare-and-set or an atomic
 create: two auditors, or an auditor racing a repair, never lose each other's updates.
 
-    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "missedEntries": [...], "ctime": <ms>}
+A marker says why it names each bookie: "lostBookies" were declared lost by the lost-bookie rule
+(replication/lostbookie.py, through auditor.mark_lost_bookie), "missedEntries" were named by a writer that went on
+without them, and the rest by a replica check. Only a declared-lost bookie may count as gone for good when repair
+decides DATA_LOSS: the others are usually alive. "missedAt" is when a writer last named missed entries, so the
+open-ledger grace of a writer that rides through counts from its newest mark, not from an older marker's ctime.
+
+    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "lostBookies": [...],
+                                                "missedEntries": [...], "missedAt": <ms>, "ctime": <ms>}
     lock     zkpaths.underreplication_lock(id)  ephemeral, value = the holder's description
     switch   zkpaths.UR_DISABLE                 present while ledger replication is disabled
     delay    zkpaths.UR_RECOVERY_DELAY          {"seconds": <float>}, lostBookieRecoveryDelay
@@ -19,7 +26,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
@@ -41,6 +48,16 @@ class Marker:
     missed_entries: frozenset[str] = frozenset()
     """Missing bookies known to lack entries although they may be up (a writer went on without them): their
     replicas must be repaired even if they answer, so only a repair clears them, never a stale-marker check."""
+    lost_bookies: frozenset[str] = frozenset()
+    """Missing bookies the lost-bookie rule declared lost: the only ones repair may give up on."""
+    missed_at: int = 0
+    """When (ms) a writer last named missed entries in this marker; 0 if none ever did."""
+
+    @property
+    def grace_start(self) -> int:
+        """When (ms) the open-ledger grace starts: the marker's creation or a writer's newer mark, whichever is
+        later (a writer that marks again is alive and replacing bookies itself)."""
+        return max(self.ctime, self.missed_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +77,21 @@ def _encode(document: dict) -> bytes:
     return json.dumps(document, sort_keys=True).encode()
 
 
-def _document(missing: frozenset[str], missed: frozenset[str], ctime: int) -> bytes:
-    """A marker's JSON; "missedEntries" only when there are some, so plain markers keep BookKeeper's shape."""
+def _document(
+    missing: frozenset[str],
+    ctime: int,
+    missed: frozenset[str] = frozenset(),
+    lost: frozenset[str] = frozenset(),
+    missed_at: int = 0,
+) -> bytes:
+    """A marker's JSON; the reasons only when there are some, so plain markers keep BookKeeper's shape."""
     document: dict = {"missingBookies": sorted(missing), "ctime": ctime}
     if missed:
         document["missedEntries"] = sorted(missed)
+    if lost:
+        document["lostBookies"] = sorted(lost)
+    if missed_at:
+        document["missedAt"] = missed_at
     return _encode(document)
 
 
@@ -88,38 +115,57 @@ class UnderReplication:
 
     # --- markers --------------------------------------------------------------------------------------------
 
-    def mark(self, ledger_id: int, missing_bookies: Iterable[str], missed_entries: bool = False) -> Marker:
+    def mark(
+        self, ledger_id: int, missing_bookies: Iterable[str], missed_entries: bool = False, lost: bool = False
+    ) -> Marker:
         """Mark a ledger as missing replicas on `missing_bookies`; idempotent, merges with an existing marker.
 
         `missed_entries`: these bookies are known to lack entries of the ledger although they may be up (a writer
-        kept writing without them until it replaced them), so their return must not clear the marker."""
+        kept writing without them until it replaced them), so their return must not clear the marker; each such
+        mark restarts the open-ledger grace (`Marker.grace_start`). `lost`: the lost-bookie rule declared them
+        lost (only `auditor.mark_lost_bookie` says so). Neither: a replica check named them."""
         missing = frozenset(missing_bookies)
         if not missing:
             raise ValueError(f"marking ledger {ledger_id} needs at least one missing bookie")
+        if missed_entries and lost:
+            raise ValueError("a bookie is named either for missed entries or as lost, not both at once")
         missed = missing if missed_entries else frozenset()
+        declared = missing if lost else frozenset()
         path = zkpaths.underreplicated(ledger_id)
         while True:
+            now = _now_ms()
             current = self.marker(ledger_id)
             if current is None:
-                ctime = _now_ms()
+                missed_at = now if missed_entries else 0
                 try:
-                    self.zk.create(path, _document(missing, missed, ctime), makepath=True)
+                    self.zk.create(path, _document(missing, now, missed, declared, missed_at), makepath=True)
                 except (NodeExistsError, NoNodeError):
                     continue  # created meanwhile, or an empty parent level was removed under us: read again
-                return Marker(ledger_id, missing, ctime, 0, missed)
-            merged = current.missing_bookies | missing
-            merged_missed = current.missed_entries | missed
-            if (merged, merged_missed) == (current.missing_bookies, current.missed_entries):
+                return Marker(ledger_id, missing, now, 0, missed, declared, missed_at)
+            merged = Marker(
+                ledger_id,
+                current.missing_bookies | missing,
+                current.ctime,
+                current.version,
+                current.missed_entries | missed,
+                current.lost_bookies | declared,
+                max(current.missed_at, now) if missed_entries else current.missed_at,
+            )
+            if merged == current:
                 return current
+            document = _document(
+                merged.missing_bookies, merged.ctime, merged.missed_entries, merged.lost_bookies, merged.missed_at
+            )
             try:
-                stat = self.zk.set(path, _document(merged, merged_missed, current.ctime), version=current.version)
+                stat = self.zk.set(path, document, version=current.version)
             except (BadVersionError, NoNodeError):
                 continue
-            return Marker(ledger_id, merged, current.ctime, stat.version, merged_missed)
+            return replace(merged, version=stat.version)
 
-    def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str]) -> list[Marker]:
-        """mark() of many ledgers missing the same bookies, in about one ZooKeeper request per ledger: the shared hex
-        levels are made once, then each ledger's own level and marker in one transaction, all in one pipeline.
+    def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str], lost: bool = False) -> list[Marker]:
+        """mark(..., lost=lost) of many ledgers missing the same bookies, in about one ZooKeeper request per ledger:
+        the shared hex levels are made once, then each ledger's own level and marker in one transaction, all in one
+        pipeline.
         A ledger whose transaction fails (already marked, or its level left behind) goes through mark()."""
         missing = frozenset(missing_bookies)
         if not missing:
@@ -129,7 +175,8 @@ class UnderReplication:
             return []
         self._make_levels(path.rsplit("/", 2)[0] for path in paths.values())
         ctime = _now_ms()
-        document = _document(missing, frozenset(), ctime)
+        declared = missing if lost else frozenset()
+        document = _document(missing, ctime, lost=declared)
         commits = []
         for ledger_id, path in paths.items():
             txn = self.zk.transaction()
@@ -137,9 +184,9 @@ class UnderReplication:
             txn.create(path, document)
             commits.append((ledger_id, txn.commit_async()))
         return [
-            self.mark(ledger_id, missing)
+            self.mark(ledger_id, missing, lost=lost)
             if any(isinstance(result, Exception) for result in commit.get())
-            else Marker(ledger_id, missing, ctime, 0)
+            else Marker(ledger_id, missing, ctime, 0, lost_bookies=declared)
             for ledger_id, commit in commits
         ]
 
@@ -172,8 +219,15 @@ class UnderReplication:
                 continue
             document = _decode(data, zkpaths.underreplicated(ledger_id))
             missing = frozenset(document.get("missingBookies", ()))
-            missed = frozenset(document.get("missedEntries", ()))
-            found[ledger_id] = Marker(ledger_id, missing, document.get("ctime", 0), stat.version, missed)
+            found[ledger_id] = Marker(
+                ledger_id,
+                missing,
+                document.get("ctime", 0),
+                stat.version,
+                frozenset(document.get("missedEntries", ())),
+                frozenset(document.get("lostBookies", ())),
+                document.get("missedAt", 0),
+            )
         return found
 
     def markers(self) -> list[Marker]:

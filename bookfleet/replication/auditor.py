@@ -64,12 +64,14 @@ DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
 
 
 def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
-    """Mark every ledger with a segment on `bookie_id` as missing that bookie; returns their ids (idempotent).
+    """Mark every ledger with a segment on `bookie_id` as missing that bookie, declared lost (the one caller that
+    says so: the auditor and the operator call it once the lost-bookie rule answers MARK); returns their ids
+    (idempotent).
 
     Uses the bookie index, so the cost is the bookie's ledgers, never a scan of all metadata.
     """
     ledger_ids = MetadataStore(zk).ledgers_on_bookie(bookie_id)
-    UnderReplication(zk).mark_all(ledger_ids, [bookie_id])
+    UnderReplication(zk).mark_all(ledger_ids, [bookie_id], lost=True)
     if ledger_ids:
         log.info("bookie %s is lost: marked %d ledger(s) under-replicated", bookie_id, len(ledger_ids))
     return ledger_ids

@@ -34,6 +34,9 @@ class FragmentPlan:
     write_quorum: int
     lost: tuple[int, ...]
     replacements: tuple[str, ...]
+    declared_lost: frozenset[str] = frozenset()
+    """Bookies of the fragment the lost-bookie rule declared lost (the marker's `lost_bookies`): the only ones
+    repair may give up on. The other missing ones (a writer's missed entries, a replica check) may well answer."""
     digest_type: str = "crc32c"
     entry_size_hint: int = 1024
     """The ledger's average entry size, so a task sizes its reads without asking a bookie first."""
@@ -115,12 +118,16 @@ def choose_replacements(
 
 
 def plan_ledger(
-    ledger_id: int, metadata: LedgerMetadata, missing: Collection[str], choose: ReplacementChooser
+    ledger_id: int,
+    metadata: LedgerMetadata,
+    missing: Collection[str],
+    choose: ReplacementChooser,
+    declared_lost: Collection[str] = frozenset(),
 ) -> list[FragmentPlan]:
     """Fragment plans for the closed fragments of one ledger; `choose` is the shared placement policy.
 
     A replacement never joins a segment it is already in, never is a missing bookie, and two positions lost in
-    one segment get different bookies.
+    one segment get different bookies. `declared_lost`: the missing bookies the lost-bookie rule declared lost.
     """
     plans = []
     for fragment, lost in damaged_fragments(metadata, missing):
@@ -135,6 +142,7 @@ def plan_ledger(
                 write_quorum=metadata.write_quorum,
                 lost=lost,
                 replacements=replacements,
+                declared_lost=frozenset(fragment.bookies) & frozenset(declared_lost),
                 digest_type=str(metadata.digest_type),
                 entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )

@@ -7,10 +7,13 @@ that digest again), so a successful answer already proves a durable, intact copy
 writes are pipelined on one connection per bookie, with many chunks in flight.
 
 Survivors are asked first, at the address the driver resolved (their registration, or the last address they
-registered with: an unregistered or silent bookie may still hold its disk); the bookies declared lost are asked last,
-as a last chance. Whether an entry is copied, retried or given up is `entry_verdict`: it is lost only when every
-replica is declared lost or answered that it lacks the entry (or holds a corrupt copy); any replica we could not ask
-makes it a failure the next run retries, and a ledger with a failure keeps its marker and its metadata.
+registered with: an unregistered or silent bookie may still hold its disk), then the missing bookies that may be
+alive (a writer's missed entries, a replica check's finding), and the bookies declared lost last, as a last chance.
+Only a bookie the lost-bookie rule declared lost (the marker's `lostBookies`) counts as gone: it gets one try; any
+other bookie that times out is asked again (READ_ATTEMPTS) before the task gives up on it. Whether an entry is
+copied, retried or given up is `entry_verdict`: it is lost only when every replica is declared lost or answered
+that it lacks the entry (or holds a corrupt copy); any replica we could not ask makes it a failure the next run
+retries, and a ledger with a failure keeps its marker and its metadata (its live copies stay named).
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ READ_BATCH_BYTES = 2 * 1024 * 1024
 CHUNK_TIMEOUT = 120.0
 """A bookie that stops answering (hung, not dead) fails the chunk instead of hanging the task forever."""
 READ_TIMEOUT = 10.0
-"""One replica's read of one chunk; a bookie that misses it is unreachable for the rest of the task."""
+"""One replica's read of one chunk."""
+READ_ATTEMPTS = 3
+"""Tries of a read from a bookie that may be alive before it is unreachable for the rest of the task (a declared-lost
+bookie gets one)."""
+RETRY_DELAY = 0.5
+"""Before the second try of a read; doubled before each further one."""
 
 
 class Reply(enum.Enum):
@@ -58,7 +66,10 @@ class Verdict(enum.Enum):
 
 def entry_verdict(replicas: Sequence[str], replies: Mapping[str, Reply], declared_lost: Collection[str]) -> Verdict:
     """The one DATA_LOSS rule: copy from any good replica; give the entry up only when every replica is declared lost
-    or answered that it has no (good) copy; otherwise retry, since a silent replica may still hold it."""
+    or answered that it has no (good) copy; otherwise retry, since a silent replica may still hold it.
+
+    `declared_lost` holds only bookies the lost-bookie rule declared lost (`FragmentPlan.declared_lost`), never
+    every bookie a marker names: a bookie named for missed entries or by a replica check is usually alive."""
     answers = [replies.get(bookie, Reply.UNREACHABLE) for bookie in replicas]
     if Reply.HAS in answers:
         return Verdict.COPY
@@ -115,8 +126,9 @@ class TokenBucket:
 
 
 class Connections:
-    """One pipelined connection per bookie for the whole task, reopened if it broke; a bookie that timed out is
-    not asked again by this task (a frozen bookie would otherwise cost every chunk a timeout)."""
+    """One pipelined connection per bookie for the whole task, reopened if it broke; a bookie given up on (it timed
+    out on every try, FragmentCopier.ask) is not asked again by this task (a frozen bookie would otherwise cost every
+    chunk its timeouts)."""
 
     def __init__(self, addresses: dict[str, str]):
         self.addresses = addresses
@@ -178,7 +190,9 @@ class FragmentCopier:
         # write sets repeat every E entries: look targets and replicas up by entry_id % E
         self.targets = [plan.targets(residue) for residue in range(plan.ensemble_size)]
         self.replicas = [plan.replicas(residue) for residue in range(plan.ensemble_size)]
-        self.declared_lost = frozenset(plan.bookies[position] for position in plan.lost)
+        self.declared_lost = plan.declared_lost
+        self.named = tuple(sorted({plan.bookies[position] for position in plan.lost} - plan.declared_lost))
+        """Missing bookies that may be alive (a writer's missed entries, a replica check): asked before the lost."""
 
     def chunks(self) -> list[list[int]]:
         needed = self.plan.needed_entries()
@@ -212,31 +226,28 @@ class FragmentCopier:
     ) -> tuple[dict[int, bytes], dict[int, dict[str, Reply]], str]:
         """Entries read and verified, each entry's replies by bookie, and why the unreachable ones were.
 
-        Survivors first (rotated by `turn` to spread reads), then the declared-lost bookies for what is still
-        missing: a bookie marked lost that answers after all is the best source there is."""
+        Survivors first (rotated by `turn` to spread reads), then the missing bookies that may be alive, then the
+        declared-lost bookies for what is still missing: a bookie marked lost that answers after all is the best
+        source there is."""
         found: dict[int, bytes] = {}
         replies: dict[int, dict[str, Reply]] = {entry_id: {} for entry_id in entries}
         reasons: list[str] = []
         survivors = self.plan.survivors
         rotation = turn % len(survivors) if survivors else 0
-        order = survivors[rotation:] + survivors[:rotation] + tuple(sorted(self.declared_lost))
+        order = survivors[rotation:] + survivors[:rotation] + self.named + tuple(sorted(self.declared_lost))
         size = self.plan.ensemble_size
         for bookie in order:
             want = [e for e in entries if e not in found and bookie in self.replicas[e % size]]
             if not want:
                 continue
             try:
-                async with asyncio.timeout(READ_TIMEOUT):
-                    raw_entries = await self.read_range(bookie, want[0], want[-1])
+                raw_entries = await self.ask(bookie, want[0], want[-1])
             except DEFINITIVE:
                 for entry_id in want:
                     replies[entry_id][bookie] = Reply.LACKS
                 continue
             except (OSError, BookieError, wire.ProtocolError, TimeoutError) as exc:
-                reason = f"bookie {bookie}: {exc or f'no answer within {READ_TIMEOUT:.0f}s'}"
-                if isinstance(exc, (OSError, TimeoutError)):
-                    self.connections.give_up(bookie, reason)
-                reasons.append(reason)
+                reasons.append(f"bookie {bookie}: {exc or f'no answer within {READ_TIMEOUT:.0f}s'}")
                 continue  # not asked: UNREACHABLE by default
             wanted = set(want)
             for entry_id in want:
@@ -259,6 +270,23 @@ class FragmentCopier:
                 else:
                     replies[entry_id][bookie] = Reply.CORRUPT
         return found, replies, "; ".join(reasons) or "none asked"
+
+    async def ask(self, bookie: str, first: int, last: int) -> list[bytes]:
+        """read_range from one replica. A connection error or timeout is tried again, up to READ_ATTEMPTS times for
+        a bookie that may be alive (one slow answer must not turn its copy into data loss) and once for a declared-
+        lost one; then the task gives up on the bookie, so later chunks do not each wait for it."""
+        attempts = 1 if bookie in self.declared_lost else READ_ATTEMPTS
+        attempt = 0
+        while True:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    return await self.read_range(bookie, first, last)
+            except (OSError, TimeoutError) as exc:
+                attempt += 1
+                if attempt >= attempts or bookie in self.connections.silent:
+                    self.connections.give_up(bookie, f"{exc or f'no answer within {READ_TIMEOUT:.0f}s'}")
+                    raise
+            await asyncio.sleep(RETRY_DELAY * 2 ** (attempt - 1))
 
     async def read_range(self, bookie: str, first: int, last: int) -> list[bytes]:
         return await read_present(await self.connections.get(bookie), self.plan.ledger_id, first, last)

@@ -261,7 +261,7 @@ class RepairJob:
                 return None
             metadata, version = self.metadata.read(ledger_id)
         try:
-            plans = plan_ledger(ledger_id, metadata, missing, choose)
+            plans = plan_ledger(ledger_id, metadata, missing, choose, marker.lost_bookies if marker else ())
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
@@ -283,8 +283,10 @@ class RepairJob:
         self, ledger_id: int, marker: Marker | None, metadata: LedgerMetadata
     ) -> LedgerMetadata | None:
         """Fence and close an OPEN ledger whose current segment lost a bookie, once its marker is older than the
-        grace period its writer gets to replace the bookie itself (recovery open)."""
-        age = time.time() - (marker.ctime / 1000 if marker else metadata.ctime)
+        grace period its writer gets to replace the bookie itself (recovery open). The grace counts from the
+        writer's newest mark of missed entries when that is later than the marker's creation: a writer riding
+        through marks again, and is not fenced the moment it does."""
+        age = time.time() - (marker.grace_start / 1000 if marker else metadata.ctime)
         if age < self.open_grace_s:
             self.summary.pending.append(ledger_id)
             return None
