@@ -50,6 +50,7 @@ class Op(enum.IntEnum):
     GET_BOOKIE_INFO = 5
     FORCE_LEDGER = 6
     READ_RANGE = 7
+    RAISE_EPOCH = 8
 
 
 class Flag(enum.IntFlag):
@@ -84,7 +85,9 @@ class DigestType(enum.StrEnum):
 
 
 # --- bodies ---------------------------------------------------------------------------------------------------
-# ADD_ENTRY   request: master_key[32] | entry          response: ledger_id u64 | entry_id i64
+# ADD_ENTRY   request: master_key[32] | writer_epoch u64 | entry          response: ledger_id u64 | entry_id i64
+#             (refused FENCED when the bookie knows a higher writer epoch for the ledger, unless RECOVERY_ADD;
+#             a higher one than it knows raises its own)
 # READ_ENTRY  request: ledger_id u64 | entry_id i64 [| master_key[32] with FENCE]
 #             response: entry; for entry_id -1: lac i64 | last_entry_id i64 (the bookie's view, for recovery)
 # READ_LAC    request: ledger_id u64 | previous_lac i64 | timeout_ms u32   response: lac i64
@@ -94,6 +97,9 @@ class DigestType(enum.StrEnum):
 # FORCE_LEDGER request: ledger_id u64   response: ledger_id u64 (answered once everything before it is synced)
 # READ_RANGE  request: ledger_id u64 | first i64 | last i64 | max_bytes u32
 #             response: count u32 | (size u32 | entry) * count   (the present entries of [first, last], in order)
+# RAISE_EPOCH request: master_key[32] | ledger_id u64 | writer_epoch u64   response: lac i64 | last_entry_id i64
+#             (a reopening writer's fence: from now on adds of an older epoch are refused; answered with the
+#             bookie's view once durable; FENCED if the bookie knows a higher epoch or the ledger is fenced)
 LEDGER_ENTRY = struct.Struct(">Qq")
 READ_LAC_REQUEST = struct.Struct(">QqI")
 LAC = struct.Struct(">q")
@@ -103,8 +109,13 @@ BOOKIE_INFO = struct.Struct(">QQB")
 LEDGER_ID = struct.Struct(">Q")
 READ_RANGE_REQUEST = struct.Struct(">QqqI")
 COUNT = struct.Struct(">I")
-ADD_REQUEST_HEAD = struct.Struct(f">BBHQ{MASTER_KEY_SIZE}sQqqQ")
-"""An ADD_ENTRY request's header, master key and entry header: every field of an add in one unpack."""
+WRITER_EPOCH = struct.Struct(">Q")
+ADD_PREFIX_SIZE = MASTER_KEY_SIZE + WRITER_EPOCH.size
+"""What precedes the entry in an ADD_ENTRY body: master key and writer epoch."""
+RAISE_EPOCH_BODY = struct.Struct(">QQ")
+"""RAISE_EPOCH after the master key: ledger_id, writer_epoch."""
+ADD_REQUEST_HEAD = struct.Struct(f">BBHQ{MASTER_KEY_SIZE}sQQqqQ")
+"""An ADD_ENTRY request's header, master key, writer epoch and entry header: every field of an add in one unpack."""
 ADD_RESPONSE = struct.Struct(">IBBHQQq")
 """A whole OK ADD_ENTRY response frame: length prefix, header, ledger_id, entry_id."""
 ADD_ACK_LENGTH = ADD_RESPONSE.size - LENGTH_PREFIX.size
@@ -143,6 +154,18 @@ def check_lac(lac: int, what: str = "lac") -> int:
     if not INVALID_ENTRY_ID <= lac <= INT64_MAX:
         raise InvalidField(f"{what} {lac} is outside [{INVALID_ENTRY_ID}, {INT64_MAX}]")
     return lac
+
+
+def check_writer_epoch(epoch: int, what: str = "writer epoch") -> int:
+    """A writer epoch: 0 <= epoch <= INT64_MAX (a bookie keeps it in SQLite next to the ledger's other state)."""
+    if not 0 <= epoch <= INT64_MAX:
+        raise InvalidField(f"{what} {epoch} is outside [0, {INT64_MAX}]")
+    return epoch
+
+
+def add_prefix(master_key: bytes, writer_epoch: int) -> bytes:
+    """The start of an ADD_ENTRY body, before the encoded entry (pass it as encode_entry's `prefix`)."""
+    return master_key + WRITER_EPOCH.pack(writer_epoch)
 
 
 def encode_entry_list(entries: list[bytes]) -> bytes:
@@ -284,7 +307,7 @@ def unpack_body(layout: struct.Struct, body: bytes | memoryview, what: str) -> t
 
 
 def master_key(password: bytes) -> bytes:
-    """The key that guards adds and fencing on a bookie; derived, so the password never travels."""
+    """The key that guards adds, fencing and epoch raises on a bookie; derived, so the password never travels."""
     return hashlib.sha256(b"bookfleet-master-key\0" + password).digest()
 
 
@@ -306,7 +329,7 @@ def digest_size(digest_type: DigestType) -> int:
 
 def max_payload_size(digest_type: DigestType | str) -> int:
     """The largest entry payload whose ADD_ENTRY frame (header, master key, entry header, digest) a bookie accepts."""
-    return MAX_FRAME_SIZE - HEADER_SIZE - MASTER_KEY_SIZE - ENTRY_HEADER.size - digest_size(DigestType(digest_type))
+    return MAX_FRAME_SIZE - HEADER_SIZE - ADD_PREFIX_SIZE - ENTRY_HEADER.size - digest_size(DigestType(digest_type))
 
 
 class Digester:
@@ -345,7 +368,7 @@ class DigestMismatch(ProtocolError):
 def encode_entry(
     digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
 ) -> bytes:
-    """The encoded entry, after `prefix` (an ADD_ENTRY body's master key): the payload is copied once."""
+    """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): the payload is copied once."""
     header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
     return b"".join((prefix, header, digester.digest(header, payload), payload))
 

@@ -14,6 +14,7 @@ import pytest
 
 from bookfleet import wire
 from bookfleet.client.connection import (
+    BadRequestError,
     BookieClient,
     FencedError,
     NoSuchEntryError,
@@ -21,6 +22,7 @@ from bookfleet.client.connection import (
     UnauthorizedError,
 )
 from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieMode, BookieRegistry
 from bookfleet.polling import wait_for
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
@@ -124,6 +126,40 @@ async def test_fencing_and_lac_long_poll(bookie_fleet):
             await client.add_entry(MASTER_KEY, encode_test_entry(2, 0, b"stale"))
 
 
+@pytest.mark.parametrize("admission", [False, True], ids=["plain", "admission"])
+async def test_writer_epoch_refuses_older_writers_across_a_crash(bookie_fleet, zk, admission):
+    """An add of an older writer epoch is refused FENCED, an equal or newer one taken (a newer one raises the
+    bookie's); a raise answers the bookie's view; both survive kill -9. With admission, adds of a ledger not yet
+    admitted (every ledger after a restart) take the checked path, which must refuse them just the same."""
+    (bookie,) = bookie_fleet.start(1, no_verify_ledgers=not admission)
+    ledger_id = MetadataStore(zk).create(new_metadata([bookie.bookie_id], 1, 1))
+    async with await BookieClient.connect(bookie.address) as client:
+        for i in range(3):
+            await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, i, b"first writer"))
+        assert await client.raise_writer_epoch(MASTER_KEY, ledger_id, 1) == (1, 2)
+        with pytest.raises(FencedError, match=f"ADD_ENTRY for ledger {ledger_id}: .*writer epoch 0 is older than 1"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 3, b"stale writer"))
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 3, b"w2"), writer_epoch=1)
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 4, b"w3"), writer_epoch=2)
+        with pytest.raises(FencedError, match=r"RAISE_EPOCH .*writer epoch 1 is older than 2"):
+            await client.raise_writer_epoch(MASTER_KEY, ledger_id, 1)
+        with pytest.raises(UnauthorizedError):
+            await client.raise_writer_epoch(OTHER_KEY, ledger_id, 3)
+        for bad in (client.raise_writer_epoch(MASTER_KEY, ledger_id, 2**63),
+                    client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 5, b"x"), writer_epoch=2**63)):
+            with pytest.raises(BadRequestError, match=f"writer epoch {2**63} is outside"):
+                await bad  # refused, and the connection goes on
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 5, b"recovery"), recovery=True)
+
+    bookie.kill9()
+    bookie.start().wait_ready()
+    async with await BookieClient.connect(bookie.address) as client:
+        with pytest.raises(FencedError, match="writer epoch 1 is older than 2"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 6, b"stale writer"), writer_epoch=1)
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 6, b"w3"), writer_epoch=2)
+        assert await client.read_lac_and_last(ledger_id) == (5, 6)
+
+
 def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[list[wire.Frame], bool]:
     """Send raw bytes; return the frames the bookie answered and whether it closed the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -172,6 +208,7 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
         "wrong version": wire.LENGTH_PREFIX.pack(12) + header.pack(9, 2, 0, 78),
         "unknown op": wire.encode_request(99, 79),
         "short ADD body": wire.encode_request(wire.Op.ADD_ENTRY, 80, b"\0" * 40),
+        "short RAISE_EPOCH body": wire.encode_request(wire.Op.RAISE_EPOCH, 81, b"\0" * 40),
         "short length": wire.LENGTH_PREFIX.pack(3) + b"abc",
     }
     answers = {}
@@ -188,6 +225,8 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     assert answers["unknown op"] == (wire.Status.BAD_REQUEST, "unknown op 99")
     assert answers["short ADD body"][0] == wire.Status.BAD_REQUEST and "ADD_ENTRY" in answers["short ADD body"][1]
     assert answers["short length"][0] == wire.Status.BAD_REQUEST
+    assert answers["short RAISE_EPOCH body"][0] == wire.Status.BAD_REQUEST
+    assert "RAISE_EPOCH body of 8 bytes is shorter than 16" in answers["short RAISE_EPOCH body"][1]
 
     # A frame cut short by the end of the stream, and plain garbage: an error if one can be sent, then closed.
     truncated = wire.encode_request(wire.Op.READ_ENTRY, 81, wire.LEDGER_ENTRY.pack(9, 0))[:-5]

@@ -60,6 +60,9 @@ class FrameGenerator:
             return self.random.choice(EDGE_ENTRY_IDS)
         return self.random.getrandbits(64) - 2**63
 
+    def writer_epoch(self) -> bytes:
+        return U64.pack(self.random.choice([0, 0, 1, 2, 2**63 - 1, 2**63, self.random.getrandbits(64)]))
+
     def key(self) -> bytes:
         return FUZZ_KEY if self.random.random() < 0.8 else self.random.randbytes(wire.MASTER_KEY_SIZE)
 
@@ -67,7 +70,8 @@ class FrameGenerator:
         rand = self.random
         if op == Op.ADD_ENTRY:
             header = U64.pack(self.ledger_id()) + I64.pack(self.entry_id()) + I64.pack(self.entry_id())
-            return self.key() + header + U64.pack(rand.getrandbits(64)) + rand.randbytes(rand.randrange(600))
+            entry = header + U64.pack(rand.getrandbits(64)) + rand.randbytes(rand.randrange(600))
+            return self.key() + self.writer_epoch() + entry
         if op == Op.READ_ENTRY:
             body = U64.pack(self.ledger_id()) + I64.pack(self.entry_id())
             return body + self.key() if flags & wire.Flag.FENCE else body
@@ -76,6 +80,8 @@ class FrameGenerator:
             return U64.pack(self.ledger_id()) + I64.pack(self.entry_id()) + struct.pack(">I", timeout)
         if op == Op.WRITE_LAC:
             return self.key() + U64.pack(self.ledger_id()) + I64.pack(self.entry_id())
+        if op == Op.RAISE_EPOCH:
+            return self.key() + U64.pack(self.ledger_id()) + self.writer_epoch()
         if op in (Op.FORCE_LEDGER,):
             return U64.pack(self.ledger_id())
         if op == Op.READ_RANGE:
@@ -103,11 +109,11 @@ class FrameGenerator:
         if kind == 2:
             return wire.LENGTH_PREFIX.pack(12) + wire.REQUEST_HEADER.pack(rand.randrange(2, 256), 1, 0, 1)
         if kind == 3:
-            return wire.encode_request(rand.choice([0, 8, 99, 255]), 1, rand.randbytes(30))
+            return wire.encode_request(rand.choice([0, 9, 99, 255]), 1, rand.randbytes(30))
         if kind == 4:  # a fixed-size body cut short
-            op = rand.choice([Op.READ_ENTRY, Op.READ_LAC, Op.WRITE_LAC, Op.FORCE_LEDGER, Op.READ_RANGE])
+            op = rand.choice([Op.READ_ENTRY, Op.READ_LAC, Op.WRITE_LAC, Op.FORCE_LEDGER, Op.READ_RANGE, Op.RAISE_EPOCH])
             return wire.encode_request(op, 1, rand.randbytes(rand.randrange(7)))
-        if kind == 5:  # an ADD too short for a key and an entry header, or a FENCE with a short key
+        if kind == 5:  # an ADD too short for a key, an epoch and an entry header, or a FENCE with a short key
             if rand.random() < 0.5:
                 return wire.encode_request(Op.ADD_ENTRY, 1, rand.randbytes(rand.randrange(63)))
             return wire.encode_request(Op.READ_ENTRY, 1, rand.randbytes(16 + rand.randrange(31)), wire.Flag.FENCE)

@@ -121,3 +121,14 @@ def test_listing_walks_the_hierarchy_and_skips_other_dirs(zk):
 def test_negative_segment_start_is_named():
     with pytest.raises(ValidationError, match="first_entry_id"):
         Segment(first_entry_id=-1, bookies=("a",))
+
+
+def test_writer_epoch_starts_at_0_and_metadata_from_before_it_reads_as_0():
+    created = metadata()
+    assert created.writer_epoch == 0
+    assert created.with_next_writer_epoch().with_next_writer_epoch().writer_epoch == 2
+    old = created.model_dump(mode="json")
+    del old["writer_epoch"]
+    assert LedgerMetadata.model_validate(old).writer_epoch == 0
+    with pytest.raises(ValidationError, match="writer_epoch"):
+        LedgerMetadata.model_validate({**old, "writer_epoch": -1})

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 
 import pytest
 
 from bookfleet.bookie import index, journal
 from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.bookie.entrylog import log_ids
-from bookfleet.bookie.errors import BadRequest, LedgerFenced, NoSuchEntry, NoSuchLedger, Unauthorized
+from bookfleet.bookie.errors import (
+    BadRequest,
+    LedgerFenced,
+    NoSuchEntry,
+    NoSuchLedger,
+    StaleWriterEpoch,
+    Unauthorized,
+)
 from bookfleet.bookie.storage import StorageSettings
-from bookfleet.wire import master_key
+from bookfleet.wire import InvalidField, Status, master_key
 from tests.fixtures.storage import KEY, make_entry
 
 OTHER_KEY = master_key(b"another password")
@@ -114,6 +122,73 @@ async def test_fencing_and_master_key_survive_restarts(open_storage):
     storage = await open_storage()  # now from the index
     with pytest.raises(LedgerFenced):
         await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+
+
+async def test_writer_epoch_refuses_older_writers_and_survives_restarts(open_storage):
+    storage = await open_storage()
+    await add_all(storage, 1, range(3))  # the creating writer's epoch 0
+    await storage.raise_writer_epoch(1, 2, KEY)  # a reopening writer's fence
+    for stale in (0, 1):
+        with pytest.raises(StaleWriterEpoch, match=f"writer epoch {stale} is older than 2") as refused:
+            await storage.add_entry(1, 3, make_entry(1, 3), KEY, writer_epoch=stale)
+    assert refused.value.status == Status.FENCED
+    await storage.add_entry(1, 3, make_entry(1, 3), KEY, writer_epoch=2)
+    await storage.add_entry(1, 4, make_entry(1, 4), KEY, writer_epoch=3)  # a newer writer's add raises it too
+    with pytest.raises(StaleWriterEpoch, match="writer epoch 2 is older than 3"):
+        await storage.add_entry(1, 5, make_entry(1, 5), KEY, writer_epoch=2)
+    await storage.add_entry(1, 5, make_entry(1, 5), KEY, recovery=True)  # recovery and repair are not refused
+    await storage.raise_writer_epoch(1, 3, KEY)  # the same epoch again: a retried raise
+    with pytest.raises(StaleWriterEpoch):
+        await storage.raise_writer_epoch(1, 2, KEY)  # a later writer won
+    with pytest.raises(Unauthorized):
+        await storage.raise_writer_epoch(1, 9, OTHER_KEY)
+    with pytest.raises(InvalidField, match="writer epoch -1 is outside"):
+        await storage.raise_writer_epoch(1, -1, KEY)
+    with pytest.raises(InvalidField, match=f"writer epoch {2**63} is outside"):
+        await storage.add_entry(1, 6, make_entry(1, 6), KEY, writer_epoch=2**63)
+    await storage.raise_writer_epoch(2, 4, KEY)  # a ledger never seen here: the stale writer cannot start it
+    with pytest.raises(StaleWriterEpoch):
+        await storage.add_entry(2, 0, make_entry(2, 0), KEY, writer_epoch=3)
+
+    for restart in ("the journal", "the index"):
+        if restart == "the index":
+            await storage.close()
+        storage = await open_storage()  # first dropped without close: the journal alone carries the epochs
+        with pytest.raises(StaleWriterEpoch, match="writer epoch 2 is older than 3"):
+            await storage.add_entry(1, 6, make_entry(1, 6), KEY, writer_epoch=2)
+        with pytest.raises(StaleWriterEpoch, match="writer epoch 3 is older than 4"):
+            await storage.add_entry(2, 0, make_entry(2, 0), KEY, writer_epoch=3)
+    await storage.add_entry(2, 0, make_entry(2, 0), KEY, writer_epoch=4)
+
+    await storage.fence(1, KEY)  # recovery's fence stays the stronger one
+    with pytest.raises(LedgerFenced):
+        await storage.raise_writer_epoch(1, 5, KEY)
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(1, 6, make_entry(1, 6), KEY, writer_epoch=5)
+
+
+OLD_LEDGERS_TABLE = """CREATE TABLE ledgers (
+    ledger INTEGER PRIMARY KEY, master_key BLOB NOT NULL, fenced INTEGER NOT NULL,
+    explicit_lac INTEGER NOT NULL, entry_lac INTEGER NOT NULL, last_entry INTEGER NOT NULL
+)"""
+"""The ledgers table as bookies wrote it before writer epochs."""
+
+
+async def test_an_index_from_before_writer_epochs_opens_with_epoch_0(open_storage, storage_dirs):
+    _, ledger_dir = storage_dirs
+    ledger_dir.mkdir(parents=True)
+    with sqlite3.connect(ledger_dir / index.FILE_NAME) as old:
+        old.execute(OLD_LEDGERS_TABLE)
+        old.execute("INSERT INTO ledgers VALUES (?, ?, ?, ?, ?, ?)", (8, KEY, 0, 4, 3, 5))
+    storage = await open_storage()
+    assert storage.lac(8) == 4 and storage.last_entry_id(8) == 5
+    await storage.add_entry(8, 6, make_entry(8, 6), KEY)  # its writer's epoch 0 goes on
+    await storage.raise_writer_epoch(8, 1, KEY)
+    await storage.close()
+    storage = await open_storage()
+    with pytest.raises(StaleWriterEpoch):
+        await storage.add_entry(8, 7, make_entry(8, 7), KEY)
+    assert await storage.read_entry(8, 6) == make_entry(8, 6)
 
 
 async def test_explicit_lac_and_long_poll(open_storage):

@@ -100,3 +100,19 @@ def test_ledger_paths_round_trip(ledger_id):
 def test_ledger_path_layout_matches_bookkeeper():
     assert zkpaths.ledger(1) == "/ledgers/00/0000/L0001"
     assert zkpaths.underreplicated(1) == "/ledgers/underreplication/ledgers/0000/0000/0000/0001/urL1"
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**63, 2**64 - 1])
+def test_a_writer_epoch_out_of_range_is_named(epoch):
+    with pytest.raises(wire.InvalidField, match=f"writer epoch {epoch} is outside \\[0, {2**63 - 1}\\]"):
+        wire.check_writer_epoch(epoch)
+
+
+@given(epoch=st.integers(0, 2**63 - 1))
+def test_an_add_request_carries_key_epoch_and_entry_in_one_unpack(epoch):
+    key = wire.master_key(b"pw")
+    entry = wire.encode_entry(wire.Digester("crc32c"), 7, 3, 2, 10, b"payload", wire.add_prefix(key, epoch))
+    frame = wire.encode_request(wire.Op.ADD_ENTRY, 9, entry)[wire.LENGTH_PREFIX.size :]
+    assert wire.check_writer_epoch(epoch) == epoch
+    assert wire.ADD_REQUEST_HEAD.unpack_from(frame)[3:9] == (9, key, epoch, 7, 3, 2)
+    assert len(frame) == wire.HEADER_SIZE + wire.ADD_PREFIX_SIZE + wire.ENTRY_HEADER.size + 4 + len(b"payload")

@@ -74,7 +74,7 @@ async def _load(
     tls: ReloadingContext | None,
 ) -> dict:
     digester = wire.Digester(wire.DigestType.CRC32C)
-    key = wire.master_key(b"bench")
+    prefix = wire.add_prefix(wire.master_key(b"bench"), 0)
     payload = os.urandom(entry_size)
     latencies: list[float] = []
     record = latencies.append
@@ -87,7 +87,8 @@ async def _load(
     def add(client: BookieClient, ledger_id: int, next_ids: list[int]) -> None:
         entry_id = next_ids[0]
         next_ids[0] += 1
-        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, (entry_id + 1) * entry_size, payload, key)
+        length = (entry_id + 1) * entry_size
+        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, length, payload, prefix)
         client.add_entry_callback(body, acked, (clock(), client, ledger_id, next_ids))
 
     def acked(sent: tuple[float, BookieClient, int, list[int]], error: BaseException | None) -> None:

@@ -32,6 +32,18 @@ class LedgerFenced(StatusError):
         super().__init__(f"ledger {ledger_id} is fenced: only recovery adds are accepted")
 
 
+class StaleWriterEpoch(StatusError):
+    """An add (or epoch raise) from a writer whose epoch is older than one this bookie has seen: another writer
+    reopened the ledger since, and this one must stop."""
+
+    status = Status.FENCED
+
+    def __init__(self, ledger_id: int, epoch: int, known: int):
+        super().__init__(
+            f"ledger {ledger_id} was reopened by another writer: writer epoch {epoch} is older than {known}"
+        )
+
+
 class Unauthorized(StatusError):
     status = Status.UNAUTHORIZED
 

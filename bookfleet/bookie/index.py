@@ -24,9 +24,12 @@ CREATE TABLE IF NOT EXISTS entries (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ledgers (
     ledger INTEGER PRIMARY KEY, master_key BLOB NOT NULL, fenced INTEGER NOT NULL,
-    explicit_lac INTEGER NOT NULL, entry_lac INTEGER NOT NULL, last_entry INTEGER NOT NULL
+    explicit_lac INTEGER NOT NULL, entry_lac INTEGER NOT NULL, last_entry INTEGER NOT NULL,
+    writer_epoch INTEGER NOT NULL DEFAULT 0
 );
 """
+ADDED_COLUMNS = {"writer_epoch": "INTEGER NOT NULL DEFAULT 0"}
+"""Columns of `ledgers` newer than some indexes on disk: added on open (an old ledger's writer epoch is 0)."""
 FILE_NAME = "index.sqlite"
 ENTRY_COLUMNS = 5
 ROWS_PER_INSERT = 1000
@@ -49,13 +52,18 @@ class IndexedLedger:
     entry_lac: int = -1
     """The highest LAC carried by an entry stored here."""
     last_entry: int = -1
+    writer_epoch: int = 0
+    """The highest writer epoch seen: a non-recovery add carrying an older one is refused (a stale writer)."""
 
     @property
     def lac(self) -> int:
         return max(self.entry_lac, self.explicit_lac)
 
     def row(self, ledger_id: int) -> tuple:
-        return ledger_id, self.master_key, self.fenced, self.explicit_lac, self.entry_lac, self.last_entry
+        return (
+            ledger_id, self.master_key, self.fenced, self.explicit_lac, self.entry_lac, self.last_entry,
+            self.writer_epoch,
+        )
 
 
 class LedgerIndex:
@@ -65,11 +73,19 @@ class LedgerIndex:
         self._writer.execute("PRAGMA journal_mode=WAL")
         self._writer.execute("PRAGMA synchronous=FULL")
         self._writer.executescript(SCHEMA)
+        self._add_missing_columns()
         self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._writing = threading.Lock()
         """Held for each use of the writer connection: a transaction there must not take in another thread's rows."""
         variables = self._writer.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._rows_per_insert = min(ROWS_PER_INSERT, variables // ENTRY_COLUMNS)
+
+    def _add_missing_columns(self) -> None:
+        """Bring an index written by an older bookie up to SCHEMA (columns are only ever added, at the end)."""
+        present = {row[1] for row in self._writer.execute("PRAGMA table_info(ledgers)")}
+        for name, definition in ADDED_COLUMNS.items():
+            if name not in present:
+                self._writer.execute(f"ALTER TABLE ledgers ADD COLUMN {name} {definition}")
 
     def ledgers(self) -> dict[int, IndexedLedger]:
         rows = self._reader.execute("SELECT * FROM ledgers").fetchall()
@@ -100,7 +116,7 @@ class LedgerIndex:
             for first in range(0, len(locations), chunk):
                 rows = locations[first : first + chunk]
                 db.execute(_insert_entries(len(rows)), list(itertools.chain.from_iterable(rows)))
-            db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?)", ledgers)
+            db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?, ?)", ledgers)
 
     def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         ids = [(i,) for i in ledger_ids]

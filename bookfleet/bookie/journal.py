@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 RECORD_HEADER = struct.Struct(">IIB")
 LEDGER = struct.Struct(">Q")
 LEDGER_AND_LAC = struct.Struct(">Qq")
+LEDGER_AND_EPOCH = struct.Struct(">QQ")
 PREFIX = "journal-"
 SUFFIX = ".log"
 
@@ -45,6 +46,8 @@ class RecordType(enum.IntEnum):
     """body: ledger_id u64 | master key."""
     LAC = 4
     """body: ledger_id u64 | explicit lac i64."""
+    WRITER_EPOCH = 5
+    """body: ledger_id u64 | writer epoch u64 (the highest epoch seen: adds of older ones are refused)."""
 
 
 _TYPE_CRC = {t: crc32c.crc32c(bytes([t])) for t in RecordType}

@@ -73,20 +73,21 @@ TLS_HANDSHAKE_TIMEOUT = 10.0
 _RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 _FENCE = int(wire.Flag.FENCE)
-_MIN_ADD_BODY = wire.MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
+_MIN_ADD_BODY = wire.ADD_PREFIX_SIZE + wire.ENTRY_HEADER.size
 _ADD_HEAD = wire.ADD_REQUEST_HEAD
-_ENTRY_OFFSET = wire.HEADER_SIZE + wire.MASTER_KEY_SIZE
+_ENTRY_OFFSET = wire.HEADER_SIZE + wire.ADD_PREFIX_SIZE
 """Where an add's entry starts in its frame (after the length prefix)."""
 _VERSION = wire.PROTOCOL_VERSION
 _encode_ack = wire.encode_add_response
 
 _LEDGER_ID_OFFSET = {
-    Op.ADD_ENTRY: wire.MASTER_KEY_SIZE,
+    Op.ADD_ENTRY: wire.ADD_PREFIX_SIZE,
     Op.READ_ENTRY: 0,
     Op.READ_LAC: 0,
     Op.WRITE_LAC: wire.MASTER_KEY_SIZE,
     Op.FORCE_LEDGER: 0,
     Op.READ_RANGE: 0,
+    Op.RAISE_EPOCH: wire.MASTER_KEY_SIZE,
 }
 
 
@@ -127,6 +128,7 @@ class BookieServer:
             Op.GET_BOOKIE_INFO: self._bookie_info,
             Op.FORCE_LEDGER: self._force_ledger,
             Op.READ_RANGE: self._read_range,
+            Op.RAISE_EPOCH: self._raise_epoch,
         }
 
     async def start(self, host: str, port: int) -> None:
@@ -193,14 +195,15 @@ class BookieServer:
         commit). The entry is copied once, straight out of the receive buffer."""
         if end - start < _MIN_ADD_BODY:
             raise wire.ProtocolError(
-                f"ADD_ENTRY body of {end - start} bytes is shorter than the master key and an entry header"
+                f"ADD_ENTRY body of {end - start} bytes is shorter than the master key, epoch and an entry header"
             )
         if self.read_only is not None:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
         key_end = start + wire.MASTER_KEY_SIZE
+        (epoch,) = wire.WRITER_EPOCH.unpack_from(buffer, key_end)
         with memoryview(buffer) as view:
-            entry = bytes(view[key_end:end])
-        return self.storage.add_entry_nowait(entry, buffer[start:key_end], bool(flags & _RECOVERY_ADD))
+            entry = bytes(view[start + wire.ADD_PREFIX_SIZE : end])
+        return self.storage.add_entry_nowait(entry, buffer[start:key_end], bool(flags & _RECOVERY_ADD), epoch)
 
     def _add_needs_check(self, ledger_id: int, flags: int, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper: a ledger not admitted yet, or a client's recovery add (allowed
@@ -213,7 +216,7 @@ class BookieServer:
 
     async def _checked_add(self, frame: wire.Frame, principal: roles.Principal | None) -> bytes:
         """An add that waits for the admission lookup first; its body was copied out of the receive buffer."""
-        (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, wire.MASTER_KEY_SIZE)
+        (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, wire.ADD_PREFIX_SIZE)
         await self.admission.admit(ledger_id)
         if frame.code & _RECOVERY_ADD and principal is not None and await self.admission.closed(ledger_id):
             try:
@@ -268,6 +271,16 @@ class BookieServer:
             await self.admission.admit(ledger_id)
         await self.storage.set_explicit_lac(ledger_id, lac, key)
         return b""
+
+    async def _raise_epoch(self, frame: wire.Frame, conn: _Connection) -> bytes:
+        key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
+        ledger_id, epoch = wire.unpack_body(wire.RAISE_EPOCH_BODY, frame.body[wire.MASTER_KEY_SIZE :], "RAISE_EPOCH")
+        wire.check_ledger_id(ledger_id)
+        wire.check_writer_epoch(epoch)
+        if self.admission is not None:
+            await self.admission.admit(ledger_id)
+        await self.storage.raise_writer_epoch(ledger_id, epoch, key)
+        return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
 
     async def _bookie_info(self, frame: wire.Frame, conn: _Connection) -> bytes:
         free, total = self.space()
@@ -522,7 +535,7 @@ class _Connection(asyncio.Protocol):
                 self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.RoleForbidden(str(exc)))
                 return
         if handler is None and end - start >= _MIN_ADD_BODY:
-            (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.MASTER_KEY_SIZE)
+            (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
             if self.server._add_needs_check(ledger_id, flags, self.principal):
                 frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
                 self.in_flight += 1
@@ -547,10 +560,10 @@ class _Connection(asyncio.Protocol):
                 return
             _, op, flags, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
             size = end - start - wire.HEADER_SIZE
-            message = f"ADD_ENTRY body of {size} bytes is shorter than the master key and an entry header"
+            message = f"ADD_ENTRY body of {size} bytes is shorter than the master key, epoch and an entry header"
             self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), wire.ProtocolError(message))
             return
-        version, _, flags, request_id, key, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(buffer, start)
+        version, _, flags, request_id, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(buffer, start)
         if not checked and (
             version != _VERSION
             or self.principal is not None
@@ -564,7 +577,9 @@ class _Connection(asyncio.Protocol):
                 raise errors.ReadOnly(f"bookie is read-only: {server.read_only}")
             with memoryview(buffer) as view:
                 entry = bytes(view[start + _ENTRY_OFFSET : end])
-            synced = server.storage.add_unpacked(ledger_id, entry_id, lac, entry, key, flags & _RECOVERY_ADD != 0)
+            synced = server.storage.add_unpacked(
+                ledger_id, entry_id, lac, entry, key, flags & _RECOVERY_ADD != 0, epoch
+            )
         except (Exception, asyncio.CancelledError) as exc:
             body = memoryview(buffer[start + wire.HEADER_SIZE : end])
             self._failed(wire.Frame(_ADD_ENTRY, flags, request_id, body), exc)

@@ -45,11 +45,20 @@ from bookfleet.bookie.errors import (
     NoSuchEntry,
     NoSuchLedger,
     ShuttingDown,
+    StaleWriterEpoch,
     StorageFailure,
     Unauthorized,
 )
 from bookfleet.bookie.index import IndexedLedger, LedgerIndex
-from bookfleet.bookie.journal import LEDGER, LEDGER_AND_LAC, Journal, JournalPosition, RecordType, replay
+from bookfleet.bookie.journal import (
+    LEDGER,
+    LEDGER_AND_EPOCH,
+    LEDGER_AND_LAC,
+    Journal,
+    JournalPosition,
+    RecordType,
+    replay,
+)
 from bookfleet.bookie.memtable import Memtable
 
 log = logging.getLogger(__name__)
@@ -191,6 +200,8 @@ class LedgerStorage:
             return
         elif rtype == RecordType.FENCE:
             state.fenced = True
+        elif rtype == RecordType.WRITER_EPOCH:
+            state.writer_epoch = max(state.writer_epoch, LEDGER_AND_EPOCH.unpack_from(body)[1])
         else:
             state.explicit_lac = max(state.explicit_lac, LEDGER_AND_LAC.unpack_from(body)[1])
         self._dirty.add(ledger_id)
@@ -223,9 +234,16 @@ class LedgerStorage:
     # --- writes ------------------------------------------------------------------------------------------------
 
     async def add_entry(
-        self, ledger_id: int, entry_id: int, entry: bytes, master_key: bytes, recovery: bool = False
+        self,
+        ledger_id: int,
+        entry_id: int,
+        entry: bytes,
+        master_key: bytes,
+        recovery: bool = False,
+        writer_epoch: int = 0,
     ) -> None:
-        """Store an encoded entry durably. The first master key seen for a ledger becomes its key."""
+        """Store an encoded entry durably. The first master key seen for a ledger becomes its key. A writer epoch
+        older than the ledger's is refused (StaleWriterEpoch) unless `recovery`; a newer one becomes the ledger's."""
         if len(entry) >= _ENTRY_HEADER.size:
             header_ledger, header_entry, _, _ = _ENTRY_HEADER.unpack_from(entry)
             if header_ledger != ledger_id or header_entry != entry_id:
@@ -233,10 +251,10 @@ class LedgerStorage:
                     f"entry header names ledger {header_ledger} entry {header_entry}, "
                     f"the request ledger {ledger_id} entry {entry_id}"
                 )
-        await self.add_entry_nowait(entry, master_key, recovery)[2]
+        await self.add_entry_nowait(entry, master_key, recovery, writer_epoch)[2]
 
     def add_entry_nowait(
-        self, entry: bytes, master_key: bytes, recovery: bool = False
+        self, entry: bytes, master_key: bytes, recovery: bool = False, writer_epoch: int = 0
     ) -> tuple[int, int, asyncio.Future[None]]:
         """`add_entry` without a coroutine, for the entry its header names: checks and applies the add at once
         (raising what add_entry raises) and returns (ledger_id, entry_id, the future that resolves once it is
@@ -249,19 +267,33 @@ class LedgerStorage:
         ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(entry)
         if type(entry) is not bytes:
             entry = bytes(entry)
-        return ledger_id, entry_id, self.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery)
+        synced = self.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery, writer_epoch)
+        return ledger_id, entry_id, synced
 
     def add_unpacked(
-        self, ledger_id: int, entry_id: int, lac: int, entry: bytes, master_key: bytes, recovery: bool
+        self,
+        ledger_id: int,
+        entry_id: int,
+        lac: int,
+        entry: bytes,
+        master_key: bytes,
+        recovery: bool,
+        writer_epoch: int = 0,
     ) -> asyncio.Future[None]:
         """`add_entry_nowait` for a caller that unpacked the ids of `entry`'s header itself (the server reads them
         with the request's other fields in one unpack); returns the future of the add's group commit."""
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
-        if not (0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX and -1 <= lac <= _INT64_MAX):
+        if not (
+            0 <= ledger_id <= _INT64_MAX
+            and 0 <= entry_id <= _INT64_MAX
+            and -1 <= lac <= _INT64_MAX
+            and 0 <= writer_epoch <= _INT64_MAX
+        ):
             wire.check_ledger_id(ledger_id, "entry header's ledger id")  # whichever is out of range raises
             wire.check_entry_id(entry_id, "entry header's entry id")
             wire.check_lac(lac, "entry header's lac")
+            wire.check_writer_epoch(writer_epoch)
         if self.failure is not None or self._quarantined:
             self._check_changeable(ledger_id)
         state = self._ledgers.get(ledger_id)
@@ -271,6 +303,11 @@ class LedgerStorage:
             raise Unauthorized(ledger_id)
         if state.fenced and not recovery:
             raise LedgerFenced(ledger_id)
+        if writer_epoch != state.writer_epoch:
+            if writer_epoch > state.writer_epoch:
+                self._raise_epoch(state, ledger_id, writer_epoch)
+            elif not recovery:
+                raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
         self._put(state, ledger_id, entry_id, lac, entry)
         synced = self._journal.append(RecordType.ADD, entry)
         if self._active.size >= self.settings.memtable_bytes:
@@ -293,6 +330,27 @@ class LedgerStorage:
         state.fenced = True
         self._dirty.add(ledger_id)
         await self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id))
+
+    async def raise_writer_epoch(self, ledger_id: int, writer_epoch: int, master_key: bytes) -> None:
+        """A reopening writer's fence: from now on adds of an older writer epoch are refused. Refused itself on a
+        fenced ledger (recovery owns it) and for an epoch older than one seen (a later writer won). A ledger this
+        bookie has never seen is recorded with the epoch, so the old writer cannot start it here either."""
+        self._check_open()
+        self._check_changeable(wire.check_ledger_id(ledger_id))
+        wire.check_writer_epoch(writer_epoch)
+        state = self._authorized(ledger_id, master_key)
+        if state.fenced:
+            raise LedgerFenced(ledger_id)
+        if writer_epoch < state.writer_epoch:
+            raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
+        await self._raise_epoch(state, ledger_id, writer_epoch)
+
+    def _raise_epoch(self, state: IndexedLedger, ledger_id: int, writer_epoch: int) -> asyncio.Future[None]:
+        """Apply and journal a writer epoch no lower than the ledger's; returns the future of its group commit (an
+        equal one is journaled again, so a raise is answered only once a record of it is durable)."""
+        state.writer_epoch = writer_epoch
+        self._dirty.add(ledger_id)
+        return self._journal.append(RecordType.WRITER_EPOCH, LEDGER_AND_EPOCH.pack(ledger_id, writer_epoch))
 
     async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards. Refused on
@@ -562,6 +620,9 @@ class LedgerStorage:
                     last = self._journal.append(RecordType.ADD, entry)
                 if state.fenced:
                     last = self._journal.append(RecordType.FENCE, LEDGER.pack(ledger_id))
+                if state.writer_epoch:
+                    body = LEDGER_AND_EPOCH.pack(ledger_id, state.writer_epoch)
+                    last = self._journal.append(RecordType.WRITER_EPOCH, body)
                 if state.explicit_lac >= 0:
                     last = self._journal.append(RecordType.LAC, LEDGER_AND_LAC.pack(ledger_id, state.explicit_lac))
             await last

@@ -11,9 +11,10 @@ import asyncio
 from kazoo.client import KazooClient
 
 from bookfleet import wire
+from bookfleet.client.connection import FencedError
 from bookfleet.client.placement import PlacementPolicy, choose_ensemble
 from bookfleet.client.pool import BookiePool
-from bookfleet.client.reader import LedgerReader
+from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import recover_ledger
 from bookfleet.client.writer import (
     LedgerClosedError,
@@ -25,7 +26,13 @@ from bookfleet.client.writer import (
 )
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.lease import WriterLease
-from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, new_metadata
+from bookfleet.meta.metadata import (
+    LedgerMetadata,
+    LedgerState,
+    MetadataStore,
+    MetadataVersionConflict,
+    new_metadata,
+)
 from bookfleet.meta.registry import BookieRegistry
 
 
@@ -78,18 +85,25 @@ class BookKeeper:
         unconfirmed left behind), e.g. one `bookfleet ledger write` after another. One writer per ledger: refused
         with LedgerHeldError while another writer holds the ledger's lease (close or recover it to fence that
         writer). A ledger with entries past its LAC needs `recover_ledger` instead: only recovery may decide about
-        those."""
+        those.
+
+        The lease only keeps live writers apart; the fence is the writer epoch. The new writer takes the next one
+        by compare-and-set (so every change the previous writer tries on the metadata fails) and raises it on
+        enough of the last segment's bookies that no write set can give an older writer Qa acks any more, before
+        it looks at what the ledger holds: a previous writer that was paused or cut off past its lease gets FENCED
+        answers, never an acknowledgement for an entry id this writer is acknowledged for."""
         metadata, version = self.metadata.read(ledger_id)
         check_password(ledger_id, metadata, password)
         lease = await self._lease(ledger_id)
         try:
-            metadata, version = self.metadata.read(ledger_id)  # as of holding the lease
-            if metadata.state == LedgerState.CLOSED:
-                raise LedgerClosedError(f"ledger {ledger_id} is closed")
-            if metadata.state == LedgerState.IN_RECOVERY:
-                raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
+            metadata, version = await asyncio.to_thread(self._take_writer_epoch, ledger_id)
             reader = LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
-            lac, last = await reader.bookie_view()
+            try:
+                lac, last = await reader.bookie_view(writer_epoch=metadata.writer_epoch)
+            except FencedError as exc:
+                raise LedgerFencedError(f"ledger {ledger_id} cannot be reopened: {exc.message}") from None
+            except LedgerReadError as exc:
+                raise LedgerWriteError(str(exc)) from None
             if last > lac:
                 raise LedgerWriteError(
                     f"ledger {ledger_id} has entries after its last confirmed entry {lac} from an earlier writer: "
@@ -112,6 +126,21 @@ class BookKeeper:
             lease=lease,
         )
         return await writer.start()
+
+    def _take_writer_epoch(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """Store the open ledger's next writer epoch (compare-and-set, re-read on a conflict); returns the metadata
+        and version holding it."""
+        while True:
+            metadata, version = self.metadata.read(ledger_id)
+            if metadata.state == LedgerState.CLOSED:
+                raise LedgerClosedError(f"ledger {ledger_id} is closed")
+            if metadata.state == LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
+            taken = metadata.with_next_writer_epoch()
+            try:
+                return taken, self.metadata.update(ledger_id, taken, version)
+            except MetadataVersionConflict:
+                continue
 
     async def _lease(self, ledger_id: int) -> WriterLease:
         lease = WriterLease(self.zk, ledger_id)

@@ -218,21 +218,28 @@ class BookieClient:
 
     # --- typed operations -------------------------------------------------------------------------------------
 
-    async def add_entry(self, master_key: bytes, entry: bytes, recovery: bool = False) -> tuple[int, int]:
-        """Store an encoded entry (see wire.encode_entry); returns (ledger_id, entry_id) once it is durable."""
+    async def add_entry(
+        self, master_key: bytes, entry: bytes, recovery: bool = False, writer_epoch: int = 0
+    ) -> tuple[int, int]:
+        """Store an encoded entry (see wire.encode_entry); returns (ledger_id, entry_id) once it is durable. A bookie
+        that knows a newer writer epoch of the ledger refuses it with FencedError (unless `recovery`)."""
         flags = wire.Flag.RECOVERY_ADD if recovery else 0
-        body = await self._call(Op.ADD_ENTRY, master_key + entry, flags)
+        body = await self._call(Op.ADD_ENTRY, wire.add_prefix(master_key, writer_epoch) + entry, flags)
         return wire.LEDGER_ENTRY.unpack(body)
 
-    def add_entry_nowait(self, master_key: bytes, entry: bytes, recovery: bool = False) -> asyncio.Future[bytes]:
+    def add_entry_nowait(
+        self, master_key: bytes, entry: bytes, recovery: bool = False, writer_epoch: int = 0
+    ) -> asyncio.Future[bytes]:
         """ADD_ENTRY as a bare future of the response body (no coroutine, no task): for a writer that pipelines
         thousands of adds and attaches callbacks. Fails like `add_entry`; ignores write backpressure."""
-        return self._request(Op.ADD_ENTRY, master_key + entry, wire.Flag.RECOVERY_ADD if recovery else 0)
+        body = wire.add_prefix(master_key, writer_epoch) + entry
+        return self._request(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0)
 
     def add_entry_callback(self, body: bytes, on_answer: AnswerCallback, arg: Any, recovery: bool = False) -> None:
-        """ADD_ENTRY of `body` = master key + encoded entry (built once, shared by a whole write set, never copied
-        here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader: no
-        future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
+        """ADD_ENTRY of `body` = wire.add_prefix (master key, writer epoch) + encoded entry (built once, shared by a
+        whole write set, never copied here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called
+        straight from the reader: no future, no callback object, no event-loop turn. The ledger writer's hot path;
+        ignores write backpressure."""
         self._enqueue(_ADD_ENTRY, body, _RECOVERY_ADD if recovery else 0, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
@@ -260,6 +267,14 @@ class BookieClient:
         body = wire.READ_LAC_REQUEST.pack(ledger_id, previous, max(0, int(timeout * 1000)))
         (lac,) = wire.unpack_body(wire.LAC, await self._call(Op.READ_LAC, body), "READ_LAC response")
         return lac
+
+    async def raise_writer_epoch(self, master_key: bytes, ledger_id: int, writer_epoch: int) -> tuple[int, int]:
+        """Make the bookie refuse adds of writer epochs below `writer_epoch` (durably); returns its (lac,
+        last_entry_id) of the ledger as of then. FencedError if it knows a newer epoch or the ledger is fenced."""
+        answer = await self._call(
+            Op.RAISE_EPOCH, master_key + wire.RAISE_EPOCH_BODY.pack(ledger_id, writer_epoch)
+        )
+        return wire.unpack_body(wire.LAC_AND_LAST, answer, "RAISE_EPOCH response")
 
     async def write_lac(self, master_key: bytes, ledger_id: int, lac: int) -> None:
         await self._call(Op.WRITE_LAC, master_key + wire.WRITE_LAC_BODY.pack(ledger_id, lac))

@@ -44,7 +44,7 @@ class LedgerWriteError(Exception):
 
 
 class LedgerFencedError(LedgerWriteError):
-    """Another client opened the ledger for recovery: this writer may no longer add."""
+    """Another client opened the ledger for recovery, or reopened it as its writer: this writer may no longer add."""
 
 
 class LedgerClosedError(LedgerWriteError):
@@ -120,6 +120,9 @@ class LedgerWriter:
         self._store = store
         self._pool = pool
         self._master_key = wire.master_key(password)
+        self.writer_epoch = metadata.writer_epoch
+        """Carried by every add: bookies refuse it once a later writer has reopened the ledger (a higher epoch)."""
+        self._add_prefix = wire.add_prefix(self._master_key, self.writer_epoch)
         self._digester = wire.Digester(metadata.digest_type, password)
         self._ensemble: list[str] = []
         self._answer_handlers: list[Callable[[_Add, BaseException | None], None]] = []
@@ -227,7 +230,7 @@ class LedgerWriter:
             return
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
-        body = wire.encode_entry(self._digester, self.ledger_id, entry_id, lac, length, payload, self._master_key)
+        body = wire.encode_entry(self._digester, self.ledger_id, entry_id, lac, length, payload, self._add_prefix)
         add = _Add(entry_id, length, body, on_done, time.monotonic())
         self._pending.append(add)
         for position in self._write_sets[entry_id % len(self._write_sets)]:
@@ -259,7 +262,8 @@ class LedgerWriter:
             if self._pending and self._pending[0] is add and add.acks.bit_count() >= self.metadata.ack_quorum:
                 self._complete_ready()
         elif isinstance(error, FencedError):
-            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open: {error.message}"))
+            why = f"ledger {self.ledger_id} was fenced (recovered, or reopened by another writer): {error.message}"
+            self._fail(LedgerFencedError(why))
         else:
             self._bookie_failed(position, bookie, error)
 
@@ -432,6 +436,11 @@ class LedgerWriter:
                 raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered by another client")
             if metadata.state == LedgerState.CLOSED:
                 raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+            if metadata.writer_epoch != self.writer_epoch:
+                raise LedgerFencedError(
+                    f"ledger {self.ledger_id} was reopened by another writer (writer epoch {metadata.writer_epoch}, "
+                    f"this writer's {self.writer_epoch})"
+                )
             updated = change(metadata)
             try:
                 self.version = await asyncio.to_thread(self._store.update, self.ledger_id, updated, version)

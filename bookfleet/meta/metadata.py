@@ -89,6 +89,9 @@ class LedgerMetadata(BaseModel):
     password_hash: str
     ctime: float = Field(default_factory=time.time)
     custom: dict[str, str] = Field(default_factory=dict)
+    writer_epoch: int = Field(default=0, ge=0, le=wire.INT64_MAX)
+    """Raised by every reopen (compare-and-set): the writer holding it is the only one bookies take adds from.
+    Metadata written before the field existed reads as 0, the epoch of a ledger's creating writer."""
 
     @model_validator(mode="after")
     def _check_invariants(self) -> LedgerMetadata:
@@ -154,6 +157,10 @@ class LedgerMetadata(BaseModel):
 
     def with_state(self, state: LedgerState) -> LedgerMetadata:
         return self._with(state=state)
+
+    def with_next_writer_epoch(self) -> LedgerMetadata:
+        """A reopening writer's metadata: stored by compare-and-set, it makes every earlier writer's change fail."""
+        return self._with(writer_epoch=self.writer_epoch + 1)
 
     def with_closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
         return self._with(state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)

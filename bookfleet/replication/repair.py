@@ -185,7 +185,8 @@ class FragmentCopier:
         self.connections = connections
         self.bucket = bucket
         self.digester = wire.Digester(plan.digest_type, settings.password)
-        self.master_key = wire.master_key(settings.password)
+        self.add_prefix = wire.add_prefix(wire.master_key(settings.password), 0)
+        """Copies are recovery adds: a bookie neither checks their writer epoch nor raises its own with it."""
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)
         # write sets repeat every E entries: look targets and replicas up by entry_id % E
         self.targets = [plan.targets(residue) for residue in range(plan.ensemble_size)]
@@ -305,7 +306,7 @@ class FragmentCopier:
         # callback adds, one future per chunk: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded
         acks = ChunkAcks(len(entries))
         for raw in entries:
-            client.add_entry_callback(self.master_key + raw, acks.answer, None, recovery=True)
+            client.add_entry_callback(self.add_prefix + raw, acks.answer, None, recovery=True)
         await acks.done
 
 

@@ -65,6 +65,7 @@ _PERMISSIONS: dict[tuple[int, bool], tuple[Role, ...]] = {
     (Op.READ_RANGE, False): _READERS,
     (Op.READ_LAC, False): _READERS,
     (Op.WRITE_LAC, False): _WRITERS,
+    (Op.RAISE_EPOCH, False): _WRITERS,
     (Op.FORCE_LEDGER, False): _WRITERS,
     (Op.GET_BOOKIE_INFO, False): _ANYONE,
 }
