@@ -11,7 +11,7 @@ import pytest
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.actions import Delete, Ensure, Patch, PostEvent
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import timestamp
+from bookfleet.kube.context import ZooKeeperTarget, timestamp
 from bookfleet.kube.lifecycle import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
 from bookfleet.meta.registry import BookieInfo
@@ -269,7 +269,7 @@ def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
     decision = lifecycle.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),
                                      attempts=(job("Complete"),), remaining=()), NOW)
-    assert of_type(decision, ForgetCookie) == [ForgetCookie("zk:2181", decision.status["bookieId"])]
+    assert of_type(decision, ForgetCookie) == [ForgetCookie(ZooKeeperTarget.of(cluster()), decision.status["bookieId"])]
     assert ensured(decision) == EVERYTHING
     assert decision.status["lostSince"] is None
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")

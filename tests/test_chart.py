@@ -312,10 +312,37 @@ def test_tls_and_zookeeper_auth_are_on_by_default() -> None:
     (secret,) = by_kind(objects, "Secret")
     user, _, password = base64.b64decode(secret["data"]["auth"]).decode().partition(":")
     assert user == "bookfleet" and len(password) == 32
+    assert secret["metadata"]["namespace"] == cluster["metadata"]["namespace"]
     (deployment,) = by_kind(objects, "Deployment")
-    env = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    credential = {"secretKeyRef": {"name": "bookfleet-zk-auth", "key": "auth"}}
-    assert env["BOOKFLEET_ZK_AUTH"] == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}
+    env = {item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "BOOKFLEET_ZK_AUTH" not in env  # it reads each cluster's own Secret (kube/context.py)
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod spec) of every workload the chart renders."""
+    found = []
+    for obj in objects:
+        spec = obj.get("spec") or {}
+        template = (spec.get("template") or {}).get("spec")
+        if template:
+            found.append((obj["metadata"]["namespace"], template))
+    return found
+
+
+@pytest.mark.parametrize("watch", ["", "storage"])
+def test_every_secret_a_pod_refers_to_is_rendered_in_its_namespace(watch: str) -> None:
+    """A secretKeyRef or secret volume resolves in the pod's own namespace: one naming a Secret the chart puts in
+    another namespace (the watched one) leaves the pod in CreateContainerConfigError for ever."""
+    objects = render_chart({**ALL_OPTIONAL, "operator": {"watchNamespace": watch}})
+    secrets = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in by_kind(objects, "Secret")}
+    referred = []
+    for namespace, pod in pod_templates(objects):
+        for container in pod.get("containers", []) + pod.get("initContainers", []):
+            for item in container.get("env") or []:
+                if ref := (item.get("valueFrom") or {}).get("secretKeyRef"):
+                    referred.append((namespace, ref["name"]))
+        referred += [(namespace, v["secret"]["secretName"]) for v in pod.get("volumes") or [] if "secret" in v]
+    assert set(referred) <= secrets
 
 
 def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() -> None:

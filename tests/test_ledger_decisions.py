@@ -10,6 +10,7 @@ from typing import Any
 
 from bookfleet.kube import ledgers
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent
+from bookfleet.kube.context import ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
 from bookfleet.kube.models import BookieCluster, Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
@@ -99,8 +100,8 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
     actions = ledgers.decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
                              rng=random.Random(1))
     reserve, create = actions[:2]
-    assert reserve == ReserveLedgerId(ZK)
-    assert isinstance(create, CreateLedgerMetadata) and create.zookeeper == ZK
+    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(cluster()))
+    assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
     assert create.metadata.password_hash == new_metadata(ensemble, 2, 2, password=b"pw").password_hash

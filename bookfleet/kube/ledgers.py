@@ -22,7 +22,7 @@ from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import metrics, repairs
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, now, patch_status, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
 from bookfleet.kube.models import (
     DATA_LOSS,
     VALID,
@@ -86,7 +86,7 @@ class ObservedLedger:
 class ReserveLedgerId:
     """Take a cluster-unique id and record it in status before anything is created under it."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         patch_status(ctx, "ledgers", body, {"ledgerId": MetadataStore(ctx.zk(self.zookeeper)).new_ledger_id()})
@@ -96,7 +96,7 @@ class ReserveLedgerId:
 class CreateLedgerMetadata:
     """Create the ledger's metadata under the id in status (reserved by this pass or an interrupted one)."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     metadata: LedgerMetadata
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
@@ -144,7 +144,7 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
                        cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
     if observed.cluster is None:
         return observed
-    zk = ctx.zk(observed.cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(observed.cluster))
     ledger_id = observed.ledger_id
     if ledger_id is not None:
         try:
@@ -207,8 +207,9 @@ def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | N
     except NotEnoughBookies as exc:
         return report(observed, moment, {}, validity, condition(CREATED, False, "NotEnoughBookies", str(exc)))
     metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type, observed.password)
-    reserve: list[Action] = [ReserveLedgerId(cluster.spec.zookeeper)] if ledger_id is None else []
-    return [*reserve, CreateLedgerMetadata(cluster.spec.zookeeper, metadata),
+    zookeeper = ZooKeeperTarget.of(cluster)
+    reserve: list[Action] = [ReserveLedgerId(zookeeper)] if ledger_id is None else []
+    return [*reserve, CreateLedgerMetadata(zookeeper, metadata),
             *mirror(observed, moment, metadata, validity)]
 
 

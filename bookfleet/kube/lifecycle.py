@@ -29,7 +29,7 @@ from kazoo.client import KazooClient
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.context import OperatorContext, conditions_with, now, rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
@@ -134,7 +134,7 @@ class LaunchRepair:
 class ForgetCookie:
     """Let a replaced bookie start empty under its old id (its ledgers are elsewhere by now)."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     bookie_id: str
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
@@ -254,7 +254,7 @@ def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
     pod = ctx.api.get(CORE, "pods", ns, name)
     serving = pod_ready(pod)
     node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
-    zk = ctx.zk(cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
     under_replication = UnderReplication(zk)
     disabled = under_replication.is_disabled()
     lost_since = bookie.status.lost_since
@@ -388,7 +388,7 @@ def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
                      for claim in observed.claims if claim.exists and not claim.terminating]
     if pod is not None or any(claim.exists for claim in observed.claims):
         return False  # next pass, once they are gone
-    plan.actions += [ForgetCookie(observed.cluster.spec.zookeeper, bookie.spec.bookie_id),
+    plan.actions += [ForgetCookie(ZooKeeperTarget.of(observed.cluster), bookie.spec.bookie_id),
                      *volumes_and_pod(observed)]
     plan.condition(LOST, False, "Replaced", f"bookie {name} rejoins empty, with fresh volumes and a fresh cookie",
                    event="BookieReplaced")

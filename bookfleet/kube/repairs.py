@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from bookfleet.kube import resources
 from bookfleet.kube.api import BATCH, SPARK, KubeApi
-from bookfleet.kube.context import OperatorContext, now
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
@@ -109,7 +109,7 @@ def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
 
 def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime, attempt: int) -> dict:
     """Mark the bookie's ledgers and create attempt `attempt` of the repair (a no-op if it exists)."""
-    zk = ctx.zk(cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
     ledgers = mark_lost_bookie(zk, bookie.spec.bookie_id)
     launcher = cluster.spec.auto_recovery.repair.launcher
     build = resources.spark_application if launcher == RepairLauncher.SPARK_APPLICATION else resources.repair_job
@@ -151,7 +151,7 @@ def observe_repair(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie,
                                             bookie.metadata.name) if j["metadata"]["name"] in names)
     if not attempts or job_state(attempts[-1]) != RepairState.SUCCEEDED:
         return RepairObserved(attempts)
-    left = remaining_ledgers(ctx.zk(cluster.spec.zookeeper), bookie.spec.bookie_id)
+    left = remaining_ledgers(ctx.zk(ZooKeeperTarget.of(cluster)), bookie.spec.bookie_id)
     if left:
         log.warning("repair %s succeeded but %d ledger(s) still need %s", attempts[-1]["metadata"]["name"], len(left),
                     bookie.spec.bookie_id)
@@ -182,7 +182,7 @@ def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime) -> 
 
 def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
     """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
-    disabled = UnderReplication(ctx.zk(cluster.spec.zookeeper)).is_disabled()
+    disabled = UnderReplication(ctx.zk(ZooKeeperTarget.of(cluster))).is_disabled()
     observed = RepairObserved() if disabled else observe_repair(ctx, cluster, bookie, since)
     step = decide_repair(disabled, observed, now())
     if step.launch is not None:
