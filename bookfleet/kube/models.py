@@ -419,6 +419,7 @@ class RepairState(enum.StrEnum):
 
 class RepairStatus(StatusModel):
     job: str | None = None
+    bookie_id: str | None = Field(None, description="the lost bookie whose ledgers the repair copies elsewhere")
     state: RepairState | None = None
     started: dt.datetime | None = None
     finished: dt.datetime | None = None

@@ -43,6 +43,9 @@ the same label); every other pod outside the fleet is refused."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
+ANNOTATION_BOOKIE_ID = "bookfleet.io/bookie-id"
+"""On a repair: the id of the bookie whose ledgers it repairs. Which ledgers those are is in ZooKeeper (the
+under-replication markers name the bookie), never in the object: an annotation holds 256 KiB, ~24,000 ids."""
 ANNOTATION_CONFIG_HASH = "bookfleet.io/config-hash"
 """On a bookie pod: the digest of everything else in the pod as built; a pod whose digest differs from the one the
 current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, storage all reach the pod this way)."""
@@ -669,7 +672,7 @@ def repair_job(
         container["volumeMounts"].append(tls_mount())
         volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
     metadata = _metadata(name, namespace, job_labels)
-    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    metadata["annotations"] = repair_annotations(bookie, lost_since)
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -686,6 +689,11 @@ def repair_job(
     return owned_by(manifest, cluster)
 
 
+def repair_annotations(bookie: Bookie, lost_since: dt.datetime) -> dict[str, str]:
+    """Which loss a repair answers: the bookie's id and its loss time (the attempts of one loss share both)."""
+    return {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat(), ANNOTATION_BOOKIE_ID: bookie.spec.bookie_id}
+
+
 def spark_application(
     cluster: BookieCluster, bookie: Bookie, lost_since: dt.datetime, ledgers: Iterable[int] = (), attempt: int = 0
 ) -> dict[str, Any]:
@@ -696,7 +704,7 @@ def spark_application(
     confs = dict(options[i + 1].split("=", 1) for i, option in enumerate(options) if option == "--conf")
     pod_labels = labels(cluster.metadata.name, REPAIR, bookie.metadata.name)
     metadata = _metadata(name, cluster.metadata.namespace, pod_labels)
-    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    metadata["annotations"] = repair_annotations(bookie, lost_since)
     manifest = {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "SparkApplication",
