@@ -314,7 +314,7 @@ CLOCK_SLACK = dt.timedelta(seconds=60)
 still counts as ended before it."""
 
 
-def repair_status(candidates: Iterable[dict], marker: Marker | None) -> dict | None:
+def repair_status(candidates: Iterable[dict], marker: Marker | None = None) -> dict | None:
     """The latest repair of the ledger's lost bookies, as the Ledger's status shows it (None: none found; the status
     keeps the one it showed). A repair of one loss may take several attempts; one that ended before the ledger was
     marked did not cover it."""
