@@ -311,6 +311,20 @@ def test_crash_looping_with_its_data_stays_lost_after_the_repair_and_keeps_its_v
     assert of_type(decision, Delete) == of_type(decision, LaunchRepair) == of_type(decision, ForgetCookie) == []
 
 
+def test_a_repair_whose_jobs_expired_is_not_launched_again():
+    """Repair Jobs go ttlSecondsAfterFinished after they end; a bookie that stays down with its data (Lost) keeps its
+    Repaired condition, which says the loss was repaired: no new attempt once the Jobs are gone. An earlier loss's
+    success says nothing about this one."""
+    repaired = [{"type": "Repaired", "status": "True", "reason": "RepairSucceeded",
+                 "message": "the ledgers of bookie bk-0 are fully replicated again",
+                 "lastTransitionTime": timestamp(ago(1800))}]
+    decision = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=3600, conditions=repaired), NOW)
+    assert of_type(decision, LaunchRepair) == [] and events(decision) == []
+    assert condition(decision, "Repaired") == ("True", "RepairSucceeded") and decision.status["phase"] == "Lost"
+    earlier = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=600, conditions=repaired), NOW)
+    assert [a.attempt for a in of_type(earlier, LaunchRepair)] == [0]
+
+
 def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():
     body = bookie_body()
     body["spec"]["desiredState"] = "ReadOnly"

@@ -53,6 +53,7 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     kinds = {obj["kind"] for obj in objects}
     expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret"}
     expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
+    expected |= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     if name == "all-optional":
         expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap", "Job"}
         expected |= PROMETHEUS_OPERATOR_KINDS
@@ -106,6 +107,30 @@ def test_repair_account_has_exactly_what_the_builders_grant() -> None:
     (cluster,) = by_kind(objects, "BookieCluster")
     repair = BookieCluster.model_validate(cluster).spec.auto_recovery.repair
     assert binding["subjects"][0]["name"] == repair.service_account_name == "bookfleet-repair"
+
+
+def test_the_repair_account_may_touch_only_repair_pods() -> None:
+    """Spark's driver needs to create, label and delete its executor pods, which RBAC cannot tell from bookie pods:
+    it gets no services or volumes, and an admission policy bound with Deny confines its pod writes to pods labelled
+    as repair pods (the executors' labels, resources.repair_command)."""
+    objects = render_chart(ALL_OPTIONAL)
+    (role,) = by_kind(objects, "Role", "repair")
+    assert {resource for _, resource, _ in grants(role["rules"])} == {"pods", "configmaps"}
+    assert not any(verb in ("get", "list") for _, resource, verb in grants(role["rules"]) if resource == "configmaps")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods"] and set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    (account,) = policy["spec"]["matchConditions"]
+    assert "':bookfleet-repair'" in account["expression"]
+    label = f"'{resources.LABEL_COMPONENT}'"
+    assert all(label in v["expression"] and f"'{resources.REPAIR}'" in v["expression"]
+               for v in policy["spec"]["validations"])
+    executor_labels = resources.repair_command(BookieCluster.model_validate(by_kind(objects, "BookieCluster")[0]), "r")
+    assert f"spark.kubernetes.executor.label.{resources.LABEL_COMPONENT}={resources.REPAIR}" in executor_labels
+    assert by_kind(render_chart({"repair": {"podAdmissionPolicy": {"enabled": False}}}),
+                   "ValidatingAdmissionPolicy") == []
 
 
 def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None:

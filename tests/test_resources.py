@@ -232,6 +232,8 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
     assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
     assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400  # finished repairs do not pile up
+    assert conf["spark.kubernetes.driver.service.deleteOnTermination"] == "false"  # it may not touch services
     assert container["resources"] == cluster.spec.auto_recovery.repair.driver_resources.to_wire()
     assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
     template_path = conf["spark.kubernetes.executor.podTemplateFile"]
@@ -261,6 +263,7 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert spec["arguments"][:2] == ["--zk", "zk.storage.svc:2181"]
     assert spec["driver"]["serviceAccount"] == "bookfleet-repair"
     assert (spec["executor"]["instances"], spec["executor"]["memory"]) == (3, "2g")
+    assert spec["timeToLiveSeconds"] == 86400
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
 
 
@@ -273,12 +276,7 @@ def test_repair_namespace_objects_are_namespaced_and_minimal() -> None:
     executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
     assert executor == resources.executor_pod_template()
     assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER
-    assert {resource for rule in role["rules"] for resource in rule["resources"]} == {
-        "pods",
-        "services",
-        "configmaps",
-        "persistentvolumeclaims",
-    }
+    assert {resource for rule in role["rules"] for resource in rule["resources"]} == {"pods", "configmaps"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bookfleet-repair", "namespace": "storage"}]
 
 

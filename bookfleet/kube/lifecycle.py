@@ -395,6 +395,13 @@ def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
     return True
 
 
+def repaired_since(conditions: Sequence[dict], lost_since: dt.datetime) -> bool:
+    """The Repaired condition turned True after this loss began: its repair succeeded, whatever became of its Jobs."""
+    found = next((c for c in conditions if c["type"] == REPAIRED), None)
+    when = parse_time(found.get("lastTransitionTime")) if found and found.get("status") == "True" else None
+    return when is not None and when >= lost_since
+
+
 def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
     """One step of a recorded loss; returns the loss time, or None once it is over."""
     bookie, name = observed.bookie, observed.bookie.metadata.name
@@ -416,7 +423,10 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
         elif verdict.recheck_at is not None:
             plan.recheck_at = dt.datetime.fromtimestamp(verdict.recheck_at, dt.UTC)
         return lost_since
-    step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
+    if repaired_since(plan.conditions, lost_since):  # its Jobs may be gone (ttlSecondsAfterFinished)
+        step = repairs.RepairStep(repairs.Outcome.REPAIRED)
+    else:
+        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
     if step.launch is not None:
         plan.actions.append(LaunchRepair(observed.cluster, bookie, lost_since, step.launch))
     if step.outcome == repairs.Outcome.REPAIRED:

@@ -216,6 +216,10 @@ class RepairSpec(KubeModel):
         3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
     )
     executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    ttl_seconds_after_finished: int = Field(
+        86400, ge=0, description="a finished repair (Job or SparkApplication) is deleted this long after it ends; "
+        "the Bookie's Repaired condition keeps its outcome"
+    )
     driver_resources: ResourceRequirements = _resources_default(
         requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
     )

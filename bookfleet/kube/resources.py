@@ -92,11 +92,14 @@ REPAIR_RULES: list[dict[str, Any]] = [
     },
     {
         "apiGroups": [""],
-        "resources": ["services", "configmaps", "persistentvolumeclaims"],
-        "verbs": ["get", "list", "watch", "create", "delete", "deletecollection"],
+        "resources": ["configmaps"],
+        "verbs": ["create", "delete", "deletecollection"],
     },
 ]
-"""What Spark's driver does in its namespace: run executor pods, their config maps, services and volumes."""
+"""What Spark's driver in client mode does in its namespace: create, watch, label and delete its executor pods, and
+create and delete their config map. No services (only a cluster-mode driver has one; the driver is told not to
+delete any) and no volumes (executors mount none). RBAC cannot tell an executor pod from a bookie: the chart's
+admission policy lets the repair account change or delete only pods labelled as repair pods."""
 
 
 # --- names and labels ----------------------------------------------------------------------------------------
@@ -587,6 +590,7 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         "spark.driver.bindAddress": "$(POD_IP)",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.kubernetes.driver.service.deleteOnTermination": "false",  # a client-mode driver has none
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
         **_spark_security(cluster, "executor"),
     }
@@ -680,6 +684,7 @@ def repair_job(
         "spec": {
             "backoffLimit": repair.backoff_limit,
             "activeDeadlineSeconds": repair.active_deadline_seconds,
+            "ttlSecondsAfterFinished": repair.ttl_seconds_after_finished,
             "template": {
                 "metadata": {"labels": job_labels},
                 "spec": pod_spec,
@@ -718,6 +723,7 @@ def spark_application(
             "mainApplicationFile": app,
             "arguments": app_args,
             "sparkVersion": spark.spark_version(),
+            "timeToLiveSeconds": repair.ttl_seconds_after_finished,
             "sparkConf": {**confs, **_spark_security(cluster, "driver", "executor")},
             "restartPolicy": {
                 "type": "OnFailure",
