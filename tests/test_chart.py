@@ -16,6 +16,7 @@ import pytest
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
+from bookfleet.kube.api import PLURALS
 from bookfleet.kube.models import BookieCluster, cluster_problems
 from tests.fixtures.manifests import CHART, operator_objects, render_chart
 
@@ -145,7 +146,14 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     for kind in ("poddisruptionbudgets", "networkpolicies", "configmaps"):
         group = {"poddisruptionbudgets": "policy", "networkpolicies": "networking.k8s.io"}.get(kind, "")
         assert {(group, kind, "get"), (group, kind, "create")} <= granted
-    assert ("policy", "poddisruptionbudgets", "patch") in granted, "the budget follows the cluster's replicas"
+    cluster = BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "bookfleet", "uid": "u"},
+                                            "spec": {"zookeeper": "zk:2181"}})
+    applied = resources.cluster_objects(cluster) + resources.repair_namespace_objects("bookfleet", "bookfleet-repair")
+    for manifest in applied:  # server-side apply: create when missing, patch after
+        group = manifest["apiVersion"].rpartition("/")[0]
+        plural = PLURALS[manifest["kind"]]
+        assert {(group, plural, "create"), (group, plural, "patch")} <= granted, plural
+    assert ("networking.k8s.io", "networkpolicies", "delete") in granted, "spec.networkPolicy.enabled: false"
     built |= {("sparkoperator.k8s.io", "sparkapplications")} | {("bookfleet.io", p) for p in ("bookies", "ledgers")}
     for group, resource in built:
         assert {(group, resource, verb) for verb in ("get", "list", "watch", "create", "delete")} <= granted
@@ -221,6 +229,23 @@ def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
     assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080},
                                                              {"protocol": "TCP", "port": 9090}]}]
     assert by_kind(render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_network_policy_settings_reach_the_chart_cluster_and_zookeeper() -> None:
+    """networkPolicy.enabled reaches the chart's BookieCluster (whose policies the operator builds), and the extra
+    clients (Pulsar brokers in their namespace) are admitted to the bookies and to ZooKeeper alike."""
+    brokers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pulsar"}},
+               "podSelector": {"matchLabels": {"component": "broker"}}}
+    objects = render_chart({**ALL_OPTIONAL, "networkPolicy": {"clients": [brokers]}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.network_policy.to_wire() == {"enabled": True,
+                                                                                   "clients": [brokers]}
+    (zookeeper,) = by_kind(objects, "NetworkPolicy", "zookeeper")
+    assert brokers in zookeeper["spec"]["ingress"][0]["from"]
+    objects = render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.network_policy.enabled is False
+    assert by_kind(objects, "NetworkPolicy") == []
 
 
 def test_operator_is_probed_for_readiness() -> None:

@@ -134,7 +134,13 @@ def test_bookie_settings_rules_match_their_cel_twins() -> None:
         BookieClusterSpec(zookeeper="zk:2181", zones=["zone-a", "zone-b", "zone-a"])
     spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rules = {rule["rule"] for rule in spec["properties"]["bookie"]["x-kubernetes-validations"]}
-    assert rules == {"self.diskUsageLwm < self.diskUsageThreshold", "self.port != self.httpPort"}
+    assert rules == {"self.diskUsageLwm < self.diskUsageThreshold", "self.port != self.httpPort",
+                     "self.port == oldSelf.port"}  # bookie ids include the port: changing it strands every ledger
+    peer = spec["properties"]["networkPolicy"]["properties"]["clients"]["items"]
+    assert [r["rule"] for r in peer["x-kubernetes-validations"]] == [
+        "has(self.namespaceSelector) || has(self.podSelector)"]
+    with pytest.raises(ValidationError, match="needs namespaceSelector or podSelector"):
+        BookieClusterSpec.model_validate({"zookeeper": "zk:2181", "networkPolicy": {"clients": [{}]}})
 
 
 def test_names_and_printer_columns() -> None:

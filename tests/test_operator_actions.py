@@ -6,11 +6,13 @@ import datetime as dt
 import json
 from typing import Any
 
+import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.api import KubeApi
 from bookfleet.kube.context import OperatorContext
 from bookfleet.kube.lifecycle import LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
@@ -120,3 +122,22 @@ def test_a_repair_of_a_bookie_with_more_ledgers_than_an_annotation_holds_is_crea
     assert str(ledgers[-1]) not in json.dumps(job)
     assert api.events == [f"RepairLaunched: {job['kind']} {job['metadata']['name']} repairs 50000 ledger(s) "
                           "(attempt 1)"]
+
+
+def test_apply_brings_an_object_an_older_operator_made_up_to_date(kube):
+    """Over HTTP (the emulator): a Service created by an earlier version, with another port, becomes what the current
+    spec builds after one pass's Apply; a missing one is created."""
+    api = KubeApi(kubernetes.config.new_client_from_config(config_file=str(kube.kubeconfig)))
+    stored = kube.create("bookieclusters", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                                            "metadata": {"name": "bk", "namespace": "default"},
+                                            "spec": {"zookeeper": "zk:2181", "bookie": {"httpPort": 8080}}})
+    cluster = BookieCluster.model_validate(stored)
+    service, budget = resources.bookies_service(cluster), resources.bookie_disruption_budget(cluster)
+    old = json.loads(json.dumps(service))
+    old["spec"]["ports"][1]["port"] = 8000
+    api.create(old)
+    ctx = OperatorContext(api)
+    act(ctx, stored, [Apply(service), Apply(budget)])
+    live = api.get("v1", "services", "default", "bk-bookies")
+    assert [p["port"] for p in live["spec"]["ports"]] == [3181, 8080]
+    assert api.get("policy/v1", "poddisruptionbudgets", "default", "bk-bookies")["spec"]["minAvailable"] == 2

@@ -182,6 +182,32 @@ def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieClus
     assert kinds == ["Service", "PodDisruptionBudget", "NetworkPolicy", "NetworkPolicy"]
 
 
+def in_namespace(peer: dict[str, Any], namespace_labels: dict[str, str], pod_labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy peer with a namespaceSelector admits a pod of another namespace (matchLabels only)."""
+    return ("namespaceSelector" in peer and selects(peer["namespaceSelector"], namespace_labels)
+            and selects(peer.get("podSelector", {}), pod_labels))
+
+
+def test_clients_of_other_namespaces_and_switching_policies_off(cluster: BookieCluster) -> None:
+    """Pulsar brokers run in their own namespace: spec.networkPolicy.clients admits them on the bookie port; with
+    enabled false the operator builds no NetworkPolicies at all (it deletes its own, scaling.apply_owned_objects)."""
+    brokers = {"app": "pulsar-broker"}
+    pulsar = {"kubernetes.io/metadata.name": "pulsar"}
+    port = cluster.spec.bookie.port
+    (bookies_policy, _) = resources.network_policies(cluster)
+    assert not any(in_namespace(peer, pulsar, brokers) for rule in bookies_policy["spec"]["ingress"]
+                   for peer in rule.get("from", []))
+    opened = BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(), "networkPolicy": {
+        "clients": [{"namespaceSelector": {"matchLabels": pulsar}, "podSelector": {"matchLabels": brokers}}]}}})
+    (bookies_policy, _) = (valid(policy) for policy in resources.network_policies(opened))
+    (rule,) = [rule for rule in bookies_policy["spec"]["ingress"] if rule["ports"][0]["port"] == port]
+    assert any(in_namespace(peer, pulsar, brokers) for peer in rule["from"])
+    assert not any(in_namespace(peer, pulsar, {"app": "other"}) for peer in rule["from"])
+    closed = BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(),
+                                                                        "networkPolicy": {"enabled": False}}})
+    assert [obj["kind"] for obj in resources.cluster_objects(closed)] == ["Service", "PodDisruptionBudget"]
+
+
 def test_bookie_pvcs_and_headless_service(cluster: BookieCluster, bookie: Bookie) -> None:
     journal, ledgers = (valid(pvc) for pvc in resources.bookie_pvcs(cluster, bookie))
     assert [journal["metadata"]["name"], ledgers["metadata"]["name"]] == ["demo-1-journal", "demo-1-ledgers"]

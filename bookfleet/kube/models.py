@@ -176,10 +176,12 @@ class BookieSettings(KubeModel):
         json_schema_extra=_validations(
             ("self.diskUsageLwm < self.diskUsageThreshold", "diskUsageLwm must be below diskUsageThreshold"),
             ("self.port != self.httpPort", "port and httpPort must differ"),
+            ("self.port == oldSelf.port", "bookie.port is immutable: every bookie's id, in ZooKeeper and in every "
+             "ledger's ensemble, includes it"),
         )
     )
 
-    port: int = Field(3181, ge=1, le=65535)
+    port: int = Field(3181, ge=1, le=65535, description="immutable: part of every bookie's id")
     http_port: int = Field(8000, ge=1, le=65535)
     disk_usage_threshold: float = Field(0.95, gt=0, le=1, description="above this usage the bookie turns read-only")
     disk_usage_lwm: float = Field(0.90, gt=0, le=1, description="below this usage a read-only bookie is writable again")
@@ -251,6 +253,47 @@ class Security(KubeModel):
     )
 
 
+class LabelSelectorRequirement(KubeModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(KubeModel):
+    """A Kubernetes label selector; empty selects everything."""
+
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[LabelSelectorRequirement] | None = None
+
+
+class NetworkPeer(KubeModel):
+    """Client pods allowed to reach the bookie port, as a NetworkPolicy peer: pods matching podSelector (all, when
+    absent) in namespaces matching namespaceSelector (the cluster's own namespace, when absent)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(("has(self.namespaceSelector) || has(self.podSelector)",
+                                        "a client peer needs namespaceSelector or podSelector"))
+    )
+
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> NetworkPeer:
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise ValueError("a client peer needs namespaceSelector or podSelector")
+        return self
+
+
+class NetworkPolicySpec(KubeModel):
+    """The cluster's NetworkPolicies (bookie port and repair pods). Always admitted: the cluster's own pods, the
+    operator, and pods of the cluster's namespace labelled `bookfleet.io/client: "true"`; `clients` adds others,
+    e.g. Pulsar brokers in their own namespace."""
+
+    enabled: bool = Field(True, description="false: the operator creates no NetworkPolicies (and removes its own)")
+    clients: list[NetworkPeer] = Field(default_factory=list, description="more peers allowed on the bookie port")
+
+
 class Retention(enum.StrEnum):
     RETAIN = "Retain"
     DELETE = "Delete"
@@ -287,6 +330,7 @@ class BookieClusterSpec(KubeModel):
     auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
     security: Security = Field(default_factory=Security)
     persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     rollout_timeout_seconds: int = Field(
         600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "
         "the rollout (condition RolloutStuck); it is never counted lost"

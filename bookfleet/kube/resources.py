@@ -475,13 +475,15 @@ def bookie_disruption_budget(cluster: BookieCluster) -> dict[str, Any]:
     return owned_by(manifest, cluster)
 
 
-def fleet_peers(cluster: str) -> list[dict[str, Any]]:
+def fleet_peers(cluster: BookieCluster) -> list[dict[str, Any]]:
     """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), the operator
-    wherever it runs, and pods of the namespace labelled as clients."""
+    wherever it runs, pods of the namespace labelled as clients, and the spec's extra clients."""
+    name = cluster.metadata.name
     return [
-        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: cluster}}},
+        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: name}}},
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: OPERATOR}}},
         {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
+        *(peer.to_wire() for peer in cluster.spec.network_policy.clients),
     ]
 
 
@@ -497,7 +499,7 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
         "podSelector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
         "policyTypes": ["Ingress"],
         "ingress": [
-            {"from": fleet_peers(name), "ports": [{"protocol": "TCP", "port": settings.port}]},
+            {"from": fleet_peers(cluster), "ports": [{"protocol": "TCP", "port": settings.port}]},
             {"ports": [{"protocol": "TCP", "port": settings.http_port}]},
         ],
     }
@@ -515,8 +517,10 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
 
 
 def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
-    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies."""
-    return [bookies_service(cluster), bookie_disruption_budget(cluster), *network_policies(cluster)]
+    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies (unless
+    spec.networkPolicy.enabled is false)."""
+    policies = network_policies(cluster) if cluster.spec.network_policy.enabled else []
+    return [bookies_service(cluster), bookie_disruption_budget(cluster), *policies]
 
 
 # --- repair --------------------------------------------------------------------------------------------------

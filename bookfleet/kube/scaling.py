@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from bookfleet.kube import certificates, lifecycle, repairs, resources
-from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
@@ -113,8 +113,6 @@ class Observed:
     bookies: tuple[ObservedBookie, ...] = ()
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The cluster's PVCs by name."""
-    budget: dict[str, Any] | None = None
-    """The cluster's PodDisruptionBudget as it is."""
 
 
 def observe(ctx: OperatorContext, body: dict) -> Observed:
@@ -137,9 +135,7 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
         bookies.append(ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
                                       bookie_id in registered, bookie_id in forced, **drain))
     claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
-    budget = resources.bookie_disruption_budget(cluster)["metadata"]["name"]
-    return Observed(body, cluster, "", tuple(bookies), claims,
-                    ctx.api.get("policy/v1", "poddisruptionbudgets", ns, budget))
+    return Observed(body, cluster, "", tuple(bookies), claims)
 
 
 # --- actions of this reconciler --------------------------------------------------------------------------------
@@ -243,7 +239,7 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     actions: list[Action] = [
         ConfigureAutoRecovery(ZooKeeperTarget.of(cluster), spec.auto_recovery.enabled,
                               spec.auto_recovery.lost_bookie_recovery_delay_seconds),
-        *ensure_cluster_objects(observed, cluster),
+        *apply_owned_objects(cluster),
     ]
     wanted = [b for b in observed.bookies if ordinal(b.name) < spec.replicas]
     surplus = [b for b in observed.bookies if ordinal(b.name) >= spec.replicas]
@@ -267,16 +263,18 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     return actions
 
 
-def ensure_cluster_objects(observed: Observed, cluster: BookieCluster) -> list[Action]:
-    """Service, disruption budget (its spec follows replicas), network policies, the repair account."""
-    actions: list[Action] = [Ensure(m) for m in resources.cluster_objects(cluster)]
-    budget = resources.bookie_disruption_budget(cluster)
-    if observed.budget is not None and observed.budget["spec"] != budget["spec"]:
-        actions.append(Patch(budget["apiVersion"], "poddisruptionbudgets", cluster.metadata.namespace,
-                             budget["metadata"]["name"], {"spec": budget["spec"]}))
+def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
+    """Server-side apply of everything the cluster owns whole: Service, disruption budget, network policies, the
+    repair account and executor template. Upgrades and spec changes reach them, drift is undone; applying what is
+    already there writes nothing. NetworkPolicies switched off are deleted (a no-op once gone)."""
     repair_account = cluster.spec.auto_recovery.repair.service_account_name
-    return actions + [Ensure(m) for m in resources.repair_namespace_objects(cluster.metadata.namespace,
-                                                                            repair_account)]
+    owned = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster.metadata.namespace,
+                                                                                    repair_account)
+    actions: list[Action] = [Apply(manifest) for manifest in owned]
+    if not cluster.spec.network_policy.enabled:
+        actions += [Delete(m["apiVersion"], "networkpolicies", m["metadata"]["namespace"], m["metadata"]["name"])
+                    for m in resources.network_policies(cluster)]
+    return actions
 
 
 def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[Action]:
