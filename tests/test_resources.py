@@ -125,6 +125,17 @@ def test_bookies_without_zones_spread_over_zones_and_get_default_resources(clust
     assert container["resources"]["requests"].keys() == container["resources"]["limits"].keys() == {"cpu", "memory"}
 
 
+def test_bookie_probes_allow_for_a_busy_event_loop(cluster: BookieCluster) -> None:
+    """The probes share the event loop of the data path: each waits seconds (not the 1 s default) for an answer,
+    and liveness restarts a bookie only after a minute of silence."""
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[0], "bookie-uid"))
+    (container,) = resources.bookie_pod(cluster, bookie)["spec"]["containers"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe].get("timeoutSeconds", 1) >= 5, probe
+    liveness = container["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
+
+
 def test_disruption_budget_allows_max_unavailable_bookies_down(cluster: BookieCluster) -> None:
     budget = valid(resources.bookie_disruption_budget(cluster))
     assert budget["spec"]["minAvailable"] == 3, "4 replicas, maxUnavailable 1 by default"

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 ANNOTATION_PLANNED_RESTART = "bookfleet.io/planned-restart"
 """uid of a pod the operator itself deletes (rolling upgrade, replacement): its deletion is not a loss, and its
 successor is not counted crash-looping before it has been Ready (a rollout that never gets Ready is RolloutStuck)."""
+ANNOTATION_DISRUPTION = "bookfleet.io/planned-disruption"
+"""On a Bookie whose pod was seen terminating for a planned reason (evicted through the eviction API, e.g. by a
+drain; its node shutting down): "<pod uid> <reason>". The pod's loss, once it is gone, is planned; removed when
+another pod is Ready."""
 LOST = "Lost"
 REPAIRED = "Repaired"
 AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
@@ -57,6 +61,13 @@ class DeathKind(enum.StrEnum):
     CRASH_LOOP = "CrashLooping"
     VOLUME_NODE_GONE = "VolumeNodeGone"
     VOLUMES_GONE = "VolumesGone"
+    EVICTED = "Evicted"
+    SHUT_DOWN = "ShutDown"
+
+
+PLANNED_DISRUPTIONS = {"EvictionByEvictionAPI": DeathKind.EVICTED, "TerminationByKubelet": DeathKind.SHUT_DOWN}
+"""Reasons of a pod's DisruptionTarget condition that mean planned maintenance (a drain or eviction, a graceful node
+shutdown): such a loss gets spec.autoRecovery.plannedRestartDelaySeconds."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,15 @@ def pod_failed(pod: dict | None) -> bool:
 
 def ready_condition(pod: dict) -> dict | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+
+
+def planned_disruption(pod: dict | None) -> str | None:
+    """The reason of the pod's DisruptionTarget condition, when it is one of planned maintenance."""
+    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
+                and condition.get("reason") in PLANNED_DISRUPTIONS:
+            return condition["reason"]
+    return None
 
 
 def parse_time(text: str | None) -> dt.datetime | None:
@@ -282,9 +302,15 @@ def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
         # A bookie whose first pod is still to come is new; one whose pod the operator deleted is restarting.
         if bookie.status.pod is None or planned:
             return None
+        if recorded := bookie.metadata.annotations.get(ANNOTATION_DISRUPTION):
+            reason = recorded.rpartition(" ")[2]
+            return Death(PLANNED_DISRUPTIONS.get(reason, DeathKind.POD_DELETED), rounded_up(at),
+                         f"pod {name} is gone ({reason}: planned maintenance)")
         return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone")
     if pod_failed(pod):
         why = (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase")
+        if reason := planned_disruption(pod):
+            return Death(PLANNED_DISRUPTIONS[reason], rounded_up(at), f"pod {name} stopped ({reason}: {why})")
         return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} failed ({why})")
     condition = ready_condition(pod) or {}
     deleted_at = parse_time(pod["metadata"].get("deletionTimestamp"))
@@ -407,8 +433,12 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
     bookie, name = observed.bookie, observed.bookie.metadata.name
     pod = observed.pod
     registered = pod_ready(pod) and observed.registration is not None
+    planned = _condition(plan.conditions, LOST) is not None and _condition(plan.conditions, LOST)[1] in {
+        kind.value for kind in PLANNED_DISRUPTIONS.values()}
+    planned_delay = observed.cluster.spec.auto_recovery.planned_restart_delay_seconds if planned else None
     verdict = decide_lost_bookie(lost_since.timestamp(), at.timestamp(), observed.recovery_delay,
-                                 observed.recovery_disabled, registered, data_present=observed.data_present)
+                                 observed.recovery_disabled, registered, data_present=observed.data_present,
+                                 planned_delay=planned_delay)
     if verdict.action == LostBookieAction.NOTHING:
         plan.condition(LOST, False, "BookieReturned", f"bookie {name} came back with its data", event="BookieReturned")
         return None
@@ -457,6 +487,7 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
         plan.actions.append(Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
                                   {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: None}}}))
+    plan.actions += track_disruption(observed)
     if lost_since is None and (death := find_death(observed, at)):
         lost_since = death.since
         plan.record_loss(death)
@@ -468,6 +499,23 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
               "conditions": plan.conditions}
     return Decision(status, (*plan.events, *plan.actions), plan.recheck_at)
+
+
+def track_disruption(observed: BookieObserved) -> list[Action]:
+    """Note a planned disruption while the pod terminates (once it is gone, only the Bookie remembers why), and
+    forget it once another pod is Ready."""
+    bookie, pod = observed.bookie, observed.pod
+    recorded = bookie.metadata.annotations.get(ANNOTATION_DISRUPTION)
+    reason = planned_disruption(pod)
+    value = f"{pod['metadata'].get('uid')} {reason}" if pod is not None and reason else None
+    if value and value != recorded:
+        change: str | None = value
+    elif recorded and pod_ready(pod) and not recorded.startswith(f"{pod['metadata'].get('uid')} "):
+        change = None
+    else:
+        return []
+    return [Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
+                  {"metadata": {"annotations": {ANNOTATION_DISRUPTION: change}}})]
 
 
 def crash_loop_due(observed: BookieObserved, at: dt.datetime) -> dt.datetime | None:

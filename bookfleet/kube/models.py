@@ -232,6 +232,10 @@ class AutoRecoverySpec(KubeModel):
     lost_bookie_recovery_delay_seconds: int = Field(
         60, ge=0, description="how long a lost bookie may take to come back with its data before repair starts"
     )
+    planned_restart_delay_seconds: int = Field(
+        600, ge=0, description="how long a bookie drained or evicted through the eviction API, or shut down with its "
+        "node, may take to come back with its data before repair starts (when longer than the loss delay)"
+    )
     repair: RepairSpec = Field(default_factory=RepairSpec)
 
 

@@ -319,8 +319,20 @@ def _affinity(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
     return affinity
 
 
-def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures,
+            "timeoutSeconds": timeout}
+
+
+def bookie_probes() -> dict[str, dict[str, Any]]:
+    """The bookie answers its probes on the event loop that serves the data path, so under load an answer can take
+    seconds: Kubernetes' 1 s default would fail Ready and restart busy bookies. Liveness restarts only after a
+    minute without an answer; readiness reacts within ~15 s."""
+    return {
+        "startupProbe": _probe("/healthz", period=5, failures=60, timeout=5),
+        "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=10),
+        "readinessProbe": _probe("/readyz", period=5, failures=3, timeout=5),
+    }
 
 
 def container_security_context() -> dict[str, Any]:
@@ -361,9 +373,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
             {"name": BOOKIE, "containerPort": settings.port, "protocol": "TCP"},
             {"name": "http", "containerPort": settings.http_port, "protocol": "TCP"},
         ],
-        "startupProbe": _probe("/healthz", period=5, failures=60),
-        "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        **bookie_probes(),
         "resources": cluster.spec.resources.to_wire(),
         "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()] + [SCRATCH],
         "securityContext": container_security_context(),
