@@ -148,7 +148,7 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
         assert {(group, kind, "get"), (group, kind, "create")} <= granted
     cluster = BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "bookfleet", "uid": "u"},
                                             "spec": {"zookeeper": "zk:2181"}})
-    applied = resources.cluster_objects(cluster) + resources.repair_namespace_objects("bookfleet", "bookfleet-repair")
+    applied = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster)
     for manifest in applied:  # server-side apply: create when missing, patch after
         group = manifest["apiVersion"].rpartition("/")[0]
         plural = PLURALS[manifest["kind"]]
@@ -246,6 +246,22 @@ def test_network_policy_settings_reach_the_chart_cluster_and_zookeeper() -> None
     (cluster,) = by_kind(objects, "BookieCluster")
     assert BookieCluster.model_validate(cluster).spec.network_policy.enabled is False
     assert by_kind(objects, "NetworkPolicy") == []
+
+
+def test_pod_settings_reach_the_chart_cluster() -> None:
+    """Scheduling and pull settings for bookies, repair drivers and executors go from values to the BookieCluster."""
+    pool = {"nodeSelector": {"pool": "storage"}, "imagePullSecrets": ["registry"],
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}
+    repair = {"driverPodTemplate": {"priorityClassName": "high"}, "executorPodTemplate": pool}
+    objects = render_chart({**ALL_OPTIONAL, "bookieCluster": {**ALL_OPTIONAL["bookieCluster"], "podTemplate": pool,
+                                                               "autoRecovery": {"repair": repair}}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    spec = BookieCluster.model_validate(cluster).spec
+    assert spec.pod_template.to_wire() == pool
+    assert spec.auto_recovery.repair.driver_pod_template.priority_class_name == "high"
+    assert spec.auto_recovery.repair.executor_pod_template.to_wire() == pool
+    assert spec.auto_recovery.repair.ttl_seconds_after_finished == 86400
+    assert spec.auto_recovery.planned_restart_delay_seconds == 600
 
 
 def test_operator_is_probed_for_readiness() -> None:

@@ -302,7 +302,8 @@ def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_bui
     assert set(owned) == {("Service", "bk-bookies"), ("PodDisruptionBudget", "bk-bookies"),
                           ("NetworkPolicy", "bk-bookie"), ("NetworkPolicy", "bk-repair"),
                           ("ServiceAccount", "bookfleet-repair"), ("Role", "bookfleet-repair"),
-                          ("RoleBinding", "bookfleet-repair"), ("ConfigMap", resources.executor_template_name())}
+                          ("RoleBinding", "bookfleet-repair"),
+                          ("ConfigMap", resources.executor_template_name(cluster()))}
     assert not of_type(actions, Ensure)
     changed = cluster(maxUnavailable=2, bookie={"httpPort": 8080})
     owned = applied(decide(changed, up(0, changed), up(1, changed), up(2, changed)))

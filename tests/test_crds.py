@@ -291,5 +291,6 @@ def test_the_api_server_fills_the_same_defaults_as_the_models(resource, minimal)
 def without_empty(value: Any) -> Any:
     """Empty lists and maps left out: an absent list and an empty one mean the same to the operator."""
     if isinstance(value, dict):
-        return {key: without_empty(item) for key, item in value.items() if item not in ([], {})}
+        kept = {key: without_empty(item) for key, item in value.items()}
+        return {key: item for key, item in kept.items() if item not in ([], {})}
     return value

@@ -277,7 +277,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     (template_volume,) = [v for v in pod["volumes"] if "configMap" in v]
     assert template_path.startswith(mounts[template_volume["name"]] + "/")
-    assert template_volume["configMap"]["name"] == resources.executor_template_name()
+    assert template_volume["configMap"]["name"] == resources.executor_template_name(cluster)
     assert conf["spark.kubernetes.executor.limit.cores"] == conf["spark.kubernetes.executor.request.cores"] == "1"
     assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
     application = next(arg for arg in command if arg.endswith("spark_repair.py"))
@@ -304,14 +304,12 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
 
 
-def test_repair_namespace_objects_are_namespaced_and_minimal() -> None:
-    template, account, role, binding = (
-        valid(obj) for obj in resources.repair_namespace_objects("storage", "bookfleet-repair")
-    )
+def test_repair_namespace_objects_are_namespaced_and_minimal(cluster: BookieCluster) -> None:
+    template, account, role, binding = (valid(obj) for obj in resources.repair_namespace_objects(cluster))
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
-    assert template["metadata"]["name"] == resources.executor_template_name()
+    assert template["metadata"]["name"] == resources.executor_template_name(cluster)
     executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
-    assert executor == resources.executor_pod_template()
+    assert executor == resources.executor_pod_template(cluster)
     assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER
     assert {resource for rule in role["rules"] for resource in rule["resources"]} == {"pods", "configmaps"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bookfleet-repair", "namespace": "storage"}]
@@ -332,3 +330,66 @@ def test_quantities() -> None:
     assert resources.quantity_bytes("1.5Ki") == 1536
     with pytest.raises(ValueError, match="'10GB' is not a storage quantity"):
         resources.quantity_bytes("10GB")
+
+
+OVERRIDES = {
+    "labels": {"team": "storage", resources.LABEL_COMPONENT: "mine"},
+    "annotations": {"cost-center": "42"},
+    "nodeSelector": {"pool": "storage"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["nvme"]}]}]}}},
+    "priorityClassName": "storage-critical",
+    "imagePullSecrets": ["registry"],
+    "serviceAccountName": "custom",
+}
+
+
+def overridden(cluster: BookieCluster, **spec: Any) -> BookieCluster:
+    return BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(), **spec}})
+
+
+def assert_overrides(metadata: dict[str, Any], pod_spec: dict[str, Any], component: str) -> None:
+    assert metadata["labels"]["team"] == "storage" and metadata["labels"][resources.LABEL_COMPONENT] == component
+    assert metadata["annotations"]["cost-center"] == "42"
+    assert pod_spec["nodeSelector"] == {"pool": "storage"} and pod_spec["tolerations"] == OVERRIDES["tolerations"]
+    assert pod_spec["priorityClassName"] == "storage-critical"
+    assert pod_spec["imagePullSecrets"] == [{"name": "registry"}] and pod_spec["serviceAccountName"] == "custom"
+
+
+def test_bookie_pods_take_the_clusters_pod_template(cluster: BookieCluster) -> None:
+    """Tolerations, node selection, priority, pull secrets, identity: what a real cloud's node pools need. The
+    operator's labels win (selectors rely on them) and its zone pinning is ANDed with the user's node terms."""
+    custom = overridden(cluster, podTemplate=OVERRIDES)
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(custom)[1], "bookie-uid"))
+    pod = valid(resources.bookie_pod(custom, bookie))
+    assert_overrides(pod["metadata"], pod["spec"], resources.BOOKIE)
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert [e["key"] for e in term["matchExpressions"]] == [resources.ZONE_LABEL, "disk"]
+    assert "podAntiAffinity" in pod["spec"]["affinity"], "bookies still spread over nodes"
+    plain = resources.bookie_pod(cluster, Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[1],
+                                                                       "bookie-uid")))
+    assert plain["metadata"]["annotations"][resources.ANNOTATION_CONFIG_HASH] != pod["metadata"]["annotations"][
+        resources.ANNOTATION_CONFIG_HASH], "a new pod template rolls the bookies"
+
+
+def test_repair_drivers_and_executors_take_their_pod_templates(cluster: BookieCluster, bookie: Bookie) -> None:
+    repair = {**cluster.spec.auto_recovery.repair.to_wire(), "driverPodTemplate": OVERRIDES,
+              "executorPodTemplate": {**OVERRIDES, "serviceAccountName": None}}
+    custom = overridden(cluster, autoRecovery={**cluster.spec.auto_recovery.to_wire(), "repair": repair})
+    job = valid(resources.repair_job(custom, bookie, LOST))
+    assert_overrides(job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"], resources.REPAIR)
+    executor = resources.executor_pod_template(custom)
+    assert executor["metadata"]["labels"]["team"] == "storage"
+    assert executor["spec"]["tolerations"] == OVERRIDES["tolerations"] and "serviceAccountName" not in executor["spec"]
+    assert executor["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert resources.executor_template_name(custom) != resources.executor_template_name(cluster)
+    (template,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert template["configMap"]["name"] == resources.executor_template_name(custom)
+    app = resources.spark_application(custom, bookie, LOST)["spec"]
+    for side in ("driver", "executor"):
+        assert app[side]["tolerations"] == OVERRIDES["tolerations"] and app[side]["nodeSelector"] == {"pool": "storage"}
+        assert app[side]["priorityClassName"] == "storage-critical" and app[side]["labels"]["team"] == "storage"
+        assert app[side]["labels"][resources.LABEL_COMPONENT] == resources.REPAIR
+    assert app["driver"]["serviceAccount"] == "custom" and app["imagePullSecrets"] == ["registry"]

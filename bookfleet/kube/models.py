@@ -137,6 +137,25 @@ def _whole_default(default: KubeModel) -> Any:
     )
 
 
+KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+"""A Kubernetes object kept as written (an Affinity, a Toleration): the API server validates it in the pod."""
+
+
+class PodOverrides(KubeModel):
+    """Scheduling, identity and pull settings merged into pods the operator (or Spark) builds. Labels and annotations
+    are added (the operator's own win: selectors rely on them); tolerations are added; affinity terms are added to the
+    operator's (zone pinning and bookie spreading stay); the rest is set."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[KubeObject] | None = None
+    affinity: KubeObject | None = None
+    priority_class_name: str | None = None
+    image_pull_secrets: list[str] | None = Field(None, description="names of Secrets in the namespace")
+    service_account_name: str | None = Field(None, pattern=DNS_LABEL)
+
+
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
@@ -225,6 +244,11 @@ class RepairSpec(KubeModel):
     driver_resources: ResourceRequirements = _resources_default(
         requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
     )
+    driver_pod_template: PodOverrides = Field(
+        default_factory=PodOverrides, description="the driver pod's settings; its serviceAccountName replaces "
+        "serviceAccountName above (that account then needs the repair Role's rules)"
+    )
+    executor_pod_template: PodOverrides = Field(default_factory=PodOverrides)
 
 
 class AutoRecoverySpec(KubeModel):
@@ -334,6 +358,7 @@ class BookieClusterSpec(KubeModel):
     auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
     security: Security = Field(default_factory=Security)
     persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
+    pod_template: PodOverrides = Field(default_factory=PodOverrides, description="settings of every bookie pod")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     rollout_timeout_seconds: int = Field(
         600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "

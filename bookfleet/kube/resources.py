@@ -22,6 +22,7 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     CustomResource,
+    PodOverrides,
     Retention,
     TlsMode,
     Volume,
@@ -350,6 +351,44 @@ def pod_security_context() -> dict[str, Any]:
     }
 
 
+def with_overrides(metadata: dict[str, Any], pod_spec: dict[str, Any], overrides: PodOverrides) -> None:
+    """Merge a spec's pod overrides into a pod as built (in place): see models.PodOverrides for what wins."""
+    if overrides.labels:
+        metadata["labels"] = {**overrides.labels, **metadata.get("labels", {})}
+    if overrides.annotations:
+        metadata["annotations"] = {**overrides.annotations, **metadata.get("annotations", {})}
+    if overrides.node_selector:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **overrides.node_selector}
+    if overrides.tolerations:
+        pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *overrides.tolerations]
+    if overrides.affinity:
+        pod_spec["affinity"] = merged_affinity(pod_spec.get("affinity", {}), overrides.affinity)
+    if overrides.priority_class_name:
+        pod_spec["priorityClassName"] = overrides.priority_class_name
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in overrides.image_pull_secrets]
+    if overrides.service_account_name:
+        pod_spec["serviceAccountName"] = overrides.service_account_name
+
+
+def merged_affinity(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """Both sets of affinity terms: lists are joined, except required node selector terms, which are ORed by
+    Kubernetes, so each of theirs is ANDed with each of ours (a bookie pinned to its zone stays pinned)."""
+    merged = dict(ours)
+    for key, value in theirs.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merged_affinity(merged[key], value)
+        elif key == "nodeSelectorTerms" and merged.get(key):
+            merged[key] = [{**mine, "matchExpressions": [*mine.get("matchExpressions", []),
+                                                         *other.get("matchExpressions", [])]}
+                           for mine in merged[key] for other in value]
+        elif isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = [*merged[key], *value]
+        else:
+            merged[key] = value
+    return merged
+
+
 def _scratch_volume() -> dict[str, Any]:
     return {"name": SCRATCH["name"], "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}
 
@@ -399,13 +438,11 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         pod_spec["affinity"] = affinity
     if not cluster.spec.zones:
         pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
-    manifest = owned_by({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name)),
-        "spec": pod_spec,
-    }, bookie)
-    manifest["metadata"]["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(manifest)}
+    metadata = _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name))
+    with_overrides(metadata, pod_spec, cluster.spec.pod_template)
+    manifest = owned_by({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}, bookie)
+    manifest["metadata"]["annotations"] = {**metadata.get("annotations", {}),
+                                           ANNOTATION_CONFIG_HASH: config_hash(manifest)}
     return manifest
 
 
@@ -625,30 +662,30 @@ def _executor_conf(cores: int) -> dict[str, str]:
     }
 
 
-def executor_template_name() -> str:
-    """Named by its content: the operator only creates it, so a new template after an upgrade gets a new ConfigMap
-    instead of silently keeping the old one."""
-    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text())
+def executor_template_name(cluster: BookieCluster) -> str:
+    """Named by its content (the cluster's executor settings go into it): a new template gets a new ConfigMap, and
+    clusters of one namespace with different settings do not share one."""
+    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text(cluster))
 
 
-def _executor_template_text() -> str:
-    return yaml.safe_dump(executor_pod_template(), sort_keys=False)
+def _executor_template_text(cluster: BookieCluster) -> str:
+    return yaml.safe_dump(executor_pod_template(cluster), sort_keys=False)
 
 
-def executor_pod_template() -> dict[str, Any]:
-    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "spec": {
-            "automountServiceAccountToken": False,
-            "securityContext": pod_security_context(),
-            "containers": [
-                {"name": EXECUTOR_CONTAINER, "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
-            ],
-            "volumes": [_scratch_volume()],
-        },
+def executor_pod_template(cluster: BookieCluster) -> dict[str, Any]:
+    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp, and
+    the cluster's executorPodTemplate settings (Spark adds its own labels to these)."""
+    metadata: dict[str, Any] = {}
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "containers": [
+            {"name": EXECUTOR_CONTAINER, "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
+        ],
+        "volumes": [_scratch_volume()],
     }
+    with_overrides(metadata, spec, cluster.spec.auto_recovery.repair.executor_pod_template)
+    return {"apiVersion": "v1", "kind": "Pod", **({"metadata": metadata} if metadata else {}), "spec": spec}
 
 
 def repair_job(
@@ -677,7 +714,7 @@ def repair_job(
         "volumeMounts": [SCRATCH, template],
         "securityContext": container_security_context(),
     }
-    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
+    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name(cluster)}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": repair.service_account_name,
         "automountServiceAccountToken": True,  # the driver creates and watches its executor pods
@@ -691,6 +728,8 @@ def repair_job(
         volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
     metadata = _metadata(name, namespace, job_labels)
     metadata["annotations"] = repair_annotations(bookie, lost_since)
+    pod_metadata: dict[str, Any] = {"labels": job_labels}
+    with_overrides(pod_metadata, pod_spec, repair.driver_pod_template)
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -699,10 +738,7 @@ def repair_job(
             "backoffLimit": repair.backoff_limit,
             "activeDeadlineSeconds": repair.active_deadline_seconds,
             "ttlSecondsAfterFinished": repair.ttl_seconds_after_finished,
-            "template": {
-                "metadata": {"labels": job_labels},
-                "spec": pod_spec,
-            },
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     }
     return owned_by(manifest, cluster)
@@ -746,43 +782,57 @@ def spark_application(
                 "onSubmissionFailureRetries": repair.backoff_limit,
                 "onSubmissionFailureRetryInterval": 10,
             },
-            "driver": {
+            "driver": _spark_pod(repair.driver_pod_template, pod_labels, {
                 "cores": 1,
                 "coreLimit": "1",
                 "memory": "512m",
                 "serviceAccount": repair.service_account_name,
-                "labels": pod_labels,
-                "podSecurityContext": pod_security_context(),
-                "securityContext": container_security_context(),
-                "volumeMounts": [SCRATCH],
-            },
-            "executor": {
+            }),
+            "executor": _spark_pod(repair.executor_pod_template, pod_labels, {
                 "instances": repair.executors,
                 "cores": repair.executor_cores,
                 "coreLimit": str(repair.executor_cores),
                 "memory": repair.executor_memory,
-                "labels": pod_labels,
-                "podSecurityContext": pod_security_context(),
-                "securityContext": container_security_context(),
-                "volumeMounts": [SCRATCH],
-            },
+            }),
             "volumes": [_scratch_volume()],
         },
     }
+    pull_secrets = [*(repair.driver_pod_template.image_pull_secrets or ()),
+                    *(repair.executor_pod_template.image_pull_secrets or ())]
+    if pull_secrets:
+        manifest["spec"]["imagePullSecrets"] = list(dict.fromkeys(pull_secrets))
     return owned_by(manifest, cluster)
 
 
-def repair_namespace_objects(namespace: str, service_account: str) -> list[dict[str, Any]]:
-    """What repair Jobs need in their namespace: Spark's driver account (ServiceAccount, Role and RoleBinding,
-    limited to the namespace and to REPAIR_RULES) and the executor pod template."""
+_SPARK_POD_FIELDS = {"nodeSelector": "nodeSelector", "tolerations": "tolerations", "affinity": "affinity",
+                     "priorityClassName": "priorityClassName", "serviceAccountName": "serviceAccount"}
+"""Pod fields as the Spark operator's driver and executor specs name them (image pull secrets are the
+application's)."""
+
+
+def _spark_pod(overrides: PodOverrides, pod_labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    """A SparkApplication's driver or executor: restricted, /tmp, with the pod overrides merged as for a Job."""
+    metadata: dict[str, Any] = {"labels": dict(pod_labels)}
+    pod_spec: dict[str, Any] = {}
+    with_overrides(metadata, pod_spec, overrides)
+    spark_pod = {**spec, **metadata, "podSecurityContext": pod_security_context(),
+                 "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
+    spark_pod.update({_SPARK_POD_FIELDS[key]: value for key, value in pod_spec.items() if key in _SPARK_POD_FIELDS})
+    return spark_pod
+
+
+def repair_namespace_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """What the cluster's repair Jobs need in its namespace: Spark's driver account (ServiceAccount, Role and
+    RoleBinding, limited to the namespace and to REPAIR_RULES) and the executor pod template."""
+    namespace, service_account = cluster.metadata.namespace, cluster.spec.auto_recovery.repair.service_account_name
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(executor_template_name(), namespace, meta),
-            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text()},
+            "metadata": _metadata(executor_template_name(cluster), namespace, meta),
+            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text(cluster)},
         },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
         {

@@ -267,9 +267,7 @@ def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
     """Server-side apply of everything the cluster owns whole: Service, disruption budget, network policies, the
     repair account and executor template. Upgrades and spec changes reach them, drift is undone; applying what is
     already there writes nothing. NetworkPolicies switched off are deleted (a no-op once gone)."""
-    repair_account = cluster.spec.auto_recovery.repair.service_account_name
-    owned = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster.metadata.namespace,
-                                                                                    repair_account)
+    owned = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster)
     actions: list[Action] = [Apply(manifest) for manifest in owned]
     if not cluster.spec.network_policy.enabled:
         actions += [Delete(m["apiVersion"], "networkpolicies", m["metadata"]["namespace"], m["metadata"]["name"])
