@@ -6,6 +6,7 @@ import base64
 import importlib
 import json
 import re
+import subprocess
 from typing import Any
 
 import helm_python as helm
@@ -18,6 +19,7 @@ from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
 from bookfleet.kube.api import PLURALS
 from bookfleet.kube.models import BookieCluster, cluster_problems
+from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, operator_objects, render_chart
 
 ALL_OPTIONAL = {
@@ -200,11 +202,50 @@ def test_disruption_budget_and_zone_spread_for_zookeeper() -> None:
     objects = render_chart(ALL_OPTIONAL)
     (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
     (statefulset,) = by_kind(objects, "StatefulSet")
-    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"] == {**budget["spec"], "minAvailable": 2} and "maxUnavailable" not in budget["spec"]
     pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     keys = {c["topologyKey"] for c in statefulset["spec"]["template"]["spec"]["topologySpreadConstraints"]}
     assert keys == {resources.ZONE_LABEL, resources.HOSTNAME_LABEL}
+
+
+@pytest.mark.parametrize(("replicas", "quorum"), [(3, 2), (5, 3)])
+def test_zookeeper_drains_always_leave_a_quorum(replicas: int, quorum: int) -> None:
+    objects = render_chart({"zookeeper": {"enabled": True, "replicas": replicas}})
+    (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
+    assert budget["spec"]["minAvailable"] == quorum
+
+
+def test_zookeeper_purges_old_snapshots_keeps_its_heap_inside_the_limit_and_probes_without_a_jvm() -> None:
+    """What a chart ZooKeeper hits in its first weeks: a volume filled by snapshots and transaction logs (no
+    autopurge), a kernel OOM kill (zkEnv.sh's 1000 MiB default heap at a 1Gi limit), probes that start a JVM and
+    time out on a busy node."""
+    (statefulset,) = by_kind(render_chart(ALL_OPTIONAL), "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert int(env["ZOO_AUTOPURGE_PURGEINTERVAL"]) >= 1 and int(env["ZOO_AUTOPURGE_SNAPRETAINCOUNT"]) >= 3
+    limit = resources.quantity_bytes(container["resources"]["limits"]["memory"])
+    assert int(env["ZK_SERVER_HEAP"]) * 2**20 <= 0.75 * limit
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = " ".join(container[probe]["exec"]["command"])
+        assert "zkServer.sh" not in command and "java" not in command and "/dev/tcp/127.0.0.1/2181" in command
+        assert container[probe]["timeoutSeconds"] >= 5
+        assert set(command.split("printf ")[1].split()[0].split(",")) <= set(env["ZOO_4LW_COMMANDS_WHITELIST"]
+                                                                              .split(","))
+
+
+def test_zookeeper_probes_answer_against_a_real_zookeeper(zk_server, zk) -> None:
+    """The probe commands as rendered, pointed at the test ZooKeeper: both pass once it serves, both fail on a port
+    nothing listens on (the readiness one also while a server is not in a quorum: srvr has no Mode line then).
+    `zk`: a session is open, so the server serves."""
+    (statefulset,) = by_kind(render_chart(ALL_OPTIONAL), "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    host, port = zk_server.connect.split(":")
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        for target, ok in ((f"{host}/{port}", True), (f"{host}/{free_port()}", False)):
+            pointed = [part.replace("127.0.0.1/2181", target) for part in command]
+            assert (subprocess.run(pointed, timeout=30).returncode == 0) == ok, (probe, target)
 
 
 def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
