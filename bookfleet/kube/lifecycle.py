@@ -5,7 +5,8 @@ status and actions) -> act (kube.actions). `find_death` is the one place that sa
 pod deleted or failed, not Ready on a node that is not Ready (or Terminating past its grace period there),
 crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose), Pending because its volume's
 node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets `lostSince` and a BookieLost
-Event naming the kind.
+Event naming the kind. A pod evicted through the eviction API (a drain) or stopped by a graceful node shutdown is a
+planned loss (`Evicted`, `ShutDown`): the lost-bookie rule gives it the longer planned-restart delay.
 
 What happens next is the auditor's rule (replication.lostbookie), with the delay and the disable switch that the
 cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else happens; lost, its ledgers are
