@@ -454,6 +454,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
                 change: Callable[[dict], dict] = lambda obj: json_patch(obj, patch)  # noqa: E731
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 change = lambda obj: merge_patch(obj, patch)  # noqa: E731
+            elif content_type == "application/apply-patch+yaml":
+                # Server-side apply, approximated: creates a missing object, else merges (lists replaced whole); no
+                # field ownership, so a field dropped from the applied object is not removed.
+                if not params.get("fieldManager"):
+                    raise _error(422, "Invalid", "server-side apply needs a fieldManager")
+                if self._key(rtype, namespace, name) not in self.objects:
+                    return _json(self.create(rtype, namespace, patch), status=201)
+                change = lambda obj: merge_patch(obj, patch)  # noqa: E731
             else:
                 raise _error(415, "UnsupportedMediaType", f"patch content type {content_type!r} is not supported")
             return _json(self.update(rtype, namespace, name, change, request.subresource))

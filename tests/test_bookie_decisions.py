@@ -11,7 +11,7 @@ import pytest
 from bookfleet.kube import lifecycle, repairs, resources
 from bookfleet.kube.actions import Delete, Ensure, Patch, PostEvent
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import timestamp
+from bookfleet.kube.context import ZooKeeperTarget, timestamp
 from bookfleet.kube.lifecycle import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
 from bookfleet.meta.registry import BookieInfo
@@ -269,7 +269,7 @@ def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
     decision = lifecycle.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),
                                      attempts=(job("Complete"),), remaining=()), NOW)
-    assert of_type(decision, ForgetCookie) == [ForgetCookie("zk:2181", decision.status["bookieId"])]
+    assert of_type(decision, ForgetCookie) == [ForgetCookie(ZooKeeperTarget.of(cluster()), decision.status["bookieId"])]
     assert ensured(decision) == EVERYTHING
     assert decision.status["lostSince"] is None
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")
@@ -309,6 +309,71 @@ def test_crash_looping_with_its_data_stays_lost_after_the_repair_and_keeps_its_v
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")
     assert decision.status["phase"] == "Lost"
     assert of_type(decision, Delete) == of_type(decision, LaunchRepair) == of_type(decision, ForgetCookie) == []
+
+
+def test_a_repair_whose_jobs_expired_is_not_launched_again():
+    """Repair Jobs go ttlSecondsAfterFinished after they end; a bookie that stays down with its data (Lost) keeps its
+    Repaired condition, which says the loss was repaired: no new attempt once the Jobs are gone. An earlier loss's
+    success says nothing about this one."""
+    repaired = [{"type": "Repaired", "status": "True", "reason": "RepairSucceeded",
+                 "message": "the ledgers of bookie bk-0 are fully replicated again",
+                 "lastTransitionTime": timestamp(ago(1800))}]
+    decision = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=3600, conditions=repaired), NOW)
+    assert of_type(decision, LaunchRepair) == [] and events(decision) == []
+    assert condition(decision, "Repaired") == ("True", "RepairSucceeded") and decision.status["phase"] == "Lost"
+    earlier = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=600, conditions=repaired), NOW)
+    assert [a.attempt for a in of_type(earlier, LaunchRepair)] == [0]
+
+
+def disrupted(reason: str, **pod_fields: Any) -> dict[str, Any]:
+    """A bookie pod with a DisruptionTarget condition, as the eviction API or the kubelet's shutdown manager set."""
+    found = pod(**pod_fields)
+    found["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+    return found
+
+
+DISRUPTION = lifecycle.ANNOTATION_DISRUPTION
+
+
+def test_a_drained_bookie_gets_the_planned_restart_delay_an_unplanned_loss_keeps_the_usual_one():
+    """`kubectl drain` evicts the pod through the eviction API: seen while it terminates, the reason is kept on the
+    Bookie; once the pod is gone the loss is Evicted and the repair waits for plannedRestartDelaySeconds (600 s by
+    default), not lostBookieRecoveryDelay. The same loss without the eviction starts its repair after the usual
+    delay."""
+    terminating = disrupted("EvictionByEvictionAPI", ready=False, deleted_at=ago(5))
+    seen = lifecycle.decide(observed(pod=terminating), NOW)
+    assert of_type(seen, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {
+        DISRUPTION: "u1 EvictionByEvictionAPI"}}})]
+    assert seen.status["phase"] != "Lost"
+    body = bookie_body()
+    body["metadata"]["annotations"] = {DISRUPTION: "u1 EvictionByEvictionAPI"}
+    gone = lifecycle.decide(observed(body, pod=None), NOW)
+    assert_lost(gone, DeathKind.EVICTED, NOW)
+    assert of_type(gone, LaunchRepair) == [] and gone.recheck_at == NOW + dt.timedelta(seconds=600)
+    lost_body = {**body, "status": {**gone.status}}
+    later = lifecycle.decide(observed(lost_body, pod=None), NOW + dt.timedelta(seconds=120))
+    assert of_type(later, LaunchRepair) == [], "well past lostBookieRecoveryDelay, within the planned delay"
+    assert [a.attempt for a in of_type(lifecycle.decide(observed(lost_body, pod=None),
+                                                        NOW + dt.timedelta(seconds=601)), LaunchRepair)] == [0]
+    unplanned = lifecycle.decide(lost(pod=None, since=120), NOW)
+    assert [a.attempt for a in of_type(unplanned, LaunchRepair)] == [0]
+
+
+def test_a_bookie_whose_node_shut_down_gracefully_is_a_planned_loss():
+    stopped = disrupted("TerminationByKubelet", ready=False, phase="Failed")
+    decision = lifecycle.decide(observed(pod=stopped, node_ready="False"), NOW)
+    assert_lost(decision, DeathKind.SHUT_DOWN, NOW)
+    assert of_type(decision, LaunchRepair) == [] and decision.recheck_at == NOW + dt.timedelta(seconds=600)
+    preempted = disrupted("PreemptionByScheduler", ready=False, phase="Failed")
+    assert_lost(lifecycle.decide(observed(pod=preempted), NOW), DeathKind.POD_FAILED, NOW)
+
+
+def test_the_disruption_note_goes_once_another_pod_is_ready():
+    body = bookie_body()
+    body["metadata"]["annotations"] = {DISRUPTION: "u1 EvictionByEvictionAPI"}
+    decision = lifecycle.decide(observed(body, pod=pod(uid="u2"), info=registered()), NOW)
+    assert of_type(decision, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {
+        DISRUPTION: None}}})]
 
 
 def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():

@@ -6,6 +6,7 @@ import base64
 import importlib
 import json
 import re
+import subprocess
 from typing import Any
 
 import helm_python as helm
@@ -16,7 +17,9 @@ import pytest
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
+from bookfleet.kube.api import PLURALS
 from bookfleet.kube.models import BookieCluster, cluster_problems
+from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, operator_objects, render_chart
 
 ALL_OPTIONAL = {
@@ -53,6 +56,7 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     kinds = {obj["kind"] for obj in objects}
     expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Secret"}
     expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
+    expected |= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     if name == "all-optional":
         expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap", "Job"}
         expected |= PROMETHEUS_OPERATOR_KINDS
@@ -108,6 +112,30 @@ def test_repair_account_has_exactly_what_the_builders_grant() -> None:
     assert binding["subjects"][0]["name"] == repair.service_account_name == "bookfleet-repair"
 
 
+def test_the_repair_account_may_touch_only_repair_pods() -> None:
+    """Spark's driver needs to create, label and delete its executor pods, which RBAC cannot tell from bookie pods:
+    it gets no services or volumes, and an admission policy bound with Deny confines its pod writes to pods labelled
+    as repair pods (the executors' labels, resources.repair_command)."""
+    objects = render_chart(ALL_OPTIONAL)
+    (role,) = by_kind(objects, "Role", "repair")
+    assert {resource for _, resource, _ in grants(role["rules"])} == {"pods", "configmaps"}
+    assert not any(verb in ("get", "list") for _, resource, verb in grants(role["rules"]) if resource == "configmaps")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods"] and set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    (account,) = policy["spec"]["matchConditions"]
+    assert "':bookfleet-repair'" in account["expression"]
+    label = f"'{resources.LABEL_COMPONENT}'"
+    assert all(label in v["expression"] and f"'{resources.REPAIR}'" in v["expression"]
+               for v in policy["spec"]["validations"])
+    executor_labels = resources.repair_command(BookieCluster.model_validate(by_kind(objects, "BookieCluster")[0]), "r")
+    assert f"spark.kubernetes.executor.label.{resources.LABEL_COMPONENT}={resources.REPAIR}" in executor_labels
+    assert by_kind(render_chart({"repair": {"podAdmissionPolicy": {"enabled": False}}}),
+                   "ValidatingAdmissionPolicy") == []
+
+
 def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None:
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
@@ -120,7 +148,14 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     for kind in ("poddisruptionbudgets", "networkpolicies", "configmaps"):
         group = {"poddisruptionbudgets": "policy", "networkpolicies": "networking.k8s.io"}.get(kind, "")
         assert {(group, kind, "get"), (group, kind, "create")} <= granted
-    assert ("policy", "poddisruptionbudgets", "patch") in granted, "the budget follows the cluster's replicas"
+    cluster = BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "bookfleet", "uid": "u"},
+                                            "spec": {"zookeeper": "zk:2181"}})
+    applied = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster)
+    for manifest in applied:  # server-side apply: create when missing, patch after
+        group = manifest["apiVersion"].rpartition("/")[0]
+        plural = PLURALS[manifest["kind"]]
+        assert {(group, plural, "create"), (group, plural, "patch")} <= granted, plural
+    assert ("networking.k8s.io", "networkpolicies", "delete") in granted, "spec.networkPolicy.enabled: false"
     built |= {("sparkoperator.k8s.io", "sparkapplications")} | {("bookfleet.io", p) for p in ("bookies", "ledgers")}
     for group, resource in built:
         assert {(group, resource, verb) for verb in ("get", "list", "watch", "create", "delete")} <= granted
@@ -167,11 +202,50 @@ def test_disruption_budget_and_zone_spread_for_zookeeper() -> None:
     objects = render_chart(ALL_OPTIONAL)
     (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
     (statefulset,) = by_kind(objects, "StatefulSet")
-    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"] == {**budget["spec"], "minAvailable": 2} and "maxUnavailable" not in budget["spec"]
     pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     keys = {c["topologyKey"] for c in statefulset["spec"]["template"]["spec"]["topologySpreadConstraints"]}
     assert keys == {resources.ZONE_LABEL, resources.HOSTNAME_LABEL}
+
+
+@pytest.mark.parametrize(("replicas", "quorum"), [(3, 2), (5, 3)])
+def test_zookeeper_drains_always_leave_a_quorum(replicas: int, quorum: int) -> None:
+    objects = render_chart({"zookeeper": {"enabled": True, "replicas": replicas}})
+    (budget,) = by_kind(objects, "PodDisruptionBudget", "zookeeper")
+    assert budget["spec"]["minAvailable"] == quorum
+
+
+def test_zookeeper_purges_old_snapshots_keeps_its_heap_inside_the_limit_and_probes_without_a_jvm() -> None:
+    """What a chart ZooKeeper hits in its first weeks: a volume filled by snapshots and transaction logs (no
+    autopurge), a kernel OOM kill (zkEnv.sh's 1000 MiB default heap at a 1Gi limit), probes that start a JVM and
+    time out on a busy node."""
+    (statefulset,) = by_kind(render_chart(ALL_OPTIONAL), "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert int(env["ZOO_AUTOPURGE_PURGEINTERVAL"]) >= 1 and int(env["ZOO_AUTOPURGE_SNAPRETAINCOUNT"]) >= 3
+    limit = resources.quantity_bytes(container["resources"]["limits"]["memory"])
+    assert int(env["ZK_SERVER_HEAP"]) * 2**20 <= 0.75 * limit
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = " ".join(container[probe]["exec"]["command"])
+        assert "zkServer.sh" not in command and "java" not in command and "/dev/tcp/127.0.0.1/2181" in command
+        assert container[probe]["timeoutSeconds"] >= 5
+        assert set(command.split("printf ")[1].split()[0].split(",")) <= set(env["ZOO_4LW_COMMANDS_WHITELIST"]
+                                                                              .split(","))
+
+
+def test_zookeeper_probes_answer_against_a_real_zookeeper(zk_server, zk) -> None:
+    """The probe commands as rendered, pointed at the test ZooKeeper: both pass once it serves, both fail on a port
+    nothing listens on (the readiness one also while a server is not in a quorum: srvr has no Mode line then).
+    `zk`: a session is open, so the server serves."""
+    (statefulset,) = by_kind(render_chart(ALL_OPTIONAL), "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    host, port = zk_server.connect.split(":")
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        for target, ok in ((f"{host}/{port}", True), (f"{host}/{free_port()}", False)):
+            pointed = [part.replace("127.0.0.1/2181", target) for part in command]
+            assert (subprocess.run(pointed, timeout=30).returncode == 0) == ok, (probe, target)
 
 
 def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
@@ -196,6 +270,39 @@ def test_zookeeper_only_from_the_fleet_and_labelled_clients() -> None:
     assert operator_policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080},
                                                              {"protocol": "TCP", "port": 9090}]}]
     assert by_kind(render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_network_policy_settings_reach_the_chart_cluster_and_zookeeper() -> None:
+    """networkPolicy.enabled reaches the chart's BookieCluster (whose policies the operator builds), and the extra
+    clients (Pulsar brokers in their namespace) are admitted to the bookies and to ZooKeeper alike."""
+    brokers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pulsar"}},
+               "podSelector": {"matchLabels": {"component": "broker"}}}
+    objects = render_chart({**ALL_OPTIONAL, "networkPolicy": {"clients": [brokers]}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.network_policy.to_wire() == {"enabled": True,
+                                                                                   "clients": [brokers]}
+    (zookeeper,) = by_kind(objects, "NetworkPolicy", "zookeeper")
+    assert brokers in zookeeper["spec"]["ingress"][0]["from"]
+    objects = render_chart({**ALL_OPTIONAL, "networkPolicy": {"enabled": False}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.network_policy.enabled is False
+    assert by_kind(objects, "NetworkPolicy") == []
+
+
+def test_pod_settings_reach_the_chart_cluster() -> None:
+    """Scheduling and pull settings for bookies, repair drivers and executors go from values to the BookieCluster."""
+    pool = {"nodeSelector": {"pool": "storage"}, "imagePullSecrets": ["registry"],
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}
+    repair = {"driverPodTemplate": {"priorityClassName": "high"}, "executorPodTemplate": pool}
+    objects = render_chart({**ALL_OPTIONAL, "bookieCluster": {**ALL_OPTIONAL["bookieCluster"], "podTemplate": pool,
+                                                               "autoRecovery": {"repair": repair}}})
+    (cluster,) = by_kind(objects, "BookieCluster")
+    spec = BookieCluster.model_validate(cluster).spec
+    assert spec.pod_template.to_wire() == pool
+    assert spec.auto_recovery.repair.driver_pod_template.priority_class_name == "high"
+    assert spec.auto_recovery.repair.executor_pod_template.to_wire() == pool
+    assert spec.auto_recovery.repair.ttl_seconds_after_finished == 86400
+    assert spec.auto_recovery.planned_restart_delay_seconds == 600
 
 
 def test_operator_is_probed_for_readiness() -> None:
@@ -312,10 +419,37 @@ def test_tls_and_zookeeper_auth_are_on_by_default() -> None:
     (secret,) = by_kind(objects, "Secret")
     user, _, password = base64.b64decode(secret["data"]["auth"]).decode().partition(":")
     assert user == "bookfleet" and len(password) == 32
+    assert secret["metadata"]["namespace"] == cluster["metadata"]["namespace"]
     (deployment,) = by_kind(objects, "Deployment")
-    env = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    credential = {"secretKeyRef": {"name": "bookfleet-zk-auth", "key": "auth"}}
-    assert env["BOOKFLEET_ZK_AUTH"] == {"name": "BOOKFLEET_ZK_AUTH", "valueFrom": credential}
+    env = {item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "BOOKFLEET_ZK_AUTH" not in env  # it reads each cluster's own Secret (kube/context.py)
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod spec) of every workload the chart renders."""
+    found = []
+    for obj in objects:
+        spec = obj.get("spec") or {}
+        template = (spec.get("template") or {}).get("spec")
+        if template:
+            found.append((obj["metadata"]["namespace"], template))
+    return found
+
+
+@pytest.mark.parametrize("watch", ["", "storage"])
+def test_every_secret_a_pod_refers_to_is_rendered_in_its_namespace(watch: str) -> None:
+    """A secretKeyRef or secret volume resolves in the pod's own namespace: one naming a Secret the chart puts in
+    another namespace (the watched one) leaves the pod in CreateContainerConfigError for ever."""
+    objects = render_chart({**ALL_OPTIONAL, "operator": {"watchNamespace": watch}})
+    secrets = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in by_kind(objects, "Secret")}
+    referred = []
+    for namespace, pod in pod_templates(objects):
+        for container in pod.get("containers", []) + pod.get("initContainers", []):
+            for item in container.get("env") or []:
+                if ref := (item.get("valueFrom") or {}).get("secretKeyRef"):
+                    referred.append((namespace, ref["name"]))
+        referred += [(namespace, v["secret"]["secretName"]) for v in pod.get("volumes") or [] if "secret" in v]
+    assert set(referred) <= secrets
 
 
 def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() -> None:

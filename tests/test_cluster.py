@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from bookfleet.kube.repairs import ANNOTATION_LEDGERS
+from bookfleet.kube import repairs
 from bookfleet.kube.resources import quantity_bytes
 from bookfleet.kube.scaling import ANNOTATION_RELEASED
 from bookfleet.polling import wait_for
@@ -298,8 +298,7 @@ def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(instal
 
     lost = outcome.lost_condition
     assert lost["reason"] == "NodeLost" and outcome.node in lost["message"]
-    ledgers = outcome.job["metadata"]["annotations"][ANNOTATION_LEDGERS].split(",")
-    assert str(outcome.ledger_id) in ledgers  # marked before the Job was created
+    assert repairs.bookie_key(outcome.job)[2].startswith(f"{outcome.bookie}.")  # its ledgers: in the markers
     assert outcome.job["status"].get("succeeded")
     assert outcome.seconds["repair_job_created"] <= outcome.seconds["ledger_healthy"]
     fresh = outcome.fresh_pod

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from bookfleet.kube import lifecycle, resources, scaling
-from bookfleet.kube.actions import Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent
 from bookfleet.kube.models import Bookie, BookieCluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -288,3 +288,33 @@ def test_claim_owners_follow_whenDeleted():
     actions = decide(cluster(3), up(0), up(1), up(2), claims=owned)
     assert [a.patch for a in of_type(actions, Patch, plural="persistentvolumeclaims")] == [
         {"metadata": {"ownerReferences": None}}] * 2
+
+
+def applied(actions: list) -> dict[tuple[str, str], dict]:
+    return {(a.manifest["kind"], a.manifest["metadata"]["name"]): a.manifest for a in of_type(actions, Apply)}
+
+
+def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_builds_them():
+    """Server-side apply of each owned object on every pass: a spec change or a new operator version reaches the
+    Service, budget, policies and repair account (created once and never updated before), and drift is undone."""
+    actions = decide(cluster(), up(0), up(1), up(2))
+    owned = applied(actions)
+    assert set(owned) == {("Service", "bk-bookies"), ("PodDisruptionBudget", "bk-bookies"),
+                          ("NetworkPolicy", "bk-bookie"), ("NetworkPolicy", "bk-repair"),
+                          ("ServiceAccount", "bookfleet-repair"), ("Role", "bookfleet-repair"),
+                          ("RoleBinding", "bookfleet-repair"),
+                          ("ConfigMap", resources.executor_template_name(cluster()))}
+    assert not of_type(actions, Ensure)
+    changed = cluster(maxUnavailable=2, bookie={"httpPort": 8080})
+    owned = applied(decide(changed, up(0, changed), up(1, changed), up(2, changed)))
+    assert {p["port"] for p in owned[("Service", "bk-bookies")]["spec"]["ports"]} == {3181, 8080}
+    assert owned[("PodDisruptionBudget", "bk-bookies")]["spec"]["minAvailable"] == 1
+    assert owned[("Role", "bookfleet-repair")]["rules"] == resources.REPAIR_RULES
+
+
+def test_network_policies_switched_off_are_not_applied_and_the_operators_own_are_deleted():
+    off = cluster(networkPolicy={"enabled": False})
+    actions = decide(off, up(0, off), up(1, off), up(2, off))
+    assert not [key for key in applied(actions) if key[0] == "NetworkPolicy"]
+    assert [(a.plural, a.name) for a in of_type(actions, Delete)] == [("networkpolicies", "bk-bookie"),
+                                                                        ("networkpolicies", "bk-repair")]

@@ -134,7 +134,13 @@ def test_bookie_settings_rules_match_their_cel_twins() -> None:
         BookieClusterSpec(zookeeper="zk:2181", zones=["zone-a", "zone-b", "zone-a"])
     spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rules = {rule["rule"] for rule in spec["properties"]["bookie"]["x-kubernetes-validations"]}
-    assert rules == {"self.diskUsageLwm < self.diskUsageThreshold", "self.port != self.httpPort"}
+    assert rules == {"self.diskUsageLwm < self.diskUsageThreshold", "self.port != self.httpPort",
+                     "self.port == oldSelf.port"}  # bookie ids include the port: changing it strands every ledger
+    peer = spec["properties"]["networkPolicy"]["properties"]["clients"]["items"]
+    assert [r["rule"] for r in peer["x-kubernetes-validations"]] == [
+        "has(self.namespaceSelector) || has(self.podSelector)"]
+    with pytest.raises(ValidationError, match="needs namespaceSelector or podSelector"):
+        BookieClusterSpec.model_validate({"zookeeper": "zk:2181", "networkPolicy": {"clients": [{}]}})
 
 
 def test_names_and_printer_columns() -> None:
@@ -285,5 +291,6 @@ def test_the_api_server_fills_the_same_defaults_as_the_models(resource, minimal)
 def without_empty(value: Any) -> Any:
     """Empty lists and maps left out: an absent list and an empty one mean the same to the operator."""
     if isinstance(value, dict):
-        return {key: without_empty(item) for key, item in value.items() if item not in ([], {})}
+        kept = {key: without_empty(item) for key, item in value.items()}
+        return {key: item for key, item in kept.items() if item not in ([], {})}
     return value

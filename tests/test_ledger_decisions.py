@@ -10,6 +10,7 @@ from typing import Any
 
 from bookfleet.kube import ledgers
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent
+from bookfleet.kube.context import ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
 from bookfleet.kube.models import BookieCluster, Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
@@ -64,14 +65,16 @@ def next_pass(before: ObservedLedger, actions: list[Action], **fields: Any) -> O
     return replace(before, status={**before.status, **status_of(actions)}, **fields)
 
 
-def job(name: str, attempt: int, outcome: str | None = None) -> dict:
+def job(name: str, attempt: int, outcome: str | None = None, bookie: str = "b2",
+        lost_since: str = "2026-01-02T03:04:00+00:00") -> dict:
     ended = {"Complete": {"conditions": [{"type": "Complete", "status": "True",
                                           "lastTransitionTime": "2026-01-02T03:06:00Z"}]},
              "Failed": {"conditions": [{"type": "Failed", "status": "True",
                                         "lastTransitionTime": "2026-01-02T03:06:00Z"}]},
              None: {"active": 1}}[outcome]
     return {"metadata": {"name": name, "creationTimestamp": f"2026-01-02T03:05:0{attempt}Z",
-                         "annotations": {"bookfleet.io/repair-attempt": str(attempt)}}, "status": ended}
+                         "annotations": {"bookfleet.io/repair-attempt": str(attempt), "bookfleet.io/bookie-id": bookie,
+                                         "bookfleet.io/lost-since": lost_since}}, "status": ended}
 
 
 def test_invalid_spec_says_why_once():
@@ -99,8 +102,8 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
     actions = ledgers.decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
                              rng=random.Random(1))
     reserve, create = actions[:2]
-    assert reserve == ReserveLedgerId(ZK)
-    assert isinstance(create, CreateLedgerMetadata) and create.zookeeper == ZK
+    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(cluster()))
+    assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
     assert create.metadata.password_hash == new_metadata(ensemble, 2, 2, password=b"pw").password_hash
@@ -186,8 +189,33 @@ def test_under_replication_repair_and_recovery_each_post_one_event():
         actions = ledgers.decide(current, NOW)
         assert events(actions) == expected, change
         current = next_pass(current, actions)
-    assert current.status["repair"] == {"job": "repair-1", "state": "Succeeded", "started": "2026-01-02T03:05:01Z",
-                                        "finished": "2026-01-02T03:06:00Z", "attempts": 2}
+    assert current.status["repair"] == {"job": "repair-1", "bookieId": "b2", "state": "Succeeded",
+                                        "started": "2026-01-02T03:05:01Z", "finished": "2026-01-02T03:06:00Z",
+                                        "attempts": 2}
+
+
+def test_a_repair_found_through_the_marker_that_ended_before_the_ledger_was_marked_is_not_its_repair():
+    """Repairs are found by the lost bookies the marker names (the ledger ids stay in ZooKeeper): an earlier loss
+    of the same bookie, over before this ledger was marked, never shows as this ledger's repair."""
+    marked = Marker(7, frozenset({"b2"}), int(dt.datetime(2026, 1, 3, tzinfo=dt.UTC).timestamp() * 1000), 0)
+    old = job("repair-old", 0, "Complete")  # ended 2026-01-02
+    actions = ledgers.decide(existing(marker=marked, repairs=(old,)), NOW)
+    assert status_of(actions)["repair"] is None
+    new = job("repair-new", 0, lost_since="2026-01-03T00:00:00+00:00")
+    actions = ledgers.decide(existing(marker=marked, repairs=(old, new)), NOW)
+    assert status_of(actions)["repair"]["job"] == "repair-new" and status_of(actions)["repair"]["attempts"] == 1
+
+
+def test_a_repair_still_running_is_followed_after_the_marker_is_gone():
+    """The marker goes when the ledger is repaired, before the Job ends: the Ledger keeps following that bookie's
+    repair until it ends, then keeps showing it."""
+    running = {"job": "repair-0", "bookieId": "b2", "state": "Running"}
+    assert ledgers.repaired_bookies(None, running) == ["b2"]
+    assert ledgers.repaired_bookies(None, {**running, "state": "Succeeded"}) == []
+    marker = Marker(7, frozenset({"b3", "b1"}), 0, 0)
+    assert ledgers.repaired_bookies(marker, running) == ["b1", "b3", "b2"]
+    kept = existing(status={"repair": {**running, "state": "Succeeded"}})
+    assert status_of(ledgers.decide(kept, NOW))["repair"]["state"] == "Succeeded"
 
 
 def test_under_replication_shows_in_status_and_metrics():

@@ -35,3 +35,18 @@ def test_verdicts_say_why():
     assert "disabled" in decide_lost_bookie(1.0, 2.0, 0.0, True, False, True).reason
     assert "data is gone" in decide_lost_bookie(1.0, 2.0, 0.0, False, False, False).reason
     assert "30s" in decide_lost_bookie(1.0, 2.0, 30.0, False, False, True).reason
+
+
+@pytest.mark.parametrize(
+    ("now", "planned_delay", "data_present", "action", "recheck_at"),
+    [
+        (200.0, None, True, MARK, None),  # unplanned: the usual delay (30 s) is long over
+        (200.0, 600.0, True, WAIT, 690.0),  # drained or evicted: it may take the planned-restart delay
+        (700.0, 600.0, True, MARK, None),  # and is lost once that is over too
+        (100.0, 10.0, True, WAIT, 120.0),  # a shorter planned delay never shortens the usual one
+        (200.0, 600.0, False, MARK, None),  # its data is gone: waiting longer brings nothing back
+    ],
+)
+def test_a_planned_restart_gets_the_longer_delay(now, planned_delay, data_present, action, recheck_at):
+    verdict = decide_lost_bookie(90.0, now, 30.0, False, False, data_present, planned_delay=planned_delay)
+    assert (verdict.action, verdict.recheck_at) == (action, recheck_at)

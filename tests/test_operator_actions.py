@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from typing import Any
 
-from bookfleet.kube.actions import Delete, Ensure, Patch, PatchStatus, PostEvent, act
+import kubernetes
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from bookfleet.kube import repairs, resources
+from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.api import KubeApi
 from bookfleet.kube.context import OperatorContext
+from bookfleet.kube.lifecycle import LaunchRepair
+from bookfleet.kube.models import Bookie, BookieCluster
 
 
 class RecordingApi:
@@ -67,3 +77,67 @@ def test_actions_compare_as_values() -> None:
     """decide() tests compare decided lists: equal actions are equal values."""
     assert [Delete("v1", "pods", "ns", "bk-0"), PostEvent("R", "m")] == [Delete("v1", "pods", "ns", "bk-0"),
                                                                          PostEvent("R", "m")]
+
+
+ANNOTATIONS_LIMIT = 256 * 1024
+"""The API server's limit on an object's annotations, keys and values together (TotalAnnotationSizeLimitB)."""
+
+
+class AdmittingApi:
+    """Creates what the API server would admit: objects within the annotations limit."""
+
+    def __init__(self) -> None:
+        self.created: list[dict] = []
+        self.events: list[str] = []
+
+    def ensure(self, manifest: dict) -> tuple[dict, bool]:
+        annotations = manifest["metadata"].get("annotations") or {}
+        if sum(len(key) + len(value) for key, value in annotations.items()) > ANNOTATIONS_LIMIT:
+            raise ApiException(status=422, reason="metadata.annotations: Too long: must have at most 262144 bytes")
+        self.created.append(manifest)
+        return manifest, True
+
+    def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(f"{reason}: {message}")
+
+
+@pytest.mark.parametrize("launcher", ["job", "sparkapplication"])
+def test_a_repair_of_a_bookie_with_more_ledgers_than_an_annotation_holds_is_created(monkeypatch, launcher):
+    """50,000 ledger ids would take ~390 KiB of annotations: the ledgers reach the repair through the markers in
+    ZooKeeper, so the Job is the same size whatever the bookie held."""
+    ledgers = list(range(10**6, 10**6 + 50_000))
+    monkeypatch.setattr(repairs, "mark_lost_bookie", lambda zk, bookie_id: ledgers)
+    cluster = BookieCluster.model_validate({
+        "metadata": {"name": "bk", "namespace": "ns", "uid": "c1"},
+        "spec": {"zookeeper": "zk:2181", "autoRecovery": {"repair": {"launcher": launcher}}}})
+    (bookie,) = [Bookie.model_validate({**b, "metadata": {**b["metadata"], "uid": "b0"}})
+                 for b in resources.bookies_for_cluster(cluster)[:1]]
+    api = AdmittingApi()
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    monkeypatch.setattr(ctx, "zk", lambda target: None)
+    since = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    act(ctx, {}, [LaunchRepair(cluster, bookie, since, 0)])
+    (job,) = api.created
+    assert repairs.bookie_key(job) == ("ns", "bk", bookie.spec.bookie_id)
+    assert str(ledgers[-1]) not in json.dumps(job)
+    assert api.events == [f"RepairLaunched: {job['kind']} {job['metadata']['name']} repairs 50000 ledger(s) "
+                          "(attempt 1)"]
+
+
+def test_apply_brings_an_object_an_older_operator_made_up_to_date(kube):
+    """Over HTTP (the emulator): a Service created by an earlier version, with another port, becomes what the current
+    spec builds after one pass's Apply; a missing one is created."""
+    api = KubeApi(kubernetes.config.new_client_from_config(config_file=str(kube.kubeconfig)))
+    stored = kube.create("bookieclusters", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                                            "metadata": {"name": "bk", "namespace": "default"},
+                                            "spec": {"zookeeper": "zk:2181", "bookie": {"httpPort": 8080}}})
+    cluster = BookieCluster.model_validate(stored)
+    service, budget = resources.bookies_service(cluster), resources.bookie_disruption_budget(cluster)
+    old = json.loads(json.dumps(service))
+    old["spec"]["ports"][1]["port"] = 8000
+    api.create(old)
+    ctx = OperatorContext(api)
+    act(ctx, stored, [Apply(service), Apply(budget)])
+    live = api.get("v1", "services", "default", "bk-bookies")
+    assert [p["port"] for p in live["spec"]["ports"]] == [3181, 8080]
+    assert api.get("policy/v1", "poddisruptionbudgets", "default", "bk-bookies")["spec"]["minAvailable"] == 2

@@ -81,5 +81,6 @@ def test_ledger_status_mirrors_metadata_markers_and_repairs():
     repaired = ledgers.decide_status(7, closed, marker, ledgers.repair_status([job, earlier]))
     assert (repaired["state"], repaired["lastEntryId"], repaired["length"]) == ("CLOSED", 9, 90)
     assert repaired["underReplicated"] == {"missingBookies": ["b2"], "since": "2026-01-02T03:04:05Z"}
-    assert repaired["repair"] == {"job": "repair-1", "state": "Succeeded", "started": "2026-01-02T03:05:00Z",
+    assert repaired["repair"] == {"job": "repair-1", "bookieId": None, "state": "Succeeded",
+                                  "started": "2026-01-02T03:05:00Z",
                                   "finished": "2026-01-02T03:06:00Z", "attempts": 2}

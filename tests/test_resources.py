@@ -125,6 +125,17 @@ def test_bookies_without_zones_spread_over_zones_and_get_default_resources(clust
     assert container["resources"]["requests"].keys() == container["resources"]["limits"].keys() == {"cpu", "memory"}
 
 
+def test_bookie_probes_allow_for_a_busy_event_loop(cluster: BookieCluster) -> None:
+    """The probes share the event loop of the data path: each waits seconds (not the 1 s default) for an answer,
+    and liveness restarts a bookie only after a minute of silence."""
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[0], "bookie-uid"))
+    (container,) = resources.bookie_pod(cluster, bookie)["spec"]["containers"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe].get("timeoutSeconds", 1) >= 5, probe
+    liveness = container["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
+
+
 def test_disruption_budget_allows_max_unavailable_bookies_down(cluster: BookieCluster) -> None:
     budget = valid(resources.bookie_disruption_budget(cluster))
     assert budget["spec"]["minAvailable"] == 3, "4 replicas, maxUnavailable 1 by default"
@@ -182,6 +193,32 @@ def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieClus
     assert kinds == ["Service", "PodDisruptionBudget", "NetworkPolicy", "NetworkPolicy"]
 
 
+def in_namespace(peer: dict[str, Any], namespace_labels: dict[str, str], pod_labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy peer with a namespaceSelector admits a pod of another namespace (matchLabels only)."""
+    return ("namespaceSelector" in peer and selects(peer["namespaceSelector"], namespace_labels)
+            and selects(peer.get("podSelector", {}), pod_labels))
+
+
+def test_clients_of_other_namespaces_and_switching_policies_off(cluster: BookieCluster) -> None:
+    """Pulsar brokers run in their own namespace: spec.networkPolicy.clients admits them on the bookie port; with
+    enabled false the operator builds no NetworkPolicies at all (it deletes its own, scaling.apply_owned_objects)."""
+    brokers = {"app": "pulsar-broker"}
+    pulsar = {"kubernetes.io/metadata.name": "pulsar"}
+    port = cluster.spec.bookie.port
+    (bookies_policy, _) = resources.network_policies(cluster)
+    assert not any(in_namespace(peer, pulsar, brokers) for rule in bookies_policy["spec"]["ingress"]
+                   for peer in rule.get("from", []))
+    opened = BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(), "networkPolicy": {
+        "clients": [{"namespaceSelector": {"matchLabels": pulsar}, "podSelector": {"matchLabels": brokers}}]}}})
+    (bookies_policy, _) = (valid(policy) for policy in resources.network_policies(opened))
+    (rule,) = [rule for rule in bookies_policy["spec"]["ingress"] if rule["ports"][0]["port"] == port]
+    assert any(in_namespace(peer, pulsar, brokers) for peer in rule["from"])
+    assert not any(in_namespace(peer, pulsar, {"app": "other"}) for peer in rule["from"])
+    closed = BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(),
+                                                                        "networkPolicy": {"enabled": False}}})
+    assert [obj["kind"] for obj in resources.cluster_objects(closed)] == ["Service", "PodDisruptionBudget"]
+
+
 def test_bookie_pvcs_and_headless_service(cluster: BookieCluster, bookie: Bookie) -> None:
     journal, ledgers = (valid(pvc) for pvc in resources.bookie_pvcs(cluster, bookie))
     assert [journal["metadata"]["name"], ledgers["metadata"]["name"]] == ["demo-1-journal", "demo-1-ledgers"]
@@ -232,13 +269,15 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
     assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
     assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400  # finished repairs do not pile up
+    assert conf["spark.kubernetes.driver.service.deleteOnTermination"] == "false"  # it may not touch services
     assert container["resources"] == cluster.spec.auto_recovery.repair.driver_resources.to_wire()
     assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
     template_path = conf["spark.kubernetes.executor.podTemplateFile"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     (template_volume,) = [v for v in pod["volumes"] if "configMap" in v]
     assert template_path.startswith(mounts[template_volume["name"]] + "/")
-    assert template_volume["configMap"]["name"] == resources.executor_template_name()
+    assert template_volume["configMap"]["name"] == resources.executor_template_name(cluster)
     assert conf["spark.kubernetes.executor.limit.cores"] == conf["spark.kubernetes.executor.request.cores"] == "1"
     assert {env["name"] for env in container["env"]} == {"POD_IP", "POD_NAME"}
     application = next(arg for arg in command if arg.endswith("spark_repair.py"))
@@ -261,24 +300,18 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert spec["arguments"][:2] == ["--zk", "zk.storage.svc:2181"]
     assert spec["driver"]["serviceAccount"] == "bookfleet-repair"
     assert (spec["executor"]["instances"], spec["executor"]["memory"]) == (3, "2g")
+    assert spec["timeToLiveSeconds"] == 86400
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
 
 
-def test_repair_namespace_objects_are_namespaced_and_minimal() -> None:
-    template, account, role, binding = (
-        valid(obj) for obj in resources.repair_namespace_objects("storage", "bookfleet-repair")
-    )
+def test_repair_namespace_objects_are_namespaced_and_minimal(cluster: BookieCluster) -> None:
+    template, account, role, binding = (valid(obj) for obj in resources.repair_namespace_objects(cluster))
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
-    assert template["metadata"]["name"] == resources.executor_template_name()
+    assert template["metadata"]["name"] == resources.executor_template_name(cluster)
     executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
-    assert executor == resources.executor_pod_template()
+    assert executor == resources.executor_pod_template(cluster)
     assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER
-    assert {resource for rule in role["rules"] for resource in rule["resources"]} == {
-        "pods",
-        "services",
-        "configmaps",
-        "persistentvolumeclaims",
-    }
+    assert {resource for rule in role["rules"] for resource in rule["resources"]} == {"pods", "configmaps"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bookfleet-repair", "namespace": "storage"}]
 
 
@@ -297,3 +330,66 @@ def test_quantities() -> None:
     assert resources.quantity_bytes("1.5Ki") == 1536
     with pytest.raises(ValueError, match="'10GB' is not a storage quantity"):
         resources.quantity_bytes("10GB")
+
+
+OVERRIDES = {
+    "labels": {"team": "storage", resources.LABEL_COMPONENT: "mine"},
+    "annotations": {"cost-center": "42"},
+    "nodeSelector": {"pool": "storage"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "storage", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["nvme"]}]}]}}},
+    "priorityClassName": "storage-critical",
+    "imagePullSecrets": ["registry"],
+    "serviceAccountName": "custom",
+}
+
+
+def overridden(cluster: BookieCluster, **spec: Any) -> BookieCluster:
+    return BookieCluster.model_validate({**cluster.to_wire(), "spec": {**cluster.spec.to_wire(), **spec}})
+
+
+def assert_overrides(metadata: dict[str, Any], pod_spec: dict[str, Any], component: str) -> None:
+    assert metadata["labels"]["team"] == "storage" and metadata["labels"][resources.LABEL_COMPONENT] == component
+    assert metadata["annotations"]["cost-center"] == "42"
+    assert pod_spec["nodeSelector"] == {"pool": "storage"} and pod_spec["tolerations"] == OVERRIDES["tolerations"]
+    assert pod_spec["priorityClassName"] == "storage-critical"
+    assert pod_spec["imagePullSecrets"] == [{"name": "registry"}] and pod_spec["serviceAccountName"] == "custom"
+
+
+def test_bookie_pods_take_the_clusters_pod_template(cluster: BookieCluster) -> None:
+    """Tolerations, node selection, priority, pull secrets, identity: what a real cloud's node pools need. The
+    operator's labels win (selectors rely on them) and its zone pinning is ANDed with the user's node terms."""
+    custom = overridden(cluster, podTemplate=OVERRIDES)
+    bookie = Bookie.model_validate(stored(resources.bookies_for_cluster(custom)[1], "bookie-uid"))
+    pod = valid(resources.bookie_pod(custom, bookie))
+    assert_overrides(pod["metadata"], pod["spec"], resources.BOOKIE)
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert [e["key"] for e in term["matchExpressions"]] == [resources.ZONE_LABEL, "disk"]
+    assert "podAntiAffinity" in pod["spec"]["affinity"], "bookies still spread over nodes"
+    plain = resources.bookie_pod(cluster, Bookie.model_validate(stored(resources.bookies_for_cluster(cluster)[1],
+                                                                       "bookie-uid")))
+    assert plain["metadata"]["annotations"][resources.ANNOTATION_CONFIG_HASH] != pod["metadata"]["annotations"][
+        resources.ANNOTATION_CONFIG_HASH], "a new pod template rolls the bookies"
+
+
+def test_repair_drivers_and_executors_take_their_pod_templates(cluster: BookieCluster, bookie: Bookie) -> None:
+    repair = {**cluster.spec.auto_recovery.repair.to_wire(), "driverPodTemplate": OVERRIDES,
+              "executorPodTemplate": {**OVERRIDES, "serviceAccountName": None}}
+    custom = overridden(cluster, autoRecovery={**cluster.spec.auto_recovery.to_wire(), "repair": repair})
+    job = valid(resources.repair_job(custom, bookie, LOST))
+    assert_overrides(job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"], resources.REPAIR)
+    executor = resources.executor_pod_template(custom)
+    assert executor["metadata"]["labels"]["team"] == "storage"
+    assert executor["spec"]["tolerations"] == OVERRIDES["tolerations"] and "serviceAccountName" not in executor["spec"]
+    assert executor["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert resources.executor_template_name(custom) != resources.executor_template_name(cluster)
+    (template,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert template["configMap"]["name"] == resources.executor_template_name(custom)
+    app = resources.spark_application(custom, bookie, LOST)["spec"]
+    for side in ("driver", "executor"):
+        assert app[side]["tolerations"] == OVERRIDES["tolerations"] and app[side]["nodeSelector"] == {"pool": "storage"}
+        assert app[side]["priorityClassName"] == "storage-critical" and app[side]["labels"]["team"] == "storage"
+        assert app[side]["labels"][resources.LABEL_COMPONENT] == resources.REPAIR
+    assert app["driver"]["serviceAccount"] == "custom" and app["imagePullSecrets"] == ["registry"]

@@ -32,6 +32,17 @@ class Ensure:
 
 
 @dataclass(frozen=True)
+class Apply:
+    """Server-side apply of an object the operator owns whole (its Services, budgets, policies, repair account):
+    created, brought up to date after an upgrade or a spec change, and drift undone, on every pass."""
+
+    manifest: dict[str, Any]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        ctx.api.apply(self.manifest)
+
+
+@dataclass(frozen=True)
 class Patch:
     api_version: str
     plural: str

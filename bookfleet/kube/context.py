@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import threading
 from dataclasses import dataclass, field
@@ -9,28 +10,67 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube.api import KubeApi
-from bookfleet.kube.models import Condition, ConditionStatus, set_condition
+from bookfleet.kube.api import CORE, KubeApi
+from bookfleet.kube.models import BookieCluster, Condition, ConditionStatus, set_condition
+from bookfleet.kube.resources import ZK_AUTH_KEY
 from bookfleet.meta import zk as zkclient
+
+
+class CredentialMissing(LookupError):
+    """A cluster names a ZooKeeper credential Secret that does not exist (yet) or lacks the key."""
+
+
+@dataclass(frozen=True)
+class ZooKeeperTarget:
+    """A cluster's ZooKeeper as the operator reaches it: connect string, and the Secret holding the credential its
+    nodes are locked to (None: an open ZooKeeper). Decided actions carry it, so each writes with its own cluster's
+    identity."""
+
+    connect: str
+    namespace: str
+    auth_secret: str | None = None
+
+    @classmethod
+    def of(cls, cluster: BookieCluster) -> ZooKeeperTarget:
+        return cls(cluster.spec.zookeeper, cluster.metadata.namespace, cluster.spec.security.zookeeper_auth_secret)
 
 
 @dataclass
 class OperatorContext:
-    """Shared by all handlers; ZooKeeper sessions are opened once per connect string and reused."""
+    """Shared by all handlers. ZooKeeper sessions are opened once per (connect string, credential) and reused; each
+    cluster's credential is read once from its Secret (the nodes' ACLs name it, so it cannot change under them)."""
 
     api: KubeApi
     zk_override: str | None = None
-    _sessions: dict[str, KazooClient] = field(default_factory=dict)
+    _sessions: dict[tuple[str, str], KazooClient] = field(default_factory=dict)
+    _credentials: dict[tuple[str, str], str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def zk(self, connect: str) -> KazooClient:
-        """A live session to a cluster's ZooKeeper (`--zk` replaces every cluster's own string when given)."""
-        connect = self.zk_override or connect
+    def zk(self, target: ZooKeeperTarget) -> KazooClient:
+        """A live session to a cluster's ZooKeeper with that cluster's credential (`--zk` replaces every cluster's
+        own connect string when given, never its credential)."""
+        connect = self.zk_override or target.connect
+        auth = self.credential(target)
         with self._lock:
-            client = self._sessions.get(connect)
+            client = self._sessions.get((connect, auth))
             if client is None:
-                client = self._sessions[connect] = zkclient.connect(connect)
+                client = self._sessions[(connect, auth)] = zkclient.connect(connect, auth=auth)
             return client
+
+    def credential(self, target: ZooKeeperTarget) -> str:
+        """The cluster's credential from its Secret, "" for none; raises CredentialMissing (the pass fails, logged,
+        and is retried) while the Secret is not there."""
+        if target.auth_secret is None:
+            return zkclient.NO_AUTH
+        key = (target.namespace, target.auth_secret)
+        if key not in self._credentials:
+            secret = self.api.get(CORE, "secrets", target.namespace, target.auth_secret)
+            data = (secret or {}).get("data") or {}
+            if ZK_AUTH_KEY not in data:
+                raise CredentialMissing(f"Secret {target.namespace}/{target.auth_secret} with key {ZK_AUTH_KEY!r} "
+                                        "(the cluster's zookeeperAuthSecret) not found")
+            self._credentials[key] = base64.b64decode(data[ZK_AUTH_KEY]).decode().strip()
+        return self._credentials[key]
 
     def close(self) -> None:
         with self._lock:

@@ -93,28 +93,28 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
                            stopped, INTERVAL)
 
 
-def _by_ledger(body: kopf.Body) -> dict[repairs.LedgerKey, dict]:
-    job = dict(body)  # one copy, shared (read only) by every ledger the repair covers
-    return {key: job for key in repairs.ledger_keys(job)}
+def _by_bookie(body: kopf.Body) -> dict[repairs.BookieKey, dict]:
+    key = repairs.bookie_key(dict(body))
+    return {} if key is None else {key: dict(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=resources.REPAIR_SELECTOR)
-def repair_jobs_by_ledger(body: kopf.Body, **_: Any) -> dict[repairs.LedgerKey, dict]:
-    return _by_ledger(body)
+def repair_jobs_by_bookie(body: kopf.Body, **_: Any) -> dict[repairs.BookieKey, dict]:
+    return _by_bookie(body)
 
 
 @kopf.index("sparkoperator.k8s.io", "v1beta2", "sparkapplications", labels=resources.REPAIR_SELECTOR)
-def spark_repairs_by_ledger(body: kopf.Body, **_: Any) -> dict[repairs.LedgerKey, dict]:
-    return _by_ledger(body)
+def spark_repairs_by_bookie(body: kopf.Body, **_: Any) -> dict[repairs.BookieKey, dict]:
+    return _by_bookie(body)
 
 
 @kopf.timer(GROUP, VERSION, "ledgers", interval=INTERVAL)
-def sync_ledger(body: kopf.Body, repair_jobs_by_ledger: kopf.Index, spark_repairs_by_ledger: kopf.Index,
+def sync_ledger(body: kopf.Body, repair_jobs_by_bookie: kopf.Index, spark_repairs_by_bookie: kopf.Index,
                 **_: Any) -> None:
     """Repair state comes from the two indexes above (kept from the watch): no LIST per Ledger."""
     with metrics.reconciling("ledgers"):
-        ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_ledger.get(key, ()),
-                                                         *spark_repairs_by_ledger.get(key, ())])
+        ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_bookie.get(key, ()),
+                                                         *spark_repairs_by_bookie.get(key, ())])
 
 
 @kopf.on.event(GROUP, VERSION, "ledgers")

@@ -22,7 +22,7 @@ from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
 from bookfleet.kube import metrics, repairs
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, now, patch_status, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
 from bookfleet.kube.models import (
     DATA_LOSS,
     VALID,
@@ -44,7 +44,7 @@ DELETED = "DELETED"
 """status.state of a Ledger whose metadata was deleted from ZooKeeper after the operator had seen it."""
 PROBLEM = {VALID: ConditionStatus.FALSE, CREATED: ConditionStatus.FALSE, DATA_LOSS: ConditionStatus.TRUE}
 """The status of each condition that needs attention: turning to it posts a Warning named by the reason."""
-RepairsOf = Callable[[repairs.LedgerKey], Iterable[dict]]
+RepairsOf = Callable[[repairs.BookieKey], Iterable[dict]]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ObservedLedger:
 class ReserveLedgerId:
     """Take a cluster-unique id and record it in status before anything is created under it."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         patch_status(ctx, "ledgers", body, {"ledgerId": MetadataStore(ctx.zk(self.zookeeper)).new_ledger_id()})
@@ -96,7 +96,7 @@ class ReserveLedgerId:
 class CreateLedgerMetadata:
     """Create the ledger's metadata under the id in status (reserved by this pass or an interrupted one)."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     metadata: LedgerMetadata
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
@@ -116,8 +116,8 @@ class RecordLedgerHealth:
 
 
 def sync(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> None:
-    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs covering a
-    ledger in the operator's index.
+    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs of a lost
+    bookie in the operator's index.
 
     A Ledger not yet seen in ZooKeeper is read afresh: the timer's copy may predate the last pass's status patch,
     and creating from it would reserve a second id and create a second ledger. Existing ones (nearly all) cost no
@@ -144,7 +144,7 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
                        cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
     if observed.cluster is None:
         return observed
-    zk = ctx.zk(observed.cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(observed.cluster))
     ledger_id = observed.ledger_id
     if ledger_id is not None:
         try:
@@ -153,9 +153,11 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
             pass
         else:
             under_replication = UnderReplication(zk)
-            return replace(observed, metadata=metadata, marker=under_replication.marker(ledger_id),
-                           loss=under_replication.data_loss(ledger_id),
-                           repairs=tuple(repairs_of((namespace, observed.cluster.metadata.name, ledger_id))))
+            marker = under_replication.marker(ledger_id)
+            keys = [(namespace, observed.cluster.metadata.name, bookie) for bookie in repaired_bookies(
+                marker, observed.status.get("repair"))]
+            return replace(observed, metadata=metadata, marker=marker, loss=under_replication.data_loss(ledger_id),
+                           repairs=tuple(job for key in keys for job in repairs_of(key)))
     if not observed.creatable:
         return observed
     try:
@@ -163,6 +165,16 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
     except LookupError as exc:
         return replace(observed, password_problem=str(exc))
     return replace(observed, writable=tuple(BookieRegistry(zk).writable()), password=password)
+
+
+def repaired_bookies(marker: Marker | None, previous: Mapping[str, Any] | None) -> list[str]:
+    """The bookies whose repairs may cover the ledger: those its marker names, and the one of the repair its status
+    shows while that has not ended (the marker goes as soon as the ledger is repaired, before the Job ends)."""
+    bookies = sorted(marker.missing_bookies) if marker else []
+    previous = previous or {}
+    if previous.get("bookieId") and previous.get("state") not in (RepairState.SUCCEEDED, RepairState.FAILED):
+        bookies.append(previous["bookieId"])
+    return list(dict.fromkeys(bookies))
 
 
 def read_password(ctx: OperatorContext, ledger: Ledger) -> bytes:
@@ -207,8 +219,9 @@ def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | N
     except NotEnoughBookies as exc:
         return report(observed, moment, {}, validity, condition(CREATED, False, "NotEnoughBookies", str(exc)))
     metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type, observed.password)
-    reserve: list[Action] = [ReserveLedgerId(cluster.spec.zookeeper)] if ledger_id is None else []
-    return [*reserve, CreateLedgerMetadata(cluster.spec.zookeeper, metadata),
+    zookeeper = ZooKeeperTarget.of(cluster)
+    reserve: list[Action] = [ReserveLedgerId(zookeeper)] if ledger_id is None else []
+    return [*reserve, CreateLedgerMetadata(zookeeper, metadata),
             *mirror(observed, moment, metadata, validity)]
 
 
@@ -217,7 +230,8 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
     """A ledger that exists: its metadata, under-replication, latest repair and data loss in status."""
     ledger_id = observed.ledger_id
     loss = observed.loss
-    status = decide_status(ledger_id, metadata, observed.marker, repair_status(observed.repairs))
+    repair = repair_status(observed.repairs, observed.marker) or observed.status.get("repair")
+    status = decide_status(ledger_id, metadata, observed.marker, repair)
     conditions = [validity, condition(DATA_LOSS, True, "EntriesLost", f"no replica holds entries "
                                                                       f"{list(loss.entries)[:20]}")
                   if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
@@ -295,15 +309,29 @@ def decide_status(ledger_id: int | None, metadata: LedgerMetadata, marker: Marke
     }
 
 
-def repair_status(covering: Iterable[dict]) -> dict | None:
-    """The latest of the repair Jobs covering a ledger (from the operator's index), as the Ledger's status shows it."""
-    attempts = sorted(covering, key=repairs.attempt_order)
-    if not attempts:
+CLOCK_SLACK = dt.timedelta(seconds=60)
+"""Markers carry ZooKeeper's clock, Jobs the API server's: a repair that ended this much before a marker was made
+still counts as ended before it."""
+
+
+def repair_status(candidates: Iterable[dict], marker: Marker | None = None) -> dict | None:
+    """The latest repair of the ledger's lost bookies, as the Ledger's status shows it (None: none found; the status
+    keeps the one it showed). A repair of one loss may take several attempts; one that ended before the ledger was
+    marked did not cover it."""
+    marked = None if marker is None else dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC) - CLOCK_SLACK
+    losses: dict[tuple[str | None, str | None], list[dict]] = {}
+    for job in sorted(candidates, key=repairs.attempt_order):
+        losses.setdefault(repairs.loss_of(job), []).append(job)
+    current = [attempts for attempts in losses.values()
+               if marked is None or (ended := repairs.finished_at(attempts[-1])) is None or ended >= marked]
+    if not current:
         return None
+    attempts = max(current, key=lambda each: repairs.attempt_order(each[-1]))
     job = attempts[-1]
     finished = repairs.finished_at(job)
     return {
         "job": job["metadata"]["name"],
+        "bookieId": repairs.loss_of(job)[0],
         "state": repairs.job_state(job).value,
         "started": job["metadata"].get("creationTimestamp"),
         "finished": timestamp(finished) if finished else None,

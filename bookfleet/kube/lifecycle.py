@@ -5,7 +5,8 @@ status and actions) -> act (kube.actions). `find_death` is the one place that sa
 pod deleted or failed, not Ready on a node that is not Ready (or Terminating past its grace period there),
 crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose), Pending because its volume's
 node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets `lostSince` and a BookieLost
-Event naming the kind.
+Event naming the kind. A pod evicted through the eviction API (a drain) or stopped by a graceful node shutdown is a
+planned loss (`Evicted`, `ShutDown`): the lost-bookie rule gives it the longer planned-restart delay.
 
 What happens next is the auditor's rule (replication.lostbookie), with the delay and the disable switch that the
 cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else happens; lost, its ledgers are
@@ -29,7 +30,7 @@ from kazoo.client import KazooClient
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.context import OperatorContext, conditions_with, now, rounded_up, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 ANNOTATION_PLANNED_RESTART = "bookfleet.io/planned-restart"
 """uid of a pod the operator itself deletes (rolling upgrade, replacement): its deletion is not a loss, and its
 successor is not counted crash-looping before it has been Ready (a rollout that never gets Ready is RolloutStuck)."""
+ANNOTATION_DISRUPTION = "bookfleet.io/planned-disruption"
+"""On a Bookie whose pod was seen terminating for a planned reason (evicted through the eviction API, e.g. by a
+drain; its node shutting down): "<pod uid> <reason>". The pod's loss, once it is gone, is planned; removed when
+another pod is Ready."""
 LOST = "Lost"
 REPAIRED = "Repaired"
 AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
@@ -57,6 +62,13 @@ class DeathKind(enum.StrEnum):
     CRASH_LOOP = "CrashLooping"
     VOLUME_NODE_GONE = "VolumeNodeGone"
     VOLUMES_GONE = "VolumesGone"
+    EVICTED = "Evicted"
+    SHUT_DOWN = "ShutDown"
+
+
+PLANNED_DISRUPTIONS = {"EvictionByEvictionAPI": DeathKind.EVICTED, "TerminationByKubelet": DeathKind.SHUT_DOWN}
+"""Reasons of a pod's DisruptionTarget condition that mean planned maintenance (a drain or eviction, a graceful node
+shutdown): such a loss gets spec.autoRecovery.plannedRestartDelaySeconds."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class LaunchRepair:
 class ForgetCookie:
     """Let a replaced bookie start empty under its old id (its ledgers are elsewhere by now)."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     bookie_id: str
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
@@ -166,6 +178,15 @@ def pod_failed(pod: dict | None) -> bool:
 
 def ready_condition(pod: dict) -> dict | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+
+
+def planned_disruption(pod: dict | None) -> str | None:
+    """The reason of the pod's DisruptionTarget condition, when it is one of planned maintenance."""
+    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
+                and condition.get("reason") in PLANNED_DISRUPTIONS:
+            return condition["reason"]
+    return None
 
 
 def parse_time(text: str | None) -> dt.datetime | None:
@@ -254,7 +275,7 @@ def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
     pod = ctx.api.get(CORE, "pods", ns, name)
     serving = pod_ready(pod)
     node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
-    zk = ctx.zk(cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
     under_replication = UnderReplication(zk)
     disabled = under_replication.is_disabled()
     lost_since = bookie.status.lost_since
@@ -282,9 +303,15 @@ def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
         # A bookie whose first pod is still to come is new; one whose pod the operator deleted is restarting.
         if bookie.status.pod is None or planned:
             return None
+        if recorded := bookie.metadata.annotations.get(ANNOTATION_DISRUPTION):
+            reason = recorded.rpartition(" ")[2]
+            return Death(PLANNED_DISRUPTIONS.get(reason, DeathKind.POD_DELETED), rounded_up(at),
+                         f"pod {name} is gone ({reason}: planned maintenance)")
         return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone")
     if pod_failed(pod):
         why = (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase")
+        if reason := planned_disruption(pod):
+            return Death(PLANNED_DISRUPTIONS[reason], rounded_up(at), f"pod {name} stopped ({reason}: {why})")
         return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} failed ({why})")
     condition = ready_condition(pod) or {}
     deleted_at = parse_time(pod["metadata"].get("deletionTimestamp"))
@@ -388,11 +415,18 @@ def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
                      for claim in observed.claims if claim.exists and not claim.terminating]
     if pod is not None or any(claim.exists for claim in observed.claims):
         return False  # next pass, once they are gone
-    plan.actions += [ForgetCookie(observed.cluster.spec.zookeeper, bookie.spec.bookie_id),
+    plan.actions += [ForgetCookie(ZooKeeperTarget.of(observed.cluster), bookie.spec.bookie_id),
                      *volumes_and_pod(observed)]
     plan.condition(LOST, False, "Replaced", f"bookie {name} rejoins empty, with fresh volumes and a fresh cookie",
                    event="BookieReplaced")
     return True
+
+
+def repaired_since(conditions: Sequence[dict], lost_since: dt.datetime) -> bool:
+    """The Repaired condition turned True after this loss began: its repair succeeded, whatever became of its Jobs."""
+    found = next((c for c in conditions if c["type"] == REPAIRED), None)
+    when = parse_time(found.get("lastTransitionTime")) if found and found.get("status") == "True" else None
+    return when is not None and when >= lost_since
 
 
 def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
@@ -400,8 +434,12 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
     bookie, name = observed.bookie, observed.bookie.metadata.name
     pod = observed.pod
     registered = pod_ready(pod) and observed.registration is not None
+    planned = _condition(plan.conditions, LOST) is not None and _condition(plan.conditions, LOST)[1] in {
+        kind.value for kind in PLANNED_DISRUPTIONS.values()}
+    planned_delay = observed.cluster.spec.auto_recovery.planned_restart_delay_seconds if planned else None
     verdict = decide_lost_bookie(lost_since.timestamp(), at.timestamp(), observed.recovery_delay,
-                                 observed.recovery_disabled, registered, data_present=observed.data_present)
+                                 observed.recovery_disabled, registered, data_present=observed.data_present,
+                                 planned_delay=planned_delay)
     if verdict.action == LostBookieAction.NOTHING:
         plan.condition(LOST, False, "BookieReturned", f"bookie {name} came back with its data", event="BookieReturned")
         return None
@@ -416,7 +454,10 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
         elif verdict.recheck_at is not None:
             plan.recheck_at = dt.datetime.fromtimestamp(verdict.recheck_at, dt.UTC)
         return lost_since
-    step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
+    if repaired_since(plan.conditions, lost_since):  # its Jobs may be gone (ttlSecondsAfterFinished)
+        step = repairs.RepairStep(repairs.Outcome.REPAIRED)
+    else:
+        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
     if step.launch is not None:
         plan.actions.append(LaunchRepair(observed.cluster, bookie, lost_since, step.launch))
     if step.outcome == repairs.Outcome.REPAIRED:
@@ -447,6 +488,7 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
         plan.actions.append(Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
                                   {"metadata": {"annotations": {ANNOTATION_PLANNED_RESTART: None}}}))
+    plan.actions += track_disruption(observed)
     if lost_since is None and (death := find_death(observed, at)):
         lost_since = death.since
         plan.record_loss(death)
@@ -458,6 +500,23 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
               "conditions": plan.conditions}
     return Decision(status, (*plan.events, *plan.actions), plan.recheck_at)
+
+
+def track_disruption(observed: BookieObserved) -> list[Action]:
+    """Note a planned disruption while the pod terminates (once it is gone, only the Bookie remembers why), and
+    forget it once another pod is Ready."""
+    bookie, pod = observed.bookie, observed.pod
+    recorded = bookie.metadata.annotations.get(ANNOTATION_DISRUPTION)
+    reason = planned_disruption(pod)
+    value = f"{pod['metadata'].get('uid')} {reason}" if pod is not None and reason else None
+    if value and value != recorded:
+        change: str | None = value
+    elif recorded and pod_ready(pod) and not recorded.startswith(f"{pod['metadata'].get('uid')} "):
+        change = None
+    else:
+        return []
+    return [Patch(CUSTOM, "bookies", bookie.metadata.namespace, bookie.metadata.name,
+                  {"metadata": {"annotations": {ANNOTATION_DISRUPTION: change}}})]
 
 
 def crash_loop_due(observed: BookieObserved, at: dt.datetime) -> dt.datetime | None:

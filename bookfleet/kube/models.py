@@ -137,6 +137,25 @@ def _whole_default(default: KubeModel) -> Any:
     )
 
 
+KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+"""A Kubernetes object kept as written (an Affinity, a Toleration): the API server validates it in the pod."""
+
+
+class PodOverrides(KubeModel):
+    """Scheduling, identity and pull settings merged into pods the operator (or Spark) builds. Labels and annotations
+    are added (the operator's own win: selectors rely on them); tolerations are added; affinity terms are added to the
+    operator's (zone pinning and bookie spreading stay); the rest is set."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[KubeObject] | None = None
+    affinity: KubeObject | None = None
+    priority_class_name: str | None = None
+    image_pull_secrets: list[str] | None = Field(None, description="names of Secrets in the namespace")
+    service_account_name: str | None = Field(None, pattern=DNS_LABEL)
+
+
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
@@ -176,10 +195,12 @@ class BookieSettings(KubeModel):
         json_schema_extra=_validations(
             ("self.diskUsageLwm < self.diskUsageThreshold", "diskUsageLwm must be below diskUsageThreshold"),
             ("self.port != self.httpPort", "port and httpPort must differ"),
+            ("self.port == oldSelf.port", "bookie.port is immutable: every bookie's id, in ZooKeeper and in every "
+             "ledger's ensemble, includes it"),
         )
     )
 
-    port: int = Field(3181, ge=1, le=65535)
+    port: int = Field(3181, ge=1, le=65535, description="immutable: part of every bookie's id")
     http_port: int = Field(8000, ge=1, le=65535)
     disk_usage_threshold: float = Field(0.95, gt=0, le=1, description="above this usage the bookie turns read-only")
     disk_usage_lwm: float = Field(0.90, gt=0, le=1, description="below this usage a read-only bookie is writable again")
@@ -216,15 +237,28 @@ class RepairSpec(KubeModel):
         3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
     )
     executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    ttl_seconds_after_finished: int = Field(
+        86400, ge=0, description="a finished repair (Job or SparkApplication) is deleted this long after it ends; "
+        "the Bookie's Repaired condition keeps its outcome"
+    )
     driver_resources: ResourceRequirements = _resources_default(
         requests={"cpu": "500m", "memory": "1536Mi"}, limits={"cpu": "2", "memory": "2Gi"}
     )
+    driver_pod_template: PodOverrides = Field(
+        default_factory=PodOverrides, description="the driver pod's settings; its serviceAccountName replaces "
+        "serviceAccountName above (that account then needs the repair Role's rules)"
+    )
+    executor_pod_template: PodOverrides = Field(default_factory=PodOverrides)
 
 
 class AutoRecoverySpec(KubeModel):
     enabled: bool = True
     lost_bookie_recovery_delay_seconds: int = Field(
         60, ge=0, description="how long a lost bookie may take to come back with its data before repair starts"
+    )
+    planned_restart_delay_seconds: int = Field(
+        600, ge=0, description="how long a bookie drained or evicted through the eviction API, or shut down with its "
+        "node, may take to come back with its data before repair starts (when longer than the loss delay)"
     )
     repair: RepairSpec = Field(default_factory=RepairSpec)
 
@@ -245,6 +279,47 @@ class Security(KubeModel):
     zookeeper_auth_secret: str | None = Field(
         None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
     )
+
+
+class LabelSelectorRequirement(KubeModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(KubeModel):
+    """A Kubernetes label selector; empty selects everything."""
+
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[LabelSelectorRequirement] | None = None
+
+
+class NetworkPeer(KubeModel):
+    """Client pods allowed to reach the bookie port, as a NetworkPolicy peer: pods matching podSelector (all, when
+    absent) in namespaces matching namespaceSelector (the cluster's own namespace, when absent)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(("has(self.namespaceSelector) || has(self.podSelector)",
+                                        "a client peer needs namespaceSelector or podSelector"))
+    )
+
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> NetworkPeer:
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise ValueError("a client peer needs namespaceSelector or podSelector")
+        return self
+
+
+class NetworkPolicySpec(KubeModel):
+    """The cluster's NetworkPolicies (bookie port and repair pods). Always admitted: the cluster's own pods, the
+    operator, and pods of the cluster's namespace labelled `bookfleet.io/client: "true"`; `clients` adds others,
+    e.g. Pulsar brokers in their own namespace."""
+
+    enabled: bool = Field(True, description="false: the operator creates no NetworkPolicies (and removes its own)")
+    clients: list[NetworkPeer] = Field(default_factory=list, description="more peers allowed on the bookie port")
 
 
 class Retention(enum.StrEnum):
@@ -283,6 +358,8 @@ class BookieClusterSpec(KubeModel):
     auto_recovery: AutoRecoverySpec = Field(default_factory=AutoRecoverySpec)
     security: Security = Field(default_factory=Security)
     persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
+    pod_template: PodOverrides = Field(default_factory=PodOverrides, description="settings of every bookie pod")
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     rollout_timeout_seconds: int = Field(
         600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "
         "the rollout (condition RolloutStuck); it is never counted lost"
@@ -419,6 +496,7 @@ class RepairState(enum.StrEnum):
 
 class RepairStatus(StatusModel):
     job: str | None = None
+    bookie_id: str | None = Field(None, description="the lost bookie whose ledgers the repair copies elsewhere")
     state: RepairState | None = None
     started: dt.datetime | None = None
     finished: dt.datetime | None = None

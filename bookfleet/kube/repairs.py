@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from bookfleet.kube import resources
 from bookfleet.kube.api import BATCH, SPARK, KubeApi
-from bookfleet.kube.context import OperatorContext, now
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
@@ -24,7 +24,6 @@ from bookfleet.replication.auditor import mark_lost_bookie
 log = logging.getLogger(__name__)
 
 ANNOTATION_ATTEMPT = "bookfleet.io/repair-attempt"
-ANNOTATION_LEDGERS = "bookfleet.io/ledgers"
 RETRY_BASE_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
 MAX_ATTEMPTS = 6
@@ -72,6 +71,12 @@ def finished_at(job: dict) -> dt.datetime | None:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
 
 
+def loss_of(job: dict) -> tuple[str | None, str | None]:
+    """(bookie id, loss time) of a repair: the attempts of one loss share it."""
+    annotations = job["metadata"].get("annotations") or {}
+    return annotations.get(resources.ANNOTATION_BOOKIE_ID), annotations.get(resources.ANNOTATION_LOST_SINCE)
+
+
 def attempt_order(job: dict) -> tuple[str, int]:
     """Sort key of repair Jobs: oldest attempt first."""
     return job["metadata"].get("creationTimestamp", ""), int(job["metadata"].get("annotations", {}).get(
@@ -87,17 +92,18 @@ def repair_jobs(api: KubeApi, namespace: str, cluster: str, bookie: str | None =
     return sorted(jobs, key=attempt_order)
 
 
-LedgerKey = tuple[str, str, int]
-"""(namespace, cluster, ledger id): how the operator's index of repair Jobs is keyed."""
+BookieKey = tuple[str, str, str]
+"""(namespace, cluster, bookie id): how the operator's index of repair Jobs is keyed. A Ledger finds its repairs
+through the bookies its under-replication marker names: the ledger ids themselves stay in ZooKeeper."""
 
 
-def ledger_keys(job: dict) -> list[LedgerKey]:
-    """The ledgers a repair Job or SparkApplication covers, as keys of the repair index (kube.handlers keeps it
-    from the watch, so a Ledger's status costs no LIST)."""
+def bookie_key(job: dict) -> BookieKey | None:
+    """The key of a repair Job or SparkApplication in the repair index (kube.handlers keeps it from the watch, so a
+    Ledger's status costs no LIST)."""
     meta = job["metadata"]
     cluster = (meta.get("labels") or {}).get(resources.LABEL_CLUSTER)
-    covered = (meta.get("annotations") or {}).get(ANNOTATION_LEDGERS) or ""
-    return [(meta["namespace"], cluster, int(i)) for i in covered.split(",") if i.isdigit()] if cluster else []
+    bookie_id = (meta.get("annotations") or {}).get(resources.ANNOTATION_BOOKIE_ID)
+    return (meta["namespace"], cluster, bookie_id) if cluster and bookie_id else None
 
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
@@ -109,15 +115,12 @@ def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
 
 def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime, attempt: int) -> dict:
     """Mark the bookie's ledgers and create attempt `attempt` of the repair (a no-op if it exists)."""
-    zk = ctx.zk(cluster.spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
     ledgers = mark_lost_bookie(zk, bookie.spec.bookie_id)
     launcher = cluster.spec.auto_recovery.repair.launcher
     build = resources.spark_application if launcher == RepairLauncher.SPARK_APPLICATION else resources.repair_job
-    manifest = build(cluster, bookie, since, (), attempt)
-    manifest["metadata"]["annotations"].update({
-        ANNOTATION_ATTEMPT: str(attempt),
-        ANNOTATION_LEDGERS: ",".join(map(str, ledgers)),
-    })
+    manifest = build(cluster, bookie, since, (), attempt)  # the job reads the ledgers from the markers
+    manifest["metadata"]["annotations"][ANNOTATION_ATTEMPT] = str(attempt)
     job, created = ctx.api.ensure(manifest)
     if created:
         log.info("launched repair %s of bookie %s (%d ledgers)", job["metadata"]["name"], bookie.metadata.name,
@@ -151,7 +154,7 @@ def observe_repair(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie,
                                             bookie.metadata.name) if j["metadata"]["name"] in names)
     if not attempts or job_state(attempts[-1]) != RepairState.SUCCEEDED:
         return RepairObserved(attempts)
-    left = remaining_ledgers(ctx.zk(cluster.spec.zookeeper), bookie.spec.bookie_id)
+    left = remaining_ledgers(ctx.zk(ZooKeeperTarget.of(cluster)), bookie.spec.bookie_id)
     if left:
         log.warning("repair %s succeeded but %d ledger(s) still need %s", attempts[-1]["metadata"]["name"], len(left),
                     bookie.spec.bookie_id)
@@ -182,7 +185,7 @@ def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime) -> 
 
 def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
     """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
-    disabled = UnderReplication(ctx.zk(cluster.spec.zookeeper)).is_disabled()
+    disabled = UnderReplication(ctx.zk(ZooKeeperTarget.of(cluster))).is_disabled()
     observed = RepairObserved() if disabled else observe_repair(ctx, cluster, bookie, since)
     step = decide_repair(disabled, observed, now())
     if step.launch is not None:

@@ -22,6 +22,7 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     CustomResource,
+    PodOverrides,
     Retention,
     TlsMode,
     Volume,
@@ -43,6 +44,9 @@ the same label); every other pod outside the fleet is refused."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_LOST_SINCE = "bookfleet.io/lost-since"
+ANNOTATION_BOOKIE_ID = "bookfleet.io/bookie-id"
+"""On a repair: the id of the bookie whose ledgers it repairs. Which ledgers those are is in ZooKeeper (the
+under-replication markers name the bookie), never in the object: an annotation holds 256 KiB, ~24,000 ids."""
 ANNOTATION_CONFIG_HASH = "bookfleet.io/config-hash"
 """On a bookie pod: the digest of everything else in the pod as built; a pod whose digest differs from the one the
 current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, storage all reach the pod this way)."""
@@ -89,11 +93,14 @@ REPAIR_RULES: list[dict[str, Any]] = [
     },
     {
         "apiGroups": [""],
-        "resources": ["services", "configmaps", "persistentvolumeclaims"],
-        "verbs": ["get", "list", "watch", "create", "delete", "deletecollection"],
+        "resources": ["configmaps"],
+        "verbs": ["create", "delete", "deletecollection"],
     },
 ]
-"""What Spark's driver does in its namespace: run executor pods, their config maps, services and volumes."""
+"""What Spark's driver in client mode does in its namespace: create, watch, label and delete its executor pods, and
+create and delete their config map. No services (only a cluster-mode driver has one; the driver is told not to
+delete any) and no volumes (executors mount none). RBAC cannot tell an executor pod from a bookie: the chart's
+admission policy lets the repair account change or delete only pods labelled as repair pods."""
 
 
 # --- names and labels ----------------------------------------------------------------------------------------
@@ -313,8 +320,20 @@ def _affinity(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
     return affinity
 
 
-def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures,
+            "timeoutSeconds": timeout}
+
+
+def bookie_probes() -> dict[str, dict[str, Any]]:
+    """The bookie answers its probes on the event loop that serves the data path, so under load an answer can take
+    seconds: Kubernetes' 1 s default would fail Ready and restart busy bookies. Liveness restarts only after a
+    minute without an answer; readiness reacts within ~15 s."""
+    return {
+        "startupProbe": _probe("/healthz", period=5, failures=60, timeout=5),
+        "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=10),
+        "readinessProbe": _probe("/readyz", period=5, failures=3, timeout=5),
+    }
 
 
 def container_security_context() -> dict[str, Any]:
@@ -330,6 +349,44 @@ def pod_security_context() -> dict[str, Any]:
         "fsGroup": RUN_AS,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def with_overrides(metadata: dict[str, Any], pod_spec: dict[str, Any], overrides: PodOverrides) -> None:
+    """Merge a spec's pod overrides into a pod as built (in place): see models.PodOverrides for what wins."""
+    if overrides.labels:
+        metadata["labels"] = {**overrides.labels, **metadata.get("labels", {})}
+    if overrides.annotations:
+        metadata["annotations"] = {**overrides.annotations, **metadata.get("annotations", {})}
+    if overrides.node_selector:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **overrides.node_selector}
+    if overrides.tolerations:
+        pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *overrides.tolerations]
+    if overrides.affinity:
+        pod_spec["affinity"] = merged_affinity(pod_spec.get("affinity", {}), overrides.affinity)
+    if overrides.priority_class_name:
+        pod_spec["priorityClassName"] = overrides.priority_class_name
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in overrides.image_pull_secrets]
+    if overrides.service_account_name:
+        pod_spec["serviceAccountName"] = overrides.service_account_name
+
+
+def merged_affinity(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """Both sets of affinity terms: lists are joined, except required node selector terms, which are ORed by
+    Kubernetes, so each of theirs is ANDed with each of ours (a bookie pinned to its zone stays pinned)."""
+    merged = dict(ours)
+    for key, value in theirs.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merged_affinity(merged[key], value)
+        elif key == "nodeSelectorTerms" and merged.get(key):
+            merged[key] = [{**mine, "matchExpressions": [*mine.get("matchExpressions", []),
+                                                         *other.get("matchExpressions", [])]}
+                           for mine in merged[key] for other in value]
+        elif isinstance(value, list) and isinstance(merged.get(key), list):
+            merged[key] = [*merged[key], *value]
+        else:
+            merged[key] = value
+    return merged
 
 
 def _scratch_volume() -> dict[str, Any]:
@@ -355,9 +412,7 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
             {"name": BOOKIE, "containerPort": settings.port, "protocol": "TCP"},
             {"name": "http", "containerPort": settings.http_port, "protocol": "TCP"},
         ],
-        "startupProbe": _probe("/healthz", period=5, failures=60),
-        "livenessProbe": _probe("/healthz", period=10, failures=3),
-        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        **bookie_probes(),
         "resources": cluster.spec.resources.to_wire(),
         "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in VOLUMES.items()] + [SCRATCH],
         "securityContext": container_security_context(),
@@ -383,13 +438,11 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         pod_spec["affinity"] = affinity
     if not cluster.spec.zones:
         pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
-    manifest = owned_by({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name)),
-        "spec": pod_spec,
-    }, bookie)
-    manifest["metadata"]["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(manifest)}
+    metadata = _metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name))
+    with_overrides(metadata, pod_spec, cluster.spec.pod_template)
+    manifest = owned_by({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}, bookie)
+    manifest["metadata"]["annotations"] = {**metadata.get("annotations", {}),
+                                           ANNOTATION_CONFIG_HASH: config_hash(manifest)}
     return manifest
 
 
@@ -469,13 +522,15 @@ def bookie_disruption_budget(cluster: BookieCluster) -> dict[str, Any]:
     return owned_by(manifest, cluster)
 
 
-def fleet_peers(cluster: str) -> list[dict[str, Any]]:
+def fleet_peers(cluster: BookieCluster) -> list[dict[str, Any]]:
     """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), the operator
-    wherever it runs, and pods of the namespace labelled as clients."""
+    wherever it runs, pods of the namespace labelled as clients, and the spec's extra clients."""
+    name = cluster.metadata.name
     return [
-        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: cluster}}},
+        {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: name}}},
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: OPERATOR}}},
         {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
+        *(peer.to_wire() for peer in cluster.spec.network_policy.clients),
     ]
 
 
@@ -491,7 +546,7 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
         "podSelector": {"matchLabels": {**BOOKIE_POD_SELECTOR, LABEL_CLUSTER: name}},
         "policyTypes": ["Ingress"],
         "ingress": [
-            {"from": fleet_peers(name), "ports": [{"protocol": "TCP", "port": settings.port}]},
+            {"from": fleet_peers(cluster), "ports": [{"protocol": "TCP", "port": settings.port}]},
             {"ports": [{"protocol": "TCP", "port": settings.http_port}]},
         ],
     }
@@ -509,8 +564,10 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
 
 
 def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
-    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies."""
-    return [bookies_service(cluster), bookie_disruption_budget(cluster), *network_policies(cluster)]
+    """What a cluster needs besides its Bookies: headless Service, disruption budget, network policies (unless
+    spec.networkPolicy.enabled is false)."""
+    policies = network_policies(cluster) if cluster.spec.network_policy.enabled else []
+    return [bookies_service(cluster), bookie_disruption_budget(cluster), *policies]
 
 
 # --- repair --------------------------------------------------------------------------------------------------
@@ -584,6 +641,7 @@ def repair_command(cluster: BookieCluster, name: str, ledgers: Iterable[int] = (
         "spark.driver.bindAddress": "$(POD_IP)",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.kubernetes.driver.service.deleteOnTermination": "false",  # a client-mode driver has none
         **{f"spark.kubernetes.executor.label.{key}": value for key, value in executor_labels.items()},
         **_spark_security(cluster, "executor"),
     }
@@ -604,30 +662,30 @@ def _executor_conf(cores: int) -> dict[str, str]:
     }
 
 
-def executor_template_name() -> str:
-    """Named by its content: the operator only creates it, so a new template after an upgrade gets a new ConfigMap
-    instead of silently keeping the old one."""
-    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text())
+def executor_template_name(cluster: BookieCluster) -> str:
+    """Named by its content (the cluster's executor settings go into it): a new template gets a new ConfigMap, and
+    clusters of one namespace with different settings do not share one."""
+    return _hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text(cluster))
 
 
-def _executor_template_text() -> str:
-    return yaml.safe_dump(executor_pod_template(), sort_keys=False)
+def _executor_template_text(cluster: BookieCluster) -> str:
+    return yaml.safe_dump(executor_pod_template(cluster), sort_keys=False)
 
 
-def executor_pod_template() -> dict[str, Any]:
-    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "spec": {
-            "automountServiceAccountToken": False,
-            "securityContext": pod_security_context(),
-            "containers": [
-                {"name": EXECUTOR_CONTAINER, "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
-            ],
-            "volumes": [_scratch_volume()],
-        },
+def executor_pod_template(cluster: BookieCluster) -> dict[str, Any]:
+    """The pod Spark starts each executor from: restricted, no API token (executors never call the API), /tmp, and
+    the cluster's executorPodTemplate settings (Spark adds its own labels to these)."""
+    metadata: dict[str, Any] = {}
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "containers": [
+            {"name": EXECUTOR_CONTAINER, "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
+        ],
+        "volumes": [_scratch_volume()],
     }
+    with_overrides(metadata, spec, cluster.spec.auto_recovery.repair.executor_pod_template)
+    return {"apiVersion": "v1", "kind": "Pod", **({"metadata": metadata} if metadata else {}), "spec": spec}
 
 
 def repair_job(
@@ -656,7 +714,7 @@ def repair_job(
         "volumeMounts": [SCRATCH, template],
         "securityContext": container_security_context(),
     }
-    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name()}}]
+    volumes = [_scratch_volume(), {"name": template["name"], "configMap": {"name": executor_template_name(cluster)}}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": repair.service_account_name,
         "automountServiceAccountToken": True,  # the driver creates and watches its executor pods
@@ -669,7 +727,9 @@ def repair_job(
         container["volumeMounts"].append(tls_mount())
         volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
     metadata = _metadata(name, namespace, job_labels)
-    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    metadata["annotations"] = repair_annotations(bookie, lost_since)
+    pod_metadata: dict[str, Any] = {"labels": job_labels}
+    with_overrides(pod_metadata, pod_spec, repair.driver_pod_template)
     manifest = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -677,13 +737,16 @@ def repair_job(
         "spec": {
             "backoffLimit": repair.backoff_limit,
             "activeDeadlineSeconds": repair.active_deadline_seconds,
-            "template": {
-                "metadata": {"labels": job_labels},
-                "spec": pod_spec,
-            },
+            "ttlSecondsAfterFinished": repair.ttl_seconds_after_finished,
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
         },
     }
     return owned_by(manifest, cluster)
+
+
+def repair_annotations(bookie: Bookie, lost_since: dt.datetime) -> dict[str, str]:
+    """Which loss a repair answers: the bookie's id and its loss time (the attempts of one loss share both)."""
+    return {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat(), ANNOTATION_BOOKIE_ID: bookie.spec.bookie_id}
 
 
 def spark_application(
@@ -696,7 +759,7 @@ def spark_application(
     confs = dict(options[i + 1].split("=", 1) for i, option in enumerate(options) if option == "--conf")
     pod_labels = labels(cluster.metadata.name, REPAIR, bookie.metadata.name)
     metadata = _metadata(name, cluster.metadata.namespace, pod_labels)
-    metadata["annotations"] = {ANNOTATION_LOST_SINCE: _utc_seconds(lost_since).isoformat()}
+    metadata["annotations"] = repair_annotations(bookie, lost_since)
     manifest = {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "SparkApplication",
@@ -710,6 +773,7 @@ def spark_application(
             "mainApplicationFile": app,
             "arguments": app_args,
             "sparkVersion": spark.spark_version(),
+            "timeToLiveSeconds": repair.ttl_seconds_after_finished,
             "sparkConf": {**confs, **_spark_security(cluster, "driver", "executor")},
             "restartPolicy": {
                 "type": "OnFailure",
@@ -718,43 +782,57 @@ def spark_application(
                 "onSubmissionFailureRetries": repair.backoff_limit,
                 "onSubmissionFailureRetryInterval": 10,
             },
-            "driver": {
+            "driver": _spark_pod(repair.driver_pod_template, pod_labels, {
                 "cores": 1,
                 "coreLimit": "1",
                 "memory": "512m",
                 "serviceAccount": repair.service_account_name,
-                "labels": pod_labels,
-                "podSecurityContext": pod_security_context(),
-                "securityContext": container_security_context(),
-                "volumeMounts": [SCRATCH],
-            },
-            "executor": {
+            }),
+            "executor": _spark_pod(repair.executor_pod_template, pod_labels, {
                 "instances": repair.executors,
                 "cores": repair.executor_cores,
                 "coreLimit": str(repair.executor_cores),
                 "memory": repair.executor_memory,
-                "labels": pod_labels,
-                "podSecurityContext": pod_security_context(),
-                "securityContext": container_security_context(),
-                "volumeMounts": [SCRATCH],
-            },
+            }),
             "volumes": [_scratch_volume()],
         },
     }
+    pull_secrets = [*(repair.driver_pod_template.image_pull_secrets or ()),
+                    *(repair.executor_pod_template.image_pull_secrets or ())]
+    if pull_secrets:
+        manifest["spec"]["imagePullSecrets"] = list(dict.fromkeys(pull_secrets))
     return owned_by(manifest, cluster)
 
 
-def repair_namespace_objects(namespace: str, service_account: str) -> list[dict[str, Any]]:
-    """What repair Jobs need in their namespace: Spark's driver account (ServiceAccount, Role and RoleBinding,
-    limited to the namespace and to REPAIR_RULES) and the executor pod template."""
+_SPARK_POD_FIELDS = {"nodeSelector": "nodeSelector", "tolerations": "tolerations", "affinity": "affinity",
+                     "priorityClassName": "priorityClassName", "serviceAccountName": "serviceAccount"}
+"""Pod fields as the Spark operator's driver and executor specs name them (image pull secrets are the
+application's)."""
+
+
+def _spark_pod(overrides: PodOverrides, pod_labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    """A SparkApplication's driver or executor: restricted, /tmp, with the pod overrides merged as for a Job."""
+    metadata: dict[str, Any] = {"labels": dict(pod_labels)}
+    pod_spec: dict[str, Any] = {}
+    with_overrides(metadata, pod_spec, overrides)
+    spark_pod = {**spec, **metadata, "podSecurityContext": pod_security_context(),
+                 "securityContext": container_security_context(), "volumeMounts": [SCRATCH]}
+    spark_pod.update({_SPARK_POD_FIELDS[key]: value for key, value in pod_spec.items() if key in _SPARK_POD_FIELDS})
+    return spark_pod
+
+
+def repair_namespace_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """What the cluster's repair Jobs need in its namespace: Spark's driver account (ServiceAccount, Role and
+    RoleBinding, limited to the namespace and to REPAIR_RULES) and the executor pod template."""
+    namespace, service_account = cluster.metadata.namespace, cluster.spec.auto_recovery.repair.service_account_name
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(executor_template_name(), namespace, meta),
-            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text()},
+            "metadata": _metadata(executor_template_name(cluster), namespace, meta),
+            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text(cluster)},
         },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(service_account, namespace, meta)},
         {

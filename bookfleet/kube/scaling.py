@@ -27,9 +27,9 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from bookfleet.kube import certificates, lifecycle, repairs, resources
-from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, conditions_with, now, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieRegistry
@@ -113,8 +113,6 @@ class Observed:
     bookies: tuple[ObservedBookie, ...] = ()
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The cluster's PVCs by name."""
-    budget: dict[str, Any] | None = None
-    """The cluster's PodDisruptionBudget as it is."""
 
 
 def observe(ctx: OperatorContext, body: dict) -> Observed:
@@ -122,9 +120,9 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
     cluster, problem = validate(body)
     if cluster is None:
         return Observed(body, None, problem)
-    meta, spec = body["metadata"], cluster.spec
+    meta = body["metadata"]
     ns, selector = meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]}
-    zk = ctx.zk(spec.zookeeper)
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
     registered = {info.bookie_id for info in BookieRegistry(zk).all()}
     forced = bookiestate.forced_ids(zk)
     bodies = sorted(ctx.api.list(CUSTOM, "bookies", ns, selector), key=lambda b: ordinal(b["metadata"]["name"]))
@@ -137,9 +135,7 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
         bookies.append(ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
                                       bookie_id in registered, bookie_id in forced, **drain))
     claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
-    budget = resources.bookie_disruption_budget(cluster)["metadata"]["name"]
-    return Observed(body, cluster, "", tuple(bookies), claims,
-                    ctx.api.get("policy/v1", "poddisruptionbudgets", ns, budget))
+    return Observed(body, cluster, "", tuple(bookies), claims)
 
 
 # --- actions of this reconciler --------------------------------------------------------------------------------
@@ -149,7 +145,7 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
 class ConfigureAutoRecovery:
     """The one place of these settings: the auditor, the repair job and every Bookie's loss decision read them."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     enabled: bool
     delay_seconds: int
 
@@ -170,7 +166,7 @@ class EnsureCertificates:
 class SetForcedReadOnly:
     """Force a bookie read-only (reason given) or release it (reason None) through its ZooKeeper state node."""
 
-    zookeeper: str
+    zookeeper: ZooKeeperTarget
     bookie_id: str
     reason: str | None
 
@@ -241,15 +237,15 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
                 PostEvent("InvalidSpec", observed.problem, warning=True)]
     spec = cluster.spec
     actions: list[Action] = [
-        ConfigureAutoRecovery(spec.zookeeper, spec.auto_recovery.enabled,
+        ConfigureAutoRecovery(ZooKeeperTarget.of(cluster), spec.auto_recovery.enabled,
                               spec.auto_recovery.lost_bookie_recovery_delay_seconds),
-        *ensure_cluster_objects(observed, cluster),
+        *apply_owned_objects(cluster),
     ]
     wanted = [b for b in observed.bookies if ordinal(b.name) < spec.replicas]
     surplus = [b for b in observed.bookies if ordinal(b.name) >= spec.replicas]
     actions += create_missing_bookies(observed, cluster)
     actions.append(EnsureCertificates(cluster, tuple(b.model for b in observed.bookies)))
-    actions += sync_read_only(spec.zookeeper, observed.bookies)
+    actions += sync_read_only(ZooKeeperTarget.of(cluster), observed.bookies)
     actions += cancel_drains(wanted)
     # A bookie scaled up again after its cookie went still finishes its drain: its disks can never serve it again.
     finishing = [b for b in wanted if b.decommissioning and not b.cookie]
@@ -267,16 +263,16 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     return actions
 
 
-def ensure_cluster_objects(observed: Observed, cluster: BookieCluster) -> list[Action]:
-    """Service, disruption budget (its spec follows replicas), network policies, the repair account."""
-    actions: list[Action] = [Ensure(m) for m in resources.cluster_objects(cluster)]
-    budget = resources.bookie_disruption_budget(cluster)
-    if observed.budget is not None and observed.budget["spec"] != budget["spec"]:
-        actions.append(Patch(budget["apiVersion"], "poddisruptionbudgets", cluster.metadata.namespace,
-                             budget["metadata"]["name"], {"spec": budget["spec"]}))
-    repair_account = cluster.spec.auto_recovery.repair.service_account_name
-    return actions + [Ensure(m) for m in resources.repair_namespace_objects(cluster.metadata.namespace,
-                                                                            repair_account)]
+def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
+    """Server-side apply of everything the cluster owns whole: Service, disruption budget, network policies, the
+    repair account and executor template. Upgrades and spec changes reach them, drift is undone; applying what is
+    already there writes nothing. NetworkPolicies switched off are deleted (a no-op once gone)."""
+    owned = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster)
+    actions: list[Action] = [Apply(manifest) for manifest in owned]
+    if not cluster.spec.network_policy.enabled:
+        actions += [Delete(m["apiVersion"], "networkpolicies", m["metadata"]["namespace"], m["metadata"]["name"])
+                    for m in resources.network_policies(cluster)]
+    return actions
 
 
 def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[Action]:
@@ -304,7 +300,7 @@ def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[A
     return actions
 
 
-def sync_read_only(zookeeper: str, bookies: Iterable[ObservedBookie]) -> list[Action]:
+def sync_read_only(zookeeper: ZooKeeperTarget, bookies: Iterable[ObservedBookie]) -> list[Action]:
     """Force read-only exactly the Bookies whose desiredState is not Writable (writes only on change)."""
     actions: list[Action] = []
     for bookie in bookies:
@@ -339,7 +335,7 @@ def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBoo
     """One step of draining a bookie; its data is deleted only when nothing needs it any more, and then only if
     whenScaled is Delete."""
     meta, spec = bookie.body["metadata"], bookie.body["spec"]
-    ns, name, bookie_id, zookeeper = meta["namespace"], bookie.name, spec["bookieId"], cluster.spec.zookeeper
+    ns, name, bookie_id, zookeeper = meta["namespace"], bookie.name, spec["bookieId"], ZooKeeperTarget.of(cluster)
     since_text = bookie.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
     if bookie.writable or not since_text:
         return [

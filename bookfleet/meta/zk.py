@@ -28,6 +28,9 @@ from bookfleet.security.tls import TlsConfigError, tls_files
 
 ZK_AUTH_ENV = "BOOKFLEET_ZK_AUTH"
 ZK_TLS_DIR_ENV = "BOOKFLEET_ZK_TLS_DIR"
+NO_AUTH = ""
+"""`auth=NO_AUTH`: an open session whatever `$BOOKFLEET_ZK_AUTH` says (a process serving several fleets, each with
+its own credential or none, never falls back on one of its own)."""
 
 
 class ZooKeeperUnreachable(RuntimeError):
@@ -63,10 +66,12 @@ def tls_options(tls_dir: str | Path | None) -> dict:
 def connect(
     hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None, **kwargs
 ) -> KazooClient:
-    """A started KazooClient for `hosts` (HOST:PORT[,...][/chroot]), authenticated with `auth` or, when not given,
-    with `$BOOKFLEET_ZK_AUTH` if set; over TLS with `tls_dir` or, when not given, `$BOOKFLEET_ZK_TLS_DIR` if set."""
+    """A started KazooClient for `hosts` (HOST:PORT[,...][/chroot]), authenticated with `auth` or, when not given
+    (None), with `$BOOKFLEET_ZK_AUTH` if set (NO_AUTH: never); over TLS with `tls_dir` or, when not given,
+    `$BOOKFLEET_ZK_TLS_DIR` if set."""
     tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
-    options = {**security_options(auth or os.environ.get(ZK_AUTH_ENV)), **tls_options(tls_dir)}
+    auth = os.environ.get(ZK_AUTH_ENV) if auth is None else auth
+    options = {**security_options(auth), **tls_options(tls_dir)}
     client = KazooClient(hosts=hosts, timeout=timeout, **options, **kwargs)
     try:
         client.start(timeout=timeout)

@@ -54,7 +54,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* NetworkPolicy peers of the fleet: its own pods (bookies, operator, repair drivers and executors) and pods
 labelled `bookfleet.io/client: "true"` (bookfleet.kube.resources.CLIENT_LABEL, which the operator's bookie policies
-allow too), in the release namespace and in the watched one. */}}
+allow too), in the release namespace and in the watched one, and networkPolicy.clients (the chart's BookieCluster
+admits them on its bookie port too). */}}
 {{- define "bookfleet.fleetPeers" -}}
 {{- $namespaces := uniq (list .Release.Namespace (include "bookfleet.watchNamespace" .)) -}}
 {{- range $namespace := $namespaces }}
@@ -66,6 +67,9 @@ allow too), in the release namespace and in the watched one. */}}
     matchLabels:
       {{- toYaml $labels | nindent 6 }}
 {{- end }}
+{{- end }}
+{{- with .Values.networkPolicy.clients }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 

@@ -1,0 +1,71 @@
+"""The operator's ZooKeeper sessions against a real ZooKeeper: each cluster writes with its own credential."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+from kazoo.exceptions import NoAuthError
+
+from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget
+from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.scaling import ConfigureAutoRecovery
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.underreplication import UnderReplication
+
+CREDENTIALS = {"alpha-zk": "alpha:secret-a", "beta-zk": "beta:secret-b"}
+
+
+class SecretsApi:
+    """The credential Secrets of the clusters, as the API server would return them."""
+
+    def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert plural == "secrets" and namespace == "ns"
+        auth = CREDENTIALS.get(name)
+        return None if auth is None else {"data": {"auth": base64.b64encode(auth.encode()).decode()}}
+
+
+def cluster(name: str, zookeeper: str, secret: str | None) -> BookieCluster:
+    return BookieCluster.model_validate({"metadata": {"name": name, "namespace": "ns"},
+                                         "spec": {"zookeeper": zookeeper,
+                                                  "security": {"zookeeperAuthSecret": secret}}})
+
+
+def test_each_cluster_locks_its_nodes_to_its_own_credential(zk_connect, zk, monkeypatch):
+    """Three clusters on one ZooKeeper (own chroots): two with their own credentials, one open. Whatever credential
+    the operator's process has, each cluster's nodes are readable with its own credential only (none: by anyone)."""
+    monkeypatch.setenv(zkclient.ZK_AUTH_ENV, CREDENTIALS["alpha-zk"])  # the process's own must never leak in
+    for chroot in ("/alpha", "/beta", "/open"):
+        zk.ensure_path(chroot)
+    clusters = [cluster("alpha", zk_connect + "/alpha", "alpha-zk"), cluster("beta", zk_connect + "/beta", "beta-zk"),
+                cluster("open", zk_connect + "/open", None)]
+    ctx = OperatorContext(SecretsApi())  # type: ignore[arg-type]
+    try:
+        for each in clusters:
+            ConfigureAutoRecovery(ZooKeeperTarget.of(each), True, 42).apply(ctx, {})
+    finally:
+        ctx.close()
+    for each, owner in zip(clusters, ["alpha:secret-a", "beta:secret-b", zkclient.NO_AUTH], strict=True):
+        with zkclient.session(each.spec.zookeeper, auth=owner) as session:
+            assert UnderReplication(session).recovery_delay() == 42
+        for other in {"alpha:secret-a", "beta:secret-b"} - {owner}:
+            with zkclient.session(each.spec.zookeeper, auth=other) as session:
+                if owner:
+                    with pytest.raises(NoAuthError):
+                        UnderReplication(session).recovery_delay()
+                else:
+                    assert UnderReplication(session).recovery_delay() == 42
+
+
+def test_one_connect_string_with_two_credentials_gets_two_sessions(zk_connect):
+    ctx = OperatorContext(SecretsApi())  # type: ignore[arg-type]
+    try:
+        alpha = ctx.zk(ZooKeeperTarget(zk_connect, "ns", "alpha-zk"))
+        beta = ctx.zk(ZooKeeperTarget(zk_connect, "ns", "beta-zk"))
+        assert alpha is not beta
+        assert alpha is ctx.zk(ZooKeeperTarget(zk_connect, "ns", "alpha-zk"))
+        with pytest.raises(CredentialMissing, match="ns/missing"):
+            ctx.zk(ZooKeeperTarget(zk_connect, "ns", "missing"))
+    finally:
+        ctx.close()
