@@ -269,7 +269,7 @@ class ScriptedBookies:
 
     def connected(self, bookie: str) -> SimpleNamespace:
         def add_entry_callback(body: bytes, on_answer: Callable, arg: object, recovery: bool = False) -> None:
-            entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.MASTER_KEY_SIZE :])
+            entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.ADD_PREFIX_SIZE :])
             self._adds[bookie, entry.entry_id] = on_answer, arg
 
         return SimpleNamespace(add_entry_callback=add_entry_callback, closed=False)
