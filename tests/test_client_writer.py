@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError
 from bookfleet.meta.underreplication import UnderReplication
+from tests.test_bookie_protocol import http_get
 
 
 @contextlib.contextmanager
@@ -354,6 +356,9 @@ async def test_a_read_only_bookie_fails_the_writer_after_its_deadline_with_few_z
             with pytest.raises(LedgerWriteError, match="cannot replace bookie"):
                 await asyncio.wait_for(writer.add(b"refused"), 60)
             assert len(requests) < 200, f"{len(requests)} ZooKeeper requests"
+        _, metrics = http_get(target.http_port, "/metrics")
+        refused = re.search(r'^bookie_request_errors_total\{op="ADD_ENTRY",status="READ_ONLY"\} (\S+)$', metrics, re.M)
+        assert float(refused[1]) == 1  # the add was not sent to it again
 
 
 async def _reports_read_only(client: BookieClient) -> bool:

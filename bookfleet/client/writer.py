@@ -207,6 +207,12 @@ class LedgerWriter:
         )
 
     @property
+    def lagging_bytes(self) -> int:
+        """Bytes of acknowledged adds kept because a bookie has not answered them yet (at most max_lagging_bytes
+        after each completion)."""
+        return self._lagging_bytes
+
+    @property
     def next_entry_id(self) -> int:
         """The id the next `append` takes."""
         return self._next_entry_id
@@ -411,6 +417,7 @@ class LedgerWriter:
                     await self._mark_failed()
                     waiting = await self._replace_failed()
                     if waiting is not None and not self._ack_quorum_reachable():
+                        self._check_quorum_deadline(waiting)
                         await self._reinstate()
                 finally:
                     self._attempt.set_result(None)
@@ -419,11 +426,7 @@ class LedgerWriter:
                 self._next_attempt_at = time.monotonic() + QUORUM_LOST_RETRY
                 if not self._failed:
                     break
-                if self._ack_quorum_reachable():
-                    retry = self.settings.replacement_retry
-                else:
-                    self._check_quorum_deadline(waiting)
-                    retry = QUORUM_LOST_RETRY
+                retry = self.settings.replacement_retry if self._ack_quorum_reachable() else QUORUM_LOST_RETRY
                 with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
                     await asyncio.wait_for(self._wake_replacer.wait(), retry)
         except LedgerWriteError as exc:
@@ -434,7 +437,8 @@ class LedgerWriter:
             self._replacer = None
 
     def _check_quorum_deadline(self, waiting: str) -> None:
-        """Raise once a write set has lacked Qa bookies for `add_timeout` while the same add was first in line."""
+        """Raise once a write set has lacked Qa bookies for `add_timeout` while the same add was first in line
+        (checked before a failed bookie may come back: one that comes back only to refuse again gains no time)."""
         now, head = time.monotonic(), self._pending[0].entry_id if self._pending else None
         if self._quorum_lost is None or self._quorum_lost[1] != head:
             self._quorum_lost = (now, head)
