@@ -269,24 +269,33 @@ async def _segments_are(writer, count: int) -> bool:
 
 
 async def test_a_silent_bookie_is_replaced_though_the_others_complete_every_add(bookie_fleet, zk_connect, zk):
-    """Qw=3, Qa=2: a connected bookie that stops answering (SIGSTOP) used to be found only through the oldest
-    pending add, which the other two complete; it is failed after `add_timeout` without an answer, replaced and
-    named in the under-replication marker."""
+    """Qw=3, Qa=2, adds always in flight (so no idle LAC write): a connected bookie that stops answering (SIGSTOP)
+    used to be found only through the oldest pending add, which the other two complete; it is failed after
+    `add_timeout` without an answer, replaced and named in the under-replication marker."""
     by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
-    payloads = [b"payload %d" % i for i in range(400)]
-    async with BookKeeper(zk_connect, WriterSettings(add_timeout=1.0, replacement_retry=0.2)) as bk:
+    async with BookKeeper(zk_connect, WriterSettings(add_timeout=3.0, replacement_retry=0.2)) as bk:
         writer = await bk.create_ledger(3, 3, 2)
-        assert await asyncio.gather(*(writer.append(p) for p in payloads[:10])) == list(range(10))
+        errors: list[BaseException] = []
+        stopping = asyncio.Event()
+
+        def add_next(_entry_id: int = -1, error: BaseException | None = None) -> None:
+            if error is not None:
+                errors.append(error)
+            elif not stopping.is_set():
+                writer.append_callback(b"entry %d" % writer.next_entry_id, add_next)
+
         victim = writer.metadata.segments[0].bookies[1]
         with paused(by_id[victim]):
-            assert await asyncio.gather(*(writer.append(p) for p in payloads[10:200])) == list(range(10, 200))
+            for _ in range(20):
+                add_next()
             await eventually(lambda: _segments_are(writer, 2), timeout=60)
-            assert await asyncio.gather(*(writer.append(p) for p in payloads[200:])) == list(range(200, 400))
+            stopping.set()
             metadata = await writer.close()
-        assert victim not in metadata.segments[1].bookies
+        assert not errors and victim not in metadata.segments[1].bookies
         assert UnderReplication(zk).marker(writer.ledger_id).missing_bookies == {victim}
         reader = await bk.open_ledger(writer.ledger_id)
-        assert [e.payload async for e in reader.entries()] == payloads
+        expected = [b"entry %d" % i for i in range(metadata.last_entry_id + 1)]
+        assert [e.payload async for e in reader.entries()] == expected
 
 
 async def test_a_slow_bookie_gets_no_more_than_its_socket_takes_and_is_replaced_past_the_lagging_bound(
@@ -322,7 +331,7 @@ async def test_an_unanswered_lac_write_does_not_stop_add_timeouts(bookie_fleet, 
     """E=Qw=Qa=2: the idle writer's WRITE_LAC to a bookie that stopped answering used to wait forever inside the
     loop that times adds out, so the next add never failed over to the spare."""
     by_id = {b.bookie_id: b for b in bookie_fleet.start(3)}
-    async with BookKeeper(zk_connect, WriterSettings(add_timeout=1.0, replacement_retry=0.2)) as bk:
+    async with BookKeeper(zk_connect, WriterSettings(add_timeout=3.0, replacement_retry=0.2)) as bk:
         writer = await bk.create_ledger(2, 2, 2)
         for i in range(5):
             await writer.add(b"%d" % i)
