@@ -23,6 +23,10 @@ from bookfleet.bench.baseline import tls_figures
              "cpu_loop_ns_per_iteration", "full_client_cpu_loop_iterations", "tls_full_entries_per_s",
              "tls_full_throughput_fraction_of_plain"],
         ),
+        (
+            ["silent-bookie", "--rounds", "1", "--add-timeout", "1", "--rate", "200"],
+            ["silent_replaced_after_s_median", "killed_replaced_after_s_median", "target_s", "max_lagging_bytes"],
+        ),
     ],
 )
 def test_bench_prints_one_json_object_with_its_baseline(bench, keys, tmp_path):

@@ -4,6 +4,7 @@ that never reads, long polls left behind, too many or idle connections, pipeline
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -14,6 +15,7 @@ from bookfleet import wire
 from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.bookie.journal import JournalPosition, journal_seqs
 from bookfleet.client.connection import BadRequestError, BookieClient
+from bookfleet.fleet import BookieFleet
 from bookfleet.polling import wait_for
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 from tests.test_bookie_protocol import http_get, rss_bytes
@@ -184,3 +186,35 @@ async def test_reading_goes_on_after_answers_that_filled_the_pending_bound_are_t
                 asyncio.gather(client.read_range(4, 0, 5), client.read_range(4, 0, 5)), 30
             ) == [entries, entries]
             assert await asyncio.wait_for(client.read_entry(4, 5), 30) == entries[5]
+
+
+def send_until_refused(port: int, request: bytes, count: int) -> int:
+    """Send `count` copies of `request` until the bookie stops taking them (nothing moves for 5 s); the bytes
+    sent."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(5)
+        sent = 0
+        with contextlib.suppress(TimeoutError):
+            for _ in range(count):
+                sock.sendall(request)
+                sent += len(request)
+        return sent
+
+
+async def test_adds_waiting_for_admission_count_toward_the_add_byte_limits(zk_connect, link_proxy, tmp_path):
+    """A new ledger's first adds wait for the admission lookup in ZooKeeper (stalled here); they used to wait
+    outside the add-byte accounting, so one client could make the bookie hold 2,000 frames of them. Now they
+    count: the bookie stops reading once `max_connection_add_bytes` of them wait."""
+    zk_address, chroot = zk_connect.split("/", 1)
+    proxy = await link_proxy(int(zk_address.rsplit(":", 1)[1]))
+    limits = {"max_connection_add_bytes": 1 << 20, "max_add_bytes": 2 << 20, "zk_session_timeout": 60}
+    with BookieFleet(f"{proxy.address}/{chroot}", tmp_path / "admitting", **limits) as fleet:
+        (bookie,) = await asyncio.to_thread(fleet.start, 1)  # its ZooKeeper link is this event loop's proxy
+        before = rss_bytes(bookie.process.pid)
+        proxy.stall()  # the bookie's ZooKeeper session stays connected and answers nothing
+        add = wire.encode_request(wire.Op.ADD_ENTRY, 1, MASTER_KEY + encode_test_entry(77, 0, os.urandom(1 << 20)))
+        sent = await asyncio.to_thread(send_until_refused, bookie.port, add, 128)
+        grown = rss_bytes(bookie.process.pid) - before
+        proxy.flow()
+        assert sent < 64 << 20 and grown < 48 << 20, f"{sent >> 20} MiB sent, the bookie grew by {grown >> 20} MiB"
+        assert bookie.running

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -14,13 +15,22 @@ import pytest
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.connection import BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import EntryTooLargeError, LedgerClosedError, LedgerWriter, WriterSettings
+from bookfleet.client.writer import (
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerWriteError,
+    LedgerWriter,
+    WriterSettings,
+)
 from bookfleet.client.writeset import write_set
+from bookfleet.meta import bookiestate
+from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
+from tests.test_bookie_protocol import http_get
 
 
 @contextlib.contextmanager
@@ -294,3 +304,113 @@ async def test_an_add_behind_the_head_completes_only_at_its_own_ack_quorum():
     assert not behind.done()
     bookies.ack("z", 1)
     assert behind.result() == 1 and writer.last_add_confirmed == 1
+
+
+async def _segments_are(writer, count: int) -> bool:
+    return len(writer.metadata.segments) == count
+
+
+async def test_a_silent_bookie_is_replaced_though_the_others_complete_every_add(bookie_fleet, zk_connect, zk):
+    """Qw=3, Qa=2, adds always in flight (so no idle LAC write): a connected bookie that stops answering (SIGSTOP)
+    used to be found only through the oldest pending add, which the other two complete; it is failed after
+    `add_timeout` without an answer, replaced and named in the under-replication marker."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    async with BookKeeper(zk_connect, WriterSettings(add_timeout=3.0, replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        errors: list[BaseException] = []
+        stopping = asyncio.Event()
+
+        def add_next(_entry_id: int = -1, error: BaseException | None = None) -> None:
+            if error is not None:
+                errors.append(error)
+            elif not stopping.is_set():
+                writer.append_callback(b"entry %d" % writer.next_entry_id, add_next)
+
+        victim = writer.metadata.segments[0].bookies[1]
+        with paused(by_id[victim]):
+            for _ in range(20):
+                add_next()
+            await eventually(lambda: _segments_are(writer, 2), timeout=60)
+            stopping.set()
+            metadata = await writer.close()
+        assert not errors and victim not in metadata.segments[1].bookies
+        assert UnderReplication(zk).marker(writer.ledger_id).missing_bookies == {victim}
+        reader = await bk.open_ledger(writer.ledger_id)
+        expected = [b"entry %d" % i for i in range(metadata.last_entry_id + 1)]
+        assert [e.payload async for e in reader.entries()] == expected
+
+
+async def test_a_slow_bookie_gets_no_more_than_its_socket_takes_and_is_replaced_past_the_lagging_bound(
+    bookie_fleet, zk_connect
+):
+    """A bookie that takes nothing (SIGSTOP) is sent no more once its socket is backed up (the rest waits in the
+    writer), and once the acknowledged adds it owes pass `max_lagging_bytes` it is replaced at once, long before
+    `add_timeout`: what the writer holds for it is bounded."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    settings = WriterSettings(add_timeout=600, max_lagging_bytes=16 << 20, replacement_retry=0.2)
+    batch = [os.urandom(64 << 10) for _ in range(4)]  # 256 KiB per turn of the event loop
+    async with BookKeeper(zk_connect, settings) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        await writer.add(b"first")
+        victim = writer.metadata.segments[0].bookies[1]
+        most_queued = 0
+        with paused(by_id[victim]):
+            adds = []
+            for _ in range(96):  # 24 MiB in all
+                adds += [writer.append(p) for p in batch]
+                await asyncio.sleep(0)
+                if (client := bk.pool.connected(victim)) is not None:
+                    most_queued = max(most_queued, client._transport.get_write_buffer_size())
+            assert len(await asyncio.gather(*adds)) == len(adds)
+            await eventually(lambda: _segments_are(writer, 2), timeout=60)
+        assert most_queued <= WRITE_BUFFER_HIGH + 4 * (64 << 10) + 1024
+        assert victim not in writer.metadata.segments[1].bookies
+        assert await writer.add(b"after") == len(adds) + 1
+        await writer.close()
+
+
+async def test_an_unanswered_lac_write_does_not_stop_add_timeouts(bookie_fleet, zk_connect):
+    """E=Qw=Qa=2: the idle writer's WRITE_LAC to a bookie that stopped answering used to wait forever inside the
+    loop that times adds out, so the next add never failed over to the spare."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(3)}
+    async with BookKeeper(zk_connect, WriterSettings(add_timeout=3.0, replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(2, 2, 2)
+        for i in range(5):
+            await writer.add(b"%d" % i)
+        victim = writer.metadata.segments[0].bookies[1]
+        with paused(by_id[victim]):  # before the event loop turns: the LAC write of entry 4 goes to a silent bookie
+            await asyncio.sleep(0.5)
+            assert await asyncio.wait_for(writer.append(b"5"), 60) == 5
+        metadata = await writer.close()
+        assert victim not in metadata.segments[-1].bookies and metadata.last_entry_id == 5
+
+
+async def test_a_read_only_bookie_fails_the_writer_after_its_deadline_with_few_zookeeper_reads(
+    bookie_fleet, zk_connect, zk
+):
+    """E=Qw=Qa=2 and no spare, one bookie switched read-only: it used to be reinstated because it was connected,
+    refuse the resent add and restart the deadline (the add never ended; thousands of ZooKeeper reads a second).
+    Now it stays failed while it says it is read-only, and the add fails after `add_timeout`."""
+    bookies = bookie_fleet.start(2)
+    requests = []
+    with zkclient.session(zk_connect) as counted:
+        call = counted._call
+        counted._call = lambda request, result: requests.append(request) or call(request, result)
+        async with BookKeeper(counted, WriterSettings(add_timeout=2.0, replacement_retry=0.2)) as bk:
+            writer = await bk.create_ledger(2, 2, 2)
+            assert await writer.add(b"before") == 0
+            target = bookies[1]
+            bookiestate.set_read_only(zk, target.bookie_id, "disk full")
+            async with await BookieClient.connect(target.address) as probe:
+                await eventually(lambda: _reports_read_only(probe))
+            requests.clear()
+            with pytest.raises(LedgerWriteError, match="cannot replace bookie"):
+                await asyncio.wait_for(writer.add(b"refused"), 60)
+            assert len(requests) < 200, f"{len(requests)} ZooKeeper requests"
+        _, metrics = http_get(target.http_port, "/metrics")
+        refused = re.search(r'^bookie_request_errors_total\{op="ADD_ENTRY",status="READ_ONLY"\} (\S+)$', metrics, re.M)
+        assert float(refused[1]) == 1  # the add was not sent to it again
+
+
+async def _reports_read_only(client: BookieClient) -> bool:
+    return (await client.bookie_info()).state == wire.BookieState.READ_ONLY

@@ -6,10 +6,10 @@ are answered together, from one callback, with one write.
 Memory stays bounded (ServerLimits): per connection, at most `max_in_flight` requests run at once, answers not yet
 taken by the client stay under `max_pending_response_bytes` (reads complete inside the receive loop, so the loop
 stops starting requests while that much is waiting: a client that never reads gets no more work done), adds waiting
-for their commit stay under `max_connection_add_bytes`, and at most `max_long_polls` READ_LAC long polls wait (more
-are answered at once). Across connections: `max_connections`, and `max_add_bytes` of adds waiting in all. A
-connection idle for `idle_timeout` is closed. Long polls answer at once when their client stops sending (EOF) or
-goes away, as if their timeout had ended.
+for their commit or for their ledger's admission lookup stay under `max_connection_add_bytes`, and at most
+`max_long_polls` READ_LAC long polls wait (more are answered at once). Across connections: `max_connections`, and
+`max_add_bytes` of adds waiting in all. A connection idle for `idle_timeout` is closed. Long polls answer at once
+when their client stops sending (EOF) or goes away, as if their timeout had ended.
 A frame that breaks the format gets one error answer and closes that connection only; a field out of its range
 (wire.InvalidField) gets BAD_REQUEST naming the field and the connection goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
@@ -539,7 +539,7 @@ class _Connection(asyncio.Protocol):
             if self.server._add_needs_check(ledger_id, flags, self.principal):
                 frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
                 self.in_flight += 1
-                self._step(self.server._checked_add(frame, self.principal), frame)
+                self._step(self._holding_add_bytes(self.server._checked_add(frame, self.principal), end - start), frame)
                 return
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
@@ -595,6 +595,17 @@ class _Connection(asyncio.Protocol):
         waiting.size += size
         self.add_bytes += size
         server.add_bytes += size
+
+    async def _holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
+        """An add that waits for its ledger's admission lookup counts, all the while, toward the same add-byte
+        limits as one waiting for its commit: it holds its body just the same."""
+        self.add_bytes += size
+        self.server.add_bytes += size
+        try:
+            return await add
+        finally:
+            self.add_bytes -= size
+            self.server.release_adds(size)
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit."""

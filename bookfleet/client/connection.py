@@ -114,6 +114,8 @@ class _ClientProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.can_write = asyncio.Event()
         self.can_write.set()
+        self.on_writable: list[Callable[[], None]] = []
+        """Called once when the socket's buffer drains (or the connection is lost): see `when_writable`."""
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -134,13 +136,16 @@ class _ClientProtocol(asyncio.Protocol):
             )
         if self.client is not None:
             self.client._fail(ConnectionError(f"connection to bookie {self.address} lost{reason}"))
-        self.can_write.set()
+        self.resume_writing()
 
     def pause_writing(self) -> None:
         self.can_write.clear()
 
     def resume_writing(self) -> None:
         self.can_write.set()
+        waiting, self.on_writable = self.on_writable, []
+        for callback in waiting:
+            callback()
 
 
 AnswerCallback = Callable[[Any, BaseException | None], None]
@@ -215,6 +220,25 @@ class BookieClient:
     @property
     def closed(self) -> bool:
         return self._error is not None
+
+    @property
+    def backed_up(self) -> bool:
+        """Whether more than WRITE_BUFFER_HIGH waits for the socket: a sender that respects backpressure waits."""
+        return not self._protocol.can_write.is_set()
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the socket's buffer has drained or the connection is lost (on the next turn of the
+        event loop if it is not backed up now, so the requests queued in this turn are written first)."""
+        if self.backed_up:
+            self._protocol.on_writable.append(callback)
+        else:
+            self._loop.call_soon(callback)
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection at once, unsent bytes included (a graceful close would wait for a silent bookie to
+        take them): every request waiting for an answer fails with ConnectionError and is let go."""
+        self._transport.abort()
+        self._fail(ConnectionError(f"connection to bookie {self.address} dropped: {reason}"))
 
     # --- typed operations -------------------------------------------------------------------------------------
 

@@ -49,6 +49,13 @@ class BookiePool:
         self._clients[bookie_id] = client
         return client
 
+    def drop(self, bookie_id: str, reason: str) -> None:
+        """Abort the connection to a bookie that stopped answering (the next `get` connects afresh), releasing
+        everything sent to it and still waiting for an answer."""
+        client = self._clients.pop(bookie_id, None)
+        if client is not None:
+            client.abort(reason)
+
     async def close(self) -> None:
         clients, self._clients = self._clients, {}
         for client in clients.values():

@@ -6,10 +6,17 @@ prefix. While an ensemble change is under way completions wait, so the new segme
 move under the metadata update.
 
 Per add the hot path builds one ADD_ENTRY body (master key + encoded entry) shared by the whole write set; each
-bookie answers through a plain callback (no future, no task), acks are a bitmask of ensemble positions, and only the
-head of the pending queue is ever looked at. Recovery open uses the same writer (`recovery=True`) to add the
-ledger's tail again, so a dead bookie is replaced there by the very same ensemble-change rule (its new segments
-are stored only with the close).
+bookie answers through a plain callback (no future, no task), acks and owed answers are bitmasks of ensemble
+positions, and only the heads of the queues are ever looked at. Recovery open uses the same writer (`recovery=True`)
+to add the ledger's tail again, so a dead bookie is replaced there by the very same ensemble-change rule (its new
+segments are stored only with the close).
+
+A bookie is failed and replaced when it has not answered an add for `add_timeout`, whether or not the add already
+completed on the others (an add is kept, like BookKeeper's PendingAddOp, until every bookie it was sent to answered).
+Memory held for bookies that lag behind is bounded: the acknowledged adds some bookie still owes an answer for stay
+under `max_lagging_bytes` (past it the bookie owing the oldest one is failed at once), and a socket that is backed up
+(more than connection.WRITE_BUFFER_HIGH queued) is sent nothing more: its adds wait in the writer, counted in that
+bound once acknowledged. A failed silent bookie's connection is aborted, so what it was sent is released too.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial, reduce
 
 from bookfleet import wire
-from bookfleet.client.connection import FencedError
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieError, FencedError
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import write_set
@@ -36,7 +43,11 @@ log = logging.getLogger(__name__)
 
 
 QUORUM_LOST_RETRY = 0.1
-"""How often a writer whose write set lacks Qa bookies looks for a replacement or a returning bookie."""
+"""How often a writer whose write set lacks Qa bookies looks for a replacement or a returning bookie: also the least
+time between two attempts that changed nothing, so a bookie that keeps refusing costs a bounded number of
+ZooKeeper reads (one registry listing per attempt)."""
+PROBE_TIMEOUT = 1.0
+"""How long a failed bookie has to answer GET_BOOKIE_INFO before it may take its position back."""
 
 
 class LedgerWriteError(Exception):
@@ -73,6 +84,8 @@ class _Add:
     sent_at: float
     acks: int = 0
     """Bit p set: ensemble position p has the entry durably."""
+    owed: int = 0
+    """Bit p set: the bookie at position p was sent the entry (or holds it in its backlog) and has not answered."""
 
 
 def _settle_future(future: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
@@ -94,6 +107,10 @@ class WriterSettings:
     placement: PlacementPolicy = PlacementPolicy.ZONE_AWARE
     replacement_retry: float = 1.0
     """While a failed bookie has no replacement (and Qa of every write set still answer), look again this often."""
+    max_lagging_bytes: int = 64 * 1024 * 1024
+    """Bytes of acknowledged adds kept because some bookie has not answered them yet; past this the bookie owing the
+    oldest is failed and replaced (with the socket backlog bound, what a slow or silent bookie can make the writer
+    hold: see the module docstring)."""
 
 
 class LedgerWriter:
@@ -133,6 +150,11 @@ class LedgerWriter:
         ]
         """Write sets repeat every E entries: computed once, indexed by entry_id mod E on the hot path."""
         self._pending: collections.deque[_Add] = collections.deque()
+        self._lagging: collections.deque[_Add] = collections.deque()
+        """Acknowledged adds, in entry order, that a bookie still owes an answer for (released from the head)."""
+        self._lagging_bytes = 0
+        self._backlogs: dict[int, collections.deque[_Add]] = {}
+        """Per ensemble position whose socket was backed up, the adds waiting to be sent there, in entry order."""
         self._next_entry_id = last_add_confirmed + 1
         self._pushed_length = length
         self.last_add_confirmed = last_add_confirmed
@@ -147,6 +169,12 @@ class LedgerWriter:
         self._wake_replacer = asyncio.Event()
         self._attempt: asyncio.Future[None] | None = None
         """Pending while the replacer marks and looks for replacements."""
+        self._next_attempt_at = 0.0
+        """After an attempt that replaced nothing, the next one waits until then (QUORUM_LOST_RETRY)."""
+        self._quorum_lost: tuple[float, int | None] | None = None
+        """(since when, first pending entry then) while a write set lacks Qa bookies: kept across replacer tasks and
+        reinstatements, and restarted only once that entry completed or a bookie was replaced."""
+        self._lac_writer: asyncio.Task | None = None
         self._changing: asyncio.Future[None] | None = None
         """Set while the metadata gets a new segment: completions wait, so its first entry (LAC + 1) stays put."""
         self._error: LedgerWriteError | None = None
@@ -184,6 +212,12 @@ class LedgerWriter:
                 f"may own the ledger now"
             )
         )
+
+    @property
+    def lagging_bytes(self) -> int:
+        """Bytes of acknowledged adds kept because a bookie has not answered them yet (at most max_lagging_bytes
+        after each completion)."""
+        return self._lagging_bytes
 
     @property
     def next_entry_id(self) -> int:
@@ -248,7 +282,35 @@ class LedgerWriter:
         if client is None:
             self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
             return
-        client.add_entry_callback(add.body, self._answer_handlers[position], add, self._recovery)
+        add.owed |= 1 << position
+        backlog = self._backlogs.get(position)
+        if backlog is not None:
+            backlog.append(add)
+        elif client.backed_up:
+            self._backlogs[position] = collections.deque((add,))
+            client.when_writable(partial(self._send_backlog, position, bookie))
+        else:
+            client.add_entry_callback(add.body, self._answer_handlers[position], add, self._recovery)
+
+    def _send_backlog(self, position: int, bookie: str) -> None:
+        """The socket to `bookie` drained: send it the adds that waited, up to WRITE_BUFFER_HIGH bytes per turn."""
+        backlog = self._backlogs.get(position)
+        if backlog is None or self._ensemble[position] != bookie:
+            return  # the bookie failed meanwhile: its backlog went with it
+        client = self._pool.connected(bookie)
+        if client is None:
+            self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
+            return
+        bit, handler, budget = 1 << position, self._answer_handlers[position], WRITE_BUFFER_HIGH
+        while backlog and budget > 0 and not client.backed_up:
+            add = backlog.popleft()
+            if add.owed & bit:
+                client.add_entry_callback(add.body, handler, add, self._recovery)
+                budget -= len(add.body)
+        if backlog:
+            client.when_writable(partial(self._send_backlog, position, bookie))
+        else:
+            del self._backlogs[position]
 
     def _set_ensemble(self, ensemble: list[str]) -> None:
         self._ensemble = ensemble
@@ -257,10 +319,14 @@ class LedgerWriter:
     def _on_answer(self, position: int, bookie: str, add: _Add, error: BaseException | None) -> None:
         if self._ensemble[position] != bookie:
             return  # the answer of a bookie already replaced: its copy is not in the metadata
+        bit = 1 << position
+        add.owed &= ~bit
         if error is None:
-            add.acks |= 1 << position
+            add.acks |= bit
             if self._pending and self._pending[0] is add and add.acks.bit_count() >= self.metadata.ack_quorum:
                 self._complete_ready()
+            elif not add.owed and self._lagging and self._lagging[0] is add:
+                self._release_answered()
         elif isinstance(error, FencedError):
             why = f"ledger {self.ledger_id} was fenced (recovered, or reopened by another writer): {error.message}"
             self._fail(LedgerFencedError(why))
@@ -272,15 +338,50 @@ class LedgerWriter:
         if self._changing is not None:
             return
         quorum = self.metadata.ack_quorum
-        pending = self._pending
+        pending, lagging = self._pending, self._lagging
         while pending and pending[0].acks.bit_count() >= quorum:
             add = pending.popleft()
             self.last_add_confirmed = add.entry_id
             self.length = add.length
+            if add.owed:
+                lagging.append(add)
+                self._lagging_bytes += len(add.body)
             _call(add, None)
+        if self._lagging_bytes > self.settings.max_lagging_bytes:
+            self._shed_laggards()
         if not pending and self._drained is not None:
             self._drained.set_result(None)
             self._drained = None
+
+    def _release_answered(self) -> None:
+        """Let go of the acknowledged adds at the head that every bookie has answered."""
+        lagging = self._lagging
+        while lagging and not lagging[0].owed:
+            self._lagging_bytes -= len(lagging.popleft().body)
+
+    def _shed_laggards(self) -> None:
+        """Past `max_lagging_bytes`: fail the bookies that owe the oldest acknowledged adds until under it."""
+        self._release_answered()
+        while self._lagging_bytes > self.settings.max_lagging_bytes and self._lagging and self._error is None:
+            self._give_up_on(
+                self._lagging[0],
+                f"it owes answers for {self._lagging_bytes} bytes of acknowledged adds (max_lagging_bytes "
+                f"{self.settings.max_lagging_bytes})",
+            )
+            self._release_answered()
+
+    def _give_up_on(self, add: _Add, why: str) -> None:
+        """Fail every bookie that owes `add` an answer, as if its connection had broken, and abort that connection:
+        whatever was sent to it is let go."""
+        for position, bookie in enumerate(self._ensemble):
+            if add.owed >> position & 1:
+                self._abandon(position, bookie, f"no answer to entry {add.entry_id} of ledger {self.ledger_id}: {why}")
+        add.owed = 0  # a bookie failed before (now out of the ensemble's sends) owes nothing either
+
+    def _abandon(self, position: int, bookie: str, why: str) -> None:
+        """Fail a bookie that does not answer and abort its connection, releasing what was sent to it."""
+        self._bookie_failed(position, bookie, TimeoutError(why))
+        self._pool.drop(bookie, why)
 
     # --- failures and ensemble change -----------------------------------------------------------------------
 
@@ -291,6 +392,12 @@ class LedgerWriter:
             return
         log.warning("ledger %d: bookie %s at position %d failed: %s", self.ledger_id, bookie, position, error)
         self._failed[position] = bookie
+        self._backlogs.pop(position, None)
+        kept = ~(1 << position)
+        for queue in (self._pending, self._lagging):
+            for add in queue:
+                add.owed &= kept
+        self._release_answered()
         self._unmarked.add(bookie)
         self._ever_failed.add(bookie)
         self._wake_replacer.set()
@@ -305,34 +412,29 @@ class LedgerWriter:
     async def _replace_failed_bookies(self) -> None:
         """Mark the ledger under-replicated naming each failed bookie (the entries acknowledged without it lack a
         replica), then put a writable bookie in its place as soon as there is one. While some write set cannot
-        reach Qa and no replacement exists, a failed bookie that answers again (restarted on its disk) takes its
-        own position back; the writer gives up only when that stays impossible for `add_timeout`."""
-        quorum_lost_at: float | None = None
+        reach Qa and no replacement exists, a failed bookie that says it is writable again (restarted on its disk,
+        no longer read-only) takes its own position back; the writer gives up once that has stayed impossible for
+        `add_timeout` with the same first pending add (a bookie that keeps refusing does not restart the clock)."""
         try:
             while self._failed and self._error is None:
+                if (delay := self._next_attempt_at - time.monotonic()) > 0:
+                    await asyncio.sleep(delay)
                 self._wake_replacer.clear()
                 self._attempt = asyncio.get_running_loop().create_future()
                 try:
                     await self._mark_failed()
                     waiting = await self._replace_failed()
-                    if waiting is not None and not self._ack_quorum_reachable() and await self._reinstate():
-                        waiting = None
+                    if waiting is not None and not self._ack_quorum_reachable():
+                        self._check_quorum_deadline(waiting)
+                        await self._reinstate()
                 finally:
                     self._attempt.set_result(None)
-                if waiting is None or self._ack_quorum_reachable():
-                    quorum_lost_at = None
-                    if waiting is None:
-                        continue
-                    retry = self.settings.replacement_retry
-                else:
-                    quorum_lost_at = quorum_lost_at or time.monotonic()
-                    if time.monotonic() - quorum_lost_at >= self.settings.add_timeout:
-                        raise LedgerWriteError(
-                            f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
-                            f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set "
-                            f"answer: {waiting}"
-                        )
-                    retry = QUORUM_LOST_RETRY
+                if waiting is None:
+                    continue
+                self._next_attempt_at = time.monotonic() + QUORUM_LOST_RETRY
+                if not self._failed:
+                    break
+                retry = self.settings.replacement_retry if self._ack_quorum_reachable() else QUORUM_LOST_RETRY
                 with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
                     await asyncio.wait_for(self._wake_replacer.wait(), retry)
         except LedgerWriteError as exc:
@@ -342,25 +444,45 @@ class LedgerWriter:
         finally:
             self._replacer = None
 
-    async def _reinstate(self) -> bool:
-        """Give failed bookies that can be reached again their own positions back (no metadata change: the
-        entries they missed are in the marker already); True if any came back."""
+    def _check_quorum_deadline(self, waiting: str) -> None:
+        """Raise once a write set has lacked Qa bookies for `add_timeout` while the same add was first in line
+        (checked before a failed bookie may come back: one that comes back only to refuse again gains no time)."""
+        now, head = time.monotonic(), self._pending[0].entry_id if self._pending else None
+        if self._quorum_lost is None or self._quorum_lost[1] != head:
+            self._quorum_lost = (now, head)
+        if now - self._quorum_lost[0] >= self.settings.add_timeout:
+            raise LedgerWriteError(
+                f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
+                f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set "
+                f"answer: {waiting}"
+            )
+
+    async def _reinstate(self) -> None:
+        """Give failed bookies that answer again and say they are writable their own positions back (no metadata
+        change: the entries they missed are in the marker already). A connection alone is
+        not enough: a read-only bookie (disk full, storage failure) is reachable and keeps refusing adds."""
         back = []
         for position, bookie in list(self._failed.items()):
-            try:
-                await self._pool.get(bookie)
-            except ConnectionError:
-                continue
-            if self._failed.get(position) == bookie:
+            if await self._answers_writable(bookie) and self._failed.get(position) == bookie:
                 del self._failed[position]
                 back.append(position)
+        now = time.monotonic()
         for add in self._pending:
             for position in self._write_sets[add.entry_id % len(self._write_sets)]:
                 if position in back and not add.acks >> position & 1:
+                    add.sent_at = now
                     self._send(add, position)
         if back:
             log.info("ledger %d: bookies at positions %s answer again and keep their places", self.ledger_id, back)
-        return bool(back)
+
+    async def _answers_writable(self, bookie: str) -> bool:
+        """Whether `bookie` answers GET_BOOKIE_INFO within PROBE_TIMEOUT and says it takes adds."""
+        try:
+            client = await self._pool.get(bookie)
+            space = await asyncio.wait_for(client.bookie_info(), PROBE_TIMEOUT)
+        except (ConnectionError, BookieError, TimeoutError):
+            return False
+        return space.state == wire.BookieState.WRITABLE
 
     async def _mark_failed(self) -> None:
         """Record the failed bookies in the ledger's under-replication marker, for the auditor and repair."""
@@ -395,6 +517,7 @@ class LedgerWriter:
                     excluded.add(bookie)
         if not replaced:
             return "; ".join(reasons)
+        self._quorum_lost = None
         self._changing = asyncio.get_running_loop().create_future()
         try:
             first_entry_id = self.last_add_confirmed + 1
@@ -459,6 +582,9 @@ class LedgerWriter:
         for add in pending:
             _call(add, self._error)
         pending.clear()  # a completion loop under way on this queue (a callback failed the writer) stops here
+        self._lagging.clear()
+        self._lagging_bytes = 0
+        self._backlogs.clear()
         if self._drained is not None:
             self._drained.set_result(None)
             self._drained = None
@@ -468,28 +594,53 @@ class LedgerWriter:
     async def _housekeeping(self) -> None:
         while self._error is None:
             await asyncio.sleep(self.settings.idle_lac_delay)
-            if self._pending:
-                oldest = self._pending[0]
-                if time.monotonic() - oldest.sent_at > self.settings.add_timeout and self._changing is None:
-                    self._time_out(oldest)
-            elif self.last_add_confirmed > self._explicit_lac and self._changing is None and not self._recovery:
-                await self._write_lac(self.last_add_confirmed)
+            if self._changing is not None:
+                continue
+            self._time_out_silent_bookies()
+            if (
+                not self._pending
+                and self.last_add_confirmed > self._explicit_lac
+                and not self._recovery
+                and self._lac_writer is None
+            ):
+                # Its own task: a bookie that never answers cannot hold up the add timeouts above.
+                self._lac_writer = asyncio.get_running_loop().create_task(self._write_lac(self.last_add_confirmed))
+                self._lac_writer.add_done_callback(self._lac_written)
 
-    def _time_out(self, add: _Add) -> None:
-        for position in self._write_sets[add.entry_id % len(self._write_sets)]:
-            if not add.acks >> position & 1:
-                timeout = TimeoutError(f"no answer to entry {add.entry_id}")
-                self._bookie_failed(position, self._ensemble[position], timeout)
+    def _lac_written(self, task: asyncio.Task) -> None:
+        self._lac_writer = None
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("ledger %d: writing the LAC failed: %r", self.ledger_id, error)
+
+    def _time_out_silent_bookies(self) -> None:
+        """Fail the bookies that owe the oldest pending or acknowledged add an answer for more than `add_timeout`
+        (adds are sent in entry order, so the heads are the oldest)."""
+        deadline = time.monotonic() - self.settings.add_timeout
+        self._release_answered()
+        for queue in (self._lagging, self._pending):
+            if queue and queue[0].owed and queue[0].sent_at < deadline:
+                self._give_up_on(queue[0], f"none for {self.settings.add_timeout} s (add_timeout)")
+                self._release_answered()
 
     async def _write_lac(self, lac: int) -> None:
-        """Tell the whole ensemble the LAC (best effort: a failing bookie is found by the next add)."""
-        clients = [self._pool.connected(bookie) for bookie in self._ensemble]
-        answers = await asyncio.gather(
-            *(c.write_lac(self._master_key, self.ledger_id, lac) for c in clients if c is not None),
-            return_exceptions=True,
-        )
-        if any(isinstance(a, FencedError) for a in answers):
-            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open"))
+        """Tell the whole ensemble the LAC (best effort); a bookie that does not answer within `add_timeout` is
+        failed like one that does not answer an add."""
+        ensemble = list(self._ensemble)
+        calls = {}
+        for position, bookie in enumerate(ensemble):
+            client = self._pool.connected(bookie)
+            if client is not None and position not in self._failed:
+                calls[position] = asyncio.ensure_future(client.write_lac(self._master_key, self.ledger_id, lac))
+        if calls:
+            await asyncio.wait(calls.values(), timeout=self.settings.add_timeout)
+        for position, call in calls.items():
+            if not call.done():
+                call.cancel()
+                if self._ensemble[position] == ensemble[position] and self._error is None:
+                    why = f"no answer to WRITE_LAC {lac} of ledger {self.ledger_id} for {self.settings.add_timeout} s"
+                    self._abandon(position, ensemble[position], why)
+            elif isinstance(call.exception(), FencedError):
+                self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recovery open"))
         self._explicit_lac = lac
 
     async def flush(self) -> int:
@@ -538,7 +689,7 @@ class LedgerWriter:
             await self._stop()
 
     async def _stop(self) -> None:
-        for task in (self._housekeeper, self._replacer):
+        for task in (self._housekeeper, self._replacer, self._lac_writer):
             if task is not None:
                 task.cancel()
         if self._lease is not None:
