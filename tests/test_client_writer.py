@@ -282,7 +282,7 @@ class ScriptedBookies:
             entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.ADD_PREFIX_SIZE :])
             self._adds[bookie, entry.entry_id] = on_answer, arg
 
-        return SimpleNamespace(add_entry_callback=add_entry_callback, closed=False)
+        return SimpleNamespace(add_entry_callback=add_entry_callback, closed=False, backed_up=False)
 
     def ack(self, bookie: str, entry_id: int) -> None:
         on_answer, arg = self._adds.pop((bookie, entry_id))
