@@ -37,7 +37,6 @@ PROTOCOLS = ("v2", "v3")
 BOOKIE_JVM = ["-Xms512m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=10",
               "-XX:+ParallelRefProcEnabled", "-XX:+DisableExplicitGC"]
 CLIENT_JVM = ["-Xms512m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=10"]
-INIT_JVM = ["-Xmx128m", "-XX:TieredStopAtLevel=1"]  # a few ZooKeeper writes: start fast, no optimizing JIT
 
 # Group commit as our bookie does it (no wait: the journal is synced as soon as its queue drains, batches grow with
 # the load), capped at BookKeeper's default 2 ms wait and 512 KiB; fdatasync of every journal write, as ours.
@@ -134,8 +133,6 @@ class JavaSide:
     def measure(self, scenario: Scenario, storage: str, protocol: str, seconds: float, warmup: float) -> dict:
         run = self.directory / f"{scenario.name}-{storage}-{protocol}"
         root = f"/bookkeeper-java/{run.name}"
-        subprocess.run(self._java(INIT_JVM, "BookKeeperBench", "init", self.zk, root), check=True,
-                       capture_output=True, timeout=120)
         bookies = [self._start_bookie(run / f"bookie-{index}", root, storage) for index in range(scenario.bookies)]
         try:
             options = {
@@ -173,7 +170,7 @@ class JavaSide:
         conf.write_text("".join(f"{name}={value}\n" for name, value in settings.items()))
         with open(directory / "bookie.log", "wb") as log:
             return subprocess.Popen(
-                self._java(BOOKIE_JVM, "org.apache.bookkeeper.server.Main", "--conf", str(conf)),
+                self._java(BOOKIE_JVM, "BookKeeperBench", "bookie", self.zk, root, str(conf)),
                 stdout=log, stderr=subprocess.STDOUT,
             )
 

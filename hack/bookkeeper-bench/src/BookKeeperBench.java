@@ -30,7 +30,8 @@ import org.apache.zookeeper.ZooKeeper;
  * The Java reference side of `bookfleet bench bookkeeper`: what `bookfleet bench client` does, through Apache
  * BookKeeper's own client against its own bookies.
  *
- * <p>{@code init ZK ROOT} makes a fresh cluster under ROOT (one per run, so no run sees another's bookies).
+ * <p>{@code bookie ZK ROOT CONF} makes a fresh cluster under ROOT unless one is there (one per run, so no run sees
+ * another's bookies), then runs BookKeeper's own bookie main with CONF: one JVM start per bookie, none for the init.
  * {@code load ZK ROOT key=value...} creates one ledger (E/Qw/Qa, CRC32C digest), keeps {@code in_flight} adds
  * outstanding for {@code seconds} (each completion issues the next add), then adds at half the rate reached, those
  * due at each millisecond tick, for {@code seconds}; it prints one JSON object with the figures of both phases
@@ -42,13 +43,14 @@ public final class BookKeeperBench {
     private static final long CLOCK_TICKS_PER_SECOND = 100;
 
     public static void main(String[] args) throws Exception {
-        if (args.length < 3 && !(args.length == 2 && args[0].equals("init"))) {
-            System.err.println("usage: BookKeeperBench init ZK ROOT | load ZK ROOT key=value...");
+        if (args.length < 3) {
+            System.err.println("usage: BookKeeperBench bookie ZK ROOT CONF | load ZK ROOT key=value...");
             System.exit(2);
         }
         String uri = "zk+hierarchical://" + args[1] + args[2];
-        if (args[0].equals("init")) {
+        if (args[0].equals("bookie")) {
             init(args[1], args[2], uri);
+            org.apache.bookkeeper.server.Main.main(new String[] {"--conf", args[3]});
             return;
         }
         Map<String, String> options = new LinkedHashMap<>();
@@ -78,8 +80,13 @@ public final class BookKeeperBench {
         }
         ServerConfiguration conf = new ServerConfiguration();
         conf.setMetadataServiceUri(uri);
-        if (!BookKeeperAdmin.initNewCluster(conf)) {
-            throw new IllegalStateException("a cluster already exists under " + uri);
+        try {
+            BookKeeperAdmin.initNewCluster(conf);  // false: another bookie of this cluster made it first
+        } catch (Exception raced) {
+            // the other bookies of this cluster init at the same moment: one of them made it
+            if (BookKeeperAdmin.initNewCluster(conf)) {
+                throw new IllegalStateException("no cluster under " + uri + " after a failed init", raced);
+            }
         }
     }
 
