@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bookfleet.bench import baseline, client
+from bookfleet.bench import baseline, client, repair
 from bookfleet.cli import CommandError
 from bookfleet.zkserver import ZooKeeperServer, free_port
 
@@ -61,6 +61,18 @@ BOOKIE_SETTINGS = {
 }
 
 
+# AutoRecovery as BookKeeper deploys it by default: an auditor elected among the bookies and a replication worker
+# in each, no delay after a loss; a killed bookie is seen lost when its ZooKeeper session (4 s, the least this
+# ZooKeeper grants) expires. Our side marks the lost bookie's ledgers the moment it is killed (`bench repair`).
+RECOVERY_SETTINGS = {
+    "autoRecoveryDaemonEnabled": "true",
+    "lostBookieRecoveryDelay": "0",
+    "zkTimeout": "4000",
+}
+RECOVERY_BOOKIES = 4
+RECOVERY_SHAPE = (3, 2, 2)  # E, Qw, Qa: `bench repair`'s ledgers
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -99,6 +111,14 @@ def register(subparsers) -> None:
                         help="Java ledger storage (repeatable; default db and sorted)")
     parser.add_argument("--protocol", action="append", choices=PROTOCOLS,
                         help="Java client wire protocol (repeatable; default v2 and v3)")
+    parser.add_argument(
+        "--recovery", action="store_true",
+        help="instead: a bookie holding --ledgers x --entries x --entry-size is killed; seconds until every ledger "
+        "is back at Qw, our auditor + Spark repair against the Java bookies' AutoRecovery",
+    )
+    parser.add_argument("--ledgers", type=int, default=1000, help="--recovery: ledgers written (default 1000)")
+    parser.add_argument("--entries", type=int, default=100, help="--recovery: entries per ledger (default 100)")
+    parser.add_argument("--entry-size", type=int, default=1024, help="--recovery: payload bytes (default 1024)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0,
                         help="unmeasured full load before the Java client's measured one, for its JIT (default 2)")
@@ -133,7 +153,7 @@ class JavaSide:
     def measure(self, scenario: Scenario, storage: str, protocol: str, seconds: float, warmup: float) -> dict:
         run = self.directory / f"{scenario.name}-{storage}-{protocol}"
         root = f"/bookkeeper-java/{run.name}"
-        bookies = [self._start_bookie(run / f"bookie-{index}", root, storage) for index in range(scenario.bookies)]
+        bookies = [self._start_bookie(run / f"bookie-{index}", root, storage)[0] for index in range(scenario.bookies)]
         try:
             options = {
                 "ensemble": scenario.ensemble, "write_quorum": scenario.write_quorum,
@@ -147,20 +167,56 @@ class JavaSide:
                 capture_output=True, text=True, timeout=seconds * 4 + warmup + 180,
             )
         finally:
-            for bookie in bookies:
-                bookie.terminate()
-            for bookie in bookies:
-                bookie.wait(timeout=60)
+            self._stop(bookies)
+        return self._figures(load, run)
+
+    def recover(self, ledgers: int, entries: int, entry_size: int) -> dict:
+        """Java bookies with AutoRecovery on; the Java client writes the ledgers, kills the first bookie and
+        times until no ledger's ensembles name it."""
+        run = self.directory / "recovery"
+        root = f"/bookkeeper-java/{run.name}"
+        bookies = [self._start_bookie(run / f"bookie-{index}", root, "db", RECOVERY_SETTINGS)
+                   for index in range(RECOVERY_BOOKIES)]
+        victim, victim_port = bookies[0]
+        ensemble, write_quorum, ack_quorum = RECOVERY_SHAPE
+        options = {
+            "ledgers": ledgers, "entries": entries, "entry_size": entry_size, "bookies": RECOVERY_BOOKIES,
+            "ensemble": ensemble, "write_quorum": write_quorum, "ack_quorum": ack_quorum,
+            "victim": f"127.0.0.1:{victim_port}", "victim_pid": victim.pid,
+        }
+        try:
+            load = subprocess.run(
+                self._java(CLIENT_JVM, "RecoveryBench", self.zk, root,
+                           *(f"{name}={value}" for name, value in options.items())),
+                capture_output=True, text=True, timeout=3600,
+            )
+        finally:
+            self._stop([bookie for bookie, _ in bookies])
+        return self._figures(load, run)
+
+    @staticmethod
+    def _stop(bookies: list[subprocess.Popen]) -> None:
+        for bookie in bookies:
+            bookie.terminate()
+        for bookie in bookies:
+            bookie.wait(timeout=60)
+
+    @staticmethod
+    def _figures(load: subprocess.CompletedProcess, run: Path) -> dict:
         if load.returncode != 0:
             logs = "".join(path.read_text()[-2000:] for path in run.glob("bookie-*/bookie.log"))
-            raise CommandError(f"the Java load failed:\n{load.stderr[-3000:]}\n{logs}")
+            raise CommandError(f"the Java side failed:\n{load.stderr[-3000:]}\n{logs}")
         return json.loads(load.stdout.strip().splitlines()[-1])
 
-    def _start_bookie(self, directory: Path, root: str, storage: str) -> subprocess.Popen:
+    def _start_bookie(
+        self, directory: Path, root: str, storage: str, extra: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen, int]:
         directory.mkdir(parents=True)
+        port = free_port()
         settings = {
             **BOOKIE_SETTINGS,
-            "bookiePort": str(free_port()),
+            **(extra or {}),
+            "bookiePort": str(port),
             "metadataServiceUri": f"zk+hierarchical://{self.zk}{root}",
             "journalDirectories": str(directory / "journal"),
             "ledgerDirectories": str(directory / "ledgers"),
@@ -169,10 +225,11 @@ class JavaSide:
         conf = directory / "bookie.conf"
         conf.write_text("".join(f"{name}={value}\n" for name, value in settings.items()))
         with open(directory / "bookie.log", "wb") as log:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 self._java(BOOKIE_JVM, "BookKeeperBench", "bookie", self.zk, root, str(conf)),
                 stdout=log, stderr=subprocess.STDOUT,
             )
+        return process, port
 
 
 def _ours(zk: str, directory: Path, scenario: Scenario, args: argparse.Namespace) -> dict:
@@ -231,6 +288,37 @@ def _scenario_report(
     }
 
 
+def _recovery_report(reference: Path, args: argparse.Namespace) -> dict:
+    """Ours (`bench repair`: 4 bookies, E3/Qw2/Qa2, the lost bookie's ledgers marked at once, Spark local[2]), then
+    Java's AutoRecovery on the same shape, each in a ZooKeeper and directory of its own."""
+    ensemble, write_quorum, ack_quorum = RECOVERY_SHAPE
+    ours = repair.measure(argparse.Namespace(
+        ledgers=args.ledgers, entries=args.entries, entry_size=args.entry_size, bookies=RECOVERY_BOOKIES,
+        write_quorum=write_quorum, master="local[2]", throttle_mb_s=None, no_verify=False, json=True,
+    ))
+    with tempfile.TemporaryDirectory(prefix="bench-bookkeeper-recovery-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        with ZooKeeperServer(root / "zookeeper") as zookeeper:
+            java = JavaSide(reference, zookeeper.connect, root / "java").recover(
+                args.ledgers, args.entries, args.entry_size
+            )
+    return {
+        "scenario": "recovery",
+        "ledgers": args.ledgers,
+        "entries_per_ledger": args.entries,
+        "entry_size": args.entry_size,
+        "bookies": RECOVERY_BOOKIES,
+        "ensemble": [ensemble, write_quorum, ack_quorum],
+        "ours": ours,
+        "java_figures": java,
+        "java_settings": {"storage": "db", **RECOVERY_SETTINGS},
+        "java_bookie_jvm": " ".join(BOOKIE_JVM),
+        # how many times faster ours is (target: 5)
+        "recovery_java_seconds_over_ours": java["seconds_loss_to_full_replication"]
+        / ours["seconds_loss_to_full_replication"],
+    }
+
+
 def handle(args: argparse.Namespace) -> int:
     loop_name = baseline.chosen_event_loop(args.event_loop)
     if args.seconds <= 0 or args.warmup < 0:
@@ -238,6 +326,10 @@ def handle(args: argparse.Namespace) -> int:
     args.storage = args.storage or list(STORAGE_CLASSES)
     args.protocol = args.protocol or list(PROTOCOLS)
     reference = args.java_dir or built_reference()
+    if args.recovery:
+        report = _recovery_report(reference, args)
+        print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-bookkeeper-", dir=args.dir) as tmp:
         root = Path(tmp)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
