@@ -33,10 +33,17 @@ STORAGE_CLASSES = {
 PROTOCOLS = ("v2", "v3")
 
 # Sized for a 2-core, shared machine: a fixed heap (no resizing pauses), G1 with a short pause goal, and direct
-# memory for Netty's buffers and DbLedgerStorage's write cache and read-ahead cache.
+# memory for Netty's buffers and DbLedgerStorage's write cache and read-ahead cache; the module openings
+# BookKeeper's own scripts pass on Java 17 (Netty's direct buffers, the journal's page-cache advice).
+JAVA17_OPENS = [
+    "--add-opens", "java.base/java.io=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-exports", "java.base/jdk.internal.misc=ALL-UNNAMED", "-Dio.netty.tryReflectionSetAccessible=true",
+]
 BOOKIE_JVM = ["-Xms512m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=10",
-              "-XX:+ParallelRefProcEnabled", "-XX:+DisableExplicitGC"]
-CLIENT_JVM = ["-Xms512m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=10"]
+              "-XX:+ParallelRefProcEnabled", "-XX:+DisableExplicitGC", *JAVA17_OPENS]
+CLIENT_JVM = ["-Xms512m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=10",
+              *JAVA17_OPENS]
 
 # Group commit as our bookie does it (no wait: the journal is synced as soon as its queue drains, batches grow with
 # the load), capped at BookKeeper's default 2 ms wait and 512 KiB; fdatasync of every journal write, as ours.

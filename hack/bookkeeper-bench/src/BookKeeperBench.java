@@ -58,7 +58,12 @@ public final class BookKeeperBench {
             String[] pair = args[i].split("=", 2);
             options.put(pair[0], pair[1]);
         }
-        System.out.println(load(uri, options));
+        try {
+            System.out.println(load(uri, options));
+        } catch (Throwable failed) {
+            failed.printStackTrace();
+            System.exit(1);  // the client's threads would keep this JVM up
+        }
         System.exit(0);
     }
 
@@ -114,7 +119,7 @@ public final class BookKeeperBench {
         byte[] payload = new byte[entrySize];
         new Random(1).nextBytes(payload);
         Map<String, Object> report = new LinkedHashMap<>();
-        try (BookKeeper bookKeeper = new BookKeeper(conf)) {
+        try (BookKeeper bookKeeper = connectWhenClusterReady(conf)) {
             LedgerHandle ledger = createWhenBookiesRegistered(bookKeeper, ensemble, writeQuorum, ackQuorum);
             if (warmup > 0) {
                 fullLoad(ledger, payload, warmup, inFlight);
@@ -138,6 +143,21 @@ public final class BookKeeperBench {
         return toJson(report);
     }
 
+    /** The bookies init the cluster as they start, so it may not be there yet when this client is. */
+    static BookKeeper connectWhenClusterReady(ClientConfiguration conf) throws Exception {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
+        while (true) {
+            try {
+                return new BookKeeper(conf);
+            } catch (BKException | IOException notYet) {
+                if (System.nanoTime() > deadline) {
+                    throw notYet;
+                }
+                Thread.sleep(200);
+            }
+        }
+    }
+
     private static LedgerHandle createWhenBookiesRegistered(BookKeeper bookKeeper, int e, int qw, int qa)
             throws Exception {
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
@@ -145,7 +165,7 @@ public final class BookKeeperBench {
             try {
                 return bookKeeper.createLedger(e, qw, qa, BookKeeper.DigestType.CRC32C,
                         "bench".getBytes(StandardCharsets.UTF_8));
-            } catch (BKException.BKNotEnoughBookiesException notYet) {
+            } catch (BKException.BKNotEnoughBookiesException | BKException.ZKException notYet) {
                 if (System.nanoTime() > deadline) {
                     throw notYet;
                 }

@@ -15,6 +15,7 @@ import java.util.concurrent.TimeUnit;
 import io.netty.buffer.Unpooled;
 
 import org.apache.bookkeeper.client.BookKeeperAdmin;
+import org.apache.bookkeeper.client.BKException;
 import org.apache.bookkeeper.client.BookKeeper;
 import org.apache.bookkeeper.client.LedgerHandle;
 import org.apache.bookkeeper.client.api.LedgerMetadata;
@@ -42,8 +43,11 @@ public final class RecoveryBench {
         conf.setMetadataServiceUri("zk+hierarchical://" + args[0] + args[1]);
         conf.setAddEntryTimeout(60);
         Map<String, Object> report = new LinkedHashMap<>();
-        try (BookKeeper bookKeeper = new BookKeeper(conf)) {
+        try (BookKeeper bookKeeper = BookKeeperBench.connectWhenClusterReady(conf)) {
             run(bookKeeper, options, report);
+        } catch (Throwable failed) {
+            failed.printStackTrace();
+            System.exit(1);  // the client's threads would keep this JVM up
         }
         StringBuilder json = new StringBuilder("{");
         for (Map.Entry<String, Object> field : report.entrySet()) {
@@ -136,9 +140,16 @@ public final class RecoveryBench {
     private static void awaitBookies(BookKeeper bookKeeper, int bookies) throws Exception {
         BookKeeperAdmin admin = new BookKeeperAdmin(bookKeeper);
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(180);
-        while (admin.getAvailableBookies().size() < bookies) {
+        while (true) {
+            try {
+                if (admin.getAvailableBookies().size() >= bookies) {
+                    return;
+                }
+            } catch (BKException.ZKException notYet) {
+                // the bookies init the cluster as they start
+            }
             if (System.nanoTime() > deadline) {
-                throw new IllegalStateException("only " + admin.getAvailableBookies() + " registered");
+                throw new IllegalStateException("fewer than " + bookies + " bookies registered");
             }
             Thread.sleep(200);
         }
