@@ -8,7 +8,7 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup run test test-cluster kube-binaries cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
+.PHONY: setup run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,7 @@ run: setup
 # Two workers: most tests wait on processes and disks, not the CPU; the cluster tier stays on one worker (conftest).
 TEST_WORKERS ?= 2
 
-test: setup $(CHECKOV_STAMP) kube-binaries
+test: setup $(CHECKOV_STAMP) kube-binaries bookkeeper-reference
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
 	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
@@ -39,6 +39,11 @@ test: setup $(CHECKOV_STAMP) kube-binaries
 kube-binaries:
 	@if command -v go >/dev/null; then scripts/build-kube.sh >/dev/null; \
 	else echo "no Go toolchain: the cluster tier will be skipped"; fi
+
+# Apache BookKeeper's Java bookies and client, the reference of `bookfleet bench bookkeeper`: jars fetched with Maven
+# once per pinned version into ~/.cache/bookfleet/bookkeeper-<v>/ (cold: about 2 min), the bench compiled beside them.
+bookkeeper-reference:
+	@bash scripts/build-bookkeeper.sh >/dev/null
 
 test-cluster: setup kube-binaries
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
@@ -63,6 +68,10 @@ floors: setup
 bench: setup
 	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json
 	$(VENV)/bin/bookfleet bench bookie --entry-size 65536 --seconds 10 --json
+
+# Ours against Apache BookKeeper's Java bookies and client, same run, same disk: one JSON line per scenario.
+bench-bookkeeper: setup bookkeeper-reference
+	$(VENV)/bin/bookfleet bench bookkeeper --json
 
 lint: setup
 	$(VENV)/bin/ruff check bookfleet tests

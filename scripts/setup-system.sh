@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the system packages bookfleet needs (ZooKeeper, a headless JRE) when they are missing.
+# Installs the system packages bookfleet needs (ZooKeeper, a headless JDK, and Maven for the Java BookKeeper
+# reference of `bookfleet bench bookkeeper`) when they are missing.
 set -euo pipefail
 need=()
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
-command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

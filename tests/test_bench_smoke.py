@@ -49,3 +49,21 @@ def test_tls_figures_stand_next_to_the_plain_run():
         "tls_extra_client_cpu_us_per_entry": 1.5,
         "tls_extra_bookies_cpu_us_per_entry": 10.0,
     }
+
+
+def test_bench_bookkeeper_runs_both_sides_with_acknowledged_entries(tmp_path):
+    """The Java reference path (Maven jars, the compiled Java client, Java bookies) must not rot: a short run of
+    the first scenario gives a line with both sides, each with entries acknowledged, and their ratio."""
+    command = [
+        sys.executable, "-m", "bookfleet", "--log-level", "WARNING", "bench", "bookkeeper", "--scenario", "one-bookie",
+        "--storage", "db", "--protocol", "v2", "--seconds", "2", "--warmup", "0", "--dir", str(tmp_path), "--json",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["scenario"] == "one-bookie" and figures["raw_fsync_mb_per_s"] > 0
+    (run,) = figures["runs"]
+    assert run["java"] == "db-v2"
+    for side in ("ours", "java_figures"):
+        assert run[side]["full_entries"] > 0 and run[side]["half_entries"] > 0, (side, run)
+    assert run["throughput_ours_over_java"] > 0

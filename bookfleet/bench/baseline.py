@@ -77,7 +77,7 @@ def in_loop_iterations(cpu_us: float, baselines: dict[str, float]) -> float:
 
 
 def load_summary(latencies: list[float], elapsed: float, entry_size: int) -> dict[str, float]:
-    """Entries/s, MB/s and p50/p99 latency (ms) of a load; sorts `latencies` (seconds) in place."""
+    """Entries/s, MB/s and p50/p99/p99.9 latency (ms) of a load; sorts `latencies` (seconds) in place."""
     latencies.sort()
     count = len(latencies)
     return {
@@ -86,6 +86,7 @@ def load_summary(latencies: list[float], elapsed: float, entry_size: int) -> dic
         "mb_per_s": count * entry_size / elapsed / 1e6,
         "p50_ms": percentile(latencies, 0.50) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
+        "p999_ms": percentile(latencies, 0.999) * 1000,
     }
 
 

@@ -196,6 +196,14 @@ def register(benches) -> None:
 
 def run_bench(args) -> int:
     import json
+
+    result = measure(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0 if not result["failures"] and not result["replica_problems"] else 1
+
+
+def measure(args) -> dict:
+    """One loss and its repair (also the `bench bookkeeper --recovery` side of ours): the report's figures."""
     import tempfile
     import time
 
@@ -262,5 +270,4 @@ def run_bench(args) -> int:
         "verified": not args.no_verify,
         "baseline": {key: round(value, 3) for key, value in baseline.items()},
     }
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0 if not summary.failures and not problems else 1
+    return result

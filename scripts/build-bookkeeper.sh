@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Fetch the pinned Apache BookKeeper jars (hack/bookkeeper-bench/pom.xml) with Maven into
+# ~/.cache/bookfleet/bookkeeper-<version>/lib, once per version, and compile the Java side of
+# `bookfleet bench bookkeeper` (hack/bookkeeper-bench/src) into .../classes whenever its source changes.
+# The reference stays outside the clone and outside the wheel. Prints the directory on the last line of stdout;
+# progress goes to stderr.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+BENCH="$HERE/hack/bookkeeper-bench"
+for tool in mvn javac; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "build-bookkeeper: no $tool on PATH" >&2
+        exit 3
+    fi
+done
+VERSION="$(sed -n 's:.*<bookkeeper.version>\(.*\)</bookkeeper.version>.*:\1:p' "$BENCH/pom.xml")"
+OUT="${BOOKFLEET_BOOKKEEPER_DIR:-$HOME/.cache/bookfleet/bookkeeper-$VERSION}"
+mkdir -p "$OUT"
+
+if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
+    started=$SECONDS
+    echo "build-bookkeeper: fetching Apache BookKeeper $VERSION with Maven (cold: about a minute) ..." >&2
+    rm -rf "$OUT/lib.tmp"
+    mvn -q -B -f "$BENCH/pom.xml" dependency:copy-dependencies -DoutputDirectory="$OUT/lib.tmp" >&2
+    rm -rf "$OUT/lib" && mv "$OUT/lib.tmp" "$OUT/lib"
+    echo "$VERSION" > "$OUT/lib.version"
+    echo "build-bookkeeper: jars fetched in $((SECONDS - started)) s" >&2
+fi
+
+SOURCE_SUM="$(cat "$BENCH"/src/*.java | sha256sum | cut -d' ' -f1)"
+if [[ "$(cat "$OUT/classes.sha256" 2>/dev/null)" != "$SOURCE_SUM" ]]; then
+    rm -rf "$OUT/classes.tmp" && mkdir -p "$OUT/classes.tmp"
+    javac -nowarn -d "$OUT/classes.tmp" -cp "$OUT/lib/*" "$BENCH"/src/*.java >&2
+    rm -rf "$OUT/classes" && mv "$OUT/classes.tmp" "$OUT/classes"
+    echo "$SOURCE_SUM" > "$OUT/classes.sha256"
+    echo "build-bookkeeper: bench compiled" >&2
+fi
+echo "$OUT"
