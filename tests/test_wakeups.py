@@ -135,3 +135,14 @@ def test_a_ledger_watch_event_wakes_its_pass_only_when_new_or_its_spec_or_id_cha
     feed.ledger_changed(body, deleted=True)
     feed.wake_ledger_id(7)
     assert woken == [("ns", "l")] * 4
+
+
+def test_a_ledger_woken_during_its_pass_is_handed_out_again_only_once_the_pass_is_done():
+    clock = FakeClock()
+    queue = ledgerfeed.DebouncedQueue(debounce=0, rate=1000, clock=clock)
+    queue.wake(("ns", "a"))
+    assert queue.take(timeout=0) == (("ns", "a"), None)
+    queue.wake(("ns", "a"), {"v": 1})
+    assert queue.take(timeout=0) is None  # a second worker must not run it beside the first
+    queue.done(("ns", "a"))
+    assert queue.take(timeout=0) == (("ns", "a"), {"v": 1})

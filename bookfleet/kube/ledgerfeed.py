@@ -12,12 +12,15 @@ valid yet (which wait on something no watch covers: bookies to register, a Secre
 
 `LedgerFeed` holds a compact directory of the Ledgers (name, cluster, id, generation and two health bits: no bodies,
 so 100,000 Ledgers cost a few tens of MB), a debounced queue (a key woken many times before its pass runs once) and
-one worker thread that runs the passes at most `rate` per second. No finalizer: deleting a Ledger resource leaves
-its ledger in ZooKeeper (it is a view), so there is nothing to do before it goes; its DELETED event drops it here.
+a few worker threads that run the passes, at most `rate` per second, never two of one Ledger at once. No finalizer:
+deleting a Ledger resource leaves its ledger in ZooKeeper (it is a view), so there is nothing to do before it goes;
+its DELETED event drops it here.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import random
 import threading
@@ -64,12 +67,16 @@ def entry_of(body: dict[str, Any]) -> LedgerEntry:
 
 class DebouncedQueue:
     """Keys to process, each at most once however often it was woken; a key is handed out `debounce` seconds after
-    its first wake-up (a burst of changes to one object costs one pass), at most `rate` keys per second."""
+    its first wake-up (a burst of changes to one object costs one pass), at most `rate` keys per second, and never
+    to two workers at once (woken while in a pass, it is handed out again once `done`)."""
 
     def __init__(self, debounce: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.debounce, self.rate, self.clock = debounce, rate, clock
         self._due: dict[Hashable, float] = {}
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._order = itertools.count()
         self._payload: dict[Hashable, Any] = {}
+        self._active: set[Hashable] = set()
         self._cond = threading.Condition()
         self._next_slot = 0.0
 
@@ -81,29 +88,45 @@ class DebouncedQueue:
         """Thread-safe. `payload` (a fresh body) is kept until the pass, the newest one winning; `delay`: not
         before that many seconds (a retry)."""
         with self._cond:
-            if key not in self._due:
-                self._due[key] = self.clock() + max(self.debounce, delay)
-                self._cond.notify()
             if payload is not None:
                 self._payload[key] = payload
+            if key in self._due:
+                return
+            self._due[key] = self.clock() + max(self.debounce, delay)
+            if key not in self._active:
+                self._push(key)
+
+    def _push(self, key: Hashable) -> None:
+        heapq.heappush(self._heap, (self._due[key], next(self._order), key))
+        self._cond.notify()
 
     def forget(self, key: Hashable) -> None:
         with self._cond:
             self._due.pop(key, None)
             self._payload.pop(key, None)
 
+    def done(self, key: Hashable) -> None:
+        """The pass of `key` ended: if it was woken meanwhile, it is due again."""
+        with self._cond:
+            self._active.discard(key)
+            if key in self._due:
+                self._push(key)
+
     def take(self, timeout: float) -> tuple[Hashable, Any] | None:
-        """The next due key and its payload, or None after `timeout` seconds without one."""
+        """The next due key and its payload (call `done(key)` after its pass), or None after `timeout` seconds."""
         deadline = self.clock() + timeout
         with self._cond:
             while True:
+                while self._heap and self._due.get(self._heap[0][2]) != self._heap[0][0]:
+                    heapq.heappop(self._heap)  # forgotten since it was pushed
                 now = self.clock()
-                due = min(self._due.values(), default=None)
-                if due is not None:
+                if self._heap:
+                    due, _, key = self._heap[0]
                     ready = max(due, self._next_slot)
                     if ready <= now:
-                        key = min(self._due, key=self._due.__getitem__)
+                        heapq.heappop(self._heap)
                         del self._due[key]
+                        self._active.add(key)
                         gap = 1.0 / self.rate
                         self._next_slot = max(self._next_slot, now - 1.0 + gap) + gap  # one second of burst
                         return key, self._payload.pop(key, None)
@@ -116,12 +139,12 @@ class DebouncedQueue:
 
 
 class LedgerFeed:
-    """The directory, the queue, the ZooKeeper watches and the worker that runs `reconcile(key, body or None)`."""
+    """The directory, the queue, the ZooKeeper watches and the workers that run `reconcile(key, body or None)`."""
 
     def __init__(self, reconcile: Callable[[LedgerKey, dict | None], None],
                  zookeeper_of: Callable[[str, str], str | None], zk: Callable[[str], KazooClient], resync: float,
-                 retry: float, debounce: float = 0.05, rate: float = 1000.0, rng: random.Random | None = None,
-                 ) -> None:
+                 retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 4,
+                 rng: random.Random | None = None) -> None:
         self.reconcile, self.zookeeper_of, self.zk = reconcile, zookeeper_of, zk
         self.resync, self.retry, self.rng = resync, retry, rng or random.Random()
         self.queue = DebouncedQueue(debounce, rate)
@@ -131,7 +154,8 @@ class LedgerFeed:
         self._caches: dict[str, tuple[TreeCache, TreeCache]] = {}
         self._resync_due: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ledger-feed", daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(index == 0,), name=f"ledger-feed-{index}",
+                                          daemon=True) for index in range(workers)]
 
     # --- the directory, from the Ledgers' watch events ----------------------------------------------------------
 
@@ -246,18 +270,22 @@ class LedgerFeed:
     # --- the worker -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=10)
         for caches in self._caches.values():
             for cache in caches:
                 cache.close()
 
-    def _run(self) -> None:
+    def _run(self, resyncs: bool) -> None:
+        """A worker (passes are I/O: a few run at once); the first one also starts the resyncs."""
         while not self._stop.is_set():
-            self._resync_due_clusters(time.monotonic())
+            if resyncs:
+                self._resync_due_clusters(time.monotonic())
             taken = self.queue.take(timeout=1.0)
             if taken is None:
                 continue
@@ -267,6 +295,8 @@ class LedgerFeed:
             except Exception:
                 log.exception("reconciling Ledger %s/%s failed; retried in %s s", *key, self.retry)
                 self.queue.wake(key, delay=self.retry)
+            finally:
+                self.queue.done(key)
 
 
 def _ids(cache: TreeCache, root: str, id_of: Callable[[str], int]) -> set[int]:

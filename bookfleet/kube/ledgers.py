@@ -119,10 +119,10 @@ class RecordLedgerHealth:
 def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> None:
     """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed).
 
-    A Ledger not yet seen in ZooKeeper is read afresh: the copy handed over may predate the last pass's status
-    patch, and creating from it would reserve a second id and create a second ledger. Existing ones (nearly all)
-    cost no GET."""
-    if (body.get("status") or {}).get("state") is None:
+    A Ledger the operator may create and has not seen in ZooKeeper is read afresh: the copy handed over may predate
+    the last pass's status patch, and creating from it would reserve a second id and create a second ledger. Others
+    (nearly all: existing or adopted) cost no GET."""
+    if (body.get("status") or {}).get("state") is None and (body.get("spec") or {}).get("ledgerId") is None:
         meta = body["metadata"]
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
     act(ctx, body, decide(observe(ctx, body, sources), now()))
