@@ -5,7 +5,7 @@ modules) with kwok (`sigs.k8s.io/kwok`, built once per pinned version by scripts
 the pods' lifecycles, and a real embedded ZooKeeper. The bookies are registered in ZooKeeper by the bench (no bookie
 process runs), the ledgers' metadata is written there, one Ledger resource adopts each.
 
-1. The operator brings up a BookieCluster of N bookies (their pods Running on kwok nodes) and is stopped (SIGTERM).
+1. The bookies register, the operator brings up their BookieCluster (pods Running on kwok nodes) and is stopped.
 2. M ledgers and their Ledger resources are created; an idle window measures what the API server and ZooKeeper
    serve without the operator (kwok's heartbeats, the controllers, the bench's session): the same-run baseline.
 3. The operator starts over the whole fleet: seconds until every Ledger shows its state (each reconciled once).
@@ -147,24 +147,29 @@ class Scale:
         wait_for(lambda: self._served("ledgers"), 60, "the CRDs served", interval=0.5)
         self._nodes()
         self._volumes()
+        cluster = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                   "metadata": {"name": CLUSTER, "namespace": NS},
+                   "spec": {"replicas": self.args.bookies, "zookeeper": self.zk_server.connect,
+                            "security": {"tls": "Disabled"}, "autoRecovery": {"enabled": False}}}
+        # The bookies register as they would once started (their ids follow from the cluster), before their pods
+        # exist: none ever counts lost.
+        bookies = {b["metadata"]["name"]: b["spec"]["bookieId"]
+                   for b in resources.bookies_for_cluster(BookieCluster.model_validate(cluster))}
         started = time.monotonic()
-        with self._operator("operator-1") as operator:
-            self.custom.create_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookieclusters", {
-                "apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": CLUSTER},
-                "spec": {"replicas": self.args.bookies, "zookeeper": self.zk_server.connect,
-                         "security": {"tls": "Disabled"},
-                         "autoRecovery": {"lostBookieRecoveryDelaySeconds": DELAY}}})
-            bookies = wait_for(self._bookie_ids, 1800, f"{self.args.bookies} Bookies", interval=1)
-            with zkclient.session(self.zk_server.connect) as registrations:
-                for index, bookie_id in enumerate(bookies.values()):
-                    info = BookieInfo(bookie_id=bookie_id, address=f"10.0.{index // 250}.{index % 250}:3181",
-                                      zone=ZONES[index % 3])
-                    registrations.create(zkpaths.available(bookie_id), info.to_json(), makepath=True, ephemeral=True)
-                wait_for(self._pods_running, 1800, f"{self.args.bookies} bookie pods Running", interval=2)
-                bring_up = time.monotonic() - started
-                operator.terminate()
-                operator.wait(timeout=60)
-                result = self._with_fleet(bookies, registrations)
+        with zkclient.session(self.zk_server.connect) as registrations, self._operator("operator-1") as operator:
+            for index, bookie_id in enumerate(bookies.values()):
+                info = BookieInfo(bookie_id=bookie_id, address=f"10.0.{index // 250}.{index % 250}:3181",
+                                  zone=ZONES[index % 3])
+                registrations.create(zkpaths.available(bookie_id), info.to_json(), makepath=True, ephemeral=True)
+            self.custom.create_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookieclusters", cluster)
+            wait_for(self._pods_running, 1800, f"{self.args.bookies} bookie pods Running", interval=2)
+            bring_up = time.monotonic() - started
+            operator.terminate()
+            operator.wait(timeout=60)
+            # Off while the pods came up (a Pending pod is no loss to repair here); on for the pod death.
+            self.custom.patch_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookieclusters", CLUSTER, {
+                "spec": {"autoRecovery": {"enabled": True, "lostBookieRecoveryDelaySeconds": DELAY}}})
+            result = self._with_fleet(bookies, registrations)
         return {"bookies": self.args.bookies, "ledgers": self.args.ledgers, "bring_up_s": round(bring_up, 1),
                 "operator_python": self.args.operator_python, **result}
 
@@ -239,13 +244,10 @@ class Scale:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(create, volumes))
 
-    def _bookie_ids(self) -> dict[str, str] | None:
-        items = self.custom.list_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookies")["items"]
-        return {b["metadata"]["name"]: b["spec"]["bookieId"] for b in items} \
-            if len(items) == self.args.bookies else None
-
     def _pods_running(self) -> bool:
-        pods = self.core.list_namespaced_pod(NS, label_selector=f"{resources.LABEL_CLUSTER}={CLUSTER}").items
+        selector = ",".join(f"{k}={v}" for k, v in {**resources.BOOKIE_POD_SELECTOR,
+                                                     resources.LABEL_CLUSTER: CLUSTER}.items())
+        pods = self.core.list_namespaced_pod(NS, label_selector=selector).items
         return len(pods) == self.args.bookies and all(p.status.phase == "Running" for p in pods)
 
     def _ledgers(self, bookie_ids: list[str]) -> list[int]:
@@ -339,7 +341,10 @@ class Scale:
             wait_for(lambda: markers.marker(on_victim[0]) is not None, 300, "a ledger of the dead bookie marked",
                      interval=0.2)
             marked = time.monotonic() - died
-            wait_for(lambda: self.batch.list_namespaced_job(NS).items, 300, "its repair Job", interval=0.2)
+            selector = ",".join(f"{k}={v}" for k, v in {**resources.REPAIR_SELECTOR,
+                                                         resources.LABEL_BOOKIE: victim}.items())
+            wait_for(lambda: self.batch.list_namespaced_job(NS, label_selector=selector).items, 300,
+                     "its repair Job", interval=0.2)
             job = time.monotonic() - died
         except TimeoutError as exc:
             return {"pod_death": str(exc)}
