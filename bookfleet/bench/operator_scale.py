@@ -154,7 +154,8 @@ class Scale:
         # The bookies register as they would once started (their ids follow from the cluster), before their pods
         # exist: none ever counts lost.
         bookies = {b["metadata"]["name"]: b["spec"]["bookieId"]
-                   for b in resources.bookies_for_cluster(BookieCluster.model_validate(cluster))}
+                   for b in resources.bookies_for_cluster(BookieCluster.model_validate(
+                       {**cluster, "metadata": {**cluster["metadata"], "uid": "not-created-yet"}}))}
         started = time.monotonic()
         with zkclient.session(self.zk_server.connect) as registrations, self._operator("operator-1") as operator:
             for index, bookie_id in enumerate(bookies.values()):
