@@ -23,11 +23,12 @@ else
     echo "$VERSION" > "$OUT/kwok.version"
     echo "build-kwok: kwok built in $((SECONDS - started)) s" >&2
 fi
-# kwok's own stages of the same version (nodes Ready with lease heartbeats; pods Ready, completed, deleted), in one
-# file for `kwok --config`.
+# kwok's own stages of the same version (nodes Ready with lease heartbeats; pods Ready, deleted), in one file for
+# `kwok --config`. Not pod-complete: a repair Job's pod that "succeeds" at once without repairing anything would have
+# the operator retry it for ever.
 STAGES="$(cd "$MOD" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
 for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready \
-        pod/fast/pod-complete pod/fast/pod-delete; do
+        pod/fast/pod-delete; do
     cat "$STAGES/$stage.yaml"
     echo "---"
 done > "$OUT/stages.yaml"

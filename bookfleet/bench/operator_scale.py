@@ -164,6 +164,7 @@ class Scale:
                 registrations.create(zkpaths.available(bookie_id), info.to_json(), makepath=True, ephemeral=True)
             self.custom.create_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookieclusters", cluster)
             wait_for(self._pods_running, 1800, f"{self.args.bookies} bookie pods Running", interval=2)
+            wait_for(self._none_lost, 600, "no Bookie counted lost", interval=2)
             bring_up = time.monotonic() - started
             operator.terminate()
             operator.wait(timeout=60)
@@ -250,6 +251,11 @@ class Scale:
                                                      resources.LABEL_CLUSTER: CLUSTER}.items())
         pods = self.core.list_namespaced_pod(NS, label_selector=selector).items
         return len(pods) == self.args.bookies and all(p.status.phase == "Running" for p in pods)
+
+    def _none_lost(self) -> bool:
+        """A pod that was Pending a while may have counted lost: it must be back before auto-recovery is on."""
+        items = self.custom.list_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookies")["items"]
+        return not any((b.get("status") or {}).get("lostSince") for b in items)
 
     def _ledgers(self, bookie_ids: list[str]) -> list[int]:
         """M ledgers' metadata (ensembles of 3 rotating over the bookies) and a Ledger resource adopting each."""
