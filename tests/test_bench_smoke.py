@@ -67,3 +67,12 @@ def test_bench_bookkeeper_runs_both_sides_with_acknowledged_entries(tmp_path):
     for side in ("ours", "java_figures"):
         assert run[side]["full_entries"] > 0 and run[side]["half_entries"] > 0, (side, run)
     assert run["throughput_ours_over_java"] > 0
+
+
+def test_the_scale_bench_without_go_says_so_in_one_line_and_succeeds(tmp_path):
+    """kwok and the control plane are built from Go modules: a machine without Go skips the bench, it does not fail."""
+    command = [sys.executable, "-m", "bookfleet", "bench", "operator", "--scale", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env={"PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines() == ["bench operator --scale: skipped: no Go toolchain on PATH (the"
+                                                  " control plane and kwok are built from Go modules)"]

@@ -36,10 +36,11 @@ def bookies_of(cluster: BookieCluster) -> list[Bookie]:
 
 
 class SecretStore:
-    """The three calls `certificates.ensure` makes, on a dict: an in-memory API for Secrets and Certificates."""
+    """The calls `certificates.ensure` makes, on a dict: an in-memory API for Secrets and Certificates."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
+        self.gets = 0
 
     def ensure(self, manifest: dict) -> tuple[dict, bool]:
         key = (manifest["kind"], manifest["metadata"]["name"])
@@ -49,7 +50,13 @@ class SecretStore:
 
     def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
         assert plural == "secrets"
+        self.gets += 1
         return self.objects.get(("Secret", name))
+
+    def list(self, api_version: str, plural: str, namespace: str, labels: dict[str, str]) -> list[dict]:
+        assert plural == "secrets"
+        return [o for (kind, _), o in self.objects.items()
+                if kind == "Secret" and labels.items() <= o["metadata"]["labels"].items()]
 
     def patch(self, api_version: str, plural: str, namespace: str, name: str, patch: dict) -> dict:
         self.objects[("Secret", name)] = {**self.objects[("Secret", name)], **patch}
@@ -114,6 +121,23 @@ def test_ensure_issues_once_then_renews_before_expiry(tmp_path: Path) -> None:
     for key, value in secret["data"].items():
         (tmp_path / key).write_bytes(base64.b64decode(value))
     assert isinstance(server_context(tmp_path).context, ssl.SSLContext)
+
+
+def test_a_pass_with_nothing_to_issue_lists_once_parses_nothing_new_and_makes_no_ca_key(monkeypatch) -> None:
+    """At 1,000 bookies a pass had made a GET per bookie Secret, parsed every certificate and generated a throwaway CA
+    key pair: now one LIST, certificates parsed once per content, a CA only when one is issued and none exists."""
+    cluster = make_cluster()
+    api = SecretStore()
+    certificates.ensure(api, cluster, bookies_of(cluster), NOW)  # issues them
+    certificates.ensure(api, cluster, bookies_of(cluster), NOW)  # reads them back
+    created, parsed = [], []
+    monkeypatch.setattr(certificates.CertificateAuthority, "create", lambda *a: created.append(a))
+    load = x509.load_pem_x509_certificate
+    monkeypatch.setattr(certificates.x509, "load_pem_x509_certificate", lambda pem: parsed.append(pem) or load(pem))
+    api.gets = 0
+    for day in range(3):
+        assert certificates.ensure(api, cluster, bookies_of(cluster), NOW + dt.timedelta(days=day)) == []
+    assert (api.gets, created, parsed) == (0, [], [])
 
 
 def test_cert_manager_mode_creates_certificates_instead() -> None:

@@ -1,14 +1,20 @@
-"""One Ledger pass end to end, in process: observe against real ZooKeeper and a fake API, decide, act."""
+"""One Ledger pass end to end, in process: observe against real ZooKeeper and a fake API, decide, act; and the
+feed that wakes it (kube.ledgerfeed) on ZooKeeper changes."""
 
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
-from bookfleet.kube import ledgers
+import pytest
+
+from bookfleet import polling
+from bookfleet.kube import ledgerfeed, ledgers
 from bookfleet.kube.context import OperatorContext
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.underreplication import UnderReplication
 
 LEDGER = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger", "metadata": {"name": "l", "namespace": "ns"},
           "spec": {"cluster": "bk", "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}}
@@ -34,6 +40,11 @@ class FakeApi:
         self.events.append(reason)
 
 
+def sources(api: FakeApi) -> ledgers.LedgerSources:
+    return ledgers.LedgerSources(cluster=lambda namespace, name: api.get("", "bookieclusters", namespace, name),
+                                 repairs_of=lambda key: ())
+
+
 def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
     """A timer may hand over a copy older than the last pass's status patch: creation reads the Ledger afresh, or it
     would reserve a second id and create a second ledger."""
@@ -43,9 +54,69 @@ def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     try:
         for _ in range(2):
-            ledgers.sync(ctx, copy.deepcopy(LEDGER), lambda key: ())  # the copy from before any status
+            ledgers.sync(ctx, copy.deepcopy(LEDGER), sources(api))  # the copy from before any status
     finally:
         ctx.close()
     status = api.objects["ledgers"]["status"]
     assert MetadataStore(zk).ledger_ids() == [status["ledgerId"]]
     assert status["state"] == "OPEN" and api.events == ["Created"]
+
+
+@pytest.fixture
+def feed_on(zk_connect):
+    """A LedgerFeed over the FakeApi and real ZooKeeper, its resync far away: only watches wake a Ledger."""
+    api = FakeApi(zk_connect)
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    passes: list[ledgerfeed.LedgerKey] = []
+
+    def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> None:
+        passes.append(key)
+        ledgers.sync(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
+            lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
+            feed.watch_metadata))
+
+    feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: zk_connect, ctx.zk, resync=3600, retry=3600)
+    feed.start()
+    try:
+        yield api, feed, passes
+    finally:
+        feed.stop()
+        ctx.close()
+
+
+def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
+    """A marker appearing and going, a DATA_LOSS record and a close each wake the Ledger's pass through a ZooKeeper
+    watch (no timer, no resync); a Ledger nothing happened to gets no pass."""
+    api, feed, passes = feed_on
+    store = MetadataStore(zk)
+    ledger_id = store.create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
+    api.objects["ledgers"]["spec"] = {"cluster": "bk", "ledgerId": ledger_id, "ensembleSize": 2, "writeQuorum": 2}
+    api.objects["bookieclusters"]["spec"]["replicas"] = 3
+    feed.watch_zookeeper(zk_connect_of(api))
+    feed.ledger_changed(copy.deepcopy(api.objects["ledgers"]))
+    wait_for(lambda: stored_status(api).get("state") == "OPEN", 30, "the first pass")
+    UnderReplication(zk).mark(ledger_id, ["b2:3181"])
+    wait_for(lambda: (stored_status(api).get("underReplicated") or {}).get("missingBookies") == ["b2:3181"], 30,
+             "the marker in status")
+    UnderReplication(zk).mark_data_loss(ledger_id, [3])
+    wait_for(lambda: any(c["type"] == "DataLoss" and c["status"] == "True" for c in stored_status(api)["conditions"]),
+             30, "DataLoss in status")
+    metadata, version = store.read(ledger_id)
+    store.update(ledger_id, metadata.with_closed(9, 90), version)
+    status = wait_for(lambda: (s := stored_status(api)).get("state") == "CLOSED" and s, 30, "the close in status")
+    assert status["lastEntryId"] == 9 and api.events.count("UnderReplicated") == 1
+    settled = len(passes)
+    time.sleep(1)  # nothing changes: no pass (this asserts the absence of a timer, not a speed)
+    assert len(passes) == settled and len(feed.queue) == 0
+
+
+def zk_connect_of(api: FakeApi) -> str:
+    return api.objects["bookieclusters"]["spec"]["zookeeper"]
+
+
+def stored_status(api: FakeApi) -> dict:
+    return api.objects["ledgers"].get("status") or {}
+
+
+def wait_for(check, timeout: float, what: str):
+    return polling.wait_for(check, timeout, what)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bookfleet.kube import wakeups
+from bookfleet.kube import ledgerfeed, wakeups
 
 KEY = ("bookies", "default", "bk-0")
 
@@ -89,3 +89,60 @@ def test_only_a_new_generation_wakes_a_loop_and_a_deleted_object_is_forgotten():
     registry.wake_on_new_generation(KEY, 4, deleted=True)
     registry.wake_on_new_generation(KEY, 1)  # recreated under the same name
     assert woken == [KEY]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_ledger_woken_many_times_before_its_pass_gets_one_pass_with_the_newest_body():
+    clock = FakeClock()
+    queue = ledgerfeed.DebouncedQueue(debounce=0.5, rate=1000, clock=clock)
+    for version in range(3):
+        queue.wake(("ns", "a"), {"v": version})
+    queue.wake(("ns", "a"))
+    assert queue.take(timeout=0) is None  # still within its debounce
+    clock.now += 0.5
+    assert queue.take(timeout=0) == (("ns", "a"), {"v": 2})
+    assert queue.take(timeout=0) is None and len(queue) == 0
+
+
+def test_passes_are_rate_limited_after_one_second_of_burst():
+    clock = FakeClock()
+    queue = ledgerfeed.DebouncedQueue(debounce=0, rate=2, clock=clock)
+    for name in "abcdef":
+        queue.wake(("ns", name))
+    assert [queue.take(timeout=0) for _ in range(3)] == [(("ns", "a"), None), (("ns", "b"), None), None]
+    clock.now += 0.5
+    assert queue.take(timeout=0) == (("ns", "c"), None) and queue.take(timeout=0) is None
+
+
+def test_a_ledger_watch_event_wakes_its_pass_only_when_new_or_its_spec_or_id_changed():
+    woken: list = []
+    feed = ledgerfeed.LedgerFeed(lambda key, body: None, lambda ns, cluster: None, lambda connect: None,
+                                 resync=60, retry=1)
+    feed.queue.wake = lambda key, payload=None, delay=0.0: woken.append(key)  # type: ignore[method-assign]
+    body = {"metadata": {"namespace": "ns", "name": "l", "generation": 1}, "spec": {"cluster": "bk"}}
+    feed.ledger_changed(body)
+    feed.ledger_changed({**body, "status": {"conditions": []}})  # its own status patch
+    feed.ledger_changed({**body, "status": {"ledgerId": 7}})  # an id reserved: its metadata watch is armed next
+    feed.ledger_changed({**body, "metadata": {**body["metadata"], "generation": 2}, "status": {"ledgerId": 7}})
+    feed.wake_ledger_id(7)
+    feed.ledger_changed(body, deleted=True)
+    feed.wake_ledger_id(7)
+    assert woken == [("ns", "l")] * 4
+
+
+def test_a_ledger_woken_during_its_pass_is_handed_out_again_only_once_the_pass_is_done():
+    clock = FakeClock()
+    queue = ledgerfeed.DebouncedQueue(debounce=0, rate=1000, clock=clock)
+    queue.wake(("ns", "a"))
+    assert queue.take(timeout=0) == (("ns", "a"), None)
+    queue.wake(("ns", "a"), {"v": 1})
+    assert queue.take(timeout=0) is None  # a second worker must not run it beside the first
+    queue.done(("ns", "a"))
+    assert queue.take(timeout=0) == (("ns", "a"), {"v": 1})

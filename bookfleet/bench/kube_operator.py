@@ -1,5 +1,6 @@
 """`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator; with
-`--node-failure`, a bookie's node failing on the local Kubernetes cluster.
+`--node-failure`, a bookie's node failing on the local Kubernetes cluster; with `--scale`, the operator over a fleet of
+simulated nodes (bench/operator_scale.py).
 
 A real `bookfleet operator` process watches the emulator (tests.emulator) and a real embedded ZooKeeper.
 Pods are not run: the figures are the operator's own work. Reported next to the same-run cost of one emulator
@@ -29,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from bookfleet.bench import operator_scale
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
 from bookfleet.cli import CommandError
 from bookfleet.kube import resources
@@ -53,6 +55,7 @@ def register(subparsers) -> None:
     parser.add_argument("--node-failure", action="store_true",
                         help="instead: fail a bookie's node on the local Kubernetes cluster (minutes; builds it the"
                              " first time) and report the seconds to the repair Job and to a healthy Ledger")
+    operator_scale.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
 
@@ -65,12 +68,6 @@ def _cluster(name: str, replicas: int, zookeeper: str, delay: int) -> dict:
     return {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": name},
             "spec": {"replicas": replicas, "zookeeper": zookeeper, "security": {"tls": "Disabled"},
                      "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}}}
-
-
-def _rss_mb(pid: int) -> tuple[float, float]:
-    """(current, peak) resident memory of a process in MB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
 def _create_ledgers(connect: str, bookie_ids: list[str], count: int) -> None:
@@ -125,6 +122,10 @@ def _test_tooling(module: str) -> ModuleType:
 def handle(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.large_bookies < 3 or args.large_ledgers < 0 or args.delay < 0:
         raise CommandError("--replicas must be >= 1, --large-bookies >= 3, --large-ledgers and --delay >= 0")
+    if args.scale:
+        if args.bookies < 3 or args.ledgers < 1 or args.window <= 0:
+            raise CommandError("--bookies must be >= 3, --ledgers >= 1, --window > 0")
+        return operator_scale.run(args, _test_tooling)
     if args.node_failure:
         return _node_failure(args)
     EmulatorThread = _test_tooling("emulator").EmulatorThread
@@ -199,7 +200,7 @@ def _measure(args: argparse.Namespace, kube, connect: str, pid: int) -> dict:
         (b.get("status") or {}).get("ledgers") for b in kube.list("bookies", NS, f"{resources.LABEL_CLUSTER}=large")
     ), timeout=300)
     time.sleep(3 * args.interval)  # a few more full reconciliation rounds at that size
-    rss, peak = _rss_mb(pid)
+    rss, peak = operator_scale.rss_mb(pid)
     return {
         "apply_to_pods_s": round(apply_to_pods, 3),
         "loss_to_repair_job_s": round(loss_to_job, 3),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,8 +69,15 @@ def _current(identity: Identity, data: Mapping[str, bytes], ca_pem: bytes) -> x5
     """The identity's certificate if its Secret holds one for exactly this identity and this CA."""
     if not all(data.get(key) for key in (CA_KEY, CERT_KEY, KEY_KEY)) or data[CA_KEY] != ca_pem:
         return None
+    return _certificate_for(identity, data[CERT_KEY])
+
+
+@functools.lru_cache(maxsize=8192)
+def _certificate_for(identity: Identity, cert_pem: bytes) -> x509.Certificate | None:
+    """`cert_pem` parsed, if it names exactly `identity`: cached by content (a Secret's certificate changes only when
+    it is issued again), so a pass over 1,000 bookies parses none it parsed before."""
     try:
-        cert = x509.load_pem_x509_certificate(data[CERT_KEY])
+        cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:
         return None
     subject = cert.subject
@@ -164,14 +172,27 @@ def ensure(api, cluster: BookieCluster, bookies: list[Bookie], now: dt.datetime)
         for identity in needed:
             api.ensure(cert_manager_certificate(cluster, identity))
         return []
-    namespace = cluster.metadata.namespace
-    stored, _ = api.ensure(ca_secret(cluster, CertificateAuthority.create(f"{cluster.metadata.name} bookfleet CA")))
+    namespace, name = cluster.metadata.namespace, cluster.metadata.name
+    # One LIST of the cluster's TLS Secrets, not a GET per bookie; a GET only for one missing from it (absent, or
+    # made without our labels).
+    listed = {s["metadata"]["name"]: s for s in api.list(CORE, "secrets", namespace, resources.labels(name, "tls"))}
+
+    def secret(secret_name: str) -> dict | None:
+        return listed.get(secret_name) or api.get(CORE, "secrets", namespace, secret_name)
+
+    stored = secret(ca_secret_name(name))
+    secrets = {identity.secret: secret(identity.secret) for identity in needed}
+    renew_before = dt.timedelta(days=security.renew_before_days)
+    due = plan(now, needed, secrets, _decoded(stored).get(CA_KEY, b""), renew_before)
+    if not due:
+        return []
+    if stored is None:  # a CA key pair only when a certificate is issued and there is no CA yet
+        stored, _ = api.ensure(ca_secret(cluster, CertificateAuthority.create(f"{name} bookfleet CA")))
     ca_data = _decoded(stored)
     ca = CertificateAuthority.from_pem(ca_data[CA_KEY], ca_data[CA_PRIVATE_KEY])
-    secrets = {identity.secret: api.get("v1", "secrets", namespace, identity.secret) for identity in needed}
     written = []
     lifetime = dt.timedelta(days=security.certificate_days)
-    for identity in plan(now, needed, secrets, ca.cert_pem, dt.timedelta(days=security.renew_before_days)):
+    for identity in plan(now, due, secrets, ca.cert_pem, renew_before):
         manifest = identity_secret(
             cluster, identity, ca.issue(identity.common_name, identity.roles, identity.dns_names, lifetime)
         )

@@ -1,8 +1,9 @@
 """kopf registrations only: every handler hands the object to a plain domain module.
 
-Level-based throughout: timers and loops re-derive everything from Kubernetes and ZooKeeper on each pass, so a
+Level-based throughout: loops and passes re-derive everything from Kubernetes and ZooKeeper on each pass, so a
 restarted operator resumes where the previous one stopped. Bookie pods are watched by label, with no finalizers on
-them: their events only wake their Bookie's and their cluster's loops.
+them: their events only wake their Bookie's and their cluster's loops. Ledgers have no timer and no finalizer:
+kube.ledgerfeed wakes each one when something it mirrors changed.
 """
 
 from __future__ import annotations
@@ -15,17 +16,31 @@ from typing import Any
 import kopf
 import kubernetes
 
-from bookfleet.kube import api, ledgers, lifecycle, metrics, repairs, resources, scaling, teardown, wakeups
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube import (
+    api,
+    ledgerfeed,
+    ledgers,
+    lifecycle,
+    metrics,
+    repairs,
+    resources,
+    scaling,
+    teardown,
+    wakeups,
+)
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import GROUP, VERSION
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
+LEDGER_RESYNC = float(os.environ.get("BOOKFLEET_LEDGER_RESYNC", str(60 * INTERVAL)))
+"""Seconds between the resyncs of each cluster's Ledgers (what no watch covers); Ledgers otherwise wait on changes."""
 
 _context: OperatorContext | None = None
 WAKEUPS = wakeups.Wakeups()
+CLUSTERS = wakeups.ObjectCache()
 log = logging.getLogger(__name__)
 
 
@@ -94,8 +109,12 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
 
 
 def _by_bookie(body: kopf.Body) -> dict[repairs.BookieKey, dict]:
+    """Also wakes the Ledgers the repair may cover: their status shows its state."""
     key = repairs.bookie_key(dict(body))
-    return {} if key is None else {key: dict(body)}
+    if key is None:
+        return {}
+    FEED.wake_repair(*key)
+    return {key: dict(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=resources.REPAIR_SELECTOR)
@@ -108,28 +127,66 @@ def spark_repairs_by_bookie(body: kopf.Body, **_: Any) -> dict[repairs.BookieKey
     return _by_bookie(body)
 
 
-@kopf.timer(GROUP, VERSION, "ledgers", interval=INTERVAL)
-def sync_ledger(body: kopf.Body, repair_jobs_by_bookie: kopf.Index, spark_repairs_by_bookie: kopf.Index,
-                **_: Any) -> None:
-    """Repair state comes from the two indexes above (kept from the watch): no LIST per Ledger."""
+def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> None:
+    """One Ledger pass, on the feed's worker thread: the body its watch event brought, else a fresh GET."""
+    if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
+        return  # deleted meanwhile
     with metrics.reconciling("ledgers"):
-        ledgers.sync(context(), dict(body), lambda key: [*repair_jobs_by_bookie.get(key, ()),
-                                                         *spark_repairs_by_bookie.get(key, ())])
+        ledgers.sync(context(), body, ledgers.LedgerSources(CLUSTERS.get, _repairs_of, FEED.watch_metadata))
+
+
+def _repairs_of(key: repairs.BookieKey) -> list[dict]:
+    """Repair state from the two indexes below (kept from the watch): no LIST per Ledger."""
+    indexes = _repair_indexes
+    return [] if indexes is None else [job for index in indexes for job in index.get(key, ())]
+
+
+_repair_indexes: tuple[kopf.Index, kopf.Index] | None = None
+
+
+def _zookeeper_of(namespace: str, cluster: str) -> ZooKeeperTarget | None:
+    """The cluster's ZooKeeper and credential (from the BookieClusters' watch): the feed watches each once."""
+    body = CLUSTERS.get(namespace, cluster)
+    return None if body is None else ZooKeeperTarget(
+        body["spec"]["zookeeper"], namespace, (body["spec"].get("security") or {}).get("zookeeperAuthSecret"))
+
+
+FEED = ledgerfeed.LedgerFeed(_reconcile_ledger, _zookeeper_of, lambda target: context().zk(target),
+                             resync=LEDGER_RESYNC, retry=INTERVAL)
+
+
+@kopf.on.startup()
+def start_ledger_feed(**_: Any) -> None:
+    FEED.start()
+
+
+@kopf.on.cleanup()
+def stop_ledger_feed(**_: Any) -> None:
+    FEED.stop()
 
 
 @kopf.on.event(GROUP, VERSION, "ledgers")
-def ledger_event(event: kopf.RawEvent, **_: Any) -> None:
-    """A deleted Ledger leaves the operator's ledger-health gauges."""
-    if event["type"] == "DELETED":
-        meta = event["object"]["metadata"]
-        metrics.LEDGERS.forget(meta["namespace"], meta["name"])
+def ledger_event(event: kopf.RawEvent, repair_jobs_by_ledger: kopf.Index, spark_repairs_by_ledger: kopf.Index,
+                 **_: Any) -> None:
+    """Ledgers are watched, not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed); no finalizer. A
+    deleted Ledger leaves the feed and the operator's ledger-health gauges."""
+    global _repair_indexes
+    _repair_indexes = (repair_jobs_by_ledger, spark_repairs_by_ledger)
+    body, deleted = event["object"], event["type"] == "DELETED"
+    if deleted:
+        metrics.LEDGERS.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+    elif target := _zookeeper_of(body["metadata"]["namespace"], (body.get("spec") or {}).get("cluster", "")):
+        FEED.watch_zookeeper(target)
+    FEED.ledger_changed(body, deleted=deleted)
 
 
 @kopf.on.event(GROUP, VERSION, "bookieclusters")
 async def cluster_event(event: kopf.RawEvent, **_: Any) -> None:
     """A new spec (generation) wakes the cluster's loop: settings reach ZooKeeper and rollouts start at once. Its
-    own status patches do not (they leave the generation as it is)."""
+    own status patches do not (they leave the generation as it is). Every event refreshes the cluster cache the
+    Ledger passes read."""
     meta = event["object"]["metadata"]
+    CLUSTERS.update(event["object"], deleted=event["type"] == "DELETED")
     WAKEUPS.wake_on_new_generation(("bookieclusters", meta["namespace"], meta["name"]), meta.get("generation"),
                                    deleted=event["type"] == "DELETED")
 

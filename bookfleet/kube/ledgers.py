@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kazoo.client import KazooClient
 from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
@@ -115,23 +116,33 @@ class RecordLedgerHealth:
         metrics.LEDGERS.record(meta["namespace"], meta["name"], self.under_replicated, self.data_loss)
 
 
-def sync(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> None:
-    """One level-based pass over a Ledger (called by a timer); `repairs_of` looks up the repair Jobs of a lost
-    bookie in the operator's index.
+def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> None:
+    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed).
 
-    A Ledger not yet seen in ZooKeeper is read afresh: the timer's copy may predate the last pass's status patch,
-    and creating from it would reserve a second id and create a second ledger. Existing ones (nearly all) cost no
-    GET."""
-    if (body.get("status") or {}).get("state") is None:
+    A Ledger the operator may create and has not seen in ZooKeeper is read afresh: the copy handed over may predate
+    the last pass's status patch, and creating from it would reserve a second id and create a second ledger. Others
+    (nearly all: existing or adopted) cost no GET."""
+    if (body.get("status") or {}).get("state") is None and (body.get("spec") or {}).get("ledgerId") is None:
         meta = body["metadata"]
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
-    act(ctx, body, decide(observe(ctx, body, repairs_of), now()))
+    act(ctx, body, decide(observe(ctx, body, sources), now()))
+
+
+@dataclass(frozen=True)
+class LedgerSources:
+    """Where a pass looks things up without asking the API server: its cluster (from the operator's watch), the
+    repair Jobs covering a ledger (the repair indexes), and the watch it arms on the metadata it reads (so the next
+    change to it wakes the Ledger; None: no watch)."""
+
+    cluster: Callable[[str, str], dict | None]
+    repairs_of: RepairsOf
+    watch_metadata: Callable[[KazooClient, int], None] | None = None
 
 
 # --- observe ------------------------------------------------------------------------------------------------------
 
 
-def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> ObservedLedger:
+def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> ObservedLedger:
     observed = ObservedLedger(status=body.get("status") or {})
     try:
         ledger = Ledger.model_validate(body)
@@ -139,7 +150,7 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return replace(observed, spec_errors=problems)
     namespace = ledger.metadata.namespace
-    cluster_body = ctx.api.get(CUSTOM, "bookieclusters", namespace, ledger.spec.cluster)
+    cluster_body = sources.cluster(namespace, ledger.spec.cluster)
     observed = replace(observed, ledger=ledger,
                        cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
     if observed.cluster is None:
@@ -147,6 +158,8 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
     zk = ctx.zk(ZooKeeperTarget.of(observed.cluster))
     ledger_id = observed.ledger_id
     if ledger_id is not None:
+        if sources.watch_metadata is not None:
+            sources.watch_metadata(zk, ledger_id)  # armed before the read: no change slips in between
         try:
             metadata, _ = MetadataStore(zk).read(ledger_id)
         except NoSuchLedgerError:
@@ -157,7 +170,7 @@ def observe(ctx: OperatorContext, body: dict, repairs_of: RepairsOf) -> Observed
             keys = [(namespace, observed.cluster.metadata.name, bookie) for bookie in repaired_bookies(
                 marker, observed.status.get("repair"))]
             return replace(observed, metadata=metadata, marker=marker, loss=under_replication.data_loss(ledger_id),
-                           repairs=tuple(job for key in keys for job in repairs_of(key)))
+                           repairs=tuple(job for key in keys for job in sources.repairs_of(key)))
     if not observed.creatable:
         return observed
     try:

@@ -1,7 +1,8 @@
 """Deleting a BookieCluster so that nothing waits for ever: what the chart's pre-delete hook runs.
 
-kopf holds a finalizer on every object it runs a timer or loop for, so a BookieCluster, its Bookies and the Ledgers
-naming it go only once an operator has stopped those. `helm uninstall` removes the operator's Deployment and RBAC
+kopf holds a finalizer on every object it runs a loop for, so a BookieCluster and its Bookies go only once an
+operator has stopped those (Ledgers have none: kube.ledgerfeed; one made by an older operator keeps kopf's until an
+operator sees it again). `helm uninstall` removes the operator's Deployment and RBAC
 before custom resources; a cluster or Ledger deleted after that would stay Terminating for good (and its namespace
 with it). So the hook deletes the cluster and its Ledgers first, while the operator still runs, and waits for them
 and the Bookies to go. If no operator releases them in time (scaled to zero, crash-looping), it removes that

@@ -114,6 +114,14 @@ def dataloss(ledger_id: int) -> str:
     return f"{UR_DATALOSS}/L{ledger_id}"
 
 
+def ledger_id_from_dataloss(path: str) -> int:
+    """Inverse of dataloss()."""
+    parent, _, leaf = path.rstrip("/").rpartition("/")
+    if parent != UR_DATALOSS or not leaf.startswith("L"):
+        raise ValueError(f"{path!r} is not a DATA_LOSS record")
+    return int(leaf[1:])
+
+
 def ledger_writer(ledger_id: int) -> str:
     return f"{WRITERS}/{ledger_id}"
 

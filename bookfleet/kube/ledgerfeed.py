@@ -1,0 +1,328 @@
+"""What wakes a Ledger's reconciliation: changes, not timers.
+
+A Ledger resource mirrors ZooKeeper, so its pass is needed only when something it mirrors changed:
+- its own spec (the Ledger's watch event, by generation) or its first sighting (start-up);
+- its metadata (a ZooKeeper watch armed by every pass: `watch_metadata`, one `exists` with a watch);
+- its under-replication marker or DATA_LOSS record (one `TreeCache` per ZooKeeper on each of those two trees);
+- a repair Job or SparkApplication covering it (the repair indexes' events);
+- a ZooKeeper session lost (its one-shot watches went with it: every Ledger on that ZooKeeper).
+One resync per BookieCluster (every `resync` seconds, jittered ±20 %) catches anything missed at the price of a few
+reads: it wakes the Ledgers whose status disagrees with the marker and DATA_LOSS trees, and those not created or not
+valid yet (which wait on something no watch covers: bookies to register, a Secret, their cluster).
+
+`LedgerFeed` holds a compact directory of the Ledgers (name, cluster, id, generation and two health bits: no bodies,
+so 100,000 Ledgers cost a few tens of MB), a debounced queue (a key woken many times before its pass runs once) and
+a few worker threads that run the passes, at most `rate` per second, never two of one Ledger at once. No finalizer:
+deleting a Ledger resource leaves its ledger in ZooKeeper (it is a view), so there is nothing to do before it goes;
+its DELETED event drops it here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.recipe.cache import TreeCache, TreeEvent
+
+from bookfleet.kube.models import RepairState
+from bookfleet.meta import zkpaths
+
+log = logging.getLogger(__name__)
+LedgerKey = tuple[str, str]
+"""(namespace, name) of a Ledger resource."""
+RESYNC_JITTER = 0.2
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What the feed keeps of one Ledger (from its watch events)."""
+
+    cluster: str
+    ledger_id: int | None
+    generation: int | None
+    settled: bool
+    """it has a state and is valid: only a change (or a resync mismatch) needs a pass"""
+    under_replicated: bool
+    data_loss: bool
+    repair_bookie: str | None = None
+    """the lost bookie of the repair its status follows, while that repair has not ended"""
+
+
+def entry_of(body: dict[str, Any]) -> LedgerEntry:
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    ledger_id = status.get("ledgerId", spec.get("ledgerId"))
+    repair = status.get("repair") or {}
+    ongoing = repair.get("state") not in (RepairState.SUCCEEDED, RepairState.FAILED)
+    return LedgerEntry(
+        cluster=spec.get("cluster", ""), ledger_id=ledger_id, generation=body["metadata"].get("generation"),
+        settled=status.get("state") not in (None, "DELETED") and conditions.get("Valid") == "True",
+        under_replicated=bool(status.get("underReplicated")), data_loss=conditions.get("DataLoss") == "True",
+        repair_bookie=repair.get("bookieId") if ongoing else None,
+    )
+
+
+class DebouncedQueue:
+    """Keys to process, each at most once however often it was woken; a key is handed out `debounce` seconds after
+    its first wake-up (a burst of changes to one object costs one pass), at most `rate` keys per second, and never
+    to two workers at once (woken while in a pass, it is handed out again once `done`)."""
+
+    def __init__(self, debounce: float, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.debounce, self.rate, self.clock = debounce, rate, clock
+        self._due: dict[Hashable, float] = {}
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._order = itertools.count()
+        self._payload: dict[Hashable, Any] = {}
+        self._active: set[Hashable] = set()
+        self._cond = threading.Condition()
+        self._next_slot = 0.0
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._due)
+
+    def wake(self, key: Hashable, payload: Any = None, delay: float = 0.0) -> None:
+        """Thread-safe. `payload` (a fresh body) is kept until the pass, the newest one winning; `delay`: not
+        before that many seconds (a retry)."""
+        with self._cond:
+            if payload is not None:
+                self._payload[key] = payload
+            if key in self._due:
+                return
+            self._due[key] = self.clock() + max(self.debounce, delay)
+            if key not in self._active:
+                self._push(key)
+
+    def _push(self, key: Hashable) -> None:
+        heapq.heappush(self._heap, (self._due[key], next(self._order), key))
+        self._cond.notify()
+
+    def forget(self, key: Hashable) -> None:
+        with self._cond:
+            self._due.pop(key, None)
+            self._payload.pop(key, None)
+
+    def done(self, key: Hashable) -> None:
+        """The pass of `key` ended: if it was woken meanwhile, it is due again."""
+        with self._cond:
+            self._active.discard(key)
+            if key in self._due:
+                self._push(key)
+
+    def take(self, timeout: float) -> tuple[Hashable, Any] | None:
+        """The next due key and its payload (call `done(key)` after its pass), or None after `timeout` seconds."""
+        deadline = self.clock() + timeout
+        with self._cond:
+            while True:
+                while self._heap and self._due.get(self._heap[0][2]) != self._heap[0][0]:
+                    heapq.heappop(self._heap)  # forgotten since it was pushed
+                now = self.clock()
+                if self._heap:
+                    due, _, key = self._heap[0]
+                    ready = max(due, self._next_slot)
+                    if ready <= now:
+                        heapq.heappop(self._heap)
+                        del self._due[key]
+                        self._active.add(key)
+                        gap = 1.0 / self.rate
+                        self._next_slot = max(self._next_slot, now - 1.0 + gap) + gap  # one second of burst
+                        return key, self._payload.pop(key, None)
+                    wait = ready - now
+                else:
+                    wait = deadline - now
+                if now >= deadline:
+                    return None
+                self._cond.wait(min(wait, deadline - now))
+
+
+class LedgerFeed:
+    """The directory, the queue, the ZooKeeper watches and the workers that run `reconcile(key, body or None)`."""
+
+    def __init__(self, reconcile: Callable[[LedgerKey, dict | None], None],
+                 zookeeper_of: Callable[[str, str], Hashable | None], zk: Callable[[Hashable], KazooClient],
+                 resync: float, retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 4,
+                 rng: random.Random | None = None) -> None:
+        self.reconcile, self.zookeeper_of, self.zk = reconcile, zookeeper_of, zk
+        self.resync, self.retry, self.rng = resync, retry, rng or random.Random()
+        self.queue = DebouncedQueue(debounce, rate)
+        self._entries: dict[LedgerKey, LedgerEntry] = {}
+        self._by_id: dict[int, set[LedgerKey]] = {}
+        self._lock = threading.Lock()
+        self._caches: dict[str, tuple[TreeCache, TreeCache]] = {}
+        self._resync_due: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(index == 0,), name=f"ledger-feed-{index}",
+                                          daemon=True) for index in range(workers)]
+
+    # --- the directory, from the Ledgers' watch events ----------------------------------------------------------
+
+    def ledger_changed(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """A Ledger's watch event: woken (with this body, so its pass needs no GET) when it is new or its spec
+        changed; its own status patches only refresh the directory."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None and old.ledger_id is not None:
+                self._by_id.get(old.ledger_id, set()).discard(key)
+            if deleted:
+                self.queue.forget(key)
+                return
+            new = self._entries[key] = entry_of(body)
+            if new.ledger_id is not None:
+                self._by_id.setdefault(new.ledger_id, set()).add(key)
+        if old is None or (old.generation, old.ledger_id) != (new.generation, new.ledger_id):
+            self.queue.wake(key, body)  # new, a new spec, or an id just reserved (its first watch is armed then)
+
+    def wake_ledger_id(self, ledger_id: int) -> None:
+        """Every Ledger showing this ledger id (on any cluster: a spare pass is harmless)."""
+        with self._lock:
+            keys = list(self._by_id.get(ledger_id, ()))
+        for key in keys:
+            self.queue.wake(key)
+
+    def wake_repair(self, namespace: str, cluster: str, bookie: str) -> None:
+        """A repair Job of a lost bookie changed: it covers ledgers the markers name (under-replicated ones) and those
+        whose status follows it. Jobs change seldom (one per lost bookie), so the whole cluster's share is woken."""
+        for key, entry in self.ledgers_of(namespace, cluster).items():
+            if entry.under_replicated or entry.repair_bookie == bookie:
+                self.queue.wake(key)
+
+    def ledgers_of(self, namespace: str, cluster: str) -> dict[LedgerKey, LedgerEntry]:
+        with self._lock:
+            return {key: e for key, e in self._entries.items() if key[0] == namespace and e.cluster == cluster}
+
+    # --- ZooKeeper ------------------------------------------------------------------------------------------------
+
+    def watch_metadata(self, zk: KazooClient, ledger_id: int) -> None:
+        """Arm a one-shot watch on the ledger's metadata (set or re-set by each pass): a close, an ensemble change,
+        a repair's replacement or a deletion wakes the Ledgers showing it."""
+        zk.exists(zkpaths.ledger(ledger_id), watch=lambda _event: self.wake_ledger_id(ledger_id))
+
+    def watch_zookeeper(self, connect: Hashable) -> None:
+        """The marker and DATA_LOSS trees of a cluster's ZooKeeper, watched once per ZooKeeper as the operator
+        reaches it (`zookeeper_of`'s answer: connect string and credential)."""
+        with self._lock:
+            if connect in self._caches:
+                return
+            zk = self.zk(connect)
+            caches = self._caches[connect] = (TreeCache(zk, zkpaths.UR_LEDGERS), TreeCache(zk, zkpaths.UR_DATALOSS))
+        for cache, id_of in zip(caches, (zkpaths.ledger_id_from_marker, zkpaths.ledger_id_from_dataloss), strict=True):
+            cache.listen(self._tree_listener(id_of))
+            cache.start()
+        zk.add_listener(lambda state: self._session_changed(connect, state))
+
+    def _tree_listener(self, id_of: Callable[[str], int]) -> Callable[[TreeEvent], None]:
+        def changed(event: TreeEvent) -> None:
+            if event.event_type in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED) \
+                    and event.event_data is not None:
+                try:
+                    ledger_id = id_of(event.event_data.path)
+                except ValueError:
+                    return  # a level of the tree, not a record
+                self.wake_ledger_id(ledger_id)
+        return changed
+
+    def _session_changed(self, connect: Hashable, state: str) -> None:
+        """A lost session took the one-shot metadata watches with it: every Ledger on that ZooKeeper is re-read."""
+        if state == KazooState.LOST:
+            with self._lock:
+                keys = [key for key, e in self._entries.items() if self.zookeeper_of(key[0], e.cluster) == connect]
+            for key in keys:
+                self.queue.wake(key)
+
+    def marked(self, connect: Hashable) -> tuple[set[int], set[int]]:
+        """Ids with a marker and with a DATA_LOSS record, from the trees' caches (no ZooKeeper read)."""
+        self.watch_zookeeper(connect)
+        markers, losses = self._caches[connect]
+        return _ids(markers, zkpaths.UR_LEDGERS, zkpaths.ledger_id_from_marker), _ids(losses, zkpaths.UR_DATALOSS,
+                                                                                   zkpaths.ledger_id_from_dataloss)
+
+    # --- resync ---------------------------------------------------------------------------------------------------
+
+    def resync_cluster(self, namespace: str, cluster: str) -> int:
+        """Wake the cluster's Ledgers that the cheap facts say need a pass; returns how many."""
+        connect = self.zookeeper_of(namespace, cluster)
+        ledgers = self.ledgers_of(namespace, cluster)
+        if connect is None:
+            stale = list(ledgers)
+        else:
+            markers, losses = self.marked(connect)
+            stale = [key for key, e in ledgers.items()
+                     if not e.settled or e.under_replicated != (e.ledger_id in markers)
+                     or e.data_loss != (e.ledger_id in losses)]
+        for key in stale:
+            self.queue.wake(key)
+        return len(stale)
+
+    def _resync_due_clusters(self, now: float) -> None:
+        with self._lock:
+            clusters = {(key[0], e.cluster) for key, e in self._entries.items()}
+        for cluster in clusters - self._resync_due.keys():
+            self._resync_due[cluster] = now + self._jittered()
+        for cluster in list(self._resync_due):
+            if cluster not in clusters:
+                del self._resync_due[cluster]
+            elif self._resync_due[cluster] <= now:
+                self._resync_due[cluster] = now + self._jittered()
+                try:
+                    self.resync_cluster(*cluster)
+                except Exception:
+                    log.exception("resync of the Ledgers of %s/%s failed", *cluster)
+
+    def _jittered(self) -> float:
+        return self.resync * self.rng.uniform(1 - RESYNC_JITTER, 1 + RESYNC_JITTER)
+
+    # --- the worker -----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for caches in self._caches.values():
+            for cache in caches:
+                cache.close()
+
+    def _run(self, resyncs: bool) -> None:
+        """A worker (passes are I/O: a few run at once); the first one also starts the resyncs."""
+        while not self._stop.is_set():
+            if resyncs:
+                self._resync_due_clusters(time.monotonic())
+            taken = self.queue.take(timeout=1.0)
+            if taken is None:
+                continue
+            key, body = taken
+            try:
+                self.reconcile(key, body)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("reconciling Ledger %s/%s failed; retried in %s s", *key, self.retry)
+                self.queue.wake(key, delay=self.retry)
+            finally:
+                self.queue.done(key)
+
+
+def _ids(cache: TreeCache, root: str, id_of: Callable[[str], int]) -> set[int]:
+    """Every record id a TreeCache holds under `root` (walks its in-memory tree)."""
+    found, paths = set(), [root]
+    while paths:
+        path = paths.pop()
+        children = cache.get_children(path) or ()
+        for child in children:
+            full = f"{path}/{child}"
+            try:
+                found.add(id_of(full))
+            except ValueError:
+                paths.append(full)
+    return found
