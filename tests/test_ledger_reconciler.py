@@ -11,7 +11,7 @@ import pytest
 
 from bookfleet import polling
 from bookfleet.kube import ledgerfeed, ledgers
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
@@ -75,7 +75,8 @@ def feed_on(zk_connect):
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
             feed.watch_metadata))
 
-    feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: zk_connect, ctx.zk, resync=3600, retry=3600)
+    feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: ZooKeeperTarget(zk_connect, namespace), ctx.zk,
+                                 resync=3600, retry=3600)
     feed.start()
     try:
         yield api, feed, passes
@@ -92,7 +93,7 @@ def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
     ledger_id = store.create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
     api.objects["ledgers"]["spec"] = {"cluster": "bk", "ledgerId": ledger_id, "ensembleSize": 2, "writeQuorum": 2}
     api.objects["bookieclusters"]["spec"]["replicas"] = 3
-    feed.watch_zookeeper(zk_connect_of(api))
+    feed.watch_zookeeper(zookeeper_of(api))
     feed.ledger_changed(copy.deepcopy(api.objects["ledgers"]))
     wait_for(lambda: stored_status(api).get("state") == "OPEN", 30, "the first pass")
     UnderReplication(zk).mark(ledger_id, ["b2:3181"])
@@ -110,8 +111,9 @@ def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
     assert len(passes) == settled and len(feed.queue) == 0
 
 
-def zk_connect_of(api: FakeApi) -> str:
-    return api.objects["bookieclusters"]["spec"]["zookeeper"]
+def zookeeper_of(api: FakeApi) -> ZooKeeperTarget:
+    cluster = api.objects["bookieclusters"]
+    return ZooKeeperTarget(cluster["spec"]["zookeeper"], cluster["metadata"]["namespace"])
 
 
 def stored_status(api: FakeApi) -> dict:

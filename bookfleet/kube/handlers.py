@@ -166,12 +166,12 @@ def stop_ledger_feed(**_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "ledgers")
-def ledger_event(event: kopf.RawEvent, repair_jobs_by_ledger: kopf.Index, spark_repairs_by_ledger: kopf.Index,
+def ledger_event(event: kopf.RawEvent, repair_jobs_by_bookie: kopf.Index, spark_repairs_by_bookie: kopf.Index,
                  **_: Any) -> None:
     """Ledgers are watched, not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed); no finalizer. A
     deleted Ledger leaves the feed and the operator's ledger-health gauges."""
     global _repair_indexes
-    _repair_indexes = (repair_jobs_by_ledger, spark_repairs_by_ledger)
+    _repair_indexes = (repair_jobs_by_bookie, spark_repairs_by_bookie)
     body, deleted = event["object"], event["type"] == "DELETED"
     if deleted:
         metrics.LEDGERS.forget(body["metadata"]["namespace"], body["metadata"]["name"])
