@@ -59,8 +59,11 @@ cluster-demo: setup kube-binaries
 cluster-node-failure: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --node-failure --json
 
+# The history run (tests/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos, and
+# pauses writers for a takeover (BOOKFLEET_CHAOS_WRITER_TAKEOVER=1; off in `make test` until the epoch fix lands).
 chaos: setup
-	BOOKFLEET_CHAOS=long $(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 7200
+	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_WRITER_TAKEOVER=1 BOOKFLEET_CHAOS_DIR=build/chaos \
+		$(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 36000
 
 floors: setup
 	bash scripts/check-floors.sh

@@ -1,0 +1,227 @@
+"""The faults of the history chaos run, each injected into real processes and healed again, and the timeline of
+who was reachable when (to judge a writer that gave up).
+
+Bookies run as `tests.chaos.faultybookie` behind a `LinkProxy` each (clients dial the proxy: a partition between
+the clients and some bookies is the proxy blackholing or resetting); ZooKeeper is the run's own server, so it can
+be restarted; writers are `tests.chaos.writer` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from bookfleet.client.writeset import write_set
+from bookfleet.fleet import BookieProcess
+from bookfleet.zkserver import ZooKeeperServer, free_port
+from tests.fixtures.netfault import LinkProxy
+
+BOOKIE_SESSION = 4.0
+"""The bookies' ZooKeeper session timeout: a bookie paused longer loses its registration."""
+CLIENT_SESSION = 10.0
+"""The writers' ZooKeeper session timeout (bookfleet.meta.zk's default): a writer paused longer loses its lease."""
+QUOTA = 10**12
+"""Every bookie's disk quota: a sparse ballast file this large in its ledger dir fills the "disk" at once."""
+BALLAST = "disk-full.ballast"
+GRACE = 7.0
+"""Seconds a bookie must have been reachable before a writer gives up for it to count against the writer: the add
+timeout plus slack (the writer cannot know of a bookie back for less than that)."""
+
+
+class FaultyBookie(BookieProcess):
+    """A bookie whose disk fails on SIGUSR1 (tests.chaos.faultybookie)."""
+
+    def command(self) -> list[str]:
+        args = super().command()
+        assert args[1:3] == ["-m", "bookfleet"]
+        return [sys.executable, "-m", "tests.chaos.faultybookie", *args[3:]]
+
+
+class Fleet:
+    """ZooKeeper, bookies behind proxies, writer processes, and when a fault held each of them (`outages`)."""
+
+    def __init__(self, data_dir: Path, seed: int):
+        self.dir = data_dir
+        self.seed = seed
+        self.zk = ZooKeeperServer(data_dir / "zookeeper", port=free_port())
+        self.bookies: dict[str, FaultyBookie] = {}
+        self.proxies: dict[str, LinkProxy] = {}
+        self.writers: dict[str, subprocess.Popen] = {}
+        self.outages: dict[str, list[list[float]]] = {}
+        """Bookie id or "zookeeper" -> [down at, up again at (inf while still down)] of each fault that held it."""
+        self.paused_writers: dict[str, tuple[float, float]] = {}
+        """Writer -> (paused at, resumed at) of its last pause."""
+        self.history_dir = data_dir / "history"
+        self.history_dir.mkdir(parents=True)
+        self.injected: Counter[str] = Counter()
+        self.takeovers = 0
+
+    async def start(self, bookies: int, writers: int, entries: tuple[int, int]) -> None:
+        await asyncio.to_thread(self.zk.start)
+        for n in range(bookies):
+            port = free_port()
+            proxy = await LinkProxy(port).start()
+            bookie = FaultyBookie(
+                f"bookie-{n}", self.zk.connect, self.dir / f"bookie-{n}", port=port,
+                advertised_address=proxy.address, zk_session_timeout=BOOKIE_SESSION, disk_quota=QUOTA,
+                disk_check_interval=0.5,
+            )
+            self.bookies[bookie.bookie_id], self.proxies[bookie.bookie_id] = bookie, proxy
+            bookie.start()
+        for bookie in self.bookies.values():
+            await asyncio.to_thread(bookie.wait_ready, 120)
+        self.entries = entries
+        for _ in range(writers):
+            self.start_writer()
+
+    def start_writer(self, take_over: int | None = None) -> str:
+        name = f"w{len(self.writers)}"
+        command = [
+            sys.executable, "-m", "tests.chaos.writer", "--zk", self.zk.connect, "--dir", str(self.history_dir),
+            "--name", name, "--seed", str(self.seed + len(self.writers)),
+            "--min-entries", str(self.entries[0]), "--max-entries", str(self.entries[1]),
+        ]
+        if take_over is not None:
+            command += ["--take-over", str(take_over)]
+        with open(self.history_dir / f"{name}.log", "ab") as log:
+            self.writers[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        return name
+
+    # --- the faults: each injects, waits, heals -------------------------------------------------------------
+
+    async def kill9(self, rng) -> None:
+        bookie = self.bookies[rng.choice(self.up())]
+        self._down(bookie.bookie_id)
+        bookie.kill9()
+        await asyncio.sleep(rng.uniform(0, 1.0))
+        await self._restart(bookie)
+
+    async def pause_bookie(self, rng) -> None:
+        bookie = self.bookies[rng.choice(self.up())]
+        self._down(bookie.bookie_id)
+        os.kill(bookie.process.pid, signal.SIGSTOP)
+        await asyncio.sleep(BOOKIE_SESSION + rng.uniform(1, 3))
+        os.kill(bookie.process.pid, signal.SIGCONT)
+        self._up(bookie.bookie_id)
+
+    async def partition(self, rng) -> None:
+        victims = rng.sample(self.up(), rng.choice([1, 2]))
+        blackhole = rng.random() < 0.5
+        for bookie in victims:
+            self._down(bookie)
+            self.proxies[bookie].hold() if blackhole else self.proxies[bookie].cut()
+        await asyncio.sleep(rng.uniform(2, 6))
+        for bookie in victims:
+            if blackhole:
+                self.proxies[bookie].release()
+            else:
+                await self.proxies[bookie].start()
+            self._up(bookie)
+
+    async def restart_zookeeper(self, rng) -> None:
+        self._down("zookeeper")
+        await asyncio.to_thread(self.zk.stop)
+        await asyncio.sleep(rng.uniform(0.5, 3))
+        await asyncio.to_thread(self.zk.start)
+        self._up("zookeeper")
+
+    async def disk_full(self, rng) -> None:
+        bookie = self.bookies[rng.choice(self.up())]
+        self._down(bookie.bookie_id)
+        ballast = bookie.ledger_dir / BALLAST
+        with open(ballast, "wb") as file:
+            file.truncate(QUOTA)  # sparse: the bookie's usage (file sizes over its quota) jumps past the threshold
+        await asyncio.sleep(rng.uniform(2, 5))
+        ballast.unlink()
+        await asyncio.sleep(1.0)  # the next disk check turns it writable
+        self._up(bookie.bookie_id)
+
+    async def disk_fail(self, rng) -> None:
+        bookie = self.bookies[rng.choice(self.up())]
+        self._down(bookie.bookie_id)
+        os.kill(bookie.process.pid, signal.SIGUSR1)
+        await asyncio.sleep(rng.uniform(2, 4))
+        bookie.kill9()  # read-only for good: replacing the disk is a restart
+        await self._restart(bookie)
+
+    async def pause_writer(self, rng) -> None:
+        """SIGSTOP a writer past its ZooKeeper session, let a new writer take its ledger over, SIGCONT the old one:
+        it must not be able to write into the ledger again. The old process is stopped a little later."""
+        running = [name for name, process in self.writers.items() if process.poll() is None]
+        name = rng.choice(running)
+        ledger_file = self.history_dir / f"{name}.ledger"
+        if not ledger_file.exists():
+            return
+        process = self.writers[name]
+        paused_at = time.monotonic()
+        os.kill(process.pid, signal.SIGSTOP)
+        self.start_writer(take_over=int(ledger_file.read_text()))
+        self.takeovers += 1
+        await asyncio.sleep(CLIENT_SESSION + rng.uniform(2, 4))
+        os.kill(process.pid, signal.SIGCONT)
+        self.paused_writers[name] = (paused_at, time.monotonic())
+        await asyncio.sleep(rng.uniform(3, 6))  # it writes on, or tries to
+        process.terminate()
+
+    def up(self) -> list[str]:
+        return [bookie for bookie in self.bookies if not self._is_down(bookie)]
+
+    def _is_down(self, name: str) -> bool:
+        return bool(self.outages.get(name)) and self.outages[name][-1][1] == float("inf")
+
+    def _down(self, name: str) -> None:
+        self.outages.setdefault(name, []).append([time.monotonic(), float("inf")])
+
+    def _up(self, name: str) -> None:
+        if self._is_down(name):
+            self.outages[name][-1][1] = time.monotonic()
+
+    async def _restart(self, bookie: FaultyBookie) -> None:
+        await asyncio.to_thread(lambda: bookie.start().wait_ready(120))
+        self._up(bookie.bookie_id)
+
+    # --- judging and ending ---------------------------------------------------------------------------------
+
+    def gave_up_with_qa_reachable(self, giveup: dict) -> bool:
+        """Whether Qa bookies of each write set, and ZooKeeper, had been reachable for GRACE when the writer gave
+        up, and the writer itself was not paused then."""
+        at = giveup["t"]
+        paused = self.paused_writers.get(giveup["writer"])
+        if paused is not None and paused[0] - GRACE <= at:
+            return False
+
+        def reachable(name: str) -> bool:
+            return all(end < at - GRACE or start > at for start, end in self.outages.get(name, []))
+
+        ensemble, qw, qa = giveup["ensemble"], giveup["qw"], giveup["qa"]
+        sets = {tuple(write_set(i, len(ensemble), qw)) for i in range(len(ensemble))}
+        return reachable("zookeeper") and all(sum(reachable(ensemble[p]) for p in s) >= qa for s in sets)
+
+    async def stop_writers(self, timeout: float = 120.0) -> None:
+        (self.history_dir / "stop").touch()
+        deadline = time.monotonic() + timeout
+        for process in self.writers.values():
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    async def close(self) -> None:
+        for process in self.writers.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for bookie in self.bookies.values():
+            if bookie.running:
+                os.kill(bookie.process.pid, signal.SIGCONT)
+            bookie.kill9()
+        for proxy in self.proxies.values():
+            await proxy.close()
+        await asyncio.to_thread(self.zk.stop)

@@ -1,0 +1,141 @@
+"""The history chaos run (marker `chaos`; short in `make test`, long in `make chaos`): writer processes write and
+read ledgers while faults mixed at random from a logged seed hit the fleet — kill -9 and restart of bookies,
+SIGSTOP/SIGCONT of bookies past their ZooKeeper session, partitions between the clients and some bookies (blackhole
+or reset), ZooKeeper restarts, a full disk (read-only) and a failing disk (read-only on error), and, behind
+BOOKFLEET_CHAOS_WRITER_TAKEOVER, writers paused past their session whose ledger a new writer takes over. Every
+operation is recorded with its invocation and completion; at the end every ledger is closed (recovered if open) and
+read back whole, and the porcupine checker (hack/history-checker) decides whether the history is legal for a
+single-writer append-only log. A run prints one JSON line; its histories (and, on a violation, porcupine's
+drawing of each illegal entry) stay in the test's directory, or under $BOOKFLEET_CHAOS_DIR/history-<seed>.
+
+Seed: BOOKFLEET_CHAOS_SEED reruns a given seed (the faults and their order; timing still varies)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.reader import EntryUnavailable, LedgerReader
+from bookfleet.client.recovery import RecoveryError
+from tests.chaos import checker
+from tests.chaos.faults import Fleet
+from tests.chaos.history import History, digest
+from tests.fixtures.chaos import CHAOS_LONG
+
+pytestmark = pytest.mark.chaos
+
+TAKEOVER_IN_SHORT_RUN = False
+"""Writer SIGSTOP + takeover in the short run of `make test`: off until the `epoch` fix (bookies enforcing one
+writer) is merged, because today a paused writer still overwrites its successor's acknowledged entries. `make
+chaos` always runs it; BOOKFLEET_CHAOS_WRITER_TAKEOVER=1/0 overrides either way."""
+WRITER_TAKEOVER = os.environ.get(
+    "BOOKFLEET_CHAOS_WRITER_TAKEOVER", "1" if CHAOS_LONG or TAKEOVER_IN_SHORT_RUN else "0"
+) == "1"
+FAULTS = ["kill9", "pause_bookie", "partition", "restart_zookeeper", "disk_full", "disk_fail"]
+
+
+async def recover(bk: BookKeeper, ledger_id: int):
+    """Recovery of a healed fleet: a retry may be needed while bookies re-register after the last fault."""
+    for _ in range(60):
+        try:
+            return await bk.recover_ledger(ledger_id)
+        except RecoveryError:
+            await asyncio.sleep(1.0)
+    return await bk.recover_ledger(ledger_id)
+
+
+async def read_one(reader: LedgerReader, history: History, entry_id: int) -> None:
+    op = history.invoke("read", reader.ledger_id, entry=entry_id)
+    try:
+        entry = await reader.read(entry_id)
+    except EntryUnavailable:
+        history.ok(op, missing=True)
+        return
+    history.ok(op, digest=digest(entry.payload))
+
+
+async def close_and_read_everything(zk: str, history: History) -> None:
+    """The end of the run: every ledger closed (recovery for the open ones) and every entry up to its end read."""
+    async with BookKeeper(zk) as bk:
+        for ledger_id in bk.list_ledgers():
+            metadata = bk.ledger_metadata(ledger_id)
+            if not metadata.is_closed:
+                op = history.invoke("close", ledger_id)
+                metadata = await recover(bk, ledger_id)
+                history.ok(op, last=metadata.last_entry_id)
+            reader = await bk.open_ledger(ledger_id)
+            for first in range(0, metadata.last_entry_id + 1, 64):
+                batch = range(first, min(first + 64, metadata.last_entry_id + 1))
+                await asyncio.gather(*(read_one(reader, history, entry_id) for entry_id in batch))
+
+
+async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkeypatch):
+    seed = int(os.environ.get("BOOKFLEET_CHAOS_SEED", random.randrange(2**32)))
+    if kept := os.environ.get("BOOKFLEET_CHAOS_DIR"):  # `make chaos`: kept out of pytest's rotating temp dirs
+        tmp_path = Path(kept).resolve() / f"history-{seed}"
+    print(f"\nhistory chaos: seed {seed}, histories in {tmp_path / 'history'}", flush=True)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    monkeypatch.setenv("PYTHONPATH", str(checker.ROOT))  # the bookie and writer processes import tests.chaos
+    rounds = chaos_scale.pick(short=8, long=1000)
+    kinds = FAULTS + (["pause_writer"] if WRITER_TAKEOVER else [])
+    fleet = Fleet(tmp_path, seed)
+    try:
+        await fleet.start(
+            bookies=5, writers=chaos_scale.pick(short=2, long=4), entries=chaos_scale.pick((50, 400), (200, 3000))
+        )
+        await asyncio.sleep(2)
+        for round_ in range(rounds):
+            kind = kinds[round_] if round_ < len(kinds) else rng.choice(kinds)  # every kind at least once
+            await getattr(fleet, kind)(rng)
+            fleet.injected[kind] += 1
+            await asyncio.sleep(rng.uniform(0.5, 1.5))
+        await fleet.stop_writers()
+        faults_done = time.monotonic()
+        final = History(fleet.history_dir / "final.history.jsonl", "final")
+        await close_and_read_everything(fleet.zk.connect, final)
+        final.close()
+        final_done = time.monotonic()
+    finally:
+        await fleet.close()
+
+    giveups = [
+        json.loads(line)
+        for path in sorted(fleet.history_dir.glob("*.giveups.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    with_qa = [g for g in giveups if fleet.gave_up_with_qa_reachable(g)]
+    verdict = checker.check(sorted(fleet.history_dir.glob("*.history.jsonl")), tmp_path / "html")
+    figures = verdict.figures
+    chaos_scale.report(
+        "history",
+        seed=seed,
+        rounds=rounds,
+        faults=dict(fleet.injected),
+        writer_takeover=WRITER_TAKEOVER,
+        takeovers=fleet.takeovers,
+        writers=len(fleet.writers),
+        ledgers=figures["ledgers"],
+        acked_entries=figures["acknowledged"],
+        operations=figures["operations"],
+        verdict=verdict.verdict,
+        violations=len(figures["violations"] or []),
+        violating=(figures["violations"] or [])[:10],
+        visualization=figures["visualization"],
+        writers_gave_up=len(giveups),
+        gave_up_with_qa_reachable=len(with_qa),
+        fault_seconds=round(faults_done - started, 1),
+        final_read_seconds=round(final_done - faults_done, 1),
+        check_seconds=figures["seconds"],
+        seconds=round(time.monotonic() - started, 1),
+    )
+    assert figures["acknowledged"] > 0
+    assert verdict.legal, f"seed {seed}: {figures['violations'][:10]}, drawn in {figures['visualization']}"
+    assert not with_qa, with_qa[:5]
