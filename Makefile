@@ -59,10 +59,9 @@ cluster-demo: setup kube-binaries
 cluster-node-failure: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --node-failure --json
 
-# The history run (tests/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos, and
-# pauses writers for a takeover (BOOKFLEET_CHAOS_WRITER_TAKEOVER=1; off in `make test` until the epoch fix lands).
+# The history run (tests/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos.
 chaos: setup
-	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_WRITER_TAKEOVER=1 BOOKFLEET_CHAOS_DIR=build/chaos \
+	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_DIR=build/chaos \
 		$(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 36000
 
 floors: setup

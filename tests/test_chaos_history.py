@@ -27,17 +27,12 @@ from bookfleet.client.recovery import RecoveryError
 from tests.chaos import checker
 from tests.chaos.faults import Fleet
 from tests.chaos.history import History, digest
-from tests.fixtures.chaos import CHAOS_LONG
 
 pytestmark = pytest.mark.chaos
 
-TAKEOVER_IN_SHORT_RUN = False
-"""Writer SIGSTOP + takeover in the short run of `make test`: off until the `epoch` fix (bookies enforcing one
-writer) is merged, because today a paused writer still overwrites its successor's acknowledged entries. `make
-chaos` always runs it; BOOKFLEET_CHAOS_WRITER_TAKEOVER=1/0 overrides either way."""
-WRITER_TAKEOVER = os.environ.get(
-    "BOOKFLEET_CHAOS_WRITER_TAKEOVER", "1" if CHAOS_LONG or TAKEOVER_IN_SHORT_RUN else "0"
-) == "1"
+WRITER_TAKEOVER = os.environ.get("BOOKFLEET_CHAOS_WRITER_TAKEOVER", "1") == "1"
+"""Writer SIGSTOP past its session + takeover by a new writer, in the short run too: the bookies enforce one writer
+(writer epochs). BOOKFLEET_CHAOS_WRITER_TAKEOVER=0 leaves it out."""
 FAULTS = ["kill9", "pause_bookie", "partition", "restart_zookeeper", "disk_full", "disk_fail"]
 
 
