@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs the system packages bookfleet needs (ZooKeeper, a headless JRE) when they are missing.
+# Installs the system packages bookfleet needs (ZooKeeper, a headless JRE; debootstrap and buildah to build the
+# images from their Dockerfiles) when they are missing.
 set -euo pipefail
 need=()
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -517,7 +517,7 @@ def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
 
 
 def _repair_image(cluster: BookieCluster) -> str:
-    return cluster.spec.auto_recovery.repair.image or cluster.spec.image
+    return cluster.spec.auto_recovery.repair.image
 
 
 def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[str], str, list[str]]:
