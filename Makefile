@@ -8,16 +8,26 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
+.PHONY: setup lock images run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package of this venv and of the images; `make lock` rewrites it from the venv.
+$(STAMP): pyproject.toml constraints.txt
 	@bash scripts/setup-system.sh
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -c constraints.txt
 	@touch $(STAMP)
+
+lock:
+	$(PY) -m pip install -q -e '.[dev]' --upgrade
+	{ echo "# Every Python package of the dev venv and the images, pinned (make lock writes it from the dev venv; a test checks)."; \
+	  $(PY) -m pip freeze --exclude-editable; } > constraints.txt
+
+# The bookie, operator and repair images from their Dockerfiles (buildah, local Debian base), once per content hash.
+images: setup
+	scripts/build-images.sh
 
 $(CHECKOV_STAMP):
 	python3 -m venv $(CHECKOV_HOME)

@@ -7,7 +7,6 @@ The repair and audit jobs run the same code whether the driver lives in this pro
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -16,6 +15,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MASTER = "local[2]"
 LOCAL_IP = "127.0.0.1"
@@ -118,8 +118,9 @@ def spark_submit_binary() -> str:
     return str(Path(package_dir) / "bin" / "spark-submit")
 
 
-def spark_version() -> str:
-    return importlib.metadata.version("pyspark")
+SPARK_VERSION = "4.3.0"
+"""The Spark of the repair image (its pinned pyspark, constraints.txt; a test keeps the two equal). The operator
+names it in SparkApplications without pyspark installed: its image has neither pyspark nor a JRE."""
 
 
 def app_path(job: str, image: str | None) -> str:
@@ -129,7 +130,7 @@ def app_path(job: str, image: str | None) -> str:
     return str(Path(__file__).parent / "replication" / f"{job}.py")
 
 
-def spark_submit_command(
+def spark_submit_options(
     master: str,
     zk: str,
     ledgers: Iterable[int] = (),
@@ -139,8 +140,9 @@ def spark_submit_command(
     image: str | None = None,
     job: str = "spark_repair",
 ) -> list[str]:
-    """The spark-submit argv for a repair (or audit) job; the operator's Job and the local runner both use it."""
-    command = [spark_submit_binary(), "--master", master, "--name", f"bookfleet-{job.replace('_', '-')}"]
+    """spark-submit's arguments for a repair (or audit) job: the operator's Job and the local runner both use them.
+    Pure settings: the operator builds its Jobs from them where pyspark is not installed."""
+    command = ["--master", master, "--name", f"bookfleet-{job.replace('_', '-')}"]
     conf = {
         "spark.ui.enabled": "false",
         "spark.executor.instances": str(executors),
@@ -162,6 +164,11 @@ def spark_submit_command(
     if throttle_mb_s:
         command += ["--throttle-mb-s", str(throttle_mb_s)]
     return command
+
+
+def spark_submit_command(master: str, zk: str, ledgers: Iterable[int] = (), **options: Any) -> list[str]:
+    """The full argv of a local run: the installed pyspark's spark-submit, then `spark_submit_options`."""
+    return [spark_submit_binary(), *spark_submit_options(master, zk, ledgers, **options)]
 
 
 def job_main(

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the system packages bookfleet needs (ZooKeeper, a headless JDK, and Maven for the Java BookKeeper
-# reference of `bookfleet bench bookkeeper`) when they are missing.
+# Installs the system packages bookfleet needs (ZooKeeper; a headless JDK and Maven for the Java BookKeeper reference
+# of `bookfleet bench bookkeeper`; debootstrap and buildah to build the images from their Dockerfiles) when missing.
 set -euo pipefail
 need=()
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -231,7 +231,9 @@ class RepairSpec(KubeModel):
     executor_memory: str = Field("1g", pattern=r"^[0-9]+[kmgtKMGT]?$", description="Spark memory, e.g. 1g or 512m")
     throttle_mb_per_s: float = Field(0, ge=0, description="repair bandwidth cap per executor; 0 is unlimited")
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
-    image: str | None = Field(None, description="defaults to the cluster's bookie image")
+    image: str = Field(
+        "bookfleet/repair:0.1.0", description="image of repair drivers and their executors (a JRE and pyspark)"
+    )
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
     active_deadline_seconds: int = Field(
         3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"

@@ -574,13 +574,13 @@ def cluster_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
 
 
 def _repair_image(cluster: BookieCluster) -> str:
-    return cluster.spec.auto_recovery.repair.image or cluster.spec.image
+    return cluster.spec.auto_recovery.repair.image
 
 
 def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[str], str, list[str]]:
     """spark-submit's options, application file and application arguments, as the Spark module builds them."""
     repair, image = cluster.spec.auto_recovery.repair, _repair_image(cluster)
-    argv = spark.spark_submit_command(
+    argv = spark.spark_submit_options(
         K8S_MASTER,
         cluster.spec.zookeeper,
         ledgers,
@@ -591,7 +591,7 @@ def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[
         job=REPAIR_JOB,
     )
     app = argv.index(spark.app_path(REPAIR_JOB, image))
-    return argv[1:app], argv[app], argv[app + 1 :]
+    return argv[:app], argv[app], argv[app + 1 :]
 
 
 def _client_mode(options: list[str]) -> list[str]:
@@ -772,7 +772,7 @@ def spark_application(
             "imagePullPolicy": cluster.spec.image_pull_policy,
             "mainApplicationFile": app,
             "arguments": app_args,
-            "sparkVersion": spark.spark_version(),
+            "sparkVersion": spark.SPARK_VERSION,
             "timeToLiveSeconds": repair.ttl_seconds_after_finished,
             "sparkConf": {**confs, **_spark_security(cluster, "driver", "executor")},
             "restartPolicy": {

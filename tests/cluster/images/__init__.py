@@ -49,11 +49,11 @@ def _python_env() -> dict[str, str]:
     }
 
 
-def _bookie_files(state: Path) -> dict[str, Path]:
-    """/opt/bookfleet as the Dockerfile makes it: the entrypoint and the Spark job files."""
-    opt = state / "images" / "bookie-opt"
+def _repair_files(state: Path) -> dict[str, Path]:
+    """/opt/bookfleet as the repair image's Dockerfile makes it: the entrypoint and the Spark job files."""
+    opt = state / "images" / "repair-opt"
     opt.mkdir(parents=True, exist_ok=True)
-    sources = [ROOT / "bookie-image" / "entrypoint.sh", *ROOT.glob("bookfleet/*/spark_*.py")]
+    sources = [ROOT / "repair-image" / "entrypoint.sh", *ROOT.glob("bookfleet/*/spark_*.py")]
     for source in sources:
         link = opt / source.name
         with contextlib.suppress(FileExistsError):  # kubelets of several nodes start bookie pods at once
@@ -83,16 +83,17 @@ def resolve(reference: str, state: Path) -> Image | None:
     """The local stand-in for an image reference, or None when there is none (the pod then fails to start)."""
     python, hidden = _python_home()
     repository = reference.rsplit(":", 1)[0] if ":" in reference.rsplit("/", 1)[-1] else reference
-    if repository.endswith("bookfleet/bookie"):
+    if repository.endswith("bookfleet/repair"):
         return Image(
-            {**python, **_bookie_files(state), **_accounts(state, "bookfleet", 10001)},
-            ["/opt/bookfleet/entrypoint.sh"], ["bookfleet", "bookie", "--help"], 10001, _python_env(), hidden,
+            {**python, **_repair_files(state), **_accounts(state, "bookfleet", 10001)},
+            ["/opt/bookfleet/entrypoint.sh"], ["bookfleet", "repair", "--help"], 10001, _python_env(), hidden,
         )
-    if repository.endswith("bookfleet/operator"):
-        return Image(
-            {**python, **_accounts(state, "bookfleet", 10001)}, ["bookfleet"], ["operator"], 10001, _python_env(),
-            hidden,
-        )
+    for name, cmd in (("bookie", ["bookie", "--help"]), ("operator", ["operator"])):
+        if repository.endswith(f"bookfleet/{name}"):  # tini as entrypoint: the pod's process is its own PID 1 here
+            return Image(
+                {**python, **_accounts(state, "bookfleet", 10001)}, [], ["bookfleet", *cmd], 10001, _python_env(),
+                hidden,
+            )
     if repository.split("/")[-1] == "zookeeper":
         env = _python_env()
         env["PATH"] = f"{HERE / 'zookeeper-bin'}:{env['PATH']}"

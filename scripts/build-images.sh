@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Build the bookfleet images from the repository's own Dockerfiles with buildah, on a Debian base made here with
+# debootstrap (no registry needed), into ~/.cache/bookfleet/images/ (buildah's private storage). Each image is
+# built once per content hash (Dockerfile, sources, pins, base); buildah's layer cache keeps a source-only change
+# to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see README).
+# Usage: scripts/build-images.sh [bookie|operator|repair ...]   (default: all three)
+# Prints one line per image, "<name> <reference>", on stdout; progress goes to stderr.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${BOOKFLEET_IMAGE_DIR:-$HOME/.cache/bookfleet/images}"
+SUITE=bookworm
+BASE_PACKAGES=python3,python3-venv,ca-certificates
+MIRROR=http://deb.debian.org/debian
+for tool in buildah debootstrap; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "build-images: $tool is not installed" >&2; exit 3; }
+done
+[[ "$(id -u)" -eq 0 ]] || { echo "build-images: debootstrap and buildah's chroot builds need root" >&2; exit 3; }
+mkdir -p "$OUT"
+exec 9>"$OUT/.lock"
+flock 9  # one build at a time (two test workers may ask at once); the second then finds the images built
+
+bh() { buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay "$@"; }
+exists() { bh inspect --type image "$1" >/dev/null 2>&1; }
+digest() { sha256sum | cut -c1-12; }
+
+BASE_HASH="$(echo "$SUITE $BASE_PACKAGES $MIRROR minbase slim" | digest)"
+BASE="localhost/bookfleet/base:$SUITE-$BASE_HASH"
+if ! exists "$BASE"; then
+    started=$SECONDS
+    echo "build-images: making the base $BASE with debootstrap ..." >&2
+    work="$OUT/tmp"
+    rm -rf "$work" && mkdir -p "$work/rootfs"
+    nice -n 10 debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$work/rootfs" "$MIRROR" >&2
+    # What a slim base leaves out: apt's caches and lists, documentation, manuals, translations.
+    rm -rf "$work"/rootfs/var/cache/apt/archives/*.deb "$work"/rootfs/var/cache/apt/*.bin "$work"/rootfs/var/lib/apt/lists/* \
+        "$work"/rootfs/usr/share/{doc,man,info,locale}/*
+    tar --numeric-owner -C "$work/rootfs" -cf "$work/rootfs.tar" .
+    container="$(bh from scratch)"
+    bh add "$container" "$work/rootfs.tar" / >/dev/null
+    bh config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$container"
+    bh commit --rm "$container" "$BASE" >/dev/null
+    rm -rf "$work"
+    bh images --format '{{.Name}}:{{.Tag}}' | grep '^localhost/bookfleet/base:' | grep -vx "$BASE" \
+        | xargs -r buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay rmi >/dev/null || true
+    echo "build-images: base made in $((SECONDS - started)) s" >&2
+fi
+
+# pip in the build trusts what this machine trusts (a TLS-inspecting proxy's CA is in the system bundle only).
+CA=/etc/ssl/certs/ca-certificates.crt
+lend_ca=()
+[[ -f "$CA" ]] && lend_ca=(--volume "$CA:/run/bookfleet-ca.crt:ro" --build-arg PIP_CERT=/run/bookfleet-ca.crt)
+
+declare -A DOCKERFILE=([bookie]=bookie-image/Dockerfile [operator]=operator/Dockerfile [repair]=repair-image/Dockerfile)
+names=("$@")
+[[ ${#names[@]} -gt 0 ]] || names=(bookie operator repair)
+cd "$ROOT"
+for name in "${names[@]}"; do
+    dockerfile="${DOCKERFILE[$name]:?unknown image $name}"
+    # What the build context sends (.dockerignore) and the Dockerfile: tracked and untracked, never ignored files.
+    mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" pyproject.toml README.md \
+        constraints.txt bookfleet repair-image/entrypoint.sh | sort)
+    hash="$( (echo "$BASE"; sha256sum "${inputs[@]}") | digest)"
+    image="localhost/bookfleet/$name:$hash"
+    if exists "$image"; then
+        echo "build-images: $image already built" >&2
+    else
+        started=$SECONDS
+        echo "build-images: building $image ..." >&2
+        nice -n 10 buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay bud --quiet \
+            --layers --isolation chroot --build-arg "BASE=$BASE" "${lend_ca[@]}" -f "$dockerfile" -t "$image" . >&2
+        echo "build-images: $name built in $((SECONDS - started)) s" >&2
+        # Older builds of this image go; the layer cache stays for the next source change.
+        bh images --format '{{.Name}}:{{.Tag}}' | grep "^localhost/bookfleet/$name:" | grep -v ":$hash\$" \
+            | xargs -r buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay rmi >/dev/null \
+            || true
+    fi
+    echo "$name $image"
+done
