@@ -173,12 +173,10 @@ def ensure(api, cluster: BookieCluster, bookies: list[Bookie], now: dt.datetime)
             api.ensure(cert_manager_certificate(cluster, identity))
         return []
     namespace, name = cluster.metadata.namespace, cluster.metadata.name
-    # One LIST of the cluster's TLS Secrets, not a GET per bookie; a GET only for one missing from it (absent, or
-    # made without our labels).
-    listed = {s["metadata"]["name"]: s for s in api.list(CORE, "secrets", namespace, resources.labels(name, "tls"))}
+    # A GET per Secret, never a LIST: the operator may not list the namespace's Secrets (the chart grants get only).
 
     def secret(secret_name: str) -> dict | None:
-        return listed.get(secret_name) or api.get(CORE, "secrets", namespace, secret_name)
+        return api.get(CORE, "secrets", namespace, secret_name)
 
     stored = secret(ca_secret_name(name))
     secrets = {identity.secret: secret(identity.secret) for identity in needed}
