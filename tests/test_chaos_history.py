@@ -92,6 +92,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
             await getattr(fleet, kind)(rng)
             fleet.injected[kind] += 1
             await asyncio.sleep(rng.uniform(0.5, 1.5))
+        exited_early = fleet.writers_exited_early()
         await fleet.stop_writers()
         faults_done = time.monotonic()
         final = History(fleet.history_dir / "final.history.jsonl", "final")
@@ -124,6 +125,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
         violations=len(figures["violations"] or []),
         violating=(figures["violations"] or [])[:10],
         visualization=figures["visualization"],
+        writers_exited_early=exited_early,
         writers_gave_up=len(giveups),
         gave_up_with_qa_reachable=len(with_qa),
         fault_seconds=round(faults_done - started, 1),

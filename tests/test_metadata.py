@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 from pydantic import ValidationError
 
 from bookfleet import wire
@@ -132,3 +133,34 @@ def test_writer_epoch_starts_at_0_and_metadata_from_before_it_reads_as_0():
     assert LedgerMetadata.model_validate(old).writer_epoch == 0
     with pytest.raises(ValidationError, match="writer_epoch"):
         LedgerMetadata.model_validate({**old, "writer_epoch": -1})
+
+
+class LosesTheReply:
+    """A transaction whose reply is lost with the connection, after (applied=True) or before ZooKeeper applied it."""
+
+    def __init__(self, txn, applied: bool):
+        self._txn, self._applied = txn, applied
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def commit(self):
+        if self._applied:
+            self._txn.commit()
+        raise ConnectionLoss()
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_an_update_whose_reply_is_lost_is_settled_by_reading_back(zk, monkeypatch, applied):
+    store = MetadataStore(zk)
+    ledger_id = store.create(metadata())
+    meta, version = store.read(ledger_id)
+    changed = meta.with_ensemble_change(0, 0, "b5")
+    transaction = zk.transaction
+    monkeypatch.setattr(zk, "transaction", lambda: LosesTheReply(transaction(), applied))
+    if applied:
+        assert store.update(ledger_id, changed, version) == version + 1
+    else:  # not applied: the caller's re-read and re-apply (as after any conflict) does it, never a blind rewrite
+        with pytest.raises(MetadataVersionConflict):
+            store.update(ledger_id, changed, version)
+    assert store.read(ledger_id) == ((changed, 1) if applied else (meta, 0))

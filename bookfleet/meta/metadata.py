@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient, TransactionRequest
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bookfleet import wire
@@ -243,7 +243,7 @@ class MetadataStore:
     def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         """(metadata, znode version) of a ledger."""
         try:
-            data, stat = self.zk.get(zkpaths.ledger(ledger_id))
+            data, stat = self.zk.retry(self.zk.get, zkpaths.ledger(ledger_id))
         except NoNodeError:
             raise NoSuchLedgerError(ledger_id) from None
         return LedgerMetadata.from_json(data), stat.version
@@ -269,9 +269,21 @@ class MetadataStore:
         self._ensure_parents([zkpaths.bookie_index_entry(b, ledger_id) for b in metadata.bookies() - old.bookies()])
         txn = self.zk.transaction()
         self.update_in(txn, ledger_id, old, metadata, current)
-        results = txn.commit()
+        try:
+            results = txn.commit()
+        except ConnectionLoss:
+            return self._settle_lost_update(ledger_id, metadata, current)
         self._raise_failure(ledger_id, current, results)
         return results[0].version
+
+    def _settle_lost_update(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
+        """The connection went before update()'s reply came: read back whether the compare-and-set applied. It did
+        if the znode holds exactly `metadata` one version on; otherwise it reports a conflict, so the caller re-reads
+        and re-applies its change, as after any concurrent update (never a blind second write)."""
+        data, stat = self.zk.retry(self.zk.get, zkpaths.ledger(ledger_id))
+        if stat.version == version + 1 and data == metadata.to_json():
+            return stat.version
+        raise MetadataVersionConflict(ledger_id, version)
 
     @staticmethod
     def update_in(

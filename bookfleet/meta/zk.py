@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_digest_acl
 
 from bookfleet.security.tls import TlsConfigError, tls_files
@@ -33,8 +34,26 @@ NO_AUTH = ""
 its own credential or none, never falls back on one of its own)."""
 
 
+RECONNECT_MAX_DELAY = 1.0
+"""Seconds at most between two attempts to reach ZooKeeper again (never more than a quarter of the session). kazoo's
+default backoff doubles without a useful bound, so after a ZooKeeper restart of a few seconds its next attempt can
+fall past the session timeout: every client's session (a bookie's registration, a writer's lease) expired after an
+outage it should have ridden through."""
+
+
 class ZooKeeperUnreachable(RuntimeError):
     pass
+
+
+def retry_options(timeout: float) -> dict:
+    """KazooClient retries for a session of `timeout` seconds: reconnect attempts at most RECONNECT_MAX_DELAY apart,
+    and `client.retry(command, ...)` repeating a command through connection losses for up to one session timeout,
+    but not past a session expiry (a lease or an ephemeral node ends with its session; the caller must know)."""
+    max_delay = min(RECONNECT_MAX_DELAY, timeout / 4)
+    return {
+        "connection_retry": KazooRetry(max_tries=-1, max_delay=max_delay),
+        "command_retry": KazooRetry(max_tries=-1, max_delay=max_delay, deadline=timeout, ignore_expire=False),
+    }
 
 
 def fleet_acl(auth: str) -> list[ACL]:
@@ -71,8 +90,8 @@ def connect(
     `$BOOKFLEET_ZK_TLS_DIR` if set."""
     tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
     auth = os.environ.get(ZK_AUTH_ENV) if auth is None else auth
-    options = {**security_options(auth), **tls_options(tls_dir)}
-    client = KazooClient(hosts=hosts, timeout=timeout, **options, **kwargs)
+    options = {**retry_options(timeout), **security_options(auth), **tls_options(tls_dir)}
+    client = KazooClient(hosts=hosts, timeout=timeout, **{**options, **kwargs})
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError:

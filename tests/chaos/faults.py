@@ -154,6 +154,8 @@ class Fleet:
         """SIGSTOP a writer past its ZooKeeper session, let a new writer take its ledger over, SIGCONT the old one:
         it must not be able to write into the ledger again. The old process is stopped a little later."""
         running = [name for name, process in self.writers.items() if process.poll() is None]
+        if not running:
+            return
         name = rng.choice(running)
         ledger_file = self.history_dir / f"{name}.ledger"
         if not ledger_file.exists():
@@ -202,6 +204,14 @@ class Fleet:
         ensemble, qw, qa = giveup["ensemble"], giveup["qw"], giveup["qa"]
         sets = {tuple(write_set(i, len(ensemble), qw)) for i in range(len(ensemble))}
         return reachable("zookeeper") and all(sum(reachable(ensemble[p]) for p in s) >= qa for s in sets)
+
+    def writers_exited_early(self) -> list[str]:
+        """Writers whose process ended before the run's end without the harness stopping it (after its pause):
+        a writer crash, which leaves less load for the rest of the run."""
+        return [
+            name for name, process in self.writers.items()
+            if process.poll() is not None and name not in self.paused_writers
+        ]
 
     async def stop_writers(self, timeout: float = 120.0) -> None:
         (self.history_dir / "stop").touch()

@@ -142,7 +142,7 @@ class ChaosWriter:
                 self.history.fail(op, exc)
                 raise
             self.history.ok(op, last=closed.last_entry_id)
-        except LedgerWriteError as exc:
+        except (LedgerWriteError, KazooException) as exc:  # a ZooKeeper error from close: its outcome stays unknown
             for pending in in_flight:
                 with contextlib.suppress(LedgerWriteError, asyncio.CancelledError):
                     await pending
@@ -151,7 +151,7 @@ class ChaosWriter:
                 "ensemble": writer.metadata.segments[-1].bookies, "qw": writer.metadata.write_quorum,
                 "qa": writer.metadata.ack_quorum, "error": f"{type(exc).__name__}: {exc}"[:300],
             }) + "\n")
-            with contextlib.suppress(LedgerWriteError):
+            with contextlib.suppress(LedgerWriteError, KazooException):
                 await writer.detach()
         finally:
             reading.cancel()
