@@ -91,6 +91,8 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
             kind = kinds[round_] if round_ < len(kinds) else rng.choice(kinds)  # every kind at least once
             await getattr(fleet, kind)(rng)
             fleet.injected[kind] += 1
+            if (round_ + 1) % 50 == 0:  # progress of a long run
+                print(f"history chaos: {round_ + 1} rounds, {time.monotonic() - started:.0f} s", flush=True)
             await asyncio.sleep(rng.uniform(0.5, 1.5))
         exited_early = fleet.writers_exited_early()
         await fleet.stop_writers()
