@@ -8,7 +8,8 @@ read back whole, and the porcupine checker (hack/history-checker) decides whethe
 single-writer append-only log. A run prints one JSON line; its histories (and, on a violation, porcupine's
 drawing of each illegal entry) stay in the test's directory, or under $BOOKFLEET_CHAOS_DIR/history-<seed>.
 
-Seed: BOOKFLEET_CHAOS_SEED reruns a given seed (the faults and their order; timing still varies)."""
+Seed: BOOKFLEET_CHAOS_SEED reruns a given seed (the faults and their order; timing still varies).
+BOOKFLEET_CHAOS_ROUNDS sets the number of fault rounds (8 short, 1,000 long)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
     rng = random.Random(seed)
     started = time.monotonic()
     monkeypatch.setenv("PYTHONPATH", str(checker.ROOT))  # the bookie and writer processes import tests.chaos
-    rounds = chaos_scale.pick(short=8, long=1000)
+    rounds = int(os.environ.get("BOOKFLEET_CHAOS_ROUNDS", 0)) or chaos_scale.pick(short=8, long=1000)
     kinds = FAULTS + (["pause_writer"] if WRITER_TAKEOVER else [])
     fleet = Fleet(tmp_path, seed)
     try:
