@@ -30,7 +30,7 @@ from bookfleet.kube.models import (
     validity_condition,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COPIES = [ROOT / "crds", ROOT / "charts" / "bookfleet" / "crds"]
 
 

@@ -17,7 +17,7 @@ from bookfleet import polling
 from bookfleet.kube import crdgen
 from tests.emulator import EmulatorThread
 from tests.fixtures.kube import NS, REPO
-from tests.test_operator import bookie_cluster
+from tests.kube.test_operator import bookie_cluster
 
 PEERING = "bookfleet"
 ACTING = "Resuming operations after the pause"

@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from bookfleet.meta import zkpaths
-from tests.test_operator import NS, adopt_ledger, bookie_cluster, condition, read_ledger, status, wait_for
+from tests.kube.test_operator import NS, adopt_ledger, bookie_cluster, condition, read_ledger, status, wait_for
 
 NODE = "node-a"
 

@@ -26,7 +26,7 @@ from tests.fixtures.images import BUILD_TIMEOUT_S
 
 # One worker builds (or finds) the images; the first test using them waits for a cold build.
 pytestmark = [pytest.mark.xdist_group("images"), pytest.mark.timeout(BUILD_TIMEOUT_S)]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZE_LIMIT_MB = {"bookie": 250}
 """Uncompressed. The operator image (~300 MB) is still over its 250 MB target: the kubernetes client is 57 MB."""
 

@@ -16,7 +16,7 @@ from bookfleet.kube.models import Bookie, BookieCluster
 from tests.emulator import EmulatorThread
 
 NS = "default"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def delete_cluster(kube: EmulatorThread, timeout: float) -> str:

@@ -30,7 +30,7 @@ from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
-from tests.test_bookie_protocol import http_get
+from tests.bookie.test_bookie_protocol import http_get
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import yaml
 
 from bookfleet.kube.models import BookieCluster, Ledger
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = {"BookieCluster": BookieCluster, "Ledger": Ledger}
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

@@ -18,9 +18,9 @@ from bookfleet.client.writer import LedgerFencedError, LedgerHeldError, LedgerWr
 from bookfleet.client.writeset import write_set
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerState
-from tests.test_client_writer import eventually
+from tests.client.test_client_writer import eventually
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_two_concurrent_reopens_get_one_writer(bookie_fleet, zk_connect):
