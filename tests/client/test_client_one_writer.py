@@ -128,7 +128,7 @@ async def test_a_writer_cut_off_by_a_reopen_cannot_close_the_ledger_under_the_ne
 
 
 async def test_a_frozen_writer_cannot_overwrite_the_next_writer(bookie_fleet, zk_connect, zk, tmp_path):
-    """Issue 20 §2 as reported: W1 (its own process) bursts and flushes, is frozen until its session expires; W2
+    """A paused writer: W1 (its own process) bursts and flushes, is frozen until its session expires; W2
     reopens and is acknowledged for 200 entries; W1, thawed, sends its next burst at once. Bookies must refuse it:
     every entry W2 was acknowledged for holds W2's payload on every replica, and W1 gets an error, no ack."""
     bookie_fleet.start(3)

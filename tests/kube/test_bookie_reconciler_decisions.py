@@ -1,5 +1,5 @@
 """The Bookie reconciler's decisions, pure: every kind of pod death, the lost-bookie rule applied to it, the repair and
-what follows it, in milliseconds with no API server and no ZooKeeper (issue 11; end to end in test_operator.py)."""
+what follows it, in milliseconds with no API server and no ZooKeeper (end to end in test_operator.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The operator's decisions as pure functions: every phase of BookieCluster, Bookie and Ledger from observed state,
-with no API server and no ZooKeeper (BookieCluster: test_cluster_decisions.py; end to end: test_operator.py)."""
+with no API server and no ZooKeeper (BookieCluster: test_bookiecluster_reconciler_decisions.py; end to end:
+test_operator.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Node failure is pod death too (issue 11): the real operator against the emulator, real ZooKeeper and real bookie
+"""Node failure is pod death too: the real operator against the emulator, real ZooKeeper and real bookie
 processes. The test plays the dead node (its bookie killed, no kubelet reporting) and the node lifecycle controller
 (node Ready Unknown, the pod marked not Ready)."""
 

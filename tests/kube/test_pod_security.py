@@ -87,7 +87,7 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
 
 
 def least_privilege_violations(spec: dict[str, Any], spark_sized: bool = False) -> list[str]:
-    """Beyond the profile (issue 12): read-only root, resources on every container, tokens only where needed.
+    """Beyond the profile: read-only root, resources on every container, tokens only where needed.
     `spark_sized`: Spark's executor template, whose resources Spark sets from its confs."""
     found = []
     for container in _containers(spec):

@@ -37,7 +37,7 @@ def cluster() -> BookieCluster:
                 "storage": {"ledgers": {"size": "5Gi", "storageClassName": "fast"}},
                 "bookie": {"extraArgs": ["--max-in-flight", "500"]},
                 "autoRecovery": {"repair": {"executors": 3, "executorMemory": "2g", "throttleMbPerS": 50}},
-                "security": {"tls": "Disabled"},  # TLS wiring: tests/test_certificates.py
+                "security": {"tls": "Disabled"},  # TLS wiring: tests/kube/test_certificates.py
             },
         }
     )
