@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from kazoo.client import KazooClient
 
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.errors import LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
-from bookfleet.client.writer import LedgerWriteError
 from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.metadata import MetadataError

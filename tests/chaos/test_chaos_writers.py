@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.errors import LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.recovery import RecoveryError
-from bookfleet.client.writer import LedgerWriteError, LedgerWriter, WriterSettings
+from bookfleet.client.writer import LedgerWriter, WriterSettings
 from bookfleet.client.writeset import write_set
 from bookfleet.fleet import BookieProcess
 

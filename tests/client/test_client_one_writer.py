@@ -14,7 +14,8 @@ import pytest
 
 from bookfleet import cli, wire
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.writer import LedgerFencedError, LedgerHeldError, LedgerWriteError, LedgerWriter
+from bookfleet.client.errors import LedgerFencedError, LedgerHeldError, LedgerWriteError
+from bookfleet.client.writer import LedgerWriter
 from bookfleet.client.writeset import write_set
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerState

@@ -11,8 +11,9 @@ import pytest
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, FencedError
+from bookfleet.client.errors import LedgerFencedError, LedgerWriteError
 from bookfleet.client.recovery import RecoveryError
-from bookfleet.client.writer import LedgerFencedError, LedgerWriteError, WriterSettings
+from bookfleet.client.writer import WriterSettings
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
 from tests.client.test_client_writer import eventually, stored_entries

@@ -16,15 +16,10 @@ import pytest
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
 from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.errors import EntryTooLargeError, LedgerClosedError, LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
-from bookfleet.client.writer import (
-    EntryTooLargeError,
-    LedgerClosedError,
-    LedgerWriteError,
-    LedgerWriter,
-    WriterSettings,
-)
+from bookfleet.client.writer import LedgerWriter, WriterSettings
 from bookfleet.client.writeset import write_set
 from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.writer import LedgerWriteError
+from bookfleet.client.errors import LedgerWriteError
 from bookfleet.meta.metadata import LedgerState
 from bookfleet.topic.consumer import consume
 from bookfleet.topic.messageid import MessageId
