@@ -69,7 +69,7 @@ cluster-demo: setup kube-binaries
 cluster-node-failure: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --node-failure --json
 
-# The history run (tests/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos.
+# The history run (tests/chaos/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos.
 chaos: setup
 	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_DIR=build/chaos \
 		$(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 36000

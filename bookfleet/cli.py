@@ -17,8 +17,9 @@ import shtab
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import commands
+from bookfleet.commanderror import CommandError
+from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta.zk import ZK_AUTH_ENV
-from bookfleet.security import options as security_options
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,6 @@ kazoo's warnings)."""
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-
-
-class CommandError(Exception):
-    """An error to report as one clear line and a non-zero exit."""
 
 
 EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes": "operator", "yaml": "operator"}

@@ -20,9 +20,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bookfleet import localsecurity as local_security
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.acls import secure_tree
-from bookfleet.security import local as local_security
 from bookfleet.security.certs import CA_FILE, CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host
@@ -239,7 +239,7 @@ class StandaloneCluster:
 
     Everything lives under `data_dir`, so a second run on the same dir brings back the same bookies and ledgers.
     With `secure`, bookies serve mutual TLS, ZooKeeper nodes carry the fleet's ACL and an embedded ZooKeeper serves
-    only TLS (`bookfleet.security.local`); this process then acts with the fleet's identity.
+    only TLS (`bookfleet.localsecurity`); this process then acts with the fleet's identity.
     """
 
     def __init__(

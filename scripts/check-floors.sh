@@ -32,7 +32,7 @@ print("\n".join(unreached) or "every floor is the version installed", file=sys.s
 sys.exit(1 if unreached else 0)
 PY
 "$scratch/venv/bin/pytest" -q -p no:cacheprovider -m "not spark and not kind and not chaos" \
-    tests/test_wire.py tests/test_metadata.py tests/test_zookeeper.py tests/test_underreplication.py \
-    tests/test_bookie_protocol.py tests/test_client_cli.py tests/test_cli_status.py tests/test_crds.py \
-    tests/test_resources.py tests/test_operator_emulator.py tests/test_operator.py
-"$scratch/venv/bin/pytest" -q -p no:cacheprovider tests/test_repair.py -k test_lost_bookie_of_50_ledgers_is_repaired
+    tests/bookie/test_wire.py tests/meta/test_metadata.py tests/meta/test_zookeeper.py tests/meta/test_underreplication.py \
+    tests/bookie/test_bookie_protocol.py tests/commands/test_client_cli.py tests/commands/test_cli_status.py tests/kube/test_crds.py \
+    tests/kube/test_resources.py tests/kube/test_operator_emulator.py tests/kube/test_operator.py
+"$scratch/venv/bin/pytest" -q -p no:cacheprovider tests/replication/test_repair.py -k test_lost_bookie_of_50_ledgers_is_repaired

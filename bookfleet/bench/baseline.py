@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bookfleet import eventloop
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 
 
 def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) -> dict[str, float]:

@@ -28,8 +28,8 @@ from bookfleet.bench.baseline import (
     same_run_baselines,
     tls_figures,
 )
-from bookfleet.cli import CommandError
 from bookfleet.client.connection import BookieClient
+from bookfleet.commanderror import CommandError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieProcess
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bookfleet.bench import baseline, client, repair
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.zkserver import ZooKeeperServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]

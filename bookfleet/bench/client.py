@@ -20,9 +20,9 @@ from pathlib import Path
 from bookfleet import eventloop
 from bookfleet.bench import baseline
 from bookfleet.bench.bookie import _cpu_seconds
-from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
+from bookfleet.commanderror import CommandError
 from bookfleet.fleet import BookieFleet
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role

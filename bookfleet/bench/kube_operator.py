@@ -32,7 +32,7 @@ from typing import Any
 
 from bookfleet.bench import operator_scale
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
 from bookfleet.meta import zk as zkclient

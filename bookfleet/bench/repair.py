@@ -209,7 +209,7 @@ def measure(args) -> dict:
 
     from bookfleet import spark as sparksettings
     from bookfleet.bench.baseline import in_loop_iterations, same_run_baselines
-    from bookfleet.cli import CommandError
+    from bookfleet.commanderror import CommandError
     from bookfleet.fleet import BookieFleet
     from bookfleet.replication.auditor import mark_lost_bookie
     from bookfleet.replication.spark_repair import run_repair

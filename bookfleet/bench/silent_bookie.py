@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from bookfleet.bench import baseline
-from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import WriterSettings
+from bookfleet.commanderror import CommandError
 from bookfleet.fleet import BookieFleet, BookieProcess
 from bookfleet.zkserver import ZooKeeperServer
 

@@ -242,33 +242,17 @@ class LedgerStorage:
         recovery: bool = False,
         writer_epoch: int = 0,
     ) -> None:
-        """Store an encoded entry durably. The first master key seen for a ledger becomes its key. A writer epoch
-        older than the ledger's is refused (StaleWriterEpoch) unless `recovery`; a newer one becomes the ledger's."""
-        if len(entry) >= _ENTRY_HEADER.size:
-            header_ledger, header_entry, _, _ = _ENTRY_HEADER.unpack_from(entry)
-            if header_ledger != ledger_id or header_entry != entry_id:
-                raise BadRequest(
-                    f"entry header names ledger {header_ledger} entry {header_entry}, "
-                    f"the request ledger {ledger_id} entry {entry_id}"
-                )
-        await self.add_entry_nowait(entry, master_key, recovery, writer_epoch)[2]
-
-    def add_entry_nowait(
-        self, entry: bytes, master_key: bytes, recovery: bool = False, writer_epoch: int = 0
-    ) -> tuple[int, int, asyncio.Future[None]]:
-        """`add_entry` without a coroutine, for the entry its header names: checks and applies the add at once
-        (raising what add_entry raises) and returns (ledger_id, entry_id, the future that resolves once it is
-        durable). Adds resolved by the same group commit share one future, so a server can answer them together.
-        Await it directly: it ignores cancellation. A bytes-like master key is fine (it is compared or copied)."""
-        if not self._open:
-            raise ShuttingDown("the bookie's storage is closed")
+        """`add_unpacked` for a caller holding a whole encoded entry: checks that its header names this ledger and
+        entry, applies the add and returns once it is durable (what add_unpacked raises, it raises)."""
         if len(entry) < _ENTRY_HEADER.size:
             raise BadRequest(f"entry of {len(entry)} bytes is shorter than the {_ENTRY_HEADER.size}-byte header")
-        ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(entry)
-        if type(entry) is not bytes:
-            entry = bytes(entry)
-        synced = self.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery, writer_epoch)
-        return ledger_id, entry_id, synced
+        header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(entry)
+        if header_ledger != ledger_id or header_entry != entry_id:
+            raise BadRequest(
+                f"entry header names ledger {header_ledger} entry {header_entry}, "
+                f"the request ledger {ledger_id} entry {entry_id}"
+            )
+        await self.add_unpacked(ledger_id, entry_id, lac, bytes(entry), master_key, recovery, writer_epoch)
 
     def add_unpacked(
         self,
@@ -280,8 +264,11 @@ class LedgerStorage:
         recovery: bool,
         writer_epoch: int = 0,
     ) -> asyncio.Future[None]:
-        """`add_entry_nowait` for a caller that unpacked the ids of `entry`'s header itself (the server reads them
-        with the request's other fields in one unpack); returns the future of the add's group commit."""
+        """The one add of the storage, applied at once: the first master key seen for a ledger becomes its key; a
+        writer epoch older than the ledger's is refused (StaleWriterEpoch) unless `recovery`, a newer one becomes the
+        ledger's. The caller unpacked the ids of `entry`'s header itself (the server reads them with the request's
+        other fields in one unpack). Returns the future of the add's group commit: adds resolved by the same commit
+        share it, so a server answers them together; await it directly (it ignores cancellation)."""
         if not self._open:
             raise ShuttingDown("the bookie's storage is closed")
         if not (

@@ -12,18 +12,12 @@ from kazoo.client import KazooClient
 
 from bookfleet import wire
 from bookfleet.client.connection import FencedError
+from bookfleet.client.errors import LedgerClosedError, LedgerFencedError, LedgerHeldError, LedgerWriteError
 from bookfleet.client.placement import PlacementPolicy, choose_ensemble
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import recover_ledger
-from bookfleet.client.writer import (
-    LedgerClosedError,
-    LedgerFencedError,
-    LedgerHeldError,
-    LedgerWriteError,
-    LedgerWriter,
-    WriterSettings,
-)
+from bookfleet.client.writer import LedgerWriter, WriterSettings
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.lease import WriterLease
 from bookfleet.meta.metadata import (

@@ -251,14 +251,6 @@ class BookieClient:
         body = await self._call(Op.ADD_ENTRY, wire.add_prefix(master_key, writer_epoch) + entry, flags)
         return wire.LEDGER_ENTRY.unpack(body)
 
-    def add_entry_nowait(
-        self, master_key: bytes, entry: bytes, recovery: bool = False, writer_epoch: int = 0
-    ) -> asyncio.Future[bytes]:
-        """ADD_ENTRY as a bare future of the response body (no coroutine, no task): for a writer that pipelines
-        thousands of adds and attaches callbacks. Fails like `add_entry`; ignores write backpressure."""
-        body = wire.add_prefix(master_key, writer_epoch) + entry
-        return self._request(Op.ADD_ENTRY, body, wire.Flag.RECOVERY_ADD if recovery else 0)
-
     def add_entry_callback(self, body: bytes, on_answer: AnswerCallback, arg: Any, recovery: bool = False) -> None:
         """ADD_ENTRY of `body` = wire.add_prefix (master key, writer epoch) + encoded entry (built once, shared by a
         whole write set, never copied here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called

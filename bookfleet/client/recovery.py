@@ -30,9 +30,10 @@ import logging
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchLedgerOnBookieError
+from bookfleet.client.errors import LedgerClosedError, LedgerWriteError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.reader import READ_TIMEOUT, EntryUnavailable, read_entry
-from bookfleet.client.writer import LedgerClosedError, LedgerWriteError, LedgerWriter, WriterSettings
+from bookfleet.client.writer import LedgerWriter, WriterSettings
 from bookfleet.client.writeset import quorum_covered
 from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, MetadataVersionConflict
 

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 from kazoo.client import KazooClient
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
+from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta import zk as zkclient
-from bookfleet.security import options as security_options
 from bookfleet.zkserver import zk_from_env
 
 

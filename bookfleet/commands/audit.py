@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from bookfleet import spark as sparksettings
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
+from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta.zk import ZooKeeperUnreachable
 from bookfleet.replication import spark_audit
-from bookfleet.security import options as security_options
 
 
 def register(subparsers) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
+from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY
 from bookfleet.replication.auditor import WEEK, Auditor
-from bookfleet.security import options as security_options
 from bookfleet.zkserver import zk_from_env
 
 

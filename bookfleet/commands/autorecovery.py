@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.fleetstatus import auditor_status
 from bookfleet.meta.underreplication import UnderReplication

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 
 
 def register(subparsers) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieRegistry

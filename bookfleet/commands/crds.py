@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 
 
 def register(subparsers) -> None:

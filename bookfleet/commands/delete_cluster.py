@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 
 
 def register(subparsers) -> None:

@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.polling import wait_for
 
 

@@ -11,7 +11,7 @@ import importlib
 import os
 import random
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 from bookfleet.kube import metrics
 
 

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 from pydantic import BaseModel
 
 from bookfleet import wire
-from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError, check_password
+from bookfleet.client.errors import LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReader, LedgerReadError
 from bookfleet.client.recovery import RecoveryError
-from bookfleet.client.writer import LedgerWriteError
+from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.metadata import LedgerMetadata, MetadataError
 

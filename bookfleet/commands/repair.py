@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bookfleet import spark as sparksettings
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
+from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta.zk import ZooKeeperUnreachable
 from bookfleet.replication import spark_repair
-from bookfleet.security import options as security_options
 
 
 def register(subparsers) -> None:

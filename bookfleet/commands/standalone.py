@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from bookfleet.cli import CommandError
+from bookfleet.commanderror import CommandError
 
 
 def register(subparsers) -> None:

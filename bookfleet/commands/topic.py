@@ -9,11 +9,11 @@ from contextlib import contextmanager
 
 from kazoo.client import KazooClient
 
-from bookfleet.cli import CommandError
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.errors import LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
-from bookfleet.client.writer import LedgerWriteError
+from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.metadata import MetadataError
 from bookfleet.topic.consumer import consume

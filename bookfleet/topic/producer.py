@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import crc32c
 
 from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.writer import LedgerClosedError, LedgerFencedError, LedgerWriter
+from bookfleet.client.errors import LedgerClosedError, LedgerFencedError
+from bookfleet.client.writer import LedgerWriter
 from bookfleet.meta.metadata import LedgerMetadata
 from bookfleet.topic.messageid import MessageId
 from bookfleet.topic.partition import Partition, PartitionChanged, Topic, encode_messages

@@ -1,6 +1,6 @@
 """A bookie process whose disk can be made to fail from outside: `python -m tests.chaos.faultybookie <bookie
 flags>` runs `bookfleet bookie`, and SIGUSR1 makes every later fdatasync/fsync of the process fail with EIO (what a
-dying disk does), as tests/test_bookie_failures.py injects it in-process. The bookie turns read-only for good; a
+dying disk does), as tests/bookie/test_bookie_failures.py injects it in-process. The bookie turns read-only for good; a
 restart on the same disk heals it."""
 
 from __future__ import annotations

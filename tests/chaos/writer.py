@@ -22,10 +22,11 @@ from pathlib import Path
 from kazoo.exceptions import KazooException
 
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.errors import LedgerHeldError, LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.recovery import RecoveryError
-from bookfleet.client.writer import LedgerHeldError, LedgerWriteError, LedgerWriter, WriterSettings
+from bookfleet.client.writer import LedgerWriter, WriterSettings
 from tests.chaos.history import History, digest
 
 CONFIGS = [(3, 3, 2), (4, 3, 2), (3, 2, 2)]

@@ -449,7 +449,7 @@ class NodeFailure:
         seconds = self.seconds
         return {"lost_bookie_recovery_delay_seconds": NODE_FAILURE_DELAY, "node": self.node, "bookie": self.bookie,
                 "seconds_after_node_failed": {name: round(value, 1) for name, value in seconds.items()},
-                # issue 11's target (<= delay + 5 s) counts from the node being declared NotReady
+                # the target (<= delay + 5 s) counts from the node being declared NotReady
                 "repair_job_after_node_not_ready": round(seconds["repair_job_created"] - seconds["node_not_ready"], 1)}
 
 

@@ -1,0 +1,476 @@
+"""One client connection of the bookie's server (`bookfleet.bookie.server`, which holds the limits and the
+protocol rules): frames split out of the byte stream, requests started in order within the server's limits, adds
+applied at once and answered together per group commit, answers written in completion order."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from bookfleet import wire
+from bookfleet.bookie import errors
+from bookfleet.security import roles
+from bookfleet.wire import Op, Status
+
+if TYPE_CHECKING:
+    from bookfleet.bookie.server import BookieServer
+
+log = logging.getLogger(__name__)
+
+TLS_HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a peer has to finish the TLS handshake before its connection is dropped."""
+
+_RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
+_ADD_ENTRY = int(Op.ADD_ENTRY)
+_FENCE = int(wire.Flag.FENCE)
+_MIN_ADD_BODY = wire.ADD_PREFIX_SIZE + wire.ENTRY_HEADER.size
+_ADD_HEAD = wire.ADD_REQUEST_HEAD
+_ENTRY_OFFSET = wire.HEADER_SIZE + wire.ADD_PREFIX_SIZE
+"""Where an add's entry starts in its frame (after the length prefix)."""
+_VERSION = wire.PROTOCOL_VERSION
+_encode_ack = wire.encode_add_response
+
+_LEDGER_ID_OFFSET = {
+    Op.ADD_ENTRY: wire.ADD_PREFIX_SIZE,
+    Op.READ_ENTRY: 0,
+    Op.READ_LAC: 0,
+    Op.WRITE_LAC: wire.MASTER_KEY_SIZE,
+    Op.FORCE_LEDGER: 0,
+    Op.READ_RANGE: 0,
+    Op.RAISE_EPOCH: wire.MASTER_KEY_SIZE,
+}
+
+
+def _describe(frame: wire.Frame) -> str:
+    """`ADD_ENTRY for ledger 5`, for error messages; only computed when something went wrong."""
+    name = Op(frame.op).name
+    offset = _LEDGER_ID_OFFSET.get(frame.op)
+    if offset is None or len(frame.body) < offset + 8:
+        return name
+    (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, offset)
+    return f"{name} for ledger {ledger_id}"
+
+
+class _WaitingAdds:
+    """The adds of one connection waiting for one group commit."""
+
+    __slots__ = ("acks", "size", "starts")
+
+    def __init__(self) -> None:
+        self.acks: list[bytes] = []
+        """The OK answer of each add, packed when it arrived (wire.encode_add_response)."""
+        self.starts: list[float] = []
+        """When each add was received (perf_counter of the read that brought it)."""
+        self.size = 0
+        """Entry bytes of them all."""
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: frame splitting, requests started in order, bounded in-flight work and write buffer."""
+
+    def __init__(self, server: BookieServer):
+        self.server = server
+        self.buffer = bytearray()
+        self.in_flight = 0
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.long_polls = 0
+        self.add_bytes = 0
+        """Bytes of this connection's adds waiting for their commit."""
+        self.principal: roles.Principal | None = None
+        """The authenticated peer (TLS only); None on a plain connection."""
+        self._outgoing: list[bytes] = []
+        self._outgoing_bytes = 0
+        self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
+        """Adds waiting for each group commit."""
+        self._reading_paused = False
+        self._writing_paused = False
+        self._admission_blocked = False
+        self._rejected = False
+        self._handshake: asyncio.Task[None] | None = None
+        self._handshaking = False
+        """Frames wait in the buffer until the peer is authenticated and its principal known."""
+        self._eof = False
+        self._processing = False
+        self._received_at = 0.0
+        """When the requests being started arrived (perf_counter of their read): the start of their latency."""
+        self._loop = asyncio.get_running_loop()
+        self.last_request = self._loop.time()
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        """Done once the client stops sending (EOF) or the connection is lost: its long polls answer at once."""
+
+    # --- asyncio.Protocol -------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
+        self.peer = f"{host}:{port}"
+        server = self.server
+        if len(server.connections) >= server.limits.max_connections:
+            server.refused_connections += 1
+            server.metrics.refused_connections.inc()
+            if server.refused_connections & (server.refused_connections - 1) == 0:  # 1st, 2nd, 4th, 8th...
+                log.warning(
+                    "refused a connection from %s: %d connections is the limit (%d refused so far)",
+                    self.peer, server.limits.max_connections, server.refused_connections,
+                )
+            self._rejected = True
+            transport.abort()
+            return
+        server.connections.add(self)
+        server.metrics.connections.inc()
+        if self.server.tls is None:
+            transport.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
+            return
+        # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
+        self._handshaking = True
+        transport.pause_reading()
+        self._handshake = self._loop.create_task(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        """Mutual TLS handshake on the accepted socket; a refused peer is logged with the reason and dropped."""
+        try:
+            secure = await self._loop.start_tls(
+                transport, self, self.server.tls_context(), server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning("refused connection from %s: TLS handshake failed: %s", self.peer, exc)
+            self.server.metrics.count_error(0, Status.UNAUTHORIZED)
+            transport.close()
+            self.connection_lost(exc)
+            return
+        self.transport = secure
+        self.principal = roles.Principal.from_peercert(secure.get_extra_info("peercert") or {})
+        self.peer += f" ({self.principal.subject})"
+        secure.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
+        self._handshaking = False
+        self._process()  # requests the peer sent right after its handshake finished
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self not in self.server.connections:
+            return
+        self.server.connections.discard(self)
+        self.server.metrics.connections.dec()
+        self.buffer.clear()
+        self._outgoing.clear()
+        self._end()
+
+    def _end(self) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._rejected:
+            self.last_request = self._loop.time()
+            self.buffer += data
+            if not self._handshaking:
+                self._process()
+
+    def eof_received(self) -> bool:
+        # The client finished sending: answer what it asked, then close; a partial frame left over is reported.
+        self._eof = True
+        self._end()
+        if not self._handshaking:
+            self._process()
+        return True
+
+    def _process(self) -> None:
+        """Start the buffered requests while there is room (in flight, answers pending, adds admitted); the rest
+        wait in the buffer."""
+        if self._processing:  # a request that completed at once, from inside the loop below
+            return
+        self._processing = True
+        buffer = self.buffer
+        pos, end = 0, len(buffer)
+        unpack_length, server, limits = wire.LENGTH_PREFIX.unpack_from, self.server, self.server.limits
+        max_in_flight, max_pending = server.max_in_flight, limits.max_pending_response_bytes
+        connection_room = limits.max_connection_add_bytes - self.add_bytes
+        partial = False
+        self._admission_blocked = False  # decided again below
+        self._received_at = time.perf_counter()
+        try:
+            while pos < end:
+                if self.in_flight >= max_in_flight or self._writing_paused or self._outgoing_bytes >= max_pending:
+                    break  # the bound is reached, or answers wait for the client to take them
+                if end - pos < wire.LENGTH_PREFIX.size:
+                    partial = True
+                    break
+                (length,) = unpack_length(buffer, pos)
+                if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
+                    try:
+                        wire.check_frame_length(length)
+                    except wire.ProtocolError as exc:
+                        self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
+                        return
+                start = pos + wire.LENGTH_PREFIX.size
+                if end - start < length:
+                    partial = True
+                    break
+                if buffer[start + 1] == _ADD_ENTRY:  # the common case (room on both counts) costs no call
+                    short_of_room = length > connection_room or length > limits.max_add_bytes - server.add_bytes
+                    if short_of_room and not server.admit_adds(self, length):
+                        self._admission_blocked = True
+                        break
+                    connection_room -= length
+                    pos = start + length
+                    self._add(buffer, start, pos)
+                else:
+                    pos = start + length
+                    self._dispatch(buffer, start, pos)
+                if self._rejected:
+                    return
+            del buffer[:pos]
+        finally:
+            self._processing = False
+        self._update_reading()
+        if self._eof:
+            if partial:
+                self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
+            elif not buffer and not self.in_flight:
+                self._loop.call_soon(self.close_after_flush)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self.resume()
+
+    def resume(self) -> None:
+        """Go on with buffered requests after a wait for room (answers taken, adds admitted)."""
+        self._admission_blocked = False
+        if self.transport is not None and not self.transport.is_closing():
+            self._process()
+
+    # --- requests ---------------------------------------------------------------------------------------------
+
+    def _dispatch(self, buffer: bytearray, start: int, end: int) -> None:
+        """Start the request framed in buffer[start:end] (checked to hold at least a header)."""
+        try:
+            op, flags, request_id = wire.decode_header(buffer, start)
+        except wire.ProtocolError as exc:
+            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
+            self._reject(op, request_id, Status.BAD_REQUEST, str(exc))
+            return
+        handler = self.server._handlers.get(op)
+        if handler is None and op != Op.ADD_ENTRY:
+            self._reject(op, request_id, Status.BAD_REQUEST, f"unknown op {op}")
+            return
+        if self.server.stopping:
+            self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            return
+        start += wire.HEADER_SIZE
+        if self.principal is not None:
+            try:
+                roles.authorize(self.principal, op, flags)
+            except roles.Forbidden as exc:
+                self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.RoleForbidden(str(exc)))
+                return
+        if handler is None and end - start >= _MIN_ADD_BODY:
+            (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
+            if self.server._add_needs_check(ledger_id, flags, self.principal):
+                request = buffer[start - wire.HEADER_SIZE : end]  # copied: it waits for ZooKeeper
+                frame = wire.Frame(op, flags, request_id, memoryview(request)[wire.HEADER_SIZE :])
+                checked_add = self.server._checked_add(request, self.principal)
+                self.in_flight += 1
+                self._step(self._holding_add_bytes(checked_add, end - start), frame)
+                return
+        if handler is not None:
+            frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
+            self.in_flight += 1
+            self._step(handler(frame, self), frame)
+            return
+        self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
+
+    def _add(self, buffer: bytearray, start: int, end: int, checked: bool = False) -> None:
+        """Apply the ADD_ENTRY request framed in buffer[start:end] at once and answer it with its group commit (the
+        adds of one commit together). Every field comes from one unpack and the entry is copied once, straight out
+        of the receive buffer. Unless `checked` (by _dispatch), a request that needs more than that (another
+        protocol version, TLS roles, an admission lookup, a bookie shutting down, too short) goes to _dispatch."""
+        server = self.server
+        if end - start < _ENTRY_OFFSET + wire.ENTRY_HEADER.size:
+            if not checked:
+                self._dispatch(buffer, start, end)
+                return
+            _, op, flags, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
+            size = end - start - wire.HEADER_SIZE
+            message = f"ADD_ENTRY body of {size} bytes is shorter than the master key, epoch and an entry header"
+            self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), wire.ProtocolError(message))
+            return
+        version, _, flags, request_id, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(buffer, start)
+        if not checked and (
+            version != _VERSION
+            or self.principal is not None
+            or server.stopping
+            or (server.admission is not None and not server.admission.admitted(ledger_id))
+        ):
+            self._dispatch(buffer, start, end)
+            return
+        try:
+            synced = server.apply_add(buffer, start, end, key, flags, epoch, ledger_id, entry_id, lac)
+        except (Exception, asyncio.CancelledError) as exc:
+            body = memoryview(buffer[start + wire.HEADER_SIZE : end])
+            self._failed(wire.Frame(_ADD_ENTRY, flags, request_id, body), exc)
+            return
+        self.in_flight += 1
+        waiting = self._adds.get(synced)
+        if waiting is None:
+            waiting = self._adds[synced] = _WaitingAdds()
+            synced.add_done_callback(self._adds_synced)
+        waiting.acks.append(_encode_ack(request_id, ledger_id, entry_id))
+        waiting.starts.append(self._received_at)
+        size = end - start - _ENTRY_OFFSET
+        waiting.size += size
+        self.add_bytes += size
+        server.add_bytes += size
+
+    async def _holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
+        """An add that waits for its ledger's admission lookup counts, all the while, toward the same add-byte
+        limits as one waiting for its commit: it holds its body just the same."""
+        self.add_bytes += size
+        self.server.add_bytes += size
+        try:
+            return await add
+        finally:
+            self.add_bytes -= size
+            self.server.release_adds(size)
+
+    def _adds_synced(self, synced: asyncio.Future[None]) -> None:
+        """Answer every add of this connection that waited for this group commit."""
+        adds = self._adds.pop(synced)
+        error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
+        if error is None:
+            self._send(b"".join(adds.acks))
+            self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
+        else:
+            status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
+            log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
+            for ack in adds.acks:
+                request_id, ledger_id = wire.ADD_RESPONSE.unpack(ack)[4:6]
+                self.server.metrics.count_error(Op.ADD_ENTRY, status)
+                message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
+                self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+        self.add_bytes -= adds.size
+        self.server.release_adds(adds.size)
+        self._finished(len(adds.acks))
+
+    def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
+        """Drive one request's coroutine without a Task.
+
+        A Task per request costs several event-loop callbacks; here a request that needs no I/O (most reads) is
+        answered before data_received returns, and an add resumes straight from its journal future's callback.
+        Requests must therefore only await futures (never need asyncio.current_task()), which storage honours.
+        """
+        try:
+            waiting = request.send(None)
+        except StopIteration as finished:
+            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, finished.value))
+        except (Exception, asyncio.CancelledError) as exc:
+            self._failed(frame, exc)
+        else:
+            if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
+                self._loop.call_soon(self._step, request, frame)
+            else:
+                waiting._asyncio_future_blocking = False
+                waiting.add_done_callback(functools.partial(self._step, request, frame))
+            return
+        self._finished()
+
+    def _failed(self, frame: wire.Frame, exc: BaseException) -> None:
+        """Answer a request that raised; a malformed body closes the connection."""
+        if isinstance(exc, wire.ProtocolError):
+            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
+        elif isinstance(exc, wire.InvalidField):
+            self._answer_error(frame, Status.BAD_REQUEST, exc)
+        elif isinstance(exc, errors.StatusError):
+            if exc.status == Status.INTERNAL_ERROR:
+                log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
+            self._answer_error(frame, exc.status, exc)
+        elif isinstance(exc, asyncio.CancelledError):
+            self._answer_error(frame, Status.SHUTTING_DOWN, "cancelled while the bookie shuts down")
+        else:
+            log.error("%s from %s failed", _describe(frame), self.peer, exc_info=exc)
+            self._answer_error(frame, Status.INTERNAL_ERROR, exc)
+
+    def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
+        self.server.metrics.count_error(frame.op, status)
+        self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
+
+    def _finished(self, count: int = 1) -> None:
+        self.in_flight -= count
+        if self.buffer or self._eof:
+            self._process()  # requests that waited for room (in flight, add bytes), or the end of the stream
+        elif self._reading_paused:
+            self._update_reading()
+        if not self.in_flight and self.server.stopping:
+            self._loop.call_soon(self.close_after_flush)
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        should_pause = (
+            self._writing_paused
+            or self._admission_blocked
+            or self.in_flight >= self.server.max_in_flight
+            or self._outgoing_bytes >= self.server.limits.max_pending_response_bytes
+        )
+        if should_pause and not self._reading_paused:
+            self.transport.pause_reading()
+        elif not should_pause and self._reading_paused:
+            self.transport.resume_reading()
+        self._reading_paused = should_pause
+
+    # --- answers ----------------------------------------------------------------------------------------------
+
+    def _send(self, response: bytes) -> None:
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(response)
+        self._outgoing_bytes += len(response)
+
+    def _flush(self) -> None:
+        """One write per event-loop turn for every response completed in it; then go on with requests that
+        waited for these answers to leave (unless the socket's buffer is full: resume_writing goes on then)."""
+        if not self._outgoing:
+            return
+        outgoing, self._outgoing = self._outgoing, []
+        self._outgoing_bytes = 0
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(outgoing))
+            if self._processing:
+                return
+            if self.buffer:
+                self._process()
+            elif self._reading_paused:
+                self._update_reading()  # paused while these answers waited: read on
+
+    def _reject_prefix(self, length: int, rest: bytearray, exc: wire.ProtocolError) -> None:
+        """A length prefix that cannot start a frame: too large (TOO_LARGE) or shorter than a header."""
+        status = Status.TOO_LARGE if length > wire.MAX_FRAME_SIZE else Status.BAD_REQUEST
+        op, request_id = 0, 0
+        if length >= wire.HEADER_SIZE and len(rest) >= wire.HEADER_SIZE:
+            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(rest)
+        self._reject(op, request_id, status, str(exc))
+
+    def _reject(self, op: int, request_id: int, status: Status, message: str) -> None:
+        """Answer a broken frame once and close this connection; other connections never notice."""
+        if self._rejected:
+            return
+        self._rejected = True
+        log.warning("closing connection from %s: %s", self.peer, message)
+        self.server.metrics.count_error(op, status)
+        self._send(wire.encode_error(op, request_id, status, message))
+        self.buffer.clear()
+        self._loop.call_soon(self.close_after_flush)
+
+    def close_after_flush(self) -> None:
+        if self._outgoing:
+            self._flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()

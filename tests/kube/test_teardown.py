@@ -1,0 +1,69 @@
+"""`bookfleet delete-cluster` (the chart's pre-delete hook) against the emulator: it never waits for ever, and the
+cluster's volumes stay unless its whenDeleted policy says Delete."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bookfleet.kube import resources, teardown
+from bookfleet.kube.api import PLURALS
+from bookfleet.kube.models import Bookie, BookieCluster
+from tests.emulator import EmulatorThread
+
+NS = "default"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def delete_cluster(kube: EmulatorThread, timeout: float) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "bookfleet", "delete-cluster", "bk", "--namespace", NS, "--timeout", str(timeout),
+         "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def create_fleet(kube: EmulatorThread, finalizers: list[str], when_deleted: str = "Retain") -> None:
+    """A cluster, one Bookie and a Ledger of it (and a Ledger of another cluster) as an operator leaves them (kopf's
+    finalizer while it runs their loops), the Bookie's pod and claims as lifecycle.py makes them."""
+    manifest = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                "metadata": {"name": "bk", "namespace": NS, "finalizers": finalizers},
+                "spec": {"replicas": 1, "zookeeper": "zk:2181",
+                         "persistentVolumeClaimRetentionPolicy": {"whenDeleted": when_deleted}}}
+    cluster = BookieCluster.model_validate(kube.create("bookieclusters", manifest))
+    (bookie,) = resources.bookies_for_cluster(cluster)
+    bookie["metadata"]["finalizers"] = finalizers
+    created = Bookie.model_validate(kube.create("bookies", bookie))
+    for obj in (resources.bookie_pod(cluster, created), *resources.bookie_pvcs(cluster, created)):
+        kube.create(PLURALS[obj["kind"]], obj)
+    for ledger, of_cluster in (("bk-ledger", "bk"), ("other-ledger", "other")):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": ledger, "namespace": NS, "finalizers": finalizers},
+                                "spec": {"cluster": of_cluster}})
+
+
+def left(kube: EmulatorThread) -> dict[str, list[str]]:
+    return {plural: sorted(o["metadata"]["name"] for o in kube.list(plural, NS))
+            for plural in ("bookieclusters", "bookies", "ledgers", "pods", "persistentvolumeclaims")}
+
+
+def test_without_an_operator_the_finalizers_are_released_and_the_volumes_kept(kube):
+    create_fleet(kube, [teardown.FINALIZER])
+    assert "finalizers were removed" in delete_cluster(kube, timeout=0.5)
+    assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
+                          "persistentvolumeclaims": ["bk-0-journal", "bk-0-ledgers"]}
+    assert "does not exist" in delete_cluster(kube, timeout=0.5)
+
+
+@pytest.mark.parametrize(("when_deleted", "claims"), [("Retain", ["bk-0-journal", "bk-0-ledgers"]), ("Delete", [])])
+def test_a_released_cluster_goes_with_its_bookies_and_its_volumes_follow_the_policy(kube, when_deleted, claims):
+    create_fleet(kube, [], when_deleted)
+    assert "deleted by the operator" in delete_cluster(kube, timeout=30)
+    assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
+                          "persistentvolumeclaims": claims}
