@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from bookfleet.kube import repairs
+from bookfleet.kube.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
-from bookfleet.kube.scaling import ANNOTATION_RELEASED
 from bookfleet.polling import wait_for
 from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster

@@ -18,13 +18,13 @@ import kubernetes
 
 from bookfleet.kube import (
     api,
+    bookies,
+    clusters,
     ledgerfeed,
     ledgers,
-    lifecycle,
     metrics,
     repairs,
     resources,
-    scaling,
     teardown,
     wakeups,
 )
@@ -96,7 +96,7 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
     the restarted bookie is Ready), else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", scaling.reconcile,
+    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", clusters.reconcile,
                            body), stopped, INTERVAL)
 
 
@@ -104,7 +104,7 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
 async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per Bookie: a pass when its pod changes (a pod that stops being Ready on a failed node is seen at once)
     and when a recovery delay ends, else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass("bookies", lifecycle.reconcile, body),
+    await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass("bookies", bookies.reconcile, body),
                            stopped, INTERVAL)
 
 

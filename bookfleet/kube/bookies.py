@@ -481,7 +481,7 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure)."""
     bookie, pod = observed.bookie, observed.pod
     lost_since = bookie.status.lost_since
-    if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: scaling.py drives it
+    if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: clusters.py drives it
         return Decision(decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since))
     plan = Plan.of(observed.body)
     planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
