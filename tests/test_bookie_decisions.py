@@ -3,6 +3,7 @@ what follows it, in milliseconds with no API server and no ZooKeeper (issue 11; 
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 from typing import Any
 
@@ -12,7 +13,7 @@ from bookfleet.kube import bookies, repairs, resources
 from bookfleet.kube.actions import Delete, Ensure, Patch, PostEvent
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
-from bookfleet.kube.context import ZooKeeperTarget, timestamp
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster
 from bookfleet.meta.registry import BookieInfo
 
@@ -444,3 +445,41 @@ def test_a_claim_whose_local_volume_is_pinned_to_a_vanished_node_is_not_usable()
     assert deleting.terminating and not deleting.usable
     assert bookies.observe_claim(api, "default", "missing", follow_volume=True) == ClaimObserved("missing", False)
 
+
+class CountingApi(StoredApi):
+    """A StoredApi that counts its GETs by kind and takes status patches and Events."""
+
+    def __init__(self, *objects: tuple[str, dict]) -> None:
+        super().__init__(*objects)
+        self.gets: collections.Counter[str] = collections.Counter()
+
+    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        self.gets[plural] += 1
+        return super().get(api_version, plural, namespace, name)
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
+        self.objects[(plural, name)]["status"] = {**self.objects[(plural, name)].get("status", {}), **status}
+
+    def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
+        pass
+
+
+def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
+    """At 1,000 bookies each pass's GETs add up (issue 24): the cluster, pod and claims come from the operator's
+    watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
+    cluster_body = {**cluster().to_wire(), "spec": {**cluster().to_wire()["spec"], "zookeeper": zk_connect}}
+    claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}
+    cached = {("bookieclusters", "bk"): cluster_body, ("pods", "bk-0"): pod(),
+              **{("persistentvolumeclaims", name): body for name, body in claim_bodies.items()}}
+    api = CountingApi(("bookies", bookie_body()))
+    sources = bookies.BookieSources(cluster=lambda namespace, name: cached.get(("bookieclusters", name)),
+                                    pod=lambda namespace, name: cached.get(("pods", name)),
+                                    claim=lambda namespace, name: cached.get(("persistentvolumeclaims", name)))
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    try:
+        for _ in range(2):
+            bookies.reconcile(ctx, bookie_body(), sources)
+    finally:
+        ctx.close()
+    assert api.objects[("bookies", "bk-0")]["status"]["phase"] == "Pending"  # the pass ran: its pod is not registered
+    assert api.gets == {"bookies": 2}
