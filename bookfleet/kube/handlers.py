@@ -18,13 +18,13 @@ import kubernetes
 
 from bookfleet.kube import (
     api,
+    bookies,
+    clusters,
     ledgerfeed,
     ledgers,
-    lifecycle,
     metrics,
     repairs,
     resources,
-    scaling,
     teardown,
     wakeups,
 )
@@ -96,16 +96,43 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
     the restarted bookie is Ready), else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", scaling.reconcile,
+    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", clusters.reconcile,
                            body), stopped, INTERVAL)
 
 
+@kopf.index("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)
+def bookie_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    """Bookie pods by (namespace, name), kept from the watch: kopf fills its indexes before any loop starts, so a pod
+    missing here is a pod that is gone."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("", "v1", "persistentvolumeclaims", labels=resources.BOOKIE_POD_SELECTOR)
+def bookie_claims(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    """Bookie claims by (namespace, name) (they carry the bookie pods' labels), kept from the watch likewise."""
+    return {(namespace, name): dict(body)}
+
+
+def _one_of(index: kopf.Index) -> bookies.Lookup:
+    return lambda namespace, name: next(iter(index.get((namespace, name), ())), None)
+
+
+def _bookie_sources(pods: kopf.Index, claims: kopf.Index) -> bookies.BookieSources:
+    """A Bookie pass reads its cluster, pod and claims from the watch (no GET); a cluster not yet in the cache is
+    read with a GET."""
+    def cluster(namespace: str, name: str) -> dict | None:
+        return CLUSTERS.get(namespace, name) or context().api.get(api.CUSTOM, "bookieclusters", namespace, name)
+    return bookies.BookieSources(cluster=cluster, pod=_one_of(pods), claim=_one_of(claims))
+
+
 @kopf.daemon(GROUP, VERSION, "bookies", cancellation_backoff=60, cancellation_timeout=10)
-async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
+                     bookie_pods: kopf.Index, bookie_claims: kopf.Index, **_: Any) -> None:
     """A loop per Bookie: a pass when its pod changes (a pod that stops being Ready on a failed node is seen at once)
     and when a recovery delay ends, else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass("bookies", lifecycle.reconcile, body),
-                           stopped, INTERVAL)
+    sources = _bookie_sources(bookie_pods, bookie_claims)
+    await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
+        "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, sources), body), stopped, INTERVAL)
 
 
 def _by_bookie(body: kopf.Body) -> dict[repairs.BookieKey, dict]:

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from bookfleet.kube import resources
 from bookfleet.kube.api import BATCH, SPARK, KubeApi
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
@@ -181,13 +181,3 @@ def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime) -> 
     if (at - ended).total_seconds() < retry_delay(attempt):
         return RepairStep(Outcome.BACKING_OFF)
     return RepairStep(Outcome.RUNNING, attempt + 1)
-
-
-def ensure_repaired(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> Outcome:
-    """One step towards `bookie`'s ledgers being fully replicated elsewhere; level-based, safe to repeat."""
-    disabled = UnderReplication(ctx.zk(ZooKeeperTarget.of(cluster))).is_disabled()
-    observed = RepairObserved() if disabled else observe_repair(ctx, cluster, bookie, since)
-    step = decide_repair(disabled, observed, now())
-    if step.launch is not None:
-        launch(ctx, cluster, bookie, since, step.launch)
-    return step.outcome

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from bookfleet.kube import repairs
+from bookfleet.kube.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
-from bookfleet.kube.scaling import ANNOTATION_RELEASED
 from bookfleet.polling import wait_for
 from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
@@ -247,11 +247,6 @@ def lost_bookies(cluster: LocalCluster) -> list[str]:
             if (bookie.get("status") or {}).get("lostSince")]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, open: with repair ledger ids read from the markers (no annotation), the acting operator can launch "
-    "a repair Job for the lost bookie before its ledgers are marked (0 ledgers) and its successor launches a second "
-    "one (1 ledger) under another name, so the executors seen belong to the second Job; seen in the cluster tier "
-    "after merging the day-one and scale branches"))
 def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operator_is_killed(
         installed: LocalCluster):
     """The acting operator replica's pod deleted (kopf peering: the other takes over) -> pod and PVCs deleted ->
@@ -274,7 +269,7 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]
     assert walkthrough.acting_operator(cluster) not in ("", killed)
     lost_bookie = outcome.lost_bookie_id.split(".")[0]
-    assert [job["metadata"]["name"] for job in walkthrough.repair_jobs(cluster, lost_bookie)] == [repair.job]  # once
+    assert walkthrough.new_repair_jobs(cluster, lost_bookie, outcome.earlier_jobs) == [repair.job]  # once
     # What a Prometheus scrapes (the chart's monitors): the operators counted the repair, a bookie its journal syncs.
     operators = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     repairs = [sample for pod in operators if walkthrough.ready(pod)

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +214,11 @@ def repair_jobs(cluster: LocalCluster, bookie: str | None = None) -> list[dict[s
     return cluster.get("jobs", "-n", NAMESPACE, "-l", selector)["items"]
 
 
+def new_repair_jobs(cluster: LocalCluster, bookie: str, earlier: Collection[str]) -> list[str]:
+    """The names of a Bookie's repair Jobs that are not among `earlier` (those of its earlier losses)."""
+    return [name for job in repair_jobs(cluster, bookie) if (name := job["metadata"]["name"]) not in earlier]
+
+
 def scale(cluster: LocalCluster, replicas: int) -> None:
     """Through the BookieCluster's scale subresource, then wait until every Bookie is Running."""
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, CLUSTER, f"--replicas={replicas}")
@@ -296,14 +301,16 @@ class Repair:
     """executor pod name -> {"ip": its pod IP, "driver_url": the SPARK_DRIVER_URL it was given}"""
 
 
-def watch_repair(cluster: LocalCluster, lost_bookie_id: str, timeout: float = 900) -> Repair:
+def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection[str] = (),
+                 timeout: float = 900) -> Repair:
     """Wait until the Ledger is healthy again (repaired by a Job, no marker, no data loss, off the lost bookie),
-    noting the repair Job, its driver pod and Spark's executor pods on the way (they go when the Job ends)."""
+    noting the repair Job, its driver pod and Spark's executor pods on the way (they go when the Job ends). Jobs
+    named in `earlier` repaired an earlier loss of the same Bookie (kept until their TTL): not this one's."""
     seen = Repair()
 
     def healthy() -> bool:
-        if not seen.job and (jobs := repair_jobs(cluster, lost_bookie_id.split(".")[0])):
-            seen.job = jobs[0]["metadata"]["name"]
+        if not seen.job and (jobs := new_repair_jobs(cluster, lost_bookie_id.split(".")[0], earlier)):
+            seen.job = jobs[0]
             say(f"repair Job {seen.job} created")
         if seen.job and not seen.driver_ip:
             drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={seen.job}")["items"]
@@ -337,6 +344,8 @@ class ClosedLoop:
     repair: Repair
     seconds_to_healthy: float
     read_back: list[dict[str, Any]]
+    earlier_jobs: frozenset[str] = frozenset()
+    """The lost Bookie's repair Jobs from before this loss (an earlier loss's, kept until their TTL)."""
 
 
 def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
@@ -349,12 +358,13 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     ledger_id = write_entries(cluster, entries)
     apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10}})
     lost_id = ledger_status(cluster)["segments"][0]["bookies"][0]
+    earlier = frozenset(job["metadata"]["name"] for job in repair_jobs(cluster, lost_id.split(".")[0]))
     started = time.monotonic()
     say(f"deleting bookie pod {lose_bookie(cluster, lost_id)} and its PVCs (lost-bookie delay 10 s)")
-    repair = watch_repair(cluster, lost_id)
+    repair = watch_repair(cluster, lost_id, earlier)
     seconds = time.monotonic() - started
     say(f"Ledger {LEDGER} healthy {seconds:.0f} s after the pod was deleted; reading the entries back")
-    return ClosedLoop(ledger_id, lost_id, repair, seconds, read_entries(cluster, ledger_id))
+    return ClosedLoop(ledger_id, lost_id, repair, seconds, read_entries(cluster, ledger_id), earlier)
 
 
 # --- node failure: a bookie's node stops; repair, then the stuck pod force-replaced -----------------------------

@@ -3,23 +3,24 @@ what follows it, in milliseconds with no API server and no ZooKeeper (end to end
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 from typing import Any
 
 import pytest
 
-from bookfleet.kube import lifecycle, repairs, resources
+from bookfleet.kube import bookies, repairs, resources
 from bookfleet.kube.actions import Delete, Ensure, Patch, PostEvent
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import ZooKeeperTarget, timestamp
-from bookfleet.kube.lifecycle import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
+from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster
 from bookfleet.meta.registry import BookieInfo
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 DELAY = 30.0
 CLAIMS = ("bk-0-journal", "bk-0-ledgers")
-PLANNED = lifecycle.ANNOTATION_PLANNED_RESTART
+PLANNED = bookies.ANNOTATION_PLANNED_RESTART
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -64,9 +65,9 @@ def claims(**state: Any) -> tuple[ClaimObserved, ...]:
 def observed(body: dict[str, Any] | None = None, pod: dict | None = None, node_ready: str | None = None,
              claims: tuple[ClaimObserved, ...] = claims(), info: BookieInfo | None = None, disabled: bool = False,
              delay: float = DELAY, attempts: tuple[dict, ...] = (), remaining: tuple[int, ...] | None = None,
-             ) -> lifecycle.BookieObserved:
+             ) -> bookies.BookieObserved:
     body = body or bookie_body()
-    return lifecycle.BookieObserved(
+    return bookies.BookieObserved(
         body=body, bookie=Bookie.model_validate(body), cluster=cluster(), pod=pod, node_ready=node_ready,
         claims=claims, registration=info, ledgers=7, recovery_delay=delay, recovery_disabled=disabled,
         repair=repairs.RepairObserved(attempts, remaining))
@@ -83,20 +84,20 @@ def job(state: str, attempt: int = 0, finished: dt.datetime | None = None) -> di
                                         "annotations": {repairs.ANNOTATION_ATTEMPT: str(attempt)}}, "status": status}
 
 
-def condition(decision: lifecycle.Decision, type_: str) -> tuple[str, str]:
+def condition(decision: bookies.Decision, type_: str) -> tuple[str, str]:
     found = next(c for c in decision.status["conditions"] if c["type"] == type_)
     return found["status"], found["reason"]
 
 
-def events(decision: lifecycle.Decision) -> list[str]:
+def events(decision: bookies.Decision) -> list[str]:
     return [action.reason for action in decision.actions if isinstance(action, PostEvent)]
 
 
-def of_type(decision: lifecycle.Decision, kind: type) -> list[Any]:
+def of_type(decision: bookies.Decision, kind: type) -> list[Any]:
     return [action for action in decision.actions if isinstance(action, kind)]
 
 
-def ensured(decision: lifecycle.Decision) -> list[str]:
+def ensured(decision: bookies.Decision) -> list[str]:
     return [f"{a.manifest['kind']}/{a.manifest['metadata']['name']}" for a in of_type(decision, Ensure)]
 
 
@@ -104,7 +105,7 @@ EVERYTHING = ["PersistentVolumeClaim/bk-0-journal", "PersistentVolumeClaim/bk-0-
 ANNOTATE = Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {PLANNED: "u1"}}})
 
 
-def assert_lost(decision: lifecycle.Decision, kind: DeathKind, since: dt.datetime) -> None:
+def assert_lost(decision: bookies.Decision, kind: DeathKind, since: dt.datetime) -> None:
     assert decision.status["phase"] == "Lost" and decision.status["lostSince"] == timestamp(since)
     assert condition(decision, "Lost") == ("True", kind.value)
     assert events(decision)[:1] == ["BookieLost"]
@@ -113,54 +114,54 @@ def assert_lost(decision: lifecycle.Decision, kind: DeathKind, since: dt.datetim
 # --- what counts as a lost bookie ------------------------------------------------------------------------------
 
 def test_a_new_bookie_gets_its_volumes_and_pod_and_is_not_lost():
-    decision = lifecycle.decide(observed(bookie_body(had_pod=False), claims=(ClaimObserved(CLAIMS[0], False),
+    decision = bookies.decide(observed(bookie_body(had_pod=False), claims=(ClaimObserved(CLAIMS[0], False),
                                                                              ClaimObserved(CLAIMS[1], False))), NOW)
     assert decision.status["phase"] == "Pending" and decision.status["lostSince"] is None
     assert ensured(decision) == EVERYTHING and events(decision) == []
 
 
 def test_a_running_bookie_is_left_alone():
-    decision = lifecycle.decide(observed(pod=pod(), info=registered()), NOW)
+    decision = bookies.decide(observed(pod=pod(), info=registered()), NOW)
     assert decision.status["phase"] == "Running" and decision.status["lostSince"] is None
     assert decision.actions == ()  # nothing to create, nothing to say
 
 
 def test_pod_deleted_is_lost_and_recreated_on_its_volumes_within_the_delay():
-    decision = lifecycle.decide(observed(pod=None), NOW)
+    decision = bookies.decide(observed(pod=None), NOW)
     assert_lost(decision, DeathKind.POD_DELETED, NOW)
     assert ensured(decision) == ["Pod/bk-0"]
     assert of_type(decision, LaunchRepair) == []
 
 
 def test_pod_failed_is_lost_and_replaced_on_purpose_on_the_same_volumes():
-    decision = lifecycle.decide(observed(pod=pod(ready=False, phase="Failed")), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, phase="Failed")), NOW)
     assert_lost(decision, DeathKind.POD_FAILED, NOW)
     assert of_type(decision, Patch) == [ANNOTATE]  # its deletion is not a second loss
     assert of_type(decision, Delete) == [Delete(CORE, "pods", "default", "bk-0")]
     assert ensured(decision) == ["Pod/bk-0"]
 
 
-@pytest.mark.parametrize("node_ready", ["False", "Unknown", lifecycle.NODE_GONE])
+@pytest.mark.parametrize("node_ready", ["False", "Unknown", bookies.NODE_GONE])
 def test_pod_not_ready_on_a_dead_node_is_lost_since_it_stopped_being_ready(node_ready):
-    decision = lifecycle.decide(observed(pod=pod(ready=False, since=ago(10)), node_ready=node_ready), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, since=ago(10)), node_ready=node_ready), NOW)
     assert_lost(decision, DeathKind.NODE_LOST, ago(10))
     assert of_type(decision, Delete) == of_type(decision, ForceDeletePod) == [] and ensured(decision) == []
 
 
 def test_pod_not_ready_on_a_ready_node_without_restarts_is_not_lost():
-    decision = lifecycle.decide(observed(pod=pod(ready=False, since=ago(3600)), node_ready="True"), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, since=ago(3600)), node_ready="True"), NOW)
     assert decision.status["lostSince"] is None and decision.status["phase"] == "Pending"
 
 
 def test_terminating_pod_on_a_dead_node_is_lost_only_past_its_grace_period():
-    within = lifecycle.decide(observed(pod=pod(deleted_at=NOW + dt.timedelta(seconds=20)), node_ready="Unknown"), NOW)
+    within = bookies.decide(observed(pod=pod(deleted_at=NOW + dt.timedelta(seconds=20)), node_ready="Unknown"), NOW)
     assert within.status["lostSince"] is None
-    past = lifecycle.decide(observed(pod=pod(deleted_at=ago(5)), node_ready="Unknown"), NOW)
+    past = bookies.decide(observed(pod=pod(deleted_at=ago(5)), node_ready="Unknown"), NOW)
     assert_lost(past, DeathKind.NODE_LOST, ago(5))
 
 
 def test_crash_looping_longer_than_the_delay_is_lost_and_marked_at_once():
-    decision = lifecycle.decide(observed(pod=pod(ready=False, since=ago(DELAY + 5), restarts=4)), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, since=ago(DELAY + 5), restarts=4)), NOW)
     assert_lost(decision, DeathKind.CRASH_LOOP, ago(DELAY + 5))
     assert [(a.since, a.attempt) for a in of_type(decision, LaunchRepair)] == [(ago(DELAY + 5), 0)]
 
@@ -168,53 +169,53 @@ def test_crash_looping_longer_than_the_delay_is_lost_and_marked_at_once():
 @pytest.mark.parametrize(("restarts", "not_ready_for", "planned"), [
     (4, DELAY - 5, None),  # not for longer than the delay yet
     (0, DELAY + 60, None),  # not ready, but not restarting: not a crash loop
-    (4, DELAY + 60, "old-uid"),  # the operator restarted it for a rollout: RolloutStuck is scaling's, not a loss
+    (4, DELAY + 60, "old-uid"),  # the operator restarted it for a rollout: RolloutStuck, not a loss
 ])
 def test_not_a_crash_loop(restarts, not_ready_for, planned):
     body = bookie_body(planned=planned)
-    decision = lifecycle.decide(observed(body, pod=pod(ready=False, since=ago(not_ready_for), restarts=restarts)), NOW)
+    decision = bookies.decide(observed(body, pod=pod(ready=False, since=ago(not_ready_for), restarts=restarts)), NOW)
     assert decision.status["lostSince"] is None and events(decision) == []
 
 
 def test_pod_pending_because_its_volume_node_is_gone_is_lost_and_not_recreated():
     gone = (ClaimObserved(CLAIMS[0], True), ClaimObserved(CLAIMS[1], True, lost_node="node-b"))
-    decision = lifecycle.decide(observed(pod=pod(ready=False, node=None, phase="Pending"), claims=gone), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, node=None, phase="Pending"), claims=gone), NOW)
     assert_lost(decision, DeathKind.VOLUME_NODE_GONE, NOW)
     assert "node-b" in decision.status["conditions"][0]["message"]
     assert ensured(decision) == []
 
 
 def test_a_claim_being_deleted_counts_as_gone():
-    decision = lifecycle.decide(observed(pod=pod(), info=registered(), claims=claims(terminating=True)), NOW)
+    decision = bookies.decide(observed(pod=pod(), info=registered(), claims=claims(terminating=True)), NOW)
     assert_lost(decision, DeathKind.VOLUMES_GONE, NOW)
     assert ensured(decision) == []  # never a pod against a dying claim
 
 
 def test_a_new_bookie_waits_for_a_dying_claim_before_it_gets_a_pod():
     dying = (ClaimObserved(CLAIMS[0], True, terminating=True), ClaimObserved(CLAIMS[1], False))
-    decision = lifecycle.decide(observed(bookie_body(had_pod=False), claims=dying), NOW)
+    decision = bookies.decide(observed(bookie_body(had_pod=False), claims=dying), NOW)
     assert decision.status["lostSince"] is None
     assert ensured(decision) == ["PersistentVolumeClaim/bk-0-ledgers"]
 
 
 def test_a_planned_restart_is_not_a_loss_and_its_mark_goes_once_the_new_pod_is_ready():
-    restarting = lifecycle.decide(observed(bookie_body(planned="u1"), pod=None), NOW)
+    restarting = bookies.decide(observed(bookie_body(planned="u1"), pod=None), NOW)
     assert restarting.status["lostSince"] is None and ensured(restarting) == ["Pod/bk-0"]
-    back = lifecycle.decide(observed(bookie_body(planned="u1"), pod=pod(uid="u2"), info=registered()), NOW)
+    back = bookies.decide(observed(bookie_body(planned="u1"), pod=pod(uid="u2"), info=registered()), NOW)
     assert of_type(back, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0",
                                           {"metadata": {"annotations": {PLANNED: None}}})]
 
 
 # --- the loss, the repair and what follows ---------------------------------------------------------------------
 
-def lost(**kwargs: Any) -> lifecycle.BookieObserved:
+def lost(**kwargs: Any) -> bookies.BookieObserved:
     """A bookie lost `since` seconds ago (10 by default) with the given observations."""
     since = ago(kwargs.pop("since", 10))
     return observed(bookie_body(lost_since=since, conditions=kwargs.pop("conditions", None)), **kwargs)
 
 
 def test_within_the_delay_it_waits_and_is_due_again_when_the_delay_ends():
-    decision = lifecycle.decide(lost(pod=pod(ready=False, since=ago(10))), NOW)
+    decision = bookies.decide(lost(pod=pod(ready=False, since=ago(10))), NOW)
     assert decision.status["phase"] == "Lost" and of_type(decision, LaunchRepair) == [] and events(decision) == []
     assert decision.recheck_at == ago(10) + dt.timedelta(seconds=DELAY)  # not whenever the next interval comes
 
@@ -224,49 +225,49 @@ def test_only_the_clock_running_out_on_a_delay_makes_a_pass_due(case):
     observation = {"running": lambda: observed(pod=pod(), info=registered()),
                    "repairing": lambda: lost(pod=None, since=DELAY + 1),
                    "disabled": lambda: lost(pod=None, since=10, disabled=True)}[case]()
-    assert lifecycle.decide(observation, NOW).recheck_at is None
+    assert bookies.decide(observation, NOW).recheck_at is None
 
 
 def test_a_restarted_pod_that_is_not_ready_is_due_again_just_past_the_delay():
-    decision = lifecycle.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), NOW)
+    decision = bookies.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), NOW)
     assert decision.status["lostSince"] is None
     assert decision.recheck_at == ago(5) + dt.timedelta(seconds=DELAY + 1)
     later = decision.recheck_at
-    assert lifecycle.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), later).status["lostSince"]
+    assert bookies.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), later).status["lostSince"]
 
 
 def test_back_with_its_data_clears_the_loss():
-    decision = lifecycle.decide(lost(pod=pod(uid="u2"), info=registered()), NOW)
+    decision = bookies.decide(lost(pod=pod(uid="u2"), info=registered()), NOW)
     assert decision.status["lostSince"] is None and decision.status["phase"] == "Running"
     assert condition(decision, "Lost") == ("False", "BookieReturned") and events(decision) == ["BookieReturned"]
 
 
 def test_disabled_auto_recovery_launches_nothing_and_says_so_once():
-    decision = lifecycle.decide(lost(pod=None, since=3600, disabled=True), NOW)
+    decision = bookies.decide(lost(pod=None, since=3600, disabled=True), NOW)
     assert of_type(decision, LaunchRepair) == []
-    assert condition(decision, "Repaired") == ("False", lifecycle.AUTO_RECOVERY_DISABLED)
-    assert events(decision) == [lifecycle.AUTO_RECOVERY_DISABLED]
-    again = lifecycle.decide(lost(pod=None, since=3600, disabled=True, conditions=decision.status["conditions"]), NOW)
+    assert condition(decision, "Repaired") == ("False", bookies.AUTO_RECOVERY_DISABLED)
+    assert events(decision) == [bookies.AUTO_RECOVERY_DISABLED]
+    again = bookies.decide(lost(pod=None, since=3600, disabled=True, conditions=decision.status["conditions"]), NOW)
     assert events(again) == []
 
 
 def test_past_the_delay_the_repair_is_launched_named_after_the_loss():
-    decision = lifecycle.decide(lost(pod=None, since=DELAY + 1), NOW)
+    decision = bookies.decide(lost(pod=None, since=DELAY + 1), NOW)
     assert [(a.since, a.attempt) for a in of_type(decision, LaunchRepair)] == [(ago(DELAY + 1), 0)]
     assert condition(decision, "Repaired") == ("False", "Repairing")
 
 
 def test_a_failed_repair_says_so_once_and_is_retried_after_its_backoff():
     failed = lost(pod=None, since=3600, attempts=(job("Failed", finished=ago(1)),))
-    decision = lifecycle.decide(failed, NOW)
+    decision = bookies.decide(failed, NOW)
     assert condition(decision, "Repaired") == ("False", "RepairFailed") and events(decision) == ["RepairFailed"]
     assert of_type(decision, LaunchRepair) == []
-    retry = lifecycle.decide(lost(pod=None, since=3600, attempts=(job("Failed", finished=ago(60)),)), NOW)
+    retry = bookies.decide(lost(pod=None, since=3600, attempts=(job("Failed", finished=ago(60)),)), NOW)
     assert [a.attempt for a in of_type(retry, LaunchRepair)] == [1]
 
 
 def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
-    decision = lifecycle.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
+    decision = bookies.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),
                                      attempts=(job("Complete"),), remaining=()), NOW)
     assert of_type(decision, ForgetCookie) == [ForgetCookie(ZooKeeperTarget.of(cluster()), decision.status["bookieId"])]
@@ -279,23 +280,23 @@ def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
 
 def test_repaired_with_a_claim_still_terminating_waits_for_it():
     dying = (ClaimObserved(CLAIMS[0], True, terminating=True), ClaimObserved(CLAIMS[1], False))
-    decision = lifecycle.decide(lost(pod=None, since=3600, claims=dying, attempts=(job("Complete"),), remaining=()),
+    decision = bookies.decide(lost(pod=None, since=3600, claims=dying, attempts=(job("Complete"),), remaining=()),
                                 NOW)
     assert of_type(decision, ForgetCookie) == [] and ensured(decision) == [] and of_type(decision, Delete) == []
     assert decision.status["phase"] == "Lost"
 
 
 def test_a_succeeded_repair_that_left_ledgers_is_not_repaired():
-    decision = lifecycle.decide(lost(pod=None, since=3600, claims=claims(terminating=True),
+    decision = bookies.decide(lost(pod=None, since=3600, claims=claims(terminating=True),
                                      attempts=(job("Complete", finished=ago(60)),), remaining=(5,)), NOW)
     assert [a.attempt for a in of_type(decision, LaunchRepair)] == [1] and of_type(decision, ForgetCookie) == []
 
 
 def test_a_pod_stuck_on_a_dead_node_is_force_deleted_only_after_the_repair():
     stuck = {"pod": pod(ready=False, since=ago(3600)), "node_ready": "Unknown", "since": 3600}
-    repairing = lifecycle.decide(lost(**stuck, attempts=(job("Running"),)), NOW)
+    repairing = bookies.decide(lost(**stuck, attempts=(job("Running"),)), NOW)
     assert of_type(repairing, ForceDeletePod) == of_type(repairing, Delete) == []
-    repaired = lifecycle.decide(lost(**stuck, attempts=(job("Complete"),), remaining=()), NOW)
+    repaired = bookies.decide(lost(**stuck, attempts=(job("Complete"),), remaining=()), NOW)
     assert of_type(repaired, Patch) == [ANNOTATE]
     assert of_type(repaired, ForceDeletePod) == [ForceDeletePod("default", "bk-0")]
     assert of_type(repaired, Delete) == [Delete(CORE, "persistentvolumeclaims", "default", c) for c in CLAIMS]
@@ -304,7 +305,7 @@ def test_a_pod_stuck_on_a_dead_node_is_force_deleted_only_after_the_repair():
 
 
 def test_crash_looping_with_its_data_stays_lost_after_the_repair_and_keeps_its_volumes():
-    decision = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=3600, attempts=(job("Complete"),),
+    decision = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=3600, attempts=(job("Complete"),),
                                      remaining=()), NOW)
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")
     assert decision.status["phase"] == "Lost"
@@ -318,10 +319,10 @@ def test_a_repair_whose_jobs_expired_is_not_launched_again():
     repaired = [{"type": "Repaired", "status": "True", "reason": "RepairSucceeded",
                  "message": "the ledgers of bookie bk-0 are fully replicated again",
                  "lastTransitionTime": timestamp(ago(1800))}]
-    decision = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=3600, conditions=repaired), NOW)
+    decision = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=3600, conditions=repaired), NOW)
     assert of_type(decision, LaunchRepair) == [] and events(decision) == []
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded") and decision.status["phase"] == "Lost"
-    earlier = lifecycle.decide(lost(pod=pod(ready=False, restarts=9), since=600, conditions=repaired), NOW)
+    earlier = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=600, conditions=repaired), NOW)
     assert [a.attempt for a in of_type(earlier, LaunchRepair)] == [0]
 
 
@@ -332,7 +333,7 @@ def disrupted(reason: str, **pod_fields: Any) -> dict[str, Any]:
     return found
 
 
-DISRUPTION = lifecycle.ANNOTATION_DISRUPTION
+DISRUPTION = bookies.ANNOTATION_DISRUPTION
 
 
 def test_a_drained_bookie_gets_the_planned_restart_delay_an_unplanned_loss_keeps_the_usual_one():
@@ -341,37 +342,37 @@ def test_a_drained_bookie_gets_the_planned_restart_delay_an_unplanned_loss_keeps
     default), not lostBookieRecoveryDelay. The same loss without the eviction starts its repair after the usual
     delay."""
     terminating = disrupted("EvictionByEvictionAPI", ready=False, deleted_at=ago(5))
-    seen = lifecycle.decide(observed(pod=terminating), NOW)
+    seen = bookies.decide(observed(pod=terminating), NOW)
     assert of_type(seen, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {
         DISRUPTION: "u1 EvictionByEvictionAPI"}}})]
     assert seen.status["phase"] != "Lost"
     body = bookie_body()
     body["metadata"]["annotations"] = {DISRUPTION: "u1 EvictionByEvictionAPI"}
-    gone = lifecycle.decide(observed(body, pod=None), NOW)
+    gone = bookies.decide(observed(body, pod=None), NOW)
     assert_lost(gone, DeathKind.EVICTED, NOW)
     assert of_type(gone, LaunchRepair) == [] and gone.recheck_at == NOW + dt.timedelta(seconds=600)
     lost_body = {**body, "status": {**gone.status}}
-    later = lifecycle.decide(observed(lost_body, pod=None), NOW + dt.timedelta(seconds=120))
+    later = bookies.decide(observed(lost_body, pod=None), NOW + dt.timedelta(seconds=120))
     assert of_type(later, LaunchRepair) == [], "well past lostBookieRecoveryDelay, within the planned delay"
-    assert [a.attempt for a in of_type(lifecycle.decide(observed(lost_body, pod=None),
+    assert [a.attempt for a in of_type(bookies.decide(observed(lost_body, pod=None),
                                                         NOW + dt.timedelta(seconds=601)), LaunchRepair)] == [0]
-    unplanned = lifecycle.decide(lost(pod=None, since=120), NOW)
+    unplanned = bookies.decide(lost(pod=None, since=120), NOW)
     assert [a.attempt for a in of_type(unplanned, LaunchRepair)] == [0]
 
 
 def test_a_bookie_whose_node_shut_down_gracefully_is_a_planned_loss():
     stopped = disrupted("TerminationByKubelet", ready=False, phase="Failed")
-    decision = lifecycle.decide(observed(pod=stopped, node_ready="False"), NOW)
+    decision = bookies.decide(observed(pod=stopped, node_ready="False"), NOW)
     assert_lost(decision, DeathKind.SHUT_DOWN, NOW)
     assert of_type(decision, LaunchRepair) == [] and decision.recheck_at == NOW + dt.timedelta(seconds=600)
     preempted = disrupted("PreemptionByScheduler", ready=False, phase="Failed")
-    assert_lost(lifecycle.decide(observed(pod=preempted), NOW), DeathKind.POD_FAILED, NOW)
+    assert_lost(bookies.decide(observed(pod=preempted), NOW), DeathKind.POD_FAILED, NOW)
 
 
 def test_the_disruption_note_goes_once_another_pod_is_ready():
     body = bookie_body()
     body["metadata"]["annotations"] = {DISRUPTION: "u1 EvictionByEvictionAPI"}
-    decision = lifecycle.decide(observed(body, pod=pod(uid="u2"), info=registered()), NOW)
+    decision = bookies.decide(observed(body, pod=pod(uid="u2"), info=registered()), NOW)
     assert of_type(decision, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {
         DISRUPTION: None}}})]
 
@@ -379,7 +380,7 @@ def test_the_disruption_note_goes_once_another_pod_is_ready():
 def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():
     body = bookie_body()
     body["spec"]["desiredState"] = "ReadOnly"
-    decision = lifecycle.decide(observed(body, pod=None), NOW)
+    decision = bookies.decide(observed(body, pod=None), NOW)
     assert decision.actions == () and decision.status["phase"] == "Decommissioning"
 
 
@@ -416,7 +417,7 @@ def node(name: str, ready: str) -> tuple[str, dict]:
 
 
 def local_volume(name: str, on: str) -> tuple[str, dict]:
-    term = {"matchExpressions": [{"key": lifecycle.HOSTNAME_LABEL, "operator": "In", "values": [on]}]}
+    term = {"matchExpressions": [{"key": bookies.HOSTNAME_LABEL, "operator": "In", "values": [on]}]}
     return "persistentvolumes", {"metadata": {"name": name},
                                  "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}}
 
@@ -428,18 +429,57 @@ def claim(name: str, volume: str, deleting: bool = False) -> tuple[str, dict]:
 
 def test_a_node_is_ready_not_ready_or_gone():
     api = StoredApi(node("node-a", "True"), node("node-b", "Unknown"))
-    assert [lifecycle.node_ready(api, n) for n in ("node-a", "node-b", "node-c")] == ["True", "Unknown",
-                                                                                       lifecycle.NODE_GONE]
+    assert [bookies.node_ready(api, n) for n in ("node-a", "node-b", "node-c")] == ["True", "Unknown",
+                                                                                       bookies.NODE_GONE]
 
 
 def test_a_claim_whose_local_volume_is_pinned_to_a_vanished_node_is_not_usable():
     api = StoredApi(node("node-a", "Unknown"), claim("on-a", "pv-a"), local_volume("pv-a", "node-a"),
                     claim("on-gone", "pv-gone"), local_volume("pv-gone", "node-gone"),
                     claim("deleting", "pv-a", deleting=True))
-    on_a, on_gone = (lifecycle.observe_claim(api, "default", c, follow_volume=True) for c in ("on-a", "on-gone"))
+    on_a, on_gone = (bookies.observe_claim(api, "default", c, follow_volume=True) for c in ("on-a", "on-gone"))
     assert on_a.usable and on_a.lost_node is None  # a node that is down still holds the data
     assert not on_gone.usable and on_gone.lost_node == "node-gone"
-    assert lifecycle.observe_claim(api, "default", "on-gone", follow_volume=False).usable  # the pod is Ready
-    deleting = lifecycle.observe_claim(api, "default", "deleting", follow_volume=True)
+    assert bookies.observe_claim(api, "default", "on-gone", follow_volume=False).usable  # the pod is Ready
+    deleting = bookies.observe_claim(api, "default", "deleting", follow_volume=True)
     assert deleting.terminating and not deleting.usable
-    assert lifecycle.observe_claim(api, "default", "missing", follow_volume=True) == ClaimObserved("missing", False)
+    assert bookies.observe_claim(api, "default", "missing", follow_volume=True) == ClaimObserved("missing", False)
+
+
+class CountingApi(StoredApi):
+    """A StoredApi that counts its GETs by kind and takes status patches and Events."""
+
+    def __init__(self, *objects: tuple[str, dict]) -> None:
+        super().__init__(*objects)
+        self.gets: collections.Counter[str] = collections.Counter()
+
+    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict | None:
+        self.gets[plural] += 1
+        return super().get(api_version, plural, namespace, name)
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
+        self.objects[(plural, name)]["status"] = {**self.objects[(plural, name)].get("status", {}), **status}
+
+    def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
+        pass
+
+
+def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
+    """At 1,000 bookies each pass's GETs add up (issue 24): the cluster, pod and claims come from the operator's
+    watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
+    cluster_body = {**cluster().to_wire(), "spec": {**cluster().to_wire()["spec"], "zookeeper": zk_connect}}
+    claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}
+    cached = {("bookieclusters", "bk"): cluster_body, ("pods", "bk-0"): pod(),
+              **{("persistentvolumeclaims", name): body for name, body in claim_bodies.items()}}
+    api = CountingApi(("bookies", bookie_body()))
+    sources = bookies.BookieSources(cluster=lambda namespace, name: cached.get(("bookieclusters", name)),
+                                    pod=lambda namespace, name: cached.get(("pods", name)),
+                                    claim=lambda namespace, name: cached.get(("persistentvolumeclaims", name)))
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    try:
+        for _ in range(2):
+            bookies.reconcile(ctx, bookie_body(), sources)
+    finally:
+        ctx.close()
+    assert api.objects[("bookies", "bk-0")]["status"]["phase"] == "Pending"  # the pass ran: its pod is not registered
+    assert api.gets == {"bookies": 2}

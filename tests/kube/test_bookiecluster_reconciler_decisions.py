@@ -1,13 +1,15 @@
-"""BookieCluster decisions as pure functions (scaling.decide): every phase transition from observed state, with no
+"""BookieCluster decisions as pure functions (clusters.decide): every phase transition from observed state, with no
 API server and no ZooKeeper, in milliseconds."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
-from bookfleet.kube import lifecycle, resources, scaling
+from bookfleet.kube import clusters, repairs, resources
 from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -32,17 +34,17 @@ def pod(of: BookieCluster, body: dict, ready: bool = True, uid: str = "p") -> di
     return built
 
 
-def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> scaling.ObservedBookie:
+def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> clusters.ObservedBookie:
     """A bookie ready and registered in a pod of `of`'s spec (the default cluster's when not given)."""
     body = bookie_body(ordinal, **annotations)
-    return scaling.ObservedBookie(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
+    return clusters.ObservedBookie(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
 
 
 def draining(ordinal: int, pod_running: bool = True, cookie: bool = True, remaining: int = 0,
-             since: str = "2026-01-02T03:00:00Z") -> scaling.ObservedBookie:
-    body = bookie_body(ordinal, **{scaling.ANNOTATION_DECOMMISSION_SINCE: since})
+             since: str = "2026-01-02T03:00:00Z") -> clusters.ObservedBookie:
+    body = bookie_body(ordinal, **{clusters.ANNOTATION_DECOMMISSION_SINCE: since})
     body["spec"]["desiredState"] = "ReadOnly"
-    return scaling.ObservedBookie(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
+    return clusters.ObservedBookie(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
                                   forced_read_only=True, cookie=cookie, remaining_ledgers=remaining)
 
 
@@ -51,10 +53,10 @@ def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
             for name in names for claim in resources.claim_names(name)}
 
 
-def decide(of: BookieCluster, *bookies: scaling.ObservedBookie, status: dict | None = None,
+def decide(of: BookieCluster, *bookies: clusters.ObservedBookie, status: dict | None = None,
            claims: dict | None = None, moment: dt.datetime = NOW) -> list:
     body = {**of.to_wire(), "status": status or {}}
-    return scaling.decide(scaling.Observed(body, of, "", bookies, claims or {}), moment)
+    return clusters.decide(clusters.Observed(body, of, "", bookies, claims or {}), moment)
 
 
 def of_type(actions: list, kind: type, **fields: Any) -> list:
@@ -92,12 +94,12 @@ def events(actions: list) -> list[str]:
 def test_an_invalid_spec_is_reported_once():
     body = {"metadata": {"name": "bad", "namespace": NS}, "spec": {"replicas": 2, "zookeeper": "zk",
                                                                     "zones": ["a", "b", "c"]}}
-    invalid, problem = scaling.validate(body)
-    actions = scaling.decide(scaling.Observed(body, invalid, problem), NOW)
+    invalid, problem = clusters.validate(body)
+    actions = clusters.decide(clusters.Observed(body, invalid, problem), NOW)
     assert events(actions) == ["InvalidSpec"] and of_type(actions, PostEvent)[0].warning
     valid = condition(status_of(actions), "Valid")
     assert valid["status"] == "False" and "zones: c would have no bookie" in valid["message"]
-    assert scaling.decide(scaling.Observed({**body, "status": status_of(actions)}, None, problem), NOW) == []
+    assert clusters.decide(clusters.Observed({**body, "status": status_of(actions)}, None, problem), NOW) == []
 
 
 def test_scale_up_creates_missing_bookies():
@@ -111,13 +113,13 @@ def test_scale_up_creates_missing_bookies():
 
 
 def test_scale_up_replaces_volumes_released_by_a_drained_bookie_and_waits_for_dying_ones():
-    released = claims_of("bk-2", annotations={scaling.ANNOTATION_RELEASED: "old-uid"})
+    released = claims_of("bk-2", annotations={clusters.ANNOTATION_RELEASED: "old-uid"})
     actions = decide(cluster(3), up(0), up(1), claims=released)
     assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
     assert touching(actions, "bookies") == [] and "StaleVolumesDeleted" in events(actions)
 
     dying = claims_of("bk-2", deletionTimestamp="2026-01-02T03:04:00Z",
-                      annotations={scaling.ANNOTATION_RELEASED: "old-uid"})
+                      annotations={clusters.ANNOTATION_RELEASED: "old-uid"})
     actions = decide(cluster(3), up(0), up(1), claims=dying)
     assert touching(actions, "bookies") == [] and touching(actions, "persistentvolumeclaims") == []
     assert events(actions) == []  # deleted once, said once
@@ -134,28 +136,28 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     assert touching(actions, "bookies") == [("patch", "bk-2")]
     patch = of_type(actions, Patch, name="bk-2")[0].patch
     assert patch["spec"] == {"desiredState": "ReadOnly"}
-    assert patch["metadata"]["annotations"] == {scaling.ANNOTATION_DECOMMISSION_SINCE: "2026-01-02T03:04:05Z"}
+    assert patch["metadata"]["annotations"] == {clusters.ANNOTATION_DECOMMISSION_SINCE: "2026-01-02T03:04:05Z"}
     assert "Decommissioning" in events(actions) and status_of(actions)["phase"] == "Reconciling"
 
     # 2. forced read-only in ZooKeeper; its ledgers are repaired elsewhere; nothing is deleted yet
     actions = decide(cluster(2), up(0), up(1), draining(2, remaining=4))
-    assert [(a.bookie.metadata.name, a.since) for a in of_type(actions, scaling.EnsureRepaired)] == [
+    assert [(a.bookie.metadata.name, a.since) for a in of_type(actions, LaunchRepair)] == [
         ("bk-2", dt.datetime(2026, 1, 2, 3, 0, tzinfo=dt.UTC))]
-    assert not of_type(actions, Delete) and not of_type(actions, lifecycle.ForgetCookie)
+    assert not of_type(actions, Delete) and not of_type(actions, ForgetCookie)
 
     # 3. drained: cookie forgotten, pod deleted, volumes kept (whenScaled Retain) and released from the Bookie
     actions = decide(cluster(2), up(0), up(1), draining(2), claims=claims_of("bk-2"))
-    assert of_type(actions, lifecycle.ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
+    assert of_type(actions, ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
     assert touching(actions, "pods") == [("delete", "bk-2")]
     assert touching(actions, "persistentvolumeclaims") == [("patch", "bk-2-journal"), ("patch", "bk-2-ledgers")]
     release = of_type(actions, Patch, name="bk-2-journal")[0].patch["metadata"]
-    assert release == {"ownerReferences": None, "annotations": {scaling.ANNOTATION_RELEASED: "b2"}}
+    assert release == {"ownerReferences": None, "annotations": {clusters.ANNOTATION_RELEASED: "b2"}}
     assert touching(actions, "bookies") == []  # not while its process may still turn it writable
 
     # 4. pod gone: switch cleared, Bookie deleted
     actions = decide(cluster(2), up(0), up(1), draining(2, pod_running=False, cookie=False),
-                     claims=claims_of("bk-2", annotations={scaling.ANNOTATION_RELEASED: "b2"}))
-    assert of_type(actions, scaling.SetForcedReadOnly, reason=None)
+                     claims=claims_of("bk-2", annotations={clusters.ANNOTATION_RELEASED: "b2"}))
+    assert of_type(actions, clusters.SetForcedReadOnly, reason=None)
     assert touching(actions, "bookies") == [("delete", "bk-2")]
     assert touching(actions, "persistentvolumeclaims") == []
     assert "Decommissioned" in events(actions)
@@ -166,12 +168,37 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
 
 
+def repair_attempt(state: str, attempt: int, finished: dt.datetime) -> dict:
+    """A repair Job of a drain as the observe step sees it."""
+    condition = {"type": state, "status": "True", "lastTransitionTime": finished.isoformat()}
+    return {"kind": "Job", "metadata": {"name": f"bk-2-repair-{attempt}", "annotations": {
+        repairs.ANNOTATION_ATTEMPT: str(attempt)}}, "status": {"conditions": [condition]} if state else {"active": 1}}
+
+
+def test_a_drains_repair_is_decided_from_its_observed_attempts_and_launched_by_the_act_step():
+    """The drain's repair follows the lost bookie's rule: one attempt at a time, a failed one again after its
+    backoff, none while auto-recovery is disabled; decide names the attempt, LaunchRepair (act) creates it."""
+    def launched(repair: repairs.RepairObserved, disabled: bool = False) -> list[int]:
+        bookie = replace(draining(2, remaining=4), repair=repair)
+        body = {**cluster(2).to_wire(), "status": {}}
+        actions = clusters.decide(clusters.Observed(body, cluster(2), "", (up(0), up(1), bookie), {}, disabled), NOW)
+        return [action.attempt for action in of_type(actions, LaunchRepair)]
+
+    assert launched(repairs.RepairObserved()) == [0]
+    assert launched(repairs.RepairObserved((repair_attempt("", 0, NOW),))) == []  # running: nothing twice
+    failed = repair_attempt("Failed", 0, NOW - dt.timedelta(seconds=2))
+    assert launched(repairs.RepairObserved((failed,))) == []  # backing off
+    failed = repair_attempt("Failed", 0, NOW - dt.timedelta(seconds=60))
+    assert launched(repairs.RepairObserved((failed,))) == [1]
+    assert launched(repairs.RepairObserved(), disabled=True) == []
+
+
 def test_scaled_up_again_mid_drain():
     # its cookie still there: writable again, with its data
     actions = decide(cluster(3), up(0), up(1), draining(2, remaining=4))
     patch = of_type(actions, Patch, name="bk-2")[0].patch
     assert patch["spec"] == {"desiredState": "Writable"} and "DecommissionCancelled" in events(actions)
-    assert not of_type(actions, scaling.EnsureRepaired)
+    assert not of_type(actions, LaunchRepair)
     # its cookie gone: the drain finishes first, then the ordinal starts afresh
     actions = decide(cluster(3), up(0), up(1), draining(2, pod_running=False, cookie=False))
     assert touching(actions, "bookies") == [("delete", "bk-2")]
@@ -182,29 +209,29 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
     actions = decide(new, up(0), up(1), up(2))
     assert touching(actions, "pods") == [("delete", "bk-0")]
     annotations = of_type(actions, Patch, name="bk-0")[0].patch["metadata"]["annotations"]
-    assert annotations == {lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0",
-                           scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z"}
+    assert annotations == {ANNOTATION_PLANNED_RESTART: "p-bk-0",
+                           clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z"}
     # the Patch (a planned restart, never a loss) comes before the Delete
     assert actions.index(of_type(actions, Patch, name="bk-0")[0]) < actions.index(of_type(actions, Delete)[0])
     status = status_of(actions)
     assert status["updatedBookies"] == 0 and condition(status, "Upgrading")["message"] == "restarting bk-0"
 
     # bk-0 back in a pod of the new spec, not ready yet: nobody else goes
-    started = {scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
-               lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"}
+    started = {clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+               ANNOTATION_PLANNED_RESTART: "p-bk-0"}
     body = bookie_body(0, **started)
-    restarting = scaling.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    restarting = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
     actions = decide(new, restarting, up(1), up(2), moment=NOW + dt.timedelta(seconds=30))
     assert touching(actions, "pods") == []
     status = status_of(actions)
     assert condition(status, "RolloutStuck")["status"] == "False" and status["phase"] == "Reconciling"
 
     # ready and registered: the rollout marks it done and moves on to bk-1
-    ready = scaling.ObservedBookie(body, pod(new, body, uid="q"), True, False)
+    ready = clusters.ObservedBookie(body, pod(new, body, uid="q"), True, False)
     actions = decide(new, ready, up(1), up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]
     done = of_type(actions, Patch, name="bk-0")[0].patch
-    assert done == {"metadata": {"annotations": {scaling.ANNOTATION_ROLLOUT_STARTED: None}}}
+    assert done == {"metadata": {"annotations": {clusters.ANNOTATION_ROLLOUT_STARTED: None}}}
     assert "BookieUpdated" in events(actions) and status_of(actions)["updatedBookies"] == 1
 
     # all current: nothing to do, the cluster is Ready
@@ -218,19 +245,19 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
 def test_an_outdated_bookie_waits_while_another_one_is_down():
     new = cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(1)
-    down = scaling.ObservedBookie(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
+    down = clusters.ObservedBookie(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
     actions = decide(new, up(0), down, up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]  # the one down anyway may go
-    actions = decide(new, up(0), scaling.ObservedBookie(body, None, False, False), up(2))
+    actions = decide(new, up(0), clusters.ObservedBookie(body, None, False, False), up(2))
     assert touching(actions, "pods") == []
     assert condition(status_of(actions), "Upgrading")["message"] == "waiting for bk-1 to be ready"
 
 
 def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
     new = cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
-    body = bookie_body(0, **{scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
-                             lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"})
-    broken = scaling.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+                             ANNOTATION_PLANNED_RESTART: "p-bk-0"})
+    broken = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
     later = NOW + dt.timedelta(seconds=61)
     actions = decide(new, broken, up(1), up(2), moment=later)
     assert touching(actions, "pods") == [] and events(actions) == ["RolloutStuck"]
@@ -250,11 +277,11 @@ def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
 
 def test_a_pod_still_terminating_after_its_restart_is_waited_for():
     new = cluster(3, image="bookfleet/bookie:9")
-    body = bookie_body(0, **{scaling.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
-                             lifecycle.ANNOTATION_PLANNED_RESTART: "p-bk-0"})
+    body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+                             ANNOTATION_PLANNED_RESTART: "p-bk-0"})
     old = pod(cluster(), body)
     old["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z"
-    actions = decide(new, scaling.ObservedBookie(body, old, True, False), up(1), up(2))
+    actions = decide(new, clusters.ObservedBookie(body, old, True, False), up(1), up(2))
     assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
 
 
@@ -265,13 +292,13 @@ def test_storage_grows_claims_and_rolls_the_new_quota():
     actions = decide(bigger, up(0), up(1), up(2), claims=claims)
     storage = of_type(actions, Patch, plural="bookies", name="bk-0")[0].patch
     assert storage == {"spec": {"storage": bigger.spec.storage.to_wire()}}
-    assert of_type(actions, scaling.ExpandClaim) == [scaling.ExpandClaim(NS, "bk-0-ledgers", "20Gi")]
+    assert of_type(actions, clusters.ExpandClaim) == [clusters.ExpandClaim(NS, "bk-0-ledgers", "20Gi")]
     assert touching(actions, "pods") == [("delete", "bk-0")]  # --disk-quota changed
 
     refused = {name: {**claim, "metadata": {"name": name, "annotations": {
-        scaling.ANNOTATION_EXPANSION_REFUSED: "20Gi"}}} for name, claim in claims.items()}
+        clusters.ANNOTATION_EXPANSION_REFUSED: "20Gi"}}} for name, claim in claims.items()}
     actions = decide(bigger, up(0), up(1), up(2), claims=refused)
-    assert of_type(actions, scaling.ExpandClaim) == []
+    assert of_type(actions, clusters.ExpandClaim) == []
     assert condition(status_of(actions), "VolumesExpanded")["status"] == "False"
 
 

@@ -13,8 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import KubeApi
+from bookfleet.kube.bookies import LaunchRepair
 from bookfleet.kube.context import OperatorContext
-from bookfleet.kube.lifecycle import LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
 
 

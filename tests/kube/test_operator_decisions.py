@@ -8,7 +8,7 @@ import datetime as dt
 
 import pytest
 
-from bookfleet.kube import ledgers, lifecycle, resources
+from bookfleet.kube import bookies, ledgers, resources
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieMode
@@ -51,7 +51,7 @@ def registration(mode: BookieMode = BookieMode.WRITABLE, free: int = 0) -> Booki
     ],
 )
 def test_bookie_phase(desired, lost_since, pod, info, phase):
-    status = lifecycle.decide_status(bookie(desired, lost_since), pod, info, 4, lost_since)
+    status = bookies.decide_status(bookie(desired, lost_since), pod, info, 4, lost_since)
     assert status["phase"] == phase.value
     assert status["registered"] == (info is not None) and status["ledgers"] == 4
     assert status["pod"] == ("bk-0" if pod else None)
@@ -59,9 +59,9 @@ def test_bookie_phase(desired, lost_since, pod, info, phase):
 
 def test_bookie_disk_usage_comes_from_its_registration():
     quota = resources.quantity_bytes(bookie().spec.storage.ledgers.size)
-    status = lifecycle.decide_status(bookie(), ready_pod(), registration(free=quota // 4), 0, None)
+    status = bookies.decide_status(bookie(), ready_pod(), registration(free=quota // 4), 0, None)
     assert status["diskUsage"] == 0.75
-    assert lifecycle.decide_status(bookie(), None, None, 0, None)["diskUsage"] is None
+    assert bookies.decide_status(bookie(), None, None, 0, None)["diskUsage"] is None
 
 
 def test_ledger_status_mirrors_metadata_markers_and_repairs():

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NoAuthError
 
+from bookfleet.kube.clusters import ConfigureAutoRecovery
 from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import BookieCluster
-from bookfleet.kube.scaling import ConfigureAutoRecovery
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import UnderReplication
 

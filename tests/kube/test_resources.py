@@ -201,7 +201,7 @@ def in_namespace(peer: dict[str, Any], namespace_labels: dict[str, str], pod_lab
 
 def test_clients_of_other_namespaces_and_switching_policies_off(cluster: BookieCluster) -> None:
     """Pulsar brokers run in their own namespace: spec.networkPolicy.clients admits them on the bookie port; with
-    enabled false the operator builds no NetworkPolicies at all (it deletes its own, scaling.apply_owned_objects)."""
+    enabled false the operator builds no NetworkPolicies at all (it deletes its own, clusters.apply_owned_objects)."""
     brokers = {"app": "pulsar-broker"}
     pulsar = {"kubernetes.io/metadata.name": "pulsar"}
     port = cluster.spec.bookie.port

@@ -31,7 +31,7 @@ def delete_cluster(kube: EmulatorThread, timeout: float) -> str:
 
 def create_fleet(kube: EmulatorThread, finalizers: list[str], when_deleted: str = "Retain") -> None:
     """A cluster, one Bookie and a Ledger of it (and a Ledger of another cluster) as an operator leaves them (kopf's
-    finalizer while it runs their loops), the Bookie's pod and claims as lifecycle.py makes them."""
+    finalizer while it runs their loops), the Bookie's pod and claims as bookies.py makes them."""
     manifest = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
                 "metadata": {"name": "bk", "namespace": NS, "finalizers": finalizers},
                 "spec": {"replicas": 1, "zookeeper": "zk:2181",

@@ -13,22 +13,23 @@ Rollouts: every bookie pod carries the digest of its manifest (resources.ANNOTAT
 differs from what the current spec builds is restarted, one bookie at a time and only while every other bookie is
 ready and registered; the next waits until the restarted one is ready and registered in a pod of the current spec.
 One that is not within spec.rolloutTimeoutSeconds halts the rollout (RolloutStuck); it stays a planned restart for
-lifecycle.py, so no repair starts. Changing the spec again restarts it at once (it is down anyway).
+bookies.py, so no repair starts. Changing the spec again restarts it at once (it is down anyway).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from bookfleet.kube import certificates, lifecycle, repairs, resources
+from bookfleet.kube import certificates, repairs, resources
 from bookfleet.kube.actions import Action, Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
+from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, pod_ready
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
 from bookfleet.meta import bookiestate, cookies
@@ -78,6 +79,8 @@ class ObservedBookie:
     forced_read_only: bool
     cookie: bool = True
     remaining_ledgers: int = 0
+    repair: repairs.RepairObserved = field(default_factory=repairs.RepairObserved)
+    """The repair attempts of its drain (looked at only while it is drained with ledgers left)."""
 
     @property
     def name(self) -> str:
@@ -100,9 +103,15 @@ class ObservedBookie:
         return not self.writable and ANNOTATION_DECOMMISSION_SINCE in self.annotations
 
     @property
+    def decommission_since(self) -> dt.datetime | None:
+        """When its drain began: the repair of its ledgers is named after it, as a loss's is after its time."""
+        text = self.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text and not self.writable else None
+
+    @property
     def up(self) -> bool:
         """Ready and registered: what a rollout waits for before touching the next bookie."""
-        return lifecycle.pod_ready(self.pod) and self.registered
+        return pod_ready(self.pod) and self.registered
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,8 @@ class Observed:
     bookies: tuple[ObservedBookie, ...] = ()
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The cluster's PVCs by name."""
+    recovery_disabled: bool = False
+    """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
 
 
 def observe(ctx: OperatorContext, body: dict) -> Observed:
@@ -127,15 +138,30 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
     forced = bookiestate.forced_ids(zk)
     bodies = sorted(ctx.api.list(CUSTOM, "bookies", ns, selector), key=lambda b: ordinal(b["metadata"]["name"]))
     draining = [b for b in bodies if b["spec"].get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE]
+    disabled = UnderReplication(zk).is_disabled() if draining else False
     bookies = []
     for bookie in bodies:
         bookie_id = bookie["spec"]["bookieId"]
-        drain = ({"cookie": cookies.exists(zk, bookie_id),
-                  "remaining_ledgers": len(repairs.remaining_ledgers(zk, bookie_id))} if bookie in draining else {})
-        bookies.append(ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
-                                      bookie_id in registered, bookie_id in forced, **drain))
+        seen = ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
+                              bookie_id in registered, bookie_id in forced)
+        if bookie in draining:
+            seen = observe_drain(ctx, cluster, seen, disabled)
+        bookies.append(seen)
     claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
-    return Observed(body, cluster, "", tuple(bookies), claims)
+    return Observed(body, cluster, "", tuple(bookies), claims, disabled)
+
+
+def observe_drain(ctx: OperatorContext, cluster: BookieCluster, bookie: ObservedBookie,
+                  disabled: bool) -> ObservedBookie:
+    """What still needs a draining bookie: its cookie, the ledgers left on it and, while there are some, the repair
+    attempts of its drain (decide chooses the next one; act launches it)."""
+    zk = ctx.zk(ZooKeeperTarget.of(cluster))
+    bookie_id = bookie.body["spec"]["bookieId"]
+    remaining = len(repairs.remaining_ledgers(zk, bookie_id))
+    since = bookie.decommission_since
+    repair = repairs.observe_repair(ctx, cluster, bookie.model, since) if remaining and since and not disabled \
+        else repairs.RepairObserved()
+    return replace(bookie, cookie=cookies.exists(zk, bookie_id), remaining_ledgers=remaining, repair=repair)
 
 
 # --- actions of this reconciler --------------------------------------------------------------------------------
@@ -176,18 +202,6 @@ class SetForcedReadOnly:
             bookiestate.clear(zk, self.bookie_id)
         else:
             bookiestate.set_read_only(zk, self.bookie_id, self.reason)
-
-
-@dataclass(frozen=True)
-class EnsureRepaired:
-    """One step of moving a draining bookie's ledgers elsewhere (repairs.py launches, tracks and retries)."""
-
-    cluster: BookieCluster
-    bookie: Bookie
-    since: dt.datetime
-
-    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        repairs.ensure_repaired(ctx, self.cluster, self.bookie, self.since)
 
 
 @dataclass(frozen=True)
@@ -257,7 +271,7 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     rollout_actions, rollout = decide_rollout(cluster, serving, moment)
     actions += rollout_actions
     actions += rollout_events(status, cluster, rollout)
-    ready = sum(lifecycle.pod_ready(b.pod) for b in serving)
+    ready = sum(pod_ready(b.pod) for b in serving)
     actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
                                                                refused_expansions(observed))))
     return actions
@@ -336,8 +350,8 @@ def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBoo
     whenScaled is Delete."""
     meta, spec = bookie.body["metadata"], bookie.body["spec"]
     ns, name, bookie_id, zookeeper = meta["namespace"], bookie.name, spec["bookieId"], ZooKeeperTarget.of(cluster)
-    since_text = bookie.annotations.get(ANNOTATION_DECOMMISSION_SINCE)
-    if bookie.writable or not since_text:
+    since = bookie.decommission_since
+    if since is None:
         return [
             Patch(CUSTOM, "bookies", ns, name, {
                 "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(moment)}},
@@ -346,10 +360,10 @@ def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBoo
             PostEvent("Decommissioning", f"draining {name}: read-only, then its ledgers move elsewhere",
                       involved=bookie.body),
         ]
-    if bookie.remaining_ledgers:
-        since = dt.datetime.fromisoformat(since_text.replace("Z", "+00:00"))
-        return [EnsureRepaired(cluster, bookie.model, since)]
-    actions: list[Action] = [lifecycle.ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
+    if bookie.remaining_ledgers:  # its ledgers move elsewhere first: the repair's next step, as for a lost bookie
+        step = repairs.decide_repair(observed.recovery_disabled, bookie.repair, moment)
+        return [] if step.launch is None else [LaunchRepair(cluster, bookie.model, since, step.launch)]
+    actions: list[Action] = [ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
     delete_claims = cluster.spec.persistent_volume_claim_retention_policy.when_scaled == Retention.DELETE
     for claim_name in resources.claim_names(name):
         claim = observed.claims.get(claim_name)
@@ -463,17 +477,17 @@ def replaced_pod(bookie: ObservedBookie) -> bool:
     """The bookie runs a pod other than the one its restart deleted (that one may stay Terminating a while)."""
     pod = bookie.pod
     return (pod is not None and not pod["metadata"].get("deletionTimestamp")
-            and pod["metadata"].get("uid") != bookie.annotations.get(lifecycle.ANNOTATION_PLANNED_RESTART))
+            and pod["metadata"].get("uid") != bookie.annotations.get(ANNOTATION_PLANNED_RESTART))
 
 
 def restart(cluster: BookieCluster, bookie: ObservedBookie, moment: dt.datetime) -> list[Action]:
-    """Delete the bookie's pod as a planned restart (lifecycle.py recreates it from the current spec, and does not
+    """Delete the bookie's pod as a planned restart (bookies.py recreates it from the current spec, and does not
     count it lost) and note when, for the rollout timeout."""
     assert bookie.pod is not None
     ns = bookie.body["metadata"]["namespace"]
     return [
         Patch(CUSTOM, "bookies", ns, bookie.name, {"metadata": {"annotations": {
-            lifecycle.ANNOTATION_PLANNED_RESTART: bookie.pod["metadata"]["uid"],
+            ANNOTATION_PLANNED_RESTART: bookie.pod["metadata"]["uid"],
             ANNOTATION_ROLLOUT_STARTED: timestamp(moment)}}}),
         Delete(CORE, "pods", ns, bookie.name),
         PostEvent("RollingUpgrade", f"restarting {bookie.name} with the current spec (image {cluster.spec.image})",

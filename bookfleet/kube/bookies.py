@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,27 @@ class BookieObserved:
     @property
     def on_dead_node(self) -> bool:
         return self.node_ready not in (None, "True")
+
+
+Lookup = Callable[[str, str], "dict[str, Any] | None"]
+"""(namespace, name) -> the object, or None when there is none."""
+
+
+@dataclass(frozen=True)
+class BookieSources:
+    """Where a pass reads what surrounds its Bookie: the cluster, the pod and the claims. The operator passes its
+    watch-fed caches (kube.handlers: kopf indexes, filled before any Bookie loop starts, and the BookieClusters'
+    cache), so a pass over a serving bookie makes one GET, the Bookie's own; `live` reads each with a GET."""
+
+    cluster: Lookup
+    pod: Lookup
+    claim: Lookup
+
+    @classmethod
+    def live(cls, api: KubeApi) -> BookieSources:
+        return cls(cluster=lambda namespace, name: api.get(CUSTOM, "bookieclusters", namespace, name),
+                   pod=lambda namespace, name: api.get(CORE, "pods", namespace, name),
+                   claim=lambda namespace, name: api.get(CORE, "persistentvolumeclaims", namespace, name))
 
 
 @dataclass(frozen=True)
@@ -218,10 +239,10 @@ def registration(zk: KazooClient, bookie_id: str) -> BookieInfo | None:
         return None
 
 
-def load(ctx: OperatorContext, body: dict) -> tuple[Bookie, BookieCluster] | None:
+def load(body: dict, cluster_of: Lookup) -> tuple[Bookie, BookieCluster] | None:
     """The Bookie and its cluster as models, or None while the cluster is missing or invalid."""
     bookie = Bookie.model_validate(body)
-    cluster_body = ctx.api.get(CUSTOM, "bookieclusters", bookie.metadata.namespace, bookie.spec.cluster)
+    cluster_body = cluster_of(bookie.metadata.namespace, bookie.spec.cluster)
     if cluster_body is None:
         return None
     try:
@@ -247,8 +268,10 @@ def pinned_nodes(volume: dict) -> list[str]:
             for value in expression.get("values") or []]
 
 
-def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool) -> ClaimObserved:
-    claim = api.get(CORE, "persistentvolumeclaims", namespace, name)
+def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool,
+                  claim_of: Lookup | None = None) -> ClaimObserved:
+    """The claim (from `claim_of`, else a GET) and, when asked, whether its volume's node is gone."""
+    claim = (claim_of or BookieSources.live(api).claim)(namespace, name)
     if claim is None:
         return ClaimObserved(name, exists=False)
     terminating = bool(claim["metadata"].get("deletionTimestamp"))
@@ -259,20 +282,21 @@ def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool) 
     return ClaimObserved(name, exists=True, terminating=terminating, lost_node=nodes[0] if gone else None)
 
 
-def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
+def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> BookieObserved | None:
     """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
     loss), or its cluster missing or invalid. The Bookie is read afresh (a timer's copy may predate the loss the last
     pass recorded). Nodes and volumes are looked at only while the pod is not Ready (a Ready pod's node and volumes
-    are evidently there)."""
+    are evidently there). Cluster, pod and claims come from `sources` (default: live GETs)."""
+    sources = sources or BookieSources.live(ctx.api)
     body = ctx.api.get(CUSTOM, "bookies", body["metadata"]["namespace"], body["metadata"]["name"])
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    loaded = load(ctx, body)
+    loaded = load(body, sources.cluster)
     if loaded is None:
         return None
     bookie, cluster = loaded
     ns, name = bookie.metadata.namespace, bookie.metadata.name
-    pod = ctx.api.get(CORE, "pods", ns, name)
+    pod = sources.pod(ns, name)
     serving = pod_ready(pod)
     node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
@@ -283,7 +307,7 @@ def observe(ctx: OperatorContext, body: dict) -> BookieObserved | None:
     return BookieObserved(
         body=body, bookie=bookie, cluster=cluster, pod=pod,
         node_ready=node_ready(ctx.api, node_name) if node_name else None,
-        claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving)
+        claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
                      for claim in resources.claim_names(bookie.metadata.name)),
         registration=registration(zk, bookie.spec.bookie_id),
         ledgers=len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
@@ -481,7 +505,7 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
     """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure)."""
     bookie, pod = observed.bookie, observed.pod
     lost_since = bookie.status.lost_since
-    if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: scaling.py drives it
+    if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: clusters.py drives it
         return Decision(decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since))
     plan = Plan.of(observed.body)
     planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
@@ -557,11 +581,11 @@ def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
 
 # --- act ---------------------------------------------------------------------------------------------------------
 
-def reconcile(ctx: OperatorContext, body: dict) -> float | None:
+def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> float | None:
     """One level-based pass over a Bookie; the seconds until a pass is due by the clock alone (None: only a change,
     or the next interval, calls for one). The status goes first: a loss time is recorded before a repair
     named after it is launched, and the Events of a change are posted with it."""
-    observed = observe(ctx, body)
+    observed = observe(ctx, body, sources)
     if observed is None:
         return None
     at = now()
