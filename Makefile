@@ -84,6 +84,7 @@ bench: setup
 # Ours against Apache BookKeeper's Java bookies and client, same run, same disk: one JSON line per scenario.
 bench-bookkeeper: setup bookkeeper-reference
 	$(VENV)/bin/bookfleet bench bookkeeper --json
+	$(VENV)/bin/bookfleet bench bookkeeper --recovery --json
 
 lint: setup
 	$(VENV)/bin/ruff check bookfleet tests

@@ -112,6 +112,24 @@ def session(master: str | None = DEFAULT_MASTER, app_name: str = "bookfleet"):
     return spark
 
 
+WARM_UP_JOB_GROUP = "bookfleet-warm-up"
+
+
+def warm_up(spark) -> None:
+    """Run one trivial Python task per core on `spark`, so a repair after a loss does not pay the session's first
+    job: class loading and JIT of Spark's scheduler path, the Python daemon's start and a worker fork per core
+    (seconds of CPU on a 2-core machine, as much as the copying of a small repair). A session kept for many runs
+    (the standalone runner's) pays it once at start, as BookKeeper's always-running replication workers do."""
+    context = spark.sparkContext
+    slots = max(1, context.defaultParallelism)
+    context.setJobGroup(WARM_UP_JOB_GROUP, "warm-up: class loading, JIT, the Python daemon and its workers")
+    try:
+        context.parallelize(range(slots), slots).map(abs).collect()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
+
+
 def spark_submit_binary() -> str:
     """spark-submit from the pyspark wheel, so no separate Spark install is needed."""
     (package_dir,) = importlib.util.find_spec("pyspark").submodule_search_locations

@@ -63,11 +63,13 @@ def cpu_loop() -> dict[str, float]:
 
 
 def same_run_baselines(directory: Path, block_size: int, seconds: float = 2.0) -> dict[str, float]:
-    """Everything a benchmark is compared with: fsync of its own block size, the streaming limit, the CPU loop."""
+    """Everything a benchmark is compared with: fsync of its own block size, the streaming limit, the CPU loop, and
+    the machine's 1-minute load average as they were measured (a shared machine's figures swing with it)."""
     return {
         **raw_fsync_bandwidth(directory, block_size, seconds),
         **sequential_fsync_bandwidth(directory, seconds),
         **cpu_loop(),
+        "load_average_1m": os.getloadavg()[0],
     }
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bookfleet import spark as sparksettings
 from bookfleet.bench import baseline, client, repair
 from bookfleet.commanderror import CommandError
 from bookfleet.zkserver import ZooKeeperServer, free_port
@@ -81,6 +83,32 @@ RECOVERY_SHAPE = (3, 2, 2)  # E, Qw, Qa: `bench repair`'s ledgers
 
 
 @dataclass(frozen=True)
+class RecoveryCase:
+    """What the lost bookie held a share of: `ledgers` closed ledgers of `entries` entries of `entry_size` bytes."""
+
+    name: str
+    ledgers: int
+    entries: int
+    entry_size: int
+
+
+BULK_ENTRIES_PER_LEDGER = 256
+BULK_ENTRY_SIZE = 64 << 10
+RECOVERY_CASES = ("ledgers", "bulk")
+
+
+def recovery_case(name: str, bulk_mib: int) -> RecoveryCase:
+    """Many small ledgers (ZooKeeper and per-ledger work), or `bulk_mib` of 64 KiB entries in ledgers of 16 MiB
+    (bytes moved: 1 GiB by default, as `bench repair --ledgers 64 --entries 256 --entry-size 65536`)."""
+    if name == "ledgers":
+        return RecoveryCase(name, 1000, 100, 1024)
+    ledger_bytes = BULK_ENTRIES_PER_LEDGER * BULK_ENTRY_SIZE
+    if bulk_mib <= 0 or (bulk_mib << 20) % ledger_bytes:
+        raise CommandError(f"--bulk-mib must be a positive multiple of {ledger_bytes >> 20}")
+    return RecoveryCase(name, (bulk_mib << 20) // ledger_bytes, BULK_ENTRIES_PER_LEDGER, BULK_ENTRY_SIZE)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     bookies: int
@@ -120,12 +148,18 @@ def register(subparsers) -> None:
                         help="Java client wire protocol (repeatable; default v2 and v3)")
     parser.add_argument(
         "--recovery", action="store_true",
-        help="instead: a bookie holding --ledgers x --entries x --entry-size is killed; seconds until every ledger "
-        "is back at Qw, our auditor + Spark repair against the Java bookies' AutoRecovery",
+        help="instead: per --recovery-case, a bookie of 4 is killed; seconds until every ledger is back at Qw, our "
+        "auditor + Spark repair against the Java bookies' AutoRecovery",
     )
-    parser.add_argument("--ledgers", type=int, default=1000, help="--recovery: ledgers written (default 1000)")
-    parser.add_argument("--entries", type=int, default=100, help="--recovery: entries per ledger (default 100)")
-    parser.add_argument("--entry-size", type=int, default=1024, help="--recovery: payload bytes (default 1024)")
+    parser.add_argument(
+        "--recovery-case", action="append", choices=list(RECOVERY_CASES),
+        help="ledgers: 1,000 ledgers x 100 x 1 KiB; bulk: --bulk-mib of 64 KiB entries in ledgers of 256 "
+        "(repeatable; default both)",
+    )
+    parser.add_argument("--cold-spark", action="store_true",
+                        help="--recovery: our repair on a Spark session that has run no job (default: warmed up)")
+    parser.add_argument("--bulk-mib", type=int, default=1024,
+                        help="--recovery bulk case: MiB written, a multiple of 16 (default 1024: 1 GiB)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load phase (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0,
                         help="unmeasured full load before the Java client's measured one, for its JIT (default 2)")
@@ -295,27 +329,32 @@ def _scenario_report(
     }
 
 
-def _recovery_report(reference: Path, args: argparse.Namespace) -> dict:
+def _recovery_report(reference: Path, case: RecoveryCase, args: argparse.Namespace) -> dict:
     """Ours (`bench repair`: 4 bookies, E3/Qw2/Qa2, the lost bookie's ledgers marked at once, Spark local[2]), then
     Java's AutoRecovery on the same shape, each in a ZooKeeper and directory of its own."""
     ensemble, write_quorum, ack_quorum = RECOVERY_SHAPE
     ours = repair.measure(argparse.Namespace(
-        ledgers=args.ledgers, entries=args.entries, entry_size=args.entry_size, bookies=RECOVERY_BOOKIES,
+        ledgers=case.ledgers, entries=case.entries, entry_size=case.entry_size, bookies=RECOVERY_BOOKIES,
         write_quorum=write_quorum, master="local[2]", throttle_mb_s=None, no_verify=False, json=True,
+        cold_spark=args.cold_spark,
     ))
+    sparksettings.session("local[2]").stop()  # its executors and task threads must not take Java's cores
     with tempfile.TemporaryDirectory(prefix="bench-bookkeeper-recovery-", dir=args.dir) as tmp:
         root = Path(tmp)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
             java = JavaSide(reference, zookeeper.connect, root / "java").recover(
-                args.ledgers, args.entries, args.entry_size
+                case.ledgers, case.entries, case.entry_size
             )
+        java["load_average_1m"] = os.getloadavg()[0]
     return {
-        "scenario": "recovery",
-        "ledgers": args.ledgers,
-        "entries_per_ledger": args.entries,
-        "entry_size": args.entry_size,
+        "scenario": f"recovery-{case.name}",
+        "ledgers": case.ledgers,
+        "entries_per_ledger": case.entries,
+        "entry_size": case.entry_size,
+        "data_written_mib": case.ledgers * case.entries * case.entry_size / (1 << 20),
         "bookies": RECOVERY_BOOKIES,
         "ensemble": [ensemble, write_quorum, ack_quorum],
+        "order": "ours, then java",
         "ours": ours,
         "java_figures": java,
         "java_settings": {"storage": "db", **RECOVERY_SETTINGS},
@@ -334,8 +373,9 @@ def handle(args: argparse.Namespace) -> int:
     args.protocol = args.protocol or list(PROTOCOLS)
     reference = args.java_dir or built_reference()
     if args.recovery:
-        report = _recovery_report(reference, args)
-        print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+        for case in [recovery_case(name, args.bulk_mib) for name in args.recovery_case or RECOVERY_CASES]:
+            report = _recovery_report(reference, case, args)
+            print(json.dumps(report) if args.json else json.dumps(report, indent=2), flush=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-bookkeeper-", dir=args.dir) as tmp:
         root = Path(tmp)

@@ -20,10 +20,11 @@ from pathlib import Path
 from bookfleet import eventloop
 from bookfleet.bench import baseline
 from bookfleet.bench.bookie import _cpu_seconds
+from bookfleet.bench.latency_profile import LatencyProfile
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
 from bookfleet.commanderror import CommandError
-from bookfleet.fleet import BookieFleet
+from bookfleet.fleet import BookieFleet, BookieProcess
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import use_client_tls
@@ -79,11 +80,15 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
     return latencies
 
 
-async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate: float) -> list[float]:
-    """Issue adds at `rate` per second, those due at each millisecond tick, and time each one. Only a count of the
-    outstanding adds is kept (holding every add would make the garbage collector's pauses part of the figure)."""
+async def _paced_load(
+    writer: LedgerWriter, payload: bytes, seconds: float, rate: float
+) -> tuple[list[float], list[float]]:
+    """Issue adds at `rate` per second, those due at each millisecond tick, and time each one; also how late each
+    tick woke (the client's event-loop lag). Only a count of the outstanding adds is kept (holding every add would
+    make the garbage collector's pauses part of the figure)."""
     clock = time.perf_counter
     latencies: list[float] = []
+    tick_lags: list[float] = []
     finished = asyncio.get_running_loop().create_future()
     outstanding = 0
     start = clock()
@@ -104,14 +109,19 @@ async def _paced_load(writer: LedgerWriter, payload: bytes, seconds: float, rate
             writer.append_callback(payload, partial(completed, now))
         outstanding += due
         issued += due
-        await asyncio.sleep(0.001 - (clock() - start) % 0.001)  # to the next tick, whatever this one cost
+        delay = 0.001 - (clock() - start) % 0.001  # to the next tick, whatever this one cost
+        wake = clock() + delay
+        await asyncio.sleep(delay)
+        tick_lags.append(clock() - wake)
     if outstanding:
         await finished
-    return latencies
+    return latencies, tick_lags
 
 
-async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dict:
+async def _run(zk: str, args: argparse.Namespace, bookies: list[BookieProcess]) -> dict:
     payload = os.urandom(args.entry_size)
+    bookie_pids = [bookie.process.pid for bookie in bookies]
+    profile = LatencyProfile(bookies, os.getpid())
 
     def bookies_cpu() -> float:
         return sum(_cpu_seconds(pid) for pid in bookie_pids)
@@ -125,8 +135,10 @@ async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dic
         full_summary["bookies_cpu_us_per_entry"] = (bookies_cpu() - bookie_cpu) / max(len(full), 1) * 1e6
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
-        half = await _paced_load(writer, payload, args.seconds, half_rate)
+        profile.start()
+        half, tick_lags = await _paced_load(writer, payload, args.seconds, half_rate)
         half_summary = baseline.load_summary(half, time.perf_counter() - started, args.entry_size)
+        half_summary |= profile.report(tick_lags)
         await writer.close()
     return {
         **{f"full_{name}": value for name, value in full_summary.items()},
@@ -139,7 +151,7 @@ def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: Certificate
     """Both loads on a fleet of its own (serving mutual TLS with `ca`), stopped afterwards."""
     with BookieFleet(zk, directory, ca=ca) as fleet:
         bookies = fleet.start(args.bookies, log_level="WARNING", event_loop=args.event_loop)
-        result = eventloop.run(_run(zk, args, [bookie.process.pid for bookie in bookies]), args.event_loop)
+        result = eventloop.run(_run(zk, args, bookies), args.event_loop)
         fleet.stop()
     return result
 

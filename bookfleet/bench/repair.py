@@ -190,6 +190,8 @@ def register(benches) -> None:
     parser.add_argument("--master", default="local[2]", help="Spark master")
     parser.add_argument("--throttle-mb-s", type=float, help="repair throttle")
     parser.add_argument("--no-verify", action="store_true", help="skip checking every replica afterwards")
+    parser.add_argument("--cold-spark", action="store_true",
+                        help="repair on a session that has run no job yet (default: warmed up, as the runner's)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.set_defaults(handler=run_bench)
 
@@ -223,7 +225,9 @@ def measure(args) -> dict:
         baseline = same_run_baselines(root, args.entry_size)
         with ZooKeeperServer(root / "zookeeper") as server, BookieFleet(server.connect, root / "bookies") as fleet:
             bookies = fleet.start(args.bookies)
-            sparksettings.session(args.master, app_name="bookfleet-repair")  # JVM start is not repair time
+            spark = sparksettings.session(args.master, app_name="bookfleet-repair")  # JVM start is not repair time
+            if not args.cold_spark:
+                sparksettings.warm_up(spark)  # as the standalone runner's session is when a loss comes
             say(f"writing {args.ledgers} ledgers x {args.entries} x {args.entry_size} B")
             started = time.monotonic()
             shape = LedgerShape(3, args.write_quorum, 2)
@@ -250,6 +254,7 @@ def measure(args) -> dict:
         "entry_size": args.entry_size,
         "ensemble": [3, args.write_quorum, 2],
         "master": args.master,
+        "spark_session": "cold" if args.cold_spark else "warmed up",
         "bookies": args.bookies,
         "data_written_mb": round(sum(map(len, expected.values())) * args.entry_size / 1e6, 1),
         "write_seconds": round(write_seconds, 2),

@@ -2,8 +2,9 @@
 
 The runner polls the marker tree (kazoo has no recursive watch, and listing four hex levels is cheap), and while
 markers exist and replication is enabled it runs the repair job, one run at a time: in this process on a local
-SparkSession (the JVM start is paid once), or as a spark-submit child. A run that repairs nothing (a young OPEN
-ledger in its grace period, a lock held elsewhere, a failing bookie) backs off instead of spinning.
+SparkSession (the JVM start and its first job are paid once, when the runner starts), or as a spark-submit
+child. A run that repairs nothing (a young OPEN ledger in its grace period, a lock held elsewhere, a failing bookie)
+backs off instead of spinning.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class RepairRunner:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        if self.mode == IN_PROCESS:
+            self._warm_up()
         backoff = self.poll_interval
         while not self._stopping.is_set():
             try:
@@ -95,6 +98,14 @@ class RepairRunner:
             progressed = summary is not None and summary.ledgers > 0
             backoff = self.poll_interval if progressed else min(MAX_BACKOFF, backoff * 2)
             self._stopping.wait(0 if progressed else backoff)
+
+    def _warm_up(self) -> None:
+        """Start the session and run its first job now, not when a bookie is lost (BookKeeper's replication workers
+        are warm too). A failure here is only logged: the first run then starts the session and reports its error."""
+        try:
+            sparksettings.warm_up(sparksettings.session(self.master, app_name="bookfleet-repair"))
+        except Exception:
+            log.exception("repair runner: warming up the Spark session failed")
 
     def run_once(self) -> RepairSummary:
         if self.mode == IN_PROCESS:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
 from bookfleet.bench.baseline import tls_figures
+from bookfleet.bench.latency_profile import bucket_quantile
 
 
 @pytest.mark.parametrize(
@@ -76,3 +78,12 @@ def test_the_scale_bench_without_go_says_so_in_one_line_and_succeeds(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == ["bench operator --scale: skipped: no Go toolchain on PATH (the"
                                                   " control plane and kwok are built from Go modules)"]
+
+
+def test_a_bookie_histograms_quantile_is_the_upper_bound_of_its_bucket_in_the_phase():
+    """Only what a phase added counts: 1,000 fast adds before it must not hide its own slower ones."""
+    before = [(0.001, 1000.0), (0.01, 1000.0), (0.1, 1000.0), (float("inf"), 1000.0)]
+    after = [(0.001, 1010.0), (0.01, 1060.0), (0.1, 1100.0), (float("inf"), 1100.0)]
+    assert bucket_quantile(before, after, 0.5) == 0.01
+    assert bucket_quantile(before, after, 0.99) == 0.1
+    assert math.isnan(bucket_quantile(before, before, 0.99))

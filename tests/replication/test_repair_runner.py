@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 
+from bookfleet import spark as sparksettings
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.runner import AutoRecoveryRunner, RepairRunner
@@ -45,3 +46,16 @@ def test_auto_recovery_serves_the_repair_counters(zk_connect):
             metrics = reply.read().decode()
     assert "bookfleet_repair_data_loss_entries_total" in metrics
     assert "bookfleet_repair_bytes_total" in metrics
+
+
+def test_the_in_process_runner_warms_its_spark_session_before_any_loss(zk, zk_connect):
+    """The first repair after a loss must not pay the session's start and first job (class loading, JIT, the Python
+    daemon's start: as much CPU as a small repair's copying): the runner pays them when it starts."""
+    runner = RepairRunner(zk, zk_connect, master="local[1]", poll_interval=0.1).start()
+    try:
+        wait_until(lambda: runner.checks > 0, timeout=300, what="the runner polling the markers")
+        assert UnderReplication(zk).ledger_ids() == []  # no loss happened: the job ran for the warm-up alone
+        tracker = sparksettings.session("local[1]").sparkContext.statusTracker()
+        assert tracker.getJobIdsForGroup(sparksettings.WARM_UP_JOB_GROUP)
+    finally:
+        runner.stop()

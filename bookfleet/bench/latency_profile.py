@@ -1,0 +1,148 @@
+"""Where an add's tail latency goes, measured during `bench client`'s half load, stage by stage.
+
+p99 many times p50 has several suspects on a shared 2-core machine; each is measured, not guessed:
+- the client's event loop: how late its 1 ms pacing ticks wake (`client_loop_lag_*`), and its garbage collector's
+  pauses (`client_gc_*`, from `gc.callbacks`);
+- the bookies: their own add latency from receipt to durable and their journal group commits' write+fdatasync, as
+  their `/metrics` histograms count them during the phase (`bookie_add_*`, `journal_sync_*`: bucket upper bounds);
+- scheduling: how long each process's threads sat runnable but waiting for a core (`run_queue_wait_ms_per_s`, from
+  `/proc/<pid>/task/*/schedstat`) and how much CPU each used (`cpu_cores`).
+What the client sees beyond the bookie's own figure is the client's loop, the network path and the bookie's loop
+before it reads the request.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bookfleet.bench.baseline import percentile
+from bookfleet.bench.bookie import _cpu_seconds as cpu_seconds
+from bookfleet.fleet import BookieProcess
+
+HISTOGRAMS = {"bookie_add_latency_seconds": "bookie_add", "bookie_journal_sync_latency_seconds": "journal_sync"}
+
+
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of `pid` have spent runnable but not running (waiting for a core), so far."""
+    waited = 0
+    for schedstat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            waited += int(schedstat.read_text().split()[1])
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+    return waited / 1e9
+
+
+def bucket_counts(bookie: BookieProcess) -> dict[str, list[tuple[float, float]]]:
+    """The bookie's latency histograms: name -> [(upper bound in seconds, cumulative count)]."""
+    with urllib.request.urlopen(bookie.http_url("/metrics"), timeout=10, context=bookie.http_context()) as answer:
+        text = answer.read().decode()
+    histograms: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in HISTOGRAMS:
+            histograms[family.name] = [
+                (float(sample.labels["le"]), sample.value) for sample in family.samples
+                if sample.name.endswith("_bucket")
+            ]
+    return histograms
+
+
+def bucket_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], fraction: float) -> float:
+    """The upper bound (seconds) of the bucket holding the `fraction` quantile of what was counted in between."""
+    counts = [(bound, late - early) for (bound, late), (_, early) in zip(after, before, strict=True)]
+    total = counts[-1][1]
+    if not total:
+        return float("nan")
+    return next(bound for bound, count in counts if count >= fraction * total)
+
+
+@dataclass
+class ProcessWatch:
+    """CPU and run-queue wait of named processes between `start` and `stop`."""
+
+    pids: dict[str, int]
+    started: float = 0.0
+    before: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def _read(self) -> dict[str, tuple[float, float]]:
+        return {name: (cpu_seconds(pid), run_queue_wait_s(pid)) for name, pid in self.pids.items()}
+
+    def start(self) -> None:
+        self.started, self.before = time.perf_counter(), self._read()
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        elapsed, after = time.perf_counter() - self.started, self._read()
+        return {
+            "cpu_cores": {name: round((after[name][0] - self.before[name][0]) / elapsed, 3) for name in self.pids},
+            "run_queue_wait_ms_per_s": {
+                name: round((after[name][1] - self.before[name][1]) / elapsed * 1000, 1) for name in self.pids
+            },
+        }
+
+
+class GcPauses:
+    """Durations of the garbage collector's runs in this process while installed."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._began = 0.0
+
+    def _callback(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._began)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+class LatencyProfile:
+    """Everything above for one load phase: `start()` before it, `report()` after, with the client's tick lags."""
+
+    def __init__(self, bookies: list[BookieProcess], client_pid: int):
+        self.bookies = bookies
+        self.watch = ProcessWatch(
+            {"client": client_pid} | {f"bookie{index}": bookie.process.pid for index, bookie in enumerate(bookies)}
+        )
+        self.gc = GcPauses()
+        self.histograms_before: list[dict] = []
+
+    def start(self) -> None:
+        self.histograms_before = [bucket_counts(bookie) for bookie in self.bookies]
+        self.gc.__enter__()
+        self.watch.start()
+
+    def report(self, tick_lags: list[float]) -> dict:
+        processes = self.watch.stop()
+        self.gc.__exit__()
+        histograms_after = [bucket_counts(bookie) for bookie in self.bookies]
+        tick_lags.sort()
+        report: dict = {
+            "client_loop_lag_p50_ms": percentile(tick_lags, 0.50) * 1000,
+            "client_loop_lag_p99_ms": percentile(tick_lags, 0.99) * 1000,
+            "client_loop_lag_max_ms": (tick_lags[-1] if tick_lags else float("nan")) * 1000,
+            "client_gc_runs": len(self.gc.pauses),
+            "client_gc_max_ms": max(self.gc.pauses, default=0.0) * 1000,
+            "client_gc_total_ms": sum(self.gc.pauses) * 1000,
+            **processes,
+            "load_average_1m": os.getloadavg()[0],
+        }
+        for metric, prefix in HISTOGRAMS.items():
+            for fraction, label in ((0.5, "p50"), (0.99, "p99")):
+                report[f"{prefix}_{label}_ms_upper"] = [
+                    bucket_quantile(before[metric], after[metric], fraction) * 1000
+                    for before, after in zip(self.histograms_before, histograms_after, strict=True)
+                ]
+        return report
