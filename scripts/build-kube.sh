@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm) from the
 # Go module proxy into ~/.cache/bookfleet/kube-<version>/, once per version: the wrapper modules under hack/kube/
-# pin every version, and a binary is rebuilt only when its pinned version changes.
+# pin every version, and a binary is rebuilt only when its pinned version changes. `build-kube.sh kubelet` adds the
+# kubelet of a real node (containerd), from the same pinned k8s.io/kubernetes.
 # Prints the binary directory on the last line of stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -42,7 +43,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     KUBE_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$MINOR"
     KUBE_LDFLAGS+=" -X $pkg.gitTreeState=clean"
 done
-for name in kube-apiserver kube-controller-manager kube-scheduler; do
+for name in kube-apiserver kube-controller-manager kube-scheduler "$@"; do
     build kubernetes "$KUBE_VERSION" "$KUBE_LDFLAGS" "k8s.io/kubernetes/cmd/$name" "$name"
 done
 build etcd "$ETCD_VERSION" "" go.etcd.io/etcd/server/v3 etcd

@@ -1,5 +1,6 @@
 """The images: each job's image holds what that job needs and nothing more, runs as uid 10001 under tini, answers
-`bookfleet --version`; the operator writes repair Jobs without pyspark (it has none); the pins do not drift."""
+`bookfleet --version`; the operator writes repair Jobs without pyspark (it has none) and, from its own image,
+launches one on a real kube-apiserver; the pins do not drift."""
 
 from __future__ import annotations
 
@@ -14,15 +15,23 @@ import time
 import urllib.request
 from pathlib import Path
 
+import kubernetes
 import pytest
+import yaml
+from kazoo.client import KazooClient
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from bookfleet import spark
-from bookfleet.kube.models import BookieCluster
+from bookfleet.kube import crdgen, resources
+from bookfleet.kube.api import BATCH, CORE, CUSTOM, KubeApi
+from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.zkserver import free_port
-from tests.fixtures.images import BUILD_TIMEOUT_S
+from tests.cluster.controlplane import ControlPlane
+from tests.fixtures.images import BUILD_TIMEOUT_S, BuiltImage
 
 # One worker builds (or finds) the images; the first test using them waits for a cold build.
 pytestmark = [pytest.mark.xdist_group("images"), pytest.mark.timeout(BUILD_TIMEOUT_S)]
@@ -138,6 +147,80 @@ def test_the_operator_image_builds_a_repair_job(built_images) -> None:
     result = built_images["operator"].run("python3", "-c", REPAIR_SPECS)
     assert result.returncode == 0, result.stderr
     check_repair_specs(result.stdout)
+
+
+def kubeconfig_for_a_container(api_server: ControlPlane, folder: Path, inside: str) -> Path:
+    """The admin kubeconfig and its certificates in `folder`, readable by the image's uid 10001 where `folder` is
+    mounted at `inside`."""
+    folder.mkdir(mode=0o755)
+    for name in ("ca.crt", "admin.crt", "admin.key"):
+        (folder / name).write_bytes((api_server.pki.root / name).read_bytes())
+        (folder / name).chmod(0o644)
+    config = yaml.safe_load(api_server.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["certificate-authority"] = f"{inside}/ca.crt"
+    config["users"][0]["user"] = {"client-certificate": f"{inside}/admin.crt", "client-key": f"{inside}/admin.key"}
+    (folder / "kubeconfig").write_text(yaml.safe_dump(config))
+    (folder / "kubeconfig").chmod(0o644)
+    return folder
+
+
+def install_crds(api_server: ControlPlane) -> KubeApi:
+    """bookfleet's CRDs, established; returns an admin client."""
+    client = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
+    extensions = kubernetes.client.ApiextensionsV1Api(client)
+    models = (BookieCluster, Bookie, Ledger)
+    for model in models:
+        extensions.create_custom_resource_definition(crdgen.crd(model))
+
+    def established() -> bool:
+        crds = {crd.metadata.name: crd for crd in extensions.list_custom_resource_definition().items}
+        return all(any(c.type == "Established" and c.status == "True" for c in crds[name].status.conditions or [])
+                   for name in (crdgen.crd(model)["metadata"]["name"] for model in models) if name in crds)
+
+    wait_for(established, 60, "bookfleet's CRDs established")
+    return KubeApi(client)
+
+
+def test_the_operator_image_launches_a_repair_job_on_a_real_api_server(
+    built_images: dict[str, BuiltImage], api_server: ControlPlane, zk_connect: str, zk: KazooClient, tmp_path: Path
+) -> None:
+    """The operator, run from its own image, sees a bookie lost (its pod and volumes gone), marks its ledger and
+    launches the repair Job on a real kube-apiserver. In the image before spark-submit's options became pure
+    settings, building the Job raised AttributeError (no pyspark there): the ledger was marked and no Job came."""
+    admin, namespace = install_crds(api_server), "default"
+    mounted = kubeconfig_for_a_container(api_server, tmp_path / "kube", "/run/kube")
+    cluster = {
+        "apiVersion": CUSTOM, "kind": "BookieCluster", "metadata": {"name": "bk", "namespace": namespace},
+        "spec": {"replicas": 3, "zookeeper": zk_connect, "security": {"tls": "Disabled"},
+                 "autoRecovery": {"lostBookieRecoveryDelaySeconds": 0}},
+    }
+    admin.create(cluster)
+    operator = built_images["operator"]
+    argv = ["bookfleet", "operator", "--standalone", "--namespace", namespace, "--kubeconfig", "/run/kube/kubeconfig",
+            "--interval", "0.5"]
+    log = tmp_path / "operator.log"
+    with operator.start(*operator.config()["Entrypoint"], *argv, mounts={mounted: "/run/kube"}, output=log) as process:
+        def bookie_with_pod() -> dict | None:
+            assert process.poll() is None, log.read_text()[-4000:]
+            bookie = admin.get(CUSTOM, "bookies", namespace, "bk-0")
+            return bookie if (bookie or {}).get("status", {}).get("pod") else None
+
+        lost_id = wait_for(bookie_with_pod, 300, "the operator in its image to record bk-0's pod")["spec"]["bookieId"]
+        ledger_id = MetadataStore(zk).create(new_metadata([lost_id, "elsewhere:3181"], 2, 2))
+        admin.delete(CORE, "pods", namespace, "bk-0", grace_period_seconds=0)
+        for volume in ("journal", "ledgers"):
+            admin.delete(CORE, "persistentvolumeclaims", namespace, f"bk-0-{volume}")
+
+        def repair_job() -> dict | None:
+            assert process.poll() is None, log.read_text()[-4000:]
+            jobs = admin.list(BATCH, "jobs", namespace, resources.labels("bk", resources.REPAIR, "bk-0"))
+            return jobs[0] if jobs else None
+
+        job = wait_for(repair_job, 180, f"the repair Job of bk-0 (operator log: {log})")
+    assert UnderReplication(zk).marker(ledger_id).missing_bookies == {lost_id}
+    (driver,) = job["spec"]["template"]["spec"]["containers"]
+    repair_image = BookieCluster.model_validate(cluster).spec.auto_recovery.repair.image
+    assert driver["image"] == repair_image and driver["command"][0] == "spark-submit", driver
 
 
 def test_image_sizes(built_images) -> None:

@@ -1,10 +1,12 @@
 //go:build tools
 
-// Package kubebin pins the Kubernetes control-plane commands the cluster test tier builds.
+// Package kubebin pins the Kubernetes commands the cluster test tier builds: the control plane, and the kubelet
+// of a real node.
 package kubebin
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
