@@ -56,6 +56,7 @@ def context() -> OperatorContext:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's per-handler ones are noise
     settings.watching.server_timeout = 300
+    settings.watching.chunk_size = 500  # the start-up LIST in pages: 100,000 Ledgers are not one response
     settings.persistence.finalizer = teardown.FINALIZER  # named, so the chart's uninstall hook can release it
 
 

@@ -18,7 +18,6 @@ from bookfleet.kube.api import BATCH, SPARK, KubeApi
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
 from bookfleet.meta.metadata import MetadataStore
-from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.auditor import mark_lost_bookie
 
 log = logging.getLogger(__name__)
@@ -107,10 +106,14 @@ def bookie_key(job: dict) -> BookieKey | None:
 
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
-    """Ledgers that still need `bookie_id`: indexed on it, or marked as missing it."""
-    on_bookie = set(MetadataStore(zk).ledgers_on_bookie(bookie_id))
-    marked = {m.ledger_id for m in UnderReplication(zk).markers() if bookie_id in m.missing_bookies}
-    return sorted(on_bookie | marked)
+    """Ledgers that still need `bookie_id`: those whose metadata names it, from the bookie index (one read).
+
+    The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
+    repair swaps it out of the metadata and the index in one transaction. A marker still naming it on a ledger it was
+    swapped out of waits on the other bookies it names; their own losses (or the next repair run) see to it. Walking
+    every marker here made each pass of a lost or draining bookie cost a read per under-replicated ledger.
+    """
+    return MetadataStore(zk).ledgers_on_bookie(bookie_id)
 
 
 def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime, attempt: int) -> dict:

@@ -39,7 +39,7 @@ from bookfleet import wire
 from bookfleet.client.connection import BookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
@@ -59,6 +59,8 @@ READ_ATTEMPTS = 3
 """Tries of a read that got no definite answer (refused, timed out, shutting down) before it counts as unknown."""
 RETRY_DELAY = 0.5
 """Before the second try; doubled before each further one."""
+READ_BATCH = 2000
+"""Ledgers whose metadata one pipeline of the replica check reads (bounds the requests in flight)."""
 DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
 """Replies on which the check marks a ledger."""
 
@@ -105,14 +107,13 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
     store = MetadataStore(zk)
     writable = _writable(zk)
     candidates = {}
-    for marker in under_replication.markers():
-        if bookies is not None and not marker.missing_bookies & set(bookies):
-            continue
-        try:
-            metadata, _ = store.read(marker.ledger_id)
-        except NoSuchLedgerError:
+    markers = [m for m in under_replication.markers() if bookies is None or m.missing_bookies & set(bookies)]
+    stored = store.read_all(m.ledger_id for m in markers)
+    for marker in markers:
+        if stored[marker.ledger_id] is None:
             candidates[marker.ledger_id] = (marker, None, set())
             continue
+        metadata, _ = stored[marker.ledger_id]
         still_named = marker.missing_bookies & metadata.bookies()
         if still_named & marker.missed_entries:
             continue  # a writer went on without these bookies: only a repair brings their replicas back
@@ -128,6 +129,17 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
     if cleared:
         log.info("cleared %d stale under-replication marker(s): %s", len(cleared), cleared)
     return cleared
+
+
+def read_checks(store: MetadataStore, ledger_ids: Iterable[int]) -> dict[int, tuple[LedgerMetadata, None]]:
+    """What a replica check of `ledger_ids` looks at: each ledger's metadata (deleted since listed: left out), read
+    in pipelines of READ_BATCH asynchronous gets rather than one round trip per ledger."""
+    ids, checks = list(ledger_ids), {}
+    for start in range(0, len(ids), READ_BATCH):
+        checks.update((ledger_id, (stored[0], None))
+                      for ledger_id, stored in store.read_all(ids[start:start + READ_BATCH]).items()
+                      if stored is not None)
+    return checks
 
 
 def _writable(zk: KazooClient) -> set[str]:
@@ -147,11 +159,7 @@ class _ReplicaChecker:
 
     async def damaged(self, ledger_ids: list[int]) -> dict[int, dict[str, Reply]]:
         """Ledger id -> {bookie: its worst reply} for the bookies whose replica reads did not all succeed."""
-        checks = {}
-        for ledger_id in ledger_ids:
-            with contextlib.suppress(NoSuchLedgerError):  # deleted since listed
-                checks[ledger_id] = (self.store.read(ledger_id)[0], None)
-        return await self.damaged_with(checks)
+        return await self.damaged_with(read_checks(self.store, ledger_ids))
 
     async def damaged_with(self, checks: dict[int, tuple[LedgerMetadata, Collection[str] | None]]) -> dict:
         """Like damaged(), for known metadata, looking only at the given bookies of each ledger (None: all)."""

@@ -87,3 +87,17 @@ def test_a_bookie_histograms_quantile_is_the_upper_bound_of_its_bucket_in_the_ph
     assert bucket_quantile(before, after, 0.5) == 0.01
     assert bucket_quantile(before, after, 0.99) == 0.1
     assert math.isnan(bucket_quantile(before, before, 0.99))
+
+
+def test_the_zookeeper_side_of_the_scale_bench_measures_every_read_it_names():
+    """`--scale --zookeeper-only` (no Kubernetes, no Go): status, the auditor's passes, repair planning and a lost
+    bookie's remaining ledgers, each with its ZooKeeper requests counted by the server."""
+    command = [sys.executable, "-m", "bookfleet", "bench", "operator", "--scale", "--zookeeper-only", "--bookies", "6",
+               "--ledgers", "30", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = json.loads(result.stdout)
+    assert run["mark_lost_bookie_items"] == run["remaining_ledgers_items"] == run["repair_planning_items"] == 15
+    assert run["auditor_check_metadata_items"] == 30
+    assert run["remaining_ledgers_zk_requests"] == 1
+    assert all(run[f"{read}_zk_requests"] > 0 for read in ("status", "auditor_taking_office", "repair_planning"))

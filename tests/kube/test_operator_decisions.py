@@ -85,3 +85,14 @@ def test_ledger_status_mirrors_metadata_markers_and_repairs():
     assert repaired["repair"] == {"job": "repair-1", "bookieId": None, "state": "Succeeded",
                                   "started": "2026-01-02T03:05:00Z",
                                   "finished": "2026-01-02T03:06:00Z", "attempts": 2}
+
+
+def test_the_operator_lists_its_resources_in_pages_at_start_up():
+    """kopf's first LIST of each watched resource is paginated: 100,000 Ledgers are not one response held whole."""
+    import kopf
+
+    from bookfleet.kube import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings)
+    assert settings.watching.chunk_size is not None and 0 < settings.watching.chunk_size <= 1000

@@ -11,8 +11,11 @@ from kazoo.exceptions import NoAuthError
 from bookfleet.kube.clusters import ConfigureAutoRecovery
 from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.repairs import remaining_ledgers
 from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
+from tests.meta.test_underreplication import count_requests
 
 CREDENTIALS = {"alpha-zk": "alpha:secret-a", "beta-zk": "beta:secret-b"}
 
@@ -69,3 +72,22 @@ def test_one_connect_string_with_two_credentials_gets_two_sessions(zk_connect):
             ctx.zk(ZooKeeperTarget(zk_connect, "ns", "missing"))
     finally:
         ctx.close()
+
+
+def test_what_a_lost_or_draining_bookie_still_holds_costs_one_read_however_many_markers(zk, monkeypatch):
+    """remaining_ledgers, asked on every pass of a lost or draining bookie, reads its bookie index only: the other
+    bookies' markers (a repair storm's thousands) are never walked, and a ledger the bookie was swapped out of no
+    longer needs it even while its marker waits on another bookie."""
+    store, markers = MetadataStore(zk), UnderReplication(zk)
+    on_it = [store.create(new_metadata(["gone:1", "b:1", "c:1"], 3, 2)) for _ in range(3)]
+    elsewhere = [store.create(new_metadata(["d:1", "b:1", "c:1"], 3, 2)) for _ in range(20)]
+    markers.mark_all(elsewhere, ["d:1"], lost=True)
+    markers.mark_all(on_it, ["gone:1"], lost=True)
+    swapped = on_it.pop()  # a repair replaced gone:1, but the marker still waits on b:1, also missing
+    metadata, version = store.read(swapped)
+    store.update(swapped, metadata.with_replaced_bookie(0, 0, "e:1"), version)
+    markers.mark(swapped, ["b:1"])
+
+    requests = count_requests(zk, monkeypatch)
+    assert remaining_ledgers(zk, "gone:1") == sorted(on_it)
+    assert len(requests) == 1
