@@ -8,7 +8,7 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup lock images run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure chaos floors bench lint crds clean
+.PHONY: setup lock images run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,9 @@ cluster-demo: setup kube-binaries
 # A bookie's node fails on its own local cluster: seconds to Lost, to the repair Job, to a healthy Ledger (JSON).
 cluster-node-failure: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --node-failure --json
+
+cluster-zone-loss: setup kube-binaries
+	$(VENV)/bin/bookfleet bench operator --zone-loss --json
 
 # The history run (tests/chaos/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos.
 chaos: setup

@@ -1,5 +1,6 @@
 """`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator; with
-`--node-failure`, a bookie's node failing on the local Kubernetes cluster; with `--scale`, the operator over a fleet of
+`--node-failure`, a bookie's node failing on the local Kubernetes cluster; with `--zone-loss`, a whole zone of it cut
+off and returned (tests/cluster/zoneloss.py); with `--scale`, the operator over a fleet of
 simulated nodes (bench/operator_scale.py).
 
 A real `bookfleet operator` process watches the emulator (tests.emulator) and a real embedded ZooKeeper.
@@ -55,6 +56,10 @@ def register(subparsers) -> None:
     parser.add_argument("--node-failure", action="store_true",
                         help="instead: fail a bookie's node on the local Kubernetes cluster (minutes; builds it the"
                              " first time) and report the seconds to the repair Job and to a healthy Ledger")
+    parser.add_argument("--zone-loss", action="store_true",
+                        help="instead: cut a whole zone of the local Kubernetes cluster off for longer than the"
+                             " lost-bookie delay, then return it; report the seconds to every ledger back at Qw and the"
+                             " repairs the return started")
     operator_scale.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
@@ -128,6 +133,8 @@ def handle(args: argparse.Namespace) -> int:
         return operator_scale.run(args, _test_tooling)
     if args.node_failure:
         return _node_failure(args)
+    if args.zone_loss:
+        return _zone_loss(args)
     EmulatorThread = _test_tooling("emulator").EmulatorThread
     from bookfleet.kube import crdgen  # pyyaml, from the [operator] extra
 
@@ -171,6 +178,20 @@ def _node_failure(args: argparse.Namespace) -> int:
               "targets": {"repair_job_after_node_not_ready": figures["lost_bookie_recovery_delay_seconds"] + 5}}
     print(json.dumps(report, indent=None if args.json else 2))
     return 0 if len(failure.read_back) == NODE_FAILURE_ENTRIES else 1
+
+
+def _zone_loss(args: argparse.Namespace) -> int:
+    walkthrough, zoneloss = _test_tooling("cluster.walkthrough"), _test_tooling("cluster.zoneloss")
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
+        baseline = {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}
+    with walkthrough.running_cluster() as cluster:
+        walkthrough.install(cluster)
+        figures = zoneloss.zone_loss(cluster).figures()
+    report = {"bench": "operator", "scenario": "zone-loss", **figures, "baseline": baseline,
+              "targets": {"affected_ledgers_at_qw": figures["lost_bookie_recovery_delay_seconds"] + 60,
+                          "entries_lost": 0, "repairs_started_by_return": 0}}
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0 if figures["entries_lost"] == 0 and figures["repairs_started_by_return"] == 0 else 1
 
 
 def _measure(args: argparse.Namespace, kube, connect: str, pid: int) -> dict:

@@ -98,6 +98,18 @@ def quorum_zone_violations(ensemble_zones: Sequence[str], write_quorum: int) -> 
     return sum(len({ensemble_zones[i] for i in write_set(start, size, write_quorum)}) < 2 for start in range(size))
 
 
+def write_sets_sharing_a_zone(ensemble_zones: Sequence[str], write_quorum: int) -> int:
+    """How many write sets hold two replicas in one zone (one zone outage takes two of their copies): allowed after
+    repairs on the zones a lost zone left, and said in the Ledger's status. Unknown zones ("") count as distinct."""
+    size = len(ensemble_zones)
+
+    def shares(start: int) -> bool:
+        known = [ensemble_zones[i] for i in write_set(start, size, write_quorum) if ensemble_zones[i]]
+        return len(set(known)) < len(known)
+
+    return sum(map(shares, range(size)))
+
+
 def _unique(candidates: Iterable[BookieInfo], exclude: Collection[str]) -> dict[str, str]:
     """bookie id -> zone, without the excluded ids."""
     return {info.bookie_id: info.zone for info in candidates if info.bookie_id not in exclude}

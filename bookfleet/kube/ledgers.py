@@ -19,8 +19,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from pydantic import ValidationError
 
-from bookfleet.client.placement import NotEnoughBookies, choose_ensemble
-from bookfleet.kube import metrics, repairs
+from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
+from bookfleet.kube import metrics, repairs, resources
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
@@ -35,8 +35,9 @@ from bookfleet.kube.models import (
     ledger_problems,
     set_condition,
     validity_condition,
+    zone_of,
 )
-from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, new_metadata
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, Segment, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import DataLoss, Marker, UnderReplication
 
@@ -244,7 +245,7 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
     ledger_id = observed.ledger_id
     loss = observed.loss
     repair = repair_status(observed.repairs, observed.marker) or observed.status.get("repair")
-    status = decide_status(ledger_id, metadata, observed.marker, repair)
+    status = decide_status(ledger_id, metadata, observed.marker, repair, bookie_zones(observed.cluster))
     conditions = [validity, condition(DATA_LOSS, True, "EntriesLost", f"no replica holds entries "
                                                                       f"{list(loss.entries)[:20]}")
                   if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
@@ -304,16 +305,34 @@ def health_events(before: Mapping[str, Any], after: dict[str, Any]) -> list[Post
     return events
 
 
-def decide_status(ledger_id: int | None, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None
-                  ) -> dict[str, Any]:
+def bookie_zones(cluster: BookieCluster | None) -> dict[str, str]:
+    """bookie id -> zone of the cluster's bookies (known also while a bookie, or its whole zone, is lost)."""
+    if cluster is None or not cluster.spec.zones:
+        return {}
+    name, namespace, spec = cluster.metadata.name, cluster.metadata.namespace, cluster.spec
+    return {resources.bookie_id(name, resources.bookie_name(name, ordinal), namespace, spec.bookie.port):
+            zone_of(ordinal, spec.zones) for ordinal in range(spec.replicas)}
+
+
+def decide_status(ledger_id: int | None, metadata: LedgerMetadata, marker: Marker | None, repair: dict | None,
+                  zones: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The Ledger's status from its metadata, its under-replication marker and its latest repair (pure); no ledgerId
-    while it is being reserved in the same pass."""
+    while it is being reserved in the same pass. With the bookies' `zones`, each segment says how many of its write
+    sets hold two replicas in one zone."""
+
+    def segment(s: Segment) -> dict[str, Any]:
+        shown: dict[str, Any] = {"firstEntryId": s.first_entry_id, "bookies": list(s.bookies)}
+        if zones:
+            shown["writeSetsSharingAZone"] = write_sets_sharing_a_zone([zones.get(b, "") for b in s.bookies],
+                                                                        metadata.write_quorum)
+        return shown
+
     return {
         **({} if ledger_id is None else {"ledgerId": ledger_id}),
         "state": metadata.state.value,
         "lastEntryId": metadata.last_entry_id,
         "length": metadata.length,
-        "segments": [{"firstEntryId": s.first_entry_id, "bookies": list(s.bookies)} for s in metadata.segments],
+        "segments": [segment(s) for s in metadata.segments],
         "underReplicated": None if marker is None else {
             "missingBookies": sorted(marker.missing_bookies),
             "since": timestamp(dt.datetime.fromtimestamp(marker.ctime / 1000, dt.UTC)),

@@ -482,6 +482,9 @@ class SegmentStatus(StatusModel):
 
     first_entry_id: int
     bookies: list[str]
+    write_sets_sharing_a_zone: int | None = Field(
+        None, description="write sets holding two replicas in one zone (after a zone was lost and repaired onto the "
+                          "zones left); absent when the cluster has no zones")
 
 
 class UnderReplicationStatus(StatusModel):

@@ -12,6 +12,7 @@ from bookfleet.client.placement import (
     choose_ensemble,
     choose_replacement,
     quorum_zone_violations,
+    write_sets_sharing_a_zone,
 )
 from bookfleet.client.writeset import stores_entry, write_set
 from bookfleet.meta.registry import BookieInfo
@@ -95,3 +96,11 @@ def test_ensembles_stay_in_the_zones_asked_for():
         assert set(zones_of(ensemble, candidates)) == {"a", "c"}
     with pytest.raises(NotEnoughBookies, match="need 3 writable bookies in zones b, 2 available: b2, b3"):
         choose_ensemble(candidates, 3, 2, zones=["b"])
+
+
+def test_write_sets_sharing_a_zone_counts_those_a_zone_outage_takes_two_copies_of():
+    assert write_sets_sharing_a_zone(list("abc"), 3) == 0  # E3/Qw3 on three zones
+    assert write_sets_sharing_a_zone(list("bcb"), 3) == 3  # zone a lost, repaired onto b and c: every write set
+    assert write_sets_sharing_a_zone(list("abcb"), 2) == 0
+    assert write_sets_sharing_a_zone(list("aabc"), 2) == 1  # (a, a)
+    assert write_sets_sharing_a_zone(["a", "", ""], 3) == 0  # unknown zones count as distinct

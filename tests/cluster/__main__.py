@@ -83,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             for request in sorted(control.glob("fail-node-*")):
                 kubelet.fail_node(request.name.removeprefix("fail-node-"))
                 request.unlink()
+            for request in sorted(control.glob("cut-zone-*")):
+                kubelet.cut_zone(request.name.removeprefix("cut-zone-"))
+                request.unlink()
+            for request in sorted(control.glob("heal-zone-*")):
+                kubelet.heal_zone(request.name.removeprefix("heal-zone-"))
+                request.unlink()
             for request in sorted(control.glob("evict-pod-*")):
                 kubelet.evict(*request.name.removeprefix("evict-pod-").split(".", 1))
                 request.unlink()

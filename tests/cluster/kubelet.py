@@ -55,6 +55,9 @@ class Kubelet:
         self.bridge, self.state, self.api_port = bridge, state, api_port
         self.nodes = {**{f"node-{zone[-1]}": zone for zone in ZONES}, **SPARE_NODES}
         self.failed_nodes: set[str] = set()
+        self.cut_nodes: set[str] = set()
+        """Nodes cut off (a zone outage): no heartbeats, their pods' links down, their processes left running and
+        their API objects unseen until the cut heals, as a partitioned kubelet's would be."""
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()
         self._changed = threading.Event()
@@ -111,6 +114,8 @@ class Kubelet:
                 path.touch()
 
     def report_status(self, worker: PodWorker, status: dict[str, Any]) -> bool:
+        if worker.spec.get("nodeName") in self.cut_nodes:
+            return False  # cut off from the API server: reported once the cut heals
         try:
             self.api.patch_namespaced_pod_status(worker.name, worker.namespace, {"status": status})
             return True
@@ -168,7 +173,7 @@ class Kubelet:
     def _heartbeat(self) -> None:
         status = self._node_status()
         for name in self.nodes:
-            if name in self.failed_nodes:
+            if name in self.failed_nodes or name in self.cut_nodes:
                 continue
             self.api.patch_node_status(name, status)
             lease = {"metadata": {"name": name, "namespace": "kube-node-lease"},
@@ -188,6 +193,27 @@ class Kubelet:
             workers = [w for w in self.workers.values() if w.spec.get("nodeName") == name]
         for worker in workers:
             worker.kill_now()
+
+    def cut_zone(self, zone: str) -> None:
+        """A zone outage: its nodes stop heartbeating and their pods' network links go down (processes keep running
+        with their data, unreachable); the kubelets neither see nor report API changes of those pods meanwhile."""
+        with self._lock:
+            self.cut_nodes |= {node for node, node_zone in self.nodes.items() if node_zone == zone}
+            workers = [w for w in self.workers.values() if w.spec.get("nodeName") in self.cut_nodes]
+        for worker in workers:
+            if worker.netns:
+                self.bridge.cut(worker.netns)
+
+    def heal_zone(self, zone: str) -> None:
+        """The zone returns: links up, heartbeats and pod syncing resume (pods deleted meanwhile are stopped then)."""
+        with self._lock:
+            healed = {node for node, node_zone in self.nodes.items() if node_zone == zone}
+            workers = [w for w in self.workers.values() if w.spec.get("nodeName") in healed]
+            self.cut_nodes -= healed
+        for worker in workers:
+            if worker.netns:
+                self.bridge.heal(worker.netns)
+        self._changed.set()
 
     def evict(self, namespace: str, name: str) -> None:
         """Evict a pod as under node pressure: it ends Failed, reason Evicted."""
@@ -285,10 +311,10 @@ class Kubelet:
         pods = _json(self.api.list_pod_for_all_namespaces(_preload_content=False))["items"]
         self._pods = pods
         self._services = _json(self.api.list_service_for_all_namespaces(_preload_content=False))["items"]
-        present = set()
+        present = {uid for uid, worker in self.workers.items() if worker.spec.get("nodeName") in self.cut_nodes}
         for pod in pods:
             uid, node = pod["metadata"]["uid"], pod["spec"].get("nodeName")
-            if node not in self.nodes or node in self.failed_nodes:
+            if node not in self.nodes or node in self.failed_nodes or node in self.cut_nodes:
                 continue
             present.add(uid)
             worker = self.workers.get(uid)
@@ -379,7 +405,7 @@ class Kubelet:
 
     def _write_all_hosts(self) -> None:
         for worker in list(self.workers.values()):
-            if worker.netns and not worker.done.is_set():
+            if worker.netns and not worker.done.is_set() and worker.spec.get("nodeName") not in self.cut_nodes:
                 self.write_hosts(worker)
 
     # --- running ------------------------------------------------------------------------------------------------

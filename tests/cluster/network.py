@@ -84,6 +84,10 @@ class Bridge:
         """A partition: the pod's link goes down, its processes keep running."""
         ip("link", "set", f"{self.prefix}v{namespace.rsplit('-', 1)[1]}", "down")
 
+    def heal(self, namespace: str) -> None:
+        """The partition ends: the pod's link comes back up."""
+        ip("link", "set", f"{self.prefix}v{namespace.rsplit('-', 1)[1]}", "up")
+
     def remove(self) -> None:
         """Every namespace and link with this prefix, then the bridge itself."""
         for namespace in ip("netns", "list", check=False).stdout.split("\n"):

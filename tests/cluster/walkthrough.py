@@ -70,6 +70,17 @@ class LocalCluster:
         self._control(f"fail-node-{name}")
         return time.time()
 
+    def cut_zone(self, zone: str) -> float:
+        """A zone outage: its nodes stop heartbeating and their pods' links go down, their processes running on,
+        unreachable; the wall-clock time it happened."""
+        self._control(f"cut-zone-{zone}")
+        return time.time()
+
+    def heal_zone(self, zone: str) -> float:
+        """The cut zone returns as it was; the wall-clock time it did."""
+        self._control(f"heal-zone-{zone}")
+        return time.time()
+
     def evict(self, namespace: str, pod: str) -> None:
         """Have the pod's kubelet evict it as under node pressure (it ends Failed, reason Evicted)."""
         self._control(f"evict-pod-{namespace}.{pod}")
@@ -239,9 +250,9 @@ def issue_client_certificate(cluster: LocalCluster) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
 
 
-def run_client(cluster: LocalCluster, name: str, script: str) -> str:
+def start_client(cluster: LocalCluster, name: str, script: str, node: str | None = None) -> None:
     """`sh -c script` in a client pod of the bookie image (client label, client certificate, ZooKeeper credential,
-    restricted Pod Security) until it exits; its log, or AssertionError with the log if it failed."""
+    restricted Pod Security), on `node` if given; a pod of that name left from before is deleted first."""
     spec = bookie_cluster(cluster)
     container = {
         "name": "client", "image": spec.spec.image, "args": ["sh", "-c", script],
@@ -254,13 +265,24 @@ def run_client(cluster: LocalCluster, name: str, script: str) -> str:
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.CLIENT_LABEL: "true"}},
         "spec": {"restartPolicy": "Never", "containers": [container],
                  "volumes": [resources.tls_volume(CLIENT_SECRET), {"name": resources.SCRATCH["name"], "emptyDir": {}}],
-                 "securityContext": resources.pod_security_context()},
+                 "securityContext": resources.pod_security_context(), **({"nodeName": node} if node else {})},
     }
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--ignore-not-found", "--wait=true")
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+
+
+def run_client(cluster: LocalCluster, name: str, script: str) -> str:
+    """`start_client` until the pod exits; its log, or AssertionError with the log if it failed."""
+    start_client(cluster, name, script)
+    return client_log(cluster, name)
+
+
+def client_log(cluster: LocalCluster, name: str, timeout: float = 300) -> str:
+    """The log of client pod `name` once it exited, or AssertionError with the log if it failed."""
     phase = wait_for(lambda: (p := cluster.get("pod", "-n", NAMESPACE, name).get("status", {}).get("phase"))
-                     in ("Succeeded", "Failed") and p, timeout=300, what=f"client pod {name} to finish", interval=1.0)
-    log = cluster.container_log(NAMESPACE, name, container["name"])
+                     in ("Succeeded", "Failed") and p, timeout=timeout, what=f"client pod {name} to finish",
+                     interval=1.0)
+    log = cluster.container_log(NAMESPACE, name, "client")
     if phase != "Succeeded":
         raise AssertionError(f"client pod {name} failed:\n{log}")
     return log

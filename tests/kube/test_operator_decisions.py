@@ -64,6 +64,21 @@ def test_bookie_disk_usage_comes_from_its_registration():
     assert bookies.decide_status(bookie(), None, None, 0, None)["diskUsage"] is None
 
 
+def test_ledger_status_says_which_write_sets_hold_two_replicas_in_one_zone():
+    """After a zone outage, repairs onto the zones left may put two replicas of a write set in one zone: the status
+    says so per segment, from the bookies' zones (round-robin by ordinal), known also while they are lost."""
+    zoned = cluster(6).model_copy(update={"spec": cluster(6).spec.model_copy(
+        update={"zones": ["zone-a", "zone-b", "zone-c"]})})
+    zones = ledgers.bookie_zones(zoned)
+    ids = [b["spec"]["bookieId"] for b in resources.bookies_for_cluster(zoned)]
+    assert [zones[b] for b in ids] == ["zone-a", "zone-b", "zone-c"] * 2
+    spread, crowded = new_metadata(ids[:3], 3, 2), new_metadata([ids[1], ids[2], ids[4]], 3, 2)
+    assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, spread, None, None, zones)["segments"]] == [0]
+    assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, crowded, None, None, zones)["segments"]] \
+        == [3]
+    assert "writeSetsSharingAZone" not in ledgers.decide_status(7, spread, None, None, {})["segments"][0]
+
+
 def test_ledger_status_mirrors_metadata_markers_and_repairs():
     metadata = new_metadata(["b1", "b2"], 2, 2)
     fresh = ledgers.decide_status(7, metadata, None, None)

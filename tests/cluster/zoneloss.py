@@ -1,0 +1,256 @@
+"""A whole zone lost, and back, on the local cluster (issue 23): six bookies, two per zone, E3/Qw3/Qa2 zone-aware
+ledgers written before and through the outage, one zone cut off (kubelets silent, pods' links down, bookies running
+on unreachable) for longer than the lost-bookie delay, then returned.
+
+It needs its own local cluster: the tier's shared one loses a node and a spare to earlier tests, and this one needs
+three zones of two live nodes each.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bookfleet.polling import wait_for
+from tests.cluster.walkthrough import (
+    CLUSTER,
+    NAMESPACE,
+    ZONE_LABEL,
+    LocalCluster,
+    acting_operator,
+    apply_settings,
+    bookie_cluster,
+    bookie_pods,
+    client_log,
+    issue_client_certificate,
+    ledger_status,
+    ready,
+    repair_jobs,
+    run_client,
+    say,
+    scale,
+    start_client,
+)
+
+BOOKIES = 6
+"""Two per zone: E3 on the two zones left still has three bookies to repair onto."""
+DELAY = 20
+"""lostBookieRecoveryDelaySeconds: the cut lasts longer (it lasts until every affected ledger is back at Qw)."""
+SPREAD = 5
+"""Ledgers over all three zones (a replica in the cut one each). Random placement puts all three replicas in three
+zones for 40 % of ledgers: five all spread by chance is 1 %."""
+ENTRIES, SIZE = 200, 1024
+ROUND_ENTRIES = 50
+"""Entries a writer round adds to its fresh ledger."""
+WRITER, READER = "zone-loss-writer", "zone-loss-reader"
+SETTLED = {"affected_ledgers_at_qw", "writer_round_after_repairs", "replacements_pending"}
+"""What the cut waits for before the zone returns."""
+
+
+def ledger_manifest(name: str, zones: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"cluster": CLUSTER, "ensembleSize": 3, "writeQuorum": 3, "ackQuorum": 2}
+    if zones:
+        spec["zones"] = zones
+    return {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger", "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec}
+
+
+def zone_to_cut(cluster: LocalCluster) -> str:
+    """A zone running neither the chart's (single) ZooKeeper server nor the acting operator replica."""
+    zones = {node["metadata"]["name"]: node["metadata"]["labels"][ZONE_LABEL] for node in cluster.get("nodes")["items"]}
+    acting = acting_operator(cluster)
+    busy = {zones.get(pod["spec"].get("nodeName", ""))
+            for pod in cluster.get("pods", "-n", NAMESPACE)["items"]
+            if pod["metadata"]["name"] == acting
+            or pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "zookeeper"}
+    return min(set(zones.values()) - busy)
+
+
+def ids_of(cluster: LocalCluster, names: list[str]) -> dict[str, int]:
+    return {name: wait_for(lambda n=name: (status := ledger_status(cluster, n)).get("ledgerId") is not None and status,
+                           timeout=300, what=f"Ledger {name} created", interval=2.0)["ledgerId"] for name in names}
+
+
+def sharing(cluster: LocalCluster, name: str) -> list[int]:
+    """writeSetsSharingAZone of each segment of a Ledger's status."""
+    return [segment.get("writeSetsSharingAZone", -1) for segment in ledger_status(cluster, name).get("segments", [])]
+
+
+def writer_script(zk: str, stop_id: int) -> str:
+    """Rounds of create (zone-aware E3/Qw3/Qa2) -> write -> close until the stop ledger is closed; any failure ends
+    the pod Failed (a writer that gave up)."""
+    return (f"set -e; while ! bookfleet ledger info {stop_id} --zk {zk} --json | grep -q '\"state\": \"CLOSED\"'; do "
+            f"id=$(bookfleet ledger create --zk {zk} -e 3 -w 3 -a 2 --placement zone-aware); "
+            f"echo \"round $(date +%s) $id\"; "
+            f"bookfleet ledger write $id --zk {zk} --count {ROUND_ENTRIES} --size {SIZE} --json; "
+            f"bookfleet ledger close $id --zk {zk} > /dev/null; echo \"closed $(date +%s) $id\"; done")
+
+
+def writer_rounds(cluster: LocalCluster) -> list[tuple[float, int]]:
+    """(wall-clock close time, ledger id) of the writer's finished rounds, from its log so far."""
+    pods = cluster.get("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={WRITER}")["items"]
+    if not pods or not pods[0].get("status", {}).get("containerStatuses"):
+        return []
+    log = cluster.container_log(NAMESPACE, WRITER, "client")
+    return [(float(parts[1]), int(parts[2])) for line in log.splitlines()
+            if (parts := line.split())[:1] == ["closed"] and len(parts) == 3]
+
+
+def read_all(cluster: LocalCluster, ledger_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Every entry of the ledgers, read by one client pod: ledger id -> entries."""
+    zk = bookie_cluster(cluster).spec.zookeeper
+    script = "set -e; " + " ".join(f"echo 'ledger {i}'; bookfleet ledger read {i} --zk {zk} --json;"
+                                   for i in ledger_ids)
+    start_client(cluster, READER, script)
+    read: dict[int, list[dict[str, Any]]] = {}
+    current = None
+    for line in client_log(cluster, READER, timeout=900).splitlines():
+        if line.startswith("ledger "):
+            current = read.setdefault(int(line.split()[1]), [])
+        elif line.startswith("{") and current is not None:
+            current.append(json.loads(line))
+    return read
+
+
+@dataclass
+class ZoneLoss:
+    """What the zone outage and return did; seconds are counted from the cut."""
+
+    zone: str
+    spread: dict[str, int]
+    """Ledger name -> id: a replica in every zone (so one in the cut zone)."""
+    kept: dict[str, int]
+    """Ledger name -> id: placed in the two other zones only (spec.zones)."""
+    sharing_before: dict[str, list[int]]
+    sharing_after: dict[str, list[int]] = field(default_factory=dict)
+    marked: set[str] = field(default_factory=set)
+    """Ledgers seen under-replicated after the cut."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    replacements: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The cut zone's Bookies while it was gone: phase, Lost condition, the pod's phase and scheduling message."""
+    writer_rounds: list[tuple[float, int]] = field(default_factory=list)
+    writer_acked: dict[int, int] = field(default_factory=dict)
+    """Writer ledger id -> entries acknowledged."""
+    cut_at: float = 0.0
+    repairs_after_return: list[str] = field(default_factory=list)
+    read_back: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, Any]:
+        acked = len(self.spread) * ENTRIES + len(self.kept) * ENTRIES + sum(self.writer_acked.values())
+        read = sum(map(len, self.read_back.values()))
+        return {"lost_bookie_recovery_delay_seconds": DELAY, "zone": self.zone, "bookies": BOOKIES,
+                "affected_ledgers": len(self.spread), "affected_bytes": len(self.spread) * ENTRIES * SIZE,
+                "seconds_after_cut": {name: round(value, 1) for name, value in self.seconds.items()},
+                "writer_rounds": len(self.writer_rounds),
+                "writer_rounds_during_cut": sum(self.cut_at < at < self.cut_at + self.seconds["zone_returned"]
+                                                for at, _ in self.writer_rounds),
+                "acknowledged_entries": acked, "entries_read_back": read, "entries_lost": acked - read,
+                "repairs_started_by_return": len(self.repairs_after_return),
+                "replacements_while_cut": self.replacements}
+
+
+def zone_loss(cluster: LocalCluster) -> ZoneLoss:
+    """Cut a zone until every ledger with a replica there is back at Qw on the zones left and its bookies' fate is
+    settled, then return it and read everything back."""
+    say(f"{BOOKIES} bookies, two per zone; client certificate; lost-bookie delay {DELAY} s")
+    for spare in ("node-a2", "node-b2", "node-c2"):
+        cluster.kubectl("uncordon", spare)
+    scale(cluster, BOOKIES)
+    issue_client_certificate(cluster)
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": DELAY}})
+    zone = zone_to_cut(cluster)
+    others = sorted({b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]} - {zone})
+    spread_names = [f"spread-{i}" for i in range(SPREAD)]
+    kept_names, stop_name = ["kept-0"], "writers-stop"
+    for name in spread_names:
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name)))
+    for name in (*kept_names, stop_name):
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name, others)))
+    spread, kept = ids_of(cluster, spread_names), ids_of(cluster, kept_names)
+    stop_id = ids_of(cluster, [stop_name])[stop_name]
+    zk = bookie_cluster(cluster).spec.zookeeper
+    say(f"writing {ENTRIES} entries of {SIZE} B to each of {len(spread) + len(kept)} ledgers, closing them")
+    start_client(cluster, "zone-loss-fill", "set -e; " + " ".join(
+        f"bookfleet ledger write {i} --zk {zk} --count {ENTRIES} --size {SIZE}; bookfleet ledger close {i} --zk {zk};"
+        for i in (*spread.values(), *kept.values())))
+    client_log(cluster, "zone-loss-fill", timeout=900)
+    wait_for(lambda: all(ledger_status(cluster, n).get("state") == "CLOSED" and -1 not in sharing(cluster, n)
+                         for n in (*spread, *kept)), timeout=300, what="Ledgers closed, zones in status", interval=2.0)
+    outcome = ZoneLoss(zone, spread, kept, {name: sharing(cluster, name) for name in spread})
+    if any(counts != [0] for counts in outcome.sharing_before.values()):  # the premise: checked before the long part
+        raise AssertionError(f"placement put two replicas of a write set in one zone: {outcome.sharing_before}")
+    zone_bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in cluster.get("bookies", "-n", NAMESPACE)[
+        "items"] if b["spec"].get("zone") == zone}
+    writer_node = next(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
+                       if n["metadata"]["labels"][ZONE_LABEL] != zone and ready(n))
+    say(f"writer rounds on {writer_node}; waiting for two before the cut")
+    start_client(cluster, WRITER, writer_script(zk, stop_id), writer_node)
+    wait_for(lambda: len(writer_rounds(cluster)) >= 2, timeout=600, what="two writer rounds", interval=2.0)
+    jobs_before = {job["metadata"]["name"] for job in repair_jobs(cluster)}
+
+    say(f"cutting zone {zone}: bookies {', '.join(sorted(zone_bookies))}")
+    outcome.cut_at = cut_at = cluster.cut_zone(zone)
+
+    def note(milestone: str, reached: bool) -> None:
+        if reached and milestone not in outcome.seconds:
+            outcome.seconds[milestone] = time.time() - cut_at
+            say(f"{milestone} {outcome.seconds[milestone]:.0f} s after the cut")
+
+    def back_at_qw(name: str) -> bool:
+        status = ledger_status(cluster, name)
+        if status.get("underReplicated"):
+            outcome.marked.add(name)
+        return name in outcome.marked and not status.get("underReplicated") and all(
+            bookie not in s["bookies"] for s in status.get("segments", []) for bookie in zone_bookies.values())
+
+    def settled() -> bool:
+        for name in kept:
+            if ledger_status(cluster, name).get("underReplicated"):
+                outcome.marked.add(name)
+        note("zone_bookies_lost", all((cluster.get("bookie", "-n", NAMESPACE, b).get("status") or {}).get("lostSince")
+                                      for b in zone_bookies))
+        note("affected_ledgers_at_qw", all([back_at_qw(name) for name in spread]))  # each looked at: marks seen
+        rounds = writer_rounds(cluster)
+        note("writer_round_after_repairs", "affected_ledgers_at_qw" in outcome.seconds and any(
+            at - cut_at > outcome.seconds["affected_ledgers_at_qw"] for at, _ in rounds))
+        for bookie in zone_bookies:
+            body = cluster.get("bookie", "-n", NAMESPACE, bookie)
+            pods = cluster.get("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={bookie}")["items"]
+            scheduled = next((c for c in (pods[0].get("status") or {}).get("conditions", [])
+                              if c["type"] == "PodScheduled"), {}) if pods else {}
+            lost = next((c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Lost"), {})
+            outcome.replacements[bookie] = {
+                "phase": (body.get("status") or {}).get("phase"), "lost": lost.get("reason"),
+                "lost_message": lost.get("message"), "pod_phase": (pods[0]["status"].get("phase") if pods else None),
+                "pod_scheduling": scheduled.get("message") or scheduled.get("reason")}
+        note("replacements_pending", all(r["lost"] == "Replaced" and r["pod_phase"] == "Pending"
+                                         for r in outcome.replacements.values()))
+        return outcome.seconds.keys() >= SETTLED
+
+    wait_for(settled, timeout=1800, what=f"ledgers back at Qw without zone {zone}, its bookies' replacements settled",
+             interval=2.0)
+    outcome.sharing_after = {name: sharing(cluster, name) for name in spread}
+
+    say(f"zone {zone} returns")
+    returned_at = cluster.heal_zone(zone)
+    outcome.seconds["zone_returned"] = returned_at - cut_at
+    wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
+             == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster))), timeout=900,
+             what=f"{BOOKIES} Running Bookies after the return", interval=2.0)
+    note("bookies_running_after_return", True)
+    run_client(cluster, "zone-loss-stop", f"bookfleet ledger close {stop_id} --zk {zk}")
+    log = client_log(cluster, WRITER, timeout=900)
+    outcome.writer_rounds = writer_rounds(cluster)
+    for line in log.splitlines():
+        if line.startswith("{"):
+            written = json.loads(line)
+            outcome.writer_acked[written["ledger_id"]] = written["entries"]
+    say("reading every acknowledged entry back")
+    outcome.read_back = read_all(cluster, [*spread.values(), *kept.values(), *outcome.writer_acked])
+    outcome.repairs_after_return = [job["metadata"]["name"] for job in repair_jobs(cluster)
+                                    if job["metadata"]["name"] not in jobs_before
+                                    and job["metadata"]["creationTimestamp"] >= time.strftime(
+                                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(returned_at))]
+    return outcome
