@@ -8,9 +8,12 @@ with its ServiceAccount's token, so a missing RBAC rule or a rejected pod fails 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import signal
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +22,7 @@ from prometheus_client.samples import Sample
 from bookfleet.kube import repairs
 from bookfleet.kube.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
+from bookfleet.meta import zk, zkpaths
 from bookfleet.polling import wait_for
 from tests.cluster import walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
@@ -63,6 +67,120 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
         assert all(column in header for column in columns), header
 
 
+OTHER = "other"
+"""A second BookieCluster beside the example's: one bookie on the same ZooKeeper (its own chroot), its own
+credential."""
+
+
+def test_two_clusters_with_their_own_zookeeper_credentials_work_side_by_side_in_one_operator(
+        installed: LocalCluster):
+    """The operator opens a ZooKeeper session per (connect string, credential): the second cluster's znodes carry its
+    identity, not the example cluster's, its bookie registers, and a ledger is written and read back through it."""
+    cluster = installed
+    auth = f"{OTHER}:{secrets.token_hex(16)}"
+    demo_auth = base64.b64decode(cluster.get("secret", "-n", NAMESPACE, "bookfleet-zk-auth")["data"]["auth"]).decode()
+    [server] = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=zookeeper")["items"]
+    hosts = f"{server['status']['podIP']}:2181"
+    with zk.session(hosts, auth=zk.NO_AUTH) as admin:
+        admin.ensure_path(f"/{OTHER}")  # the administrator's step: the chroot its connect string names
+    demo = walkthrough.bookie_cluster(cluster).spec
+    manifests = [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{OTHER}-zk-auth", "namespace": NAMESPACE},
+         "type": "Opaque", "data": {"auth": base64.b64encode(auth.encode()).decode()}},
+        {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+         "metadata": {"name": OTHER, "namespace": NAMESPACE},
+         "spec": {"replicas": 1, "image": demo.image, "zookeeper": f"{demo.zookeeper}/{OTHER}", "zones": ["zone-a"],
+                  "security": {"zookeeperAuthSecret": f"{OTHER}-zk-auth"},
+                  "storage": {"journal": {"size": "1Gi"}, "ledgers": {"size": "1Gi"}},
+                  "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                  "autoRecovery": {"enabled": False}}},
+    ]
+    ledger = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+              "metadata": {"name": OTHER, "namespace": NAMESPACE},
+              "spec": {"cluster": OTHER, "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
+    try:
+        wait_for(lambda: [(b.get("status") or {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+                          if b["metadata"]["name"] == f"{OTHER}-0"] == ["Running"],
+                 timeout=300, what=f"Bookie {OTHER}-0 Running", interval=2.0)
+        # Once its bookie is writable: a Ledger refused for want of bookies waits for the feed's resync (10 min).
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger))
+        walkthrough.issue_client_certificate(cluster, OTHER)
+        ledger_id = walkthrough.write_entries(cluster, 10, OTHER, on=OTHER)
+        assert [e["entry_id"] for e in walkthrough.read_entries(cluster, ledger_id, on=OTHER)] == list(range(10))
+        # Each cluster's znodes carry its own identity: the ledger the operator created for the second cluster,
+        # the first cluster's auto-recovery delay the operator wrote, both clusters' registrations.
+        for credential, chroot, paths in ((auth, f"/{OTHER}", (zkpaths.AVAILABLE, zkpaths.ledger(ledger_id))),
+                                          (demo_auth, "", (zkpaths.AVAILABLE, zkpaths.UR_RECOVERY_DELAY))):
+            with zk.session(hosts + chroot, auth=credential) as session:
+                assert session.get_children(zkpaths.AVAILABLE)  # its bookies registered
+                for path in paths:
+                    acl, _ = session.get_acls(path)
+                    assert acl == zk.fleet_acl(credential), (chroot, path, acl)
+        assert walkthrough.bookie_pods(cluster) and all(map(walkthrough.ready, walkthrough.bookie_pods(cluster)))
+    finally:
+        cluster.kubectl("delete", "ledger,bookiecluster", "-n", NAMESPACE, OTHER, "--ignore-not-found",
+                        "--timeout=300s", timeout=330)
+        wait_for(lambda: not [b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+                              if b["metadata"]["name"].startswith(f"{OTHER}-")],
+                 timeout=300, what=f"the Bookies of {OTHER} gone", interval=2.0)
+
+
+REPAIR_ACCOUNT = "system:serviceaccount:bookfleet:bookfleet-repair"
+
+
+def test_the_repair_account_may_delete_a_repair_pod_but_never_a_bookie(installed: LocalCluster):
+    """RBAC lets the repair account delete any pod of the namespace; the chart's ValidatingAdmissionPolicy confines it
+    to repair pods (its Spark executors). The bookie's deletion is a server-side dry run: admission judges it, and
+    nothing is deleted if the policy is missing."""
+    cluster = installed
+    bookie = walkthrough.bookie_pods(cluster)[0]["metadata"]["name"]
+    with pytest.raises(AssertionError, match="may change or delete only repair pods"):
+        cluster.kubectl("--as", REPAIR_ACCOUNT, "delete", "pod", "-n", NAMESPACE, bookie, "--dry-run=server")
+    executor = walkthrough.parked_repair_pod(cluster, "parked-executor")
+    cluster.kubectl("--as", REPAIR_ACCOUNT, "delete", "pod", "-n", NAMESPACE, executor, "--wait=false")
+    assert not cluster.get("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={executor}")["items"] or \
+        cluster.get("pod", "-n", NAMESPACE, executor)["metadata"].get("deletionTimestamp")
+
+
+PULSAR_BROKERS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pulsar"}},
+                  "podSelector": {"matchLabels": {"component": "broker"}}}
+NOBODY = {"podSelector": {"matchLabels": {"bookfleet.io/nobody": "true"}}}
+
+
+def test_an_operator_upgrade_and_a_spec_change_reach_the_owned_service_and_policy_and_undo_drift(
+        installed: LocalCluster):
+    """The bookies' Service and NetworkPolicy as an older operator (or a hand) left them: not publishing not-ready
+    bookies, the bookie port open to nobody. A spec change adds Pulsar brokers as clients and `helm upgrade` rolls the
+    operator; its server-side apply on every pass (the old replicas' or the new ones') brings both objects to what
+    this version and the spec say."""
+    cluster = installed
+    service, policy = f"{walkthrough.CLUSTER}-bookies", f"{walkthrough.CLUSTER}-bookie"
+    cluster.kubectl("patch", "service", "-n", NAMESPACE, service, "--type", "merge",
+                    "-p", json.dumps({"spec": {"publishNotReadyAddresses": False}}))
+    cluster.kubectl("patch", "networkpolicy", "-n", NAMESPACE, policy, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/ingress/0/from", "value": [NOBODY]}]))
+    walkthrough.patch_cluster(cluster, {"networkPolicy": {"clients": [PULSAR_BROKERS]}})
+    deployment = cluster.get("deployment", "-n", NAMESPACE, "bookfleet")["metadata"]["generation"]
+    cluster.helm("upgrade", "bookfleet", str(walkthrough.ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE,
+                 "--reuse-values", "--set", "operator.extraArgs={--interval,10}", "--wait", "--timeout", "10m")
+    assert cluster.get("deployment", "-n", NAMESPACE, "bookfleet")["metadata"]["generation"] > deployment
+
+    def applied() -> bool:
+        live_service = cluster.get("service", "-n", NAMESPACE, service)["spec"]
+        peers = cluster.get("networkpolicy", "-n", NAMESPACE, policy)["spec"]["ingress"][0]["from"]
+        return live_service.get("publishNotReadyAddresses") is True and PULSAR_BROKERS in peers and \
+            NOBODY not in peers and len(peers) == 4
+
+    wait_for(applied, timeout=180, what="the Service and NetworkPolicy as the upgraded operator applies them",
+             interval=2.0)
+    managers = {entry["manager"] for entry in cluster.get("service", "-n", NAMESPACE, service,
+                                                          "--show-managed-fields")["metadata"]["managedFields"]
+                if entry["operation"] == "Apply"}
+    assert managers == {"bookfleet-operator"}
+    walkthrough.apply_settings(cluster, {"networkPolicy": {"clients": []}})
+
+
 def test_bookie_pods_deleted_or_evicted_returning_within_the_delay_are_not_repaired(installed: LocalCluster):
     """One bookie's pod is deleted; another's is evicted by its kubelet (phase Failed, reason Evicted: such a pod
     stays as it is until someone deletes it). Both count lost, come back in new pods on their own volumes within the
@@ -88,6 +206,42 @@ def test_bookie_pods_deleted_or_evicted_returning_within_the_delay_are_not_repai
         assert kind in said["BookieLost"] and "BookieReturned" in said
     assert {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in walkthrough.bookie_claims(cluster)} \
         == claims  # the same volumes: their data
+
+
+def test_a_drained_bookie_whose_replacement_starts_later_than_the_loss_delay_is_not_repaired(
+        installed: LocalCluster):
+    """`kubectl drain` evicts a bookie through the eviction API; its replacement stays Pending on the cordoned node
+    (its volumes are there) for several times the 5 s loss delay, as a slow node-pool upgrade would keep it. A planned
+    loss waits plannedRestartDelaySeconds instead: no repair; uncordoned, the bookie is back with its data."""
+    cluster = installed
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 5,
+                                                          "plannedRestartDelaySeconds": 600}})
+    pod = walkthrough.bookie_pods(cluster)[0]
+    name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+    cluster.kubectl("drain", node, "--pod-selector", walkthrough.BOOKIE_SELECTOR, "--delete-emptydir-data",
+                    "--timeout", "120s", timeout=150)
+    try:
+        lost = wait_for(lambda: (c := walkthrough.condition(cluster.get("bookie", "-n", NAMESPACE, name), "Lost"))
+                        .get("status") == "True" and c, timeout=120, what=f"bookie {name} drained", interval=1.0)
+        assert lost["reason"] == "Evicted", lost
+        since = cluster.get("bookie", "-n", NAMESPACE, name)["status"]["lostSince"]
+        # Several loss delays and operator passes (10 s apart) go by with the replacement still not started.
+        wait_for(lambda: walkthrough.server_seconds(since, time.time()) < -40, timeout=120,
+                 what="40 s past the loss", interval=1.0)
+        replacement = walkthrough.bookie_pods(cluster)
+        assert not any(p["metadata"]["name"] == name and walkthrough.ready(p) for p in replacement)
+        assert walkthrough.repair_jobs(cluster) == []
+    finally:
+        cluster.kubectl("uncordon", node)
+
+    def back() -> bool:
+        bookie = cluster.get("bookie", "-n", NAMESPACE, name).get("status") or {}
+        return bookie.get("phase") == "Running" and not bookie.get("lostSince")
+
+    wait_for(back, timeout=300, what=f"bookie {name} back on {node}", interval=2.0)
+    assert walkthrough.repair_jobs(cluster) == []
+    assert "BookieReturned" in walkthrough.event_reasons(cluster, name)
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
 
 
 def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_halts_the_rollout(

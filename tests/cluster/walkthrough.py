@@ -174,7 +174,6 @@ def install(cluster: LocalCluster) -> None:
 
 CLUSTER = "demo"
 LEDGER = "demo-ledger"
-CLIENT_SECRET = f"{CLUSTER}-client-tls"
 EXECUTOR_SELECTOR = "spark-role=executor"
 
 
@@ -182,8 +181,8 @@ def say(step: str) -> None:
     print(f"==> {step}", flush=True)
 
 
-def bookie_cluster(cluster: LocalCluster) -> BookieCluster:
-    return BookieCluster.model_validate(cluster.get("bookiecluster", "-n", NAMESPACE, CLUSTER))
+def bookie_cluster(cluster: LocalCluster, name: str = CLUSTER) -> BookieCluster:
+    return BookieCluster.model_validate(cluster.get("bookiecluster", "-n", NAMESPACE, name))
 
 
 def ledger_status(cluster: LocalCluster, ledger: str = LEDGER) -> dict[str, Any]:
@@ -237,23 +236,28 @@ def scale(cluster: LocalCluster, replicas: int) -> None:
              == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=2.0)
 
 
-def issue_client_certificate(cluster: LocalCluster) -> None:
+def client_secret(on: str) -> str:
+    return f"{on}-client-tls"
+
+
+def issue_client_certificate(cluster: LocalCluster, on: str = CLUSTER) -> None:
     """A client-role certificate signed by the cluster's CA (read from its Secret), stored as a TLS Secret."""
-    ca_data = cluster.get("secret", "-n", NAMESPACE, resources.ca_secret_name(CLUSTER))["data"]
+    ca_data = cluster.get("secret", "-n", NAMESPACE, resources.ca_secret_name(on))["data"]
     ca = CertificateAuthority.from_pem(base64.b64decode(ca_data[resources.CA_KEY]),
                                        base64.b64decode(ca_data[CA_PRIVATE_KEY]))
-    issued = ca.issue(f"{CLUSTER}-client", [Role.CLIENT])
+    issued = ca.issue(f"{on}-client", [Role.CLIENT])
     files = {resources.CA_KEY: issued.ca_pem, resources.CERT_KEY: issued.cert_pem, resources.KEY_KEY: issued.key_pem}
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-              "metadata": {"name": CLIENT_SECRET, "namespace": NAMESPACE},
+              "metadata": {"name": client_secret(on), "namespace": NAMESPACE},
               "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
 
 
-def start_client(cluster: LocalCluster, name: str, script: str, node: str | None = None) -> None:
-    """`sh -c script` in a client pod of the bookie image (client label, client certificate, ZooKeeper credential,
-    restricted Pod Security), on `node` if given; a pod of that name left from before is deleted first."""
-    spec = bookie_cluster(cluster)
+def start_client(cluster: LocalCluster, name: str, script: str, node: str | None = None, on: str = CLUSTER) -> None:
+    """`sh -c script` in a client pod of the bookie image (client label, client certificate and ZooKeeper credential
+    of the BookieCluster `on`, restricted Pod Security), on `node` if given; a pod of that name left from before is
+    deleted first."""
+    spec = bookie_cluster(cluster, on)
     container = {
         "name": "client", "image": spec.spec.image, "args": ["sh", "-c", script],
         "env": resources.security_env(spec, with_tls_dir=True),
@@ -264,16 +268,17 @@ def start_client(cluster: LocalCluster, name: str, script: str, node: str | None
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.CLIENT_LABEL: "true"}},
         "spec": {"restartPolicy": "Never", "containers": [container],
-                 "volumes": [resources.tls_volume(CLIENT_SECRET), {"name": resources.SCRATCH["name"], "emptyDir": {}}],
+                 "volumes": [resources.tls_volume(client_secret(on)),
+                             {"name": resources.SCRATCH["name"], "emptyDir": {}}],
                  "securityContext": resources.pod_security_context(), **({"nodeName": node} if node else {})},
     }
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--ignore-not-found", "--wait=true")
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
 
 
-def run_client(cluster: LocalCluster, name: str, script: str) -> str:
+def run_client(cluster: LocalCluster, name: str, script: str, on: str = CLUSTER) -> str:
     """`start_client` until the pod exits; its log, or AssertionError with the log if it failed."""
-    start_client(cluster, name, script)
+    start_client(cluster, name, script, on=on)
     return client_log(cluster, name)
 
 
@@ -288,19 +293,35 @@ def client_log(cluster: LocalCluster, name: str, timeout: float = 300) -> str:
     return log
 
 
-def write_entries(cluster: LocalCluster, count: int, ledger: str = LEDGER) -> int:
-    """`count` entries into a Ledger (the example one by default), which is then closed; its ledger id."""
+def parked_repair_pod(cluster: LocalCluster, name: str) -> str:
+    """A pod labelled as a repair pod (what a Spark executor carries) that no node takes: it stays Pending, costing
+    nothing; its name."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.LABEL_COMPONENT: resources.REPAIR}},
+        "spec": {"nodeSelector": {"bookfleet.io/no-such-node": "true"},
+                 "containers": [{"name": "executor", "image": bookie_cluster(cluster).spec.image,
+                                 "securityContext": resources.container_security_context()}],
+                 "securityContext": resources.pod_security_context()},
+    }
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    return name
+
+
+def write_entries(cluster: LocalCluster, count: int, ledger: str = LEDGER, on: str = CLUSTER) -> int:
+    """`count` entries into a Ledger (the example one by default) of the BookieCluster `on`, which is then closed;
+    its ledger id."""
     ledger_id = wait_for(lambda: (status := ledger_status(cluster, ledger)).get("state") and status,
                          timeout=300, what=f"Ledger {ledger} created in ZooKeeper", interval=2.0)["ledgerId"]
-    zk = bookie_cluster(cluster).spec.zookeeper
-    run_client(cluster, "demo-writer", f"bookfleet ledger write {ledger_id} --zk {zk} --count {count} --size 32 && "
-                                       f"bookfleet ledger close {ledger_id} --zk {zk}")
+    zk = bookie_cluster(cluster, on).spec.zookeeper
+    run_client(cluster, f"{on}-writer", f"bookfleet ledger write {ledger_id} --zk {zk} --count {count} --size 32 && "
+                                        f"bookfleet ledger close {ledger_id} --zk {zk}", on)
     return ledger_id
 
 
-def read_entries(cluster: LocalCluster, ledger_id: int) -> list[dict[str, Any]]:
-    zk = bookie_cluster(cluster).spec.zookeeper
-    log = run_client(cluster, "demo-reader", f"bookfleet ledger read {ledger_id} --zk {zk} --json")
+def read_entries(cluster: LocalCluster, ledger_id: int, on: str = CLUSTER) -> list[dict[str, Any]]:
+    zk = bookie_cluster(cluster, on).spec.zookeeper
+    log = run_client(cluster, f"{on}-reader", f"bookfleet ledger read {ledger_id} --zk {zk} --json", on)
     return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
 
 
