@@ -155,12 +155,12 @@ def spark_repairs_by_bookie(body: kopf.Body, **_: Any) -> dict[repairs.BookieKey
     return _by_bookie(body)
 
 
-def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> None:
+def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
     """One Ledger pass, on the feed's worker thread: the body its watch event brought, else a fresh GET."""
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
-        return  # deleted meanwhile
+        return False  # deleted meanwhile
     with metrics.reconciling("ledgers"):
-        ledgers.sync(context(), body, ledgers.LedgerSources(CLUSTERS.get, _repairs_of, FEED.watch_metadata))
+        return ledgers.sync(context(), body, ledgers.LedgerSources(CLUSTERS.get, _repairs_of, FEED.watch_metadata))
 
 
 def _repairs_of(key: repairs.BookieKey) -> list[dict]:

@@ -145,9 +145,10 @@ class DebouncedQueue:
 
 
 class LedgerFeed:
-    """The directory, the queue, the ZooKeeper watches and the workers that run `reconcile(key, body or None)`."""
+    """The directory, the queue, the ZooKeeper watches and the workers that run `reconcile(key, body or None)`; a
+    pass that returns True (it waits for something no watch reports) or fails is run again after `retry` seconds."""
 
-    def __init__(self, reconcile: Callable[[LedgerKey, dict | None], None],
+    def __init__(self, reconcile: Callable[[LedgerKey, dict | None], bool],
                  zookeeper_of: Callable[[str, str], Hashable | None], zk: Callable[[Hashable], KazooClient],
                  resync: float, retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 4,
                  rng: random.Random | None = None) -> None:
@@ -305,7 +306,8 @@ class LedgerFeed:
                 continue
             key, body = taken
             try:
-                self.reconcile(key, body)  # type: ignore[arg-type]
+                if self.reconcile(key, body):  # type: ignore[arg-type]
+                    self.queue.wake(key, delay=self.retry)
             except Exception:
                 log.exception("reconciling Ledger %s/%s failed; retried in %s s", *key, self.retry)
                 self.queue.wake(key, delay=self.retry)

@@ -117,8 +117,14 @@ class RecordLedgerHealth:
         metrics.LEDGERS.record(meta["namespace"], meta["name"], self.under_replicated, self.data_loss)
 
 
-def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> None:
-    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed).
+CREATION_WAITS = frozenset({"NotEnoughBookies", "SecretNotFound"})
+"""Why a Ledger may wait to be created for something no watch of the feed reports (a bookie registering, its
+password Secret appearing): the feed passes such a Ledger again after its retry interval, not only at the resync."""
+
+
+def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
+    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); True when it
+    still waits to be created (`waits_for_creation`), so the feed passes it again after its retry interval.
 
     A Ledger the operator may create and has not seen in ZooKeeper is read afresh: the copy handed over may predate
     the last pass's status patch, and creating from it would reserve a second id and create a second ledger. Others
@@ -126,7 +132,18 @@ def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> None:
     if (body.get("status") or {}).get("state") is None and (body.get("spec") or {}).get("ledgerId") is None:
         meta = body["metadata"]
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
-    act(ctx, body, decide(observe(ctx, body, sources), now()))
+    actions = decide(observe(ctx, body, sources), now())
+    act(ctx, body, actions)
+    return waits_for_creation(actions)
+
+
+def waits_for_creation(actions: list[Action]) -> bool:
+    """Whether a pass's actions leave the Ledger uncreated for one of CREATION_WAITS."""
+    if any(isinstance(action, CreateLedgerMetadata) for action in actions):
+        return False
+    patched = [action.changes for action in actions if isinstance(action, PatchStatus)]
+    return any(c["type"] == CREATED and c["status"] == ConditionStatus.FALSE and c.get("reason") in CREATION_WAITS
+               for changes in patched for c in changes.get("conditions") or [])
 
 
 @dataclass(frozen=True)

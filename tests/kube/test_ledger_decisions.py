@@ -140,6 +140,14 @@ def test_not_enough_bookies_waits_and_says_why():
     assert conditions(created)["Created"] == ("True", "Created") and events(created) == [("Created", False)]
 
 
+def test_a_ledger_waiting_for_bookies_or_its_secret_asks_for_another_pass_and_a_created_one_does_not():
+    waiting = ledgers.decide(observed(writable=bookies("b1"), password=b""), NOW)
+    no_secret = ledgers.decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
+    created = ledgers.decide(observed(writable=bookies("b1", "b2"), password=b""), NOW)
+    assert ledgers.waits_for_creation(waiting) and ledgers.waits_for_creation(no_secret)
+    assert not ledgers.waits_for_creation(created)
+
+
 def test_a_missing_password_secret_blocks_creation():
     actions = ledgers.decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
     assert conditions(actions)["Created"] == ("False", "SecretNotFound")

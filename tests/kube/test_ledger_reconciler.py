@@ -3,6 +3,7 @@ feed that wakes it (kube.ledgerfeed) on ZooKeeper changes."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from bookfleet.kube import ledgerfeed, ledgers
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
+from bookfleet.meta.registry import BookieInfo
 from bookfleet.meta.underreplication import UnderReplication
 
 LEDGER = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger", "metadata": {"name": "l", "namespace": "ns"},
@@ -64,25 +66,43 @@ def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
 
 @pytest.fixture
 def feed_on(zk_connect):
-    """A LedgerFeed over the FakeApi and real ZooKeeper, its resync far away: only watches wake a Ledger."""
+    """A LedgerFeed over the FakeApi and real ZooKeeper, its resync and retry far away: only watches wake a Ledger."""
+    with running_feed(zk_connect, retry=3600) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def running_feed(zk_connect: str, retry: float):
     api = FakeApi(zk_connect)
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     passes: list[ledgerfeed.LedgerKey] = []
 
-    def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> None:
+    def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
         passes.append(key)
-        ledgers.sync(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
+        return ledgers.sync(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
             feed.watch_metadata))
 
     feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: ZooKeeperTarget(zk_connect, namespace), ctx.zk,
-                                 resync=3600, retry=3600)
+                                 resync=3600, retry=retry)
     feed.start()
     try:
         yield api, feed, passes
     finally:
         feed.stop()
         ctx.close()
+
+
+def test_a_ledger_waiting_for_bookies_is_created_once_one_registers_without_waiting_for_the_resync(zk_connect, zk):
+    """No watch reports a bookie registering; a Ledger refused for NotEnoughBookies used to wait for the cluster's
+    resync (minutes). Its pass asks to be run again after the feed's retry interval."""
+    with running_feed(zk_connect, retry=0.5) as (api, feed, _):
+        feed.ledger_changed(copy.deepcopy(api.objects["ledgers"]))
+        wait_for(lambda: any(c["reason"] == "NotEnoughBookies" for c in stored_status(api).get("conditions") or []),
+                 30, "the Ledger refused for want of bookies")
+        zk.create(zkpaths.available("b1"), BookieInfo(bookie_id="b1", address="127.0.0.1:3181").to_json(),
+                  makepath=True, ephemeral=True)
+        wait_for(lambda: stored_status(api).get("state") == "OPEN", 30, "the Ledger created")
 
 
 def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
