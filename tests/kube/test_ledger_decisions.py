@@ -8,7 +8,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from bookfleet.kube import ledgers
+from bookfleet.kube import ledgers, resources
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent
 from bookfleet.kube.context import ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
@@ -30,7 +30,7 @@ def ledger(**spec: Any) -> Ledger:
 
 
 def cluster(replicas: int = 3, zones: tuple[str, ...] = ()) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns"},
+    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns", "uid": "c1"},
                                          "spec": {"replicas": replicas, "zookeeper": ZK, "zones": list(zones)}})
 
 
@@ -258,3 +258,40 @@ def test_a_ledger_deleted_in_zookeeper_shows_deleted_and_is_never_recreated():
 def test_condition_transition_times_come_from_the_decision_time():
     actions = ledgers.decide(existing(), NOW)
     assert {c["lastTransitionTime"] for c in status_of(actions)["conditions"]} == {"2026-01-02T03:04:05Z"}
+
+
+def test_ledger_status_says_which_write_sets_hold_two_replicas_in_one_zone():
+    """After a zone outage, repairs onto the zones left may put two replicas of a write set in one zone: the status
+    says so per segment, from the bookies' zones (round-robin by ordinal), known also while they are lost."""
+    zoned = cluster(6, zones=("zone-a", "zone-b", "zone-c"))
+    zones = ledgers.bookie_zones(zoned)
+    ids = [b["spec"]["bookieId"] for b in resources.bookies_for_cluster(zoned)]
+    assert [zones[b] for b in ids] == ["zone-a", "zone-b", "zone-c"] * 2
+    spread, crowded = new_metadata(ids[:3], 3, 2), new_metadata([ids[1], ids[2], ids[4]], 3, 2)
+    assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, spread, None, None, zones)["segments"]] == [0]
+    assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, crowded, None, None, zones)["segments"]] \
+        == [3]
+    assert "writeSetsSharingAZone" not in ledgers.decide_status(7, spread, None, None, {})["segments"][0]
+
+
+def test_ledger_status_mirrors_metadata_markers_and_repairs():
+    metadata = new_metadata(["b1", "b2"], 2, 2)
+    fresh = ledgers.decide_status(7, metadata, None, None)
+    assert (fresh["ledgerId"], fresh["state"], fresh["lastEntryId"]) == (7, LedgerState.OPEN.value, -1)
+    assert fresh["segments"] == [{"firstEntryId": 0, "bookies": ["b1", "b2"]}]
+    assert fresh["underReplicated"] is None and fresh["repair"] is None
+
+    closed = metadata.model_copy(update={"state": LedgerState.CLOSED, "last_entry_id": 9, "length": 90})
+    marker = Marker(7, frozenset({"b2"}), int(NOW.timestamp() * 1000), 0)
+    job = {"metadata": {"name": "repair-1", "creationTimestamp": "2026-01-02T03:05:00Z",
+                        "annotations": {"bookfleet.io/repair-attempt": "1"}},
+           "status": {"conditions": [{"type": "Complete", "status": "True",
+                                      "lastTransitionTime": "2026-01-02T03:06:00Z"}]}}
+    earlier = {"metadata": {"name": "repair-0", "creationTimestamp": "2026-01-02T03:04:30Z",
+                            "annotations": {"bookfleet.io/repair-attempt": "0"}}, "status": {"failed": 1}}
+    repaired = ledgers.decide_status(7, closed, marker, ledgers.repair_status([job, earlier]))
+    assert (repaired["state"], repaired["lastEntryId"], repaired["length"]) == ("CLOSED", 9, 90)
+    assert repaired["underReplicated"] == {"missingBookies": ["b2"], "since": "2026-01-02T03:04:05Z"}
+    assert repaired["repair"] == {"job": "repair-1", "bookieId": None, "state": "Succeeded",
+                                  "started": "2026-01-02T03:05:00Z",
+                                  "finished": "2026-01-02T03:06:00Z", "attempts": 2}
