@@ -27,6 +27,7 @@ from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import LedgerReadError
 from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import LedgerWriter, WriterSettings
+from bookfleet.meta.zk import ZooKeeperUnreachable
 from tests.chaos.history import History, digest
 
 CONFIGS = [(3, 3, 2), (4, 3, 2), (3, 2, 2)]
@@ -56,7 +57,7 @@ class ChaosWriter:
         return head + self.rng.randbytes(self.rng.randrange(16, 512))
 
     async def run(self, zk: str) -> None:
-        async with BookKeeper(zk, SETTINGS) as bk:
+        async with await self._connect(zk) as bk:
             while not self.stopping:
                 writer = await self._take_over(bk) if self.take_over is not None else None
                 self.take_over = None
@@ -64,6 +65,15 @@ class ChaosWriter:
                     writer = await self._create(bk)
                 if writer is not None:
                     await self._write(bk, writer)
+
+    async def _connect(self, zk: str) -> BookKeeper:
+        """A client, however long ZooKeeper takes to come back (a writer started while it restarts, as a takeover
+        writer may be, would otherwise exit at once)."""
+        while True:
+            try:
+                return BookKeeper(zk, SETTINGS)  # blocks this writer only: it has nothing else to do yet
+            except ZooKeeperUnreachable:
+                await asyncio.sleep(0.5)
 
     async def _create(self, bk: BookKeeper) -> LedgerWriter | None:
         try:
