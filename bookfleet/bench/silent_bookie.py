@@ -63,8 +63,8 @@ async def _round(bk: BookKeeper, bookies: dict[str, BookieProcess], args: argpar
     await writer.close()
     if errors:
         raise CommandError(f"the writer failed instead of replacing {victim.bookie_id}: {errors[0]}")
-    if not freeze:
-        await asyncio.to_thread(lambda: victim.start().wait_ready(120))
+    if not freeze:  # reaped first: a SIGKILLed process can still be exiting when the writer has replaced it
+        await asyncio.to_thread(lambda: (victim.process.wait(), victim.start().wait_ready(120)))
     return {"seconds": replaced_after, "held_bytes": held}
 
 

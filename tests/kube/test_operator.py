@@ -332,7 +332,7 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
                         .get("status") == "False" and c)
     assert "ensembleSize 2 is larger than the 1 bookies in zones zone-a" in too_wide["message"]
     placed = wait_for("the in-b ledger created", lambda: (s := status(kube, "ledgers", "in-b")).get("state") and s)
-    assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"]}]
+    assert placed["segments"] == [{"firstEntryId": 0, "bookies": ["in-b:3181"], "writeSetsSharingAZone": 0}]
     assert condition(placed, "Valid")["status"] == "True"
     assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
 
