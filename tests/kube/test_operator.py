@@ -111,6 +111,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     wait_for("the losses and the launch in the operator's metrics", lambda: operator_process.metric(
         "bookfleet_operator_bookies_lost_total") >= 2 and operator_process.metric(
         "bookfleet_operator_repairs_total", outcome="launched") == 1)
+    # The Ledger follows the repair before the operator goes (else its RepairLaunched Event races with the kill).
+    wait_for("the Ledger following the repair", lambda: (status(kube, "ledgers", "adopted").get("repair") or {})
+             .get("job") == job["metadata"]["name"])
     operator_process.kill()
     operator_process.start()
     wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
