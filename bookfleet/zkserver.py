@@ -130,9 +130,12 @@ class ZooKeeperServer:
             "ssl.clientAuth=need\n"
         )
 
-    def _answers(self) -> bool:
+    def serving(self) -> bool:
+        """Whether the server takes sessions. Not `ruok`: it answers "imok" as soon as the port listens, while the
+        server still loads its database and closes every session offered (a restart of a large one takes seconds,
+        longer than a client's session); `srvr` reports the server's mode only once it serves."""
         tls = tls_client_context(self.tls_dir) if self.tls_dir else None
-        return four_letter_word(self.port, tls=tls) == "imok"
+        return "Mode:" in four_letter_word(self.port, "srvr", tls=tls)
 
     @property
     def connect(self) -> str:
@@ -171,7 +174,7 @@ class ZooKeeperServer:
                     f"ZooKeeper exited with code {self.process.returncode}; see {self.data_dir / 'zookeeper.log'}"
                 )
             with contextlib.suppress(OSError):
-                if self._answers():
+                if self.serving():
                     return self
             time.sleep(0.05)
         self.stop()

@@ -2,7 +2,9 @@
 completing on the rest of their write sets while Qa of each can answer; the ledger is marked under-replicated naming
 the failed bookie; a writable bookie takes its position in a new segment stored by compare-and-set (recovery keeps its
 segments until the close); while no replacement exists, a failed bookie that says it is writable again takes its own
-position back; the writer gives up once a write set has lacked Qa for `add_timeout`.
+position back; the writer gives up once a write set has lacked Qa for `add_timeout`. A ZooKeeper connection that
+drops mid-change is not a reason to give up: the session (and with it the writer's lease) outlives it, so the change is
+tried again like one that found no replacement yet (only an expired session ends the writer).
 
 `EnsembleChange` is the part of `LedgerWriter` that does this: it works on the writer's own state (failed positions,
 pending adds, ensemble, metadata), so it is a base class of the writer rather than an object of its own.
@@ -15,6 +17,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+
+from kazoo.exceptions import ConnectionLoss
 
 from bookfleet import wire
 from bookfleet.client.connection import BookieError
@@ -72,8 +76,11 @@ class EnsembleChange:
                 self._wake_replacer.clear()
                 self._attempt = asyncio.get_running_loop().create_future()
                 try:
-                    await self._mark_failed()
-                    waiting = await self._replace_failed()
+                    try:
+                        await self._mark_failed()
+                        waiting = await self._replace_failed()
+                    except ConnectionLoss:  # a request was in flight as the connection dropped: kazoo reconnects
+                        waiting = "the ZooKeeper connection dropped (the session holds; trying again)"
                     if waiting is not None and not self._ack_quorum_reachable():
                         self._check_quorum_deadline(waiting)
                         await self._reinstate()

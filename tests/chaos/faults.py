@@ -19,6 +19,8 @@ from pathlib import Path
 
 from bookfleet.client.writeset import write_set
 from bookfleet.fleet import BookieProcess
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.registry import BookieRegistry
 from bookfleet.zkserver import ZooKeeperServer, free_port
 from tests.fixtures.netfault import LinkProxy
 
@@ -32,6 +34,8 @@ BALLAST = "disk-full.ballast"
 GRACE = 7.0
 """Seconds a bookie must have been reachable before a writer gives up for it to count against the writer: the add
 timeout plus slack (the writer cannot know of a bookie back for less than that)."""
+REJOIN_TIMEOUT = 120.0
+"""How long a healed bookie may take to register as writable again before the run fails."""
 
 
 class FaultyBookie(BookieProcess):
@@ -61,9 +65,14 @@ class Fleet:
         self.history_dir.mkdir(parents=True)
         self.injected: Counter[str] = Counter()
         self.takeovers = 0
+        self.registry: BookieRegistry | None = None
+        """The harness's own view of the registrations (its own ZooKeeper session)."""
+        self.rejoin_seconds: list[float] = []
+        """Per healed bookie fault: seconds from the heal until the bookie was registered as writable again."""
 
     async def start(self, bookies: int, writers: int, entries: tuple[int, int]) -> None:
         await asyncio.to_thread(self.zk.start)
+        self.registry = BookieRegistry(await asyncio.to_thread(zkclient.connect, self.zk.connect))
         for n in range(bookies):
             port = free_port()
             proxy = await LinkProxy(port).start()
@@ -108,7 +117,7 @@ class Fleet:
         os.kill(bookie.process.pid, signal.SIGSTOP)
         await asyncio.sleep(BOOKIE_SESSION + rng.uniform(1, 3))
         os.kill(bookie.process.pid, signal.SIGCONT)
-        self._up(bookie.bookie_id)
+        await self._rejoined(bookie.bookie_id)
 
     async def partition(self, rng) -> None:
         victims = rng.sample(self.up(), rng.choice([1, 2]))
@@ -139,8 +148,7 @@ class Fleet:
             file.truncate(QUOTA)  # sparse: the bookie's usage (file sizes over its quota) jumps past the threshold
         await asyncio.sleep(rng.uniform(2, 5))
         ballast.unlink()
-        await asyncio.sleep(1.0)  # the next disk check turns it writable
-        self._up(bookie.bookie_id)
+        await self._rejoined(bookie.bookie_id)  # its next disk check turns it writable
 
     async def disk_fail(self, rng) -> None:
         bookie = self.bookies[rng.choice(self.up())]
@@ -186,7 +194,18 @@ class Fleet:
 
     async def _restart(self, bookie: FaultyBookie) -> None:
         await asyncio.to_thread(lambda: bookie.start().wait_ready(120))
-        self._up(bookie.bookie_id)
+        await self._rejoined(bookie.bookie_id)
+
+    async def _rejoined(self, name: str) -> None:
+        """The end of a bookie's outage: clients find bookies through their registrations, so a bookie counts as
+        reachable again once it is registered as writable (a bookie paused past its session, restarted, or out of
+        a full disk registers anew), not when the harness healed the fault."""
+        healed, deadline = time.monotonic(), time.monotonic() + REJOIN_TIMEOUT
+        while name not in {info.bookie_id for info in await asyncio.to_thread(self.registry.writable)}:
+            assert time.monotonic() < deadline, f"{name} not registered as writable {REJOIN_TIMEOUT:.0f}s after a heal"
+            await asyncio.sleep(0.05)
+        self.rejoin_seconds.append(time.monotonic() - healed)
+        self._up(name)
 
     # --- judging and ending ---------------------------------------------------------------------------------
 
@@ -234,4 +253,7 @@ class Fleet:
             bookie.kill9()
         for proxy in self.proxies.values():
             await proxy.close()
+        if self.registry is not None:
+            await asyncio.to_thread(self.registry.zk.stop)
+            await asyncio.to_thread(self.registry.zk.close)
         await asyncio.to_thread(self.zk.stop)

@@ -37,6 +37,14 @@ WRITER_TAKEOVER = os.environ.get("BOOKFLEET_CHAOS_WRITER_TAKEOVER", "1") == "1"
 FAULTS = ["kill9", "pause_bookie", "partition", "restart_zookeeper", "disk_full", "disk_fail"]
 
 
+def quantiles(seconds: list[float]) -> dict:
+    """p50 and max of a list of durations (empty: none measured)."""
+    ordered = sorted(seconds)
+    if not ordered:
+        return {}
+    return {"count": len(ordered), "p50": round(ordered[len(ordered) // 2], 2), "max": round(ordered[-1], 2)}
+
+
 async def recover(bk: BookKeeper, ledger_id: int):
     """Recovery of a healed fleet: a retry may be needed while bookies re-register after the last fault."""
     for _ in range(60):
@@ -111,6 +119,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
         for line in path.read_text().splitlines()
     ]
     with_qa = [g for g in giveups if fleet.gave_up_with_qa_reachable(g)]
+    (fleet.history_dir / "outages.json").write_text(json.dumps(fleet.outages))  # to judge the give-ups again later
     verdict = checker.check(sorted(fleet.history_dir.glob("*.history.jsonl")), tmp_path / "html")
     figures = verdict.figures
     chaos_scale.report(
@@ -131,6 +140,8 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
         writers_exited_early=exited_early,
         writers_gave_up=len(giveups),
         gave_up_with_qa_reachable=len(with_qa),
+        gave_up_with_qa_reachable_errors=[g["error"][:160] for g in with_qa[:10]],
+        bookie_rejoin_seconds=quantiles(fleet.rejoin_seconds),
         fault_seconds=round(faults_done - started, 1),
         final_read_seconds=round(final_done - faults_done, 1),
         check_seconds=figures["seconds"],

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
+from kazoo.exceptions import ConnectionLoss as KazooConnectionLoss
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
@@ -264,6 +265,34 @@ async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(
         assert [e.payload async for e in reader.entries()] == payloads
         held = await stored_entries(spare.address, writer.ledger_id, range(new.first_entry_id, 300))
         assert held == set(range(new.first_entry_id, 300))
+
+
+async def test_a_zookeeper_connection_drop_during_an_ensemble_change_does_not_end_the_writer(bookie_fleet, zk_connect):
+    """The marker write of an ensemble change is in flight when the ZooKeeper connection drops (kazoo fails it with
+    ConnectionLoss; the session, and the writer's lease, hold): the writer tries the change again and goes on. It
+    used to give the ledger up although Qa of every write set still answered."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    payloads = [b"payload %d" % i for i in range(300)]
+    async with BookKeeper(zk_connect, WriterSettings(replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[:10])) == list(range(10))
+        mark, drops = writer._under_replication.mark, []
+
+        def mark_dropped_once(*args, **kwargs):
+            if not drops:
+                drops.append(args)
+                raise KazooConnectionLoss()
+            return mark(*args, **kwargs)
+
+        writer._under_replication.mark = mark_dropped_once
+        victim = writer.metadata.segments[0].bookies[1]
+        by_id[victim].kill9()
+        assert await asyncio.gather(*(writer.append(p) for p in payloads[10:])) == list(range(10, 300))
+        await eventually(lambda: _segments_are(writer, 2), timeout=30)
+        metadata = await writer.close()
+        assert drops and victim not in metadata.segments[-1].bookies
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == payloads
 
 
 class ScriptedBookies:

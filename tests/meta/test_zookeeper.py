@@ -3,6 +3,8 @@
 import concurrent.futures
 import os
 import signal
+import socketserver
+import threading
 import time
 
 import pytest
@@ -15,6 +17,40 @@ from bookfleet.zkserver import four_letter_word
 
 def test_zookeeper_server_answers(zk_server):
     assert four_letter_word(zk_server.port) == "imok"
+
+
+class LoadingZooKeeper(socketserver.ThreadingTCPServer):
+    """Answers four-letter words as ZooKeeper does while it loads its database after a restart (`ruok` already says
+    "imok"; sessions are closed) until `loaded` is set."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), self.Reply)
+        self.loaded = threading.Event()
+
+    class Reply(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            word, loaded = self.request.recv(4), self.server.loaded.is_set()
+            if word == b"ruok":
+                self.request.sendall(b"imok")
+            elif word == b"srvr" and loaded:
+                self.request.sendall(b"Zookeeper version: 3.8.4\nLatency min/avg/max: 0/0.0/0\nMode: standalone\n")
+            else:
+                self.request.sendall(b"This ZooKeeper instance is not currently serving requests\n")
+
+
+def test_a_zookeeper_still_loading_its_database_is_not_taken_for_ready(tmp_path):
+    """A restarted ZooKeeper answers `ruok` before it serves sessions: counting it ready then (as start() did) let
+    clients and the chaos harness's judge believe ZooKeeper back while every session attempt was being closed."""
+    with LoadingZooKeeper() as fake:
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        server = zkserver.ZooKeeperServer(tmp_path, port=fake.server_address[1])
+        assert four_letter_word(server.port) == "imok" and not server.serving()
+        fake.loaded.set()
+        assert server.serving()
+        fake.shutdown()
 
 
 def test_chroot_is_empty_and_writable(zk):
