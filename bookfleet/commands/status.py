@@ -1,5 +1,5 @@
-"""`bookfleet status [--json] [--watch]`: is my fleet healthy? Bookies, ledgers, under-replication, the auditor and
-running repairs, from bookfleet.meta.fleetstatus (the facts the operator reports too)."""
+"""`bookfleet status [--json] [--watch] [--by-state]`: is my fleet healthy? Bookies, ledgers, under-replication, the
+auditor and running repairs, from bookfleet.meta.fleetstatus (the facts the operator reports too)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def register(subparsers) -> None:
     add_zk_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON (with --watch: one object per line)")
     parser.add_argument(
+        "--by-state", action="store_true",
+        help="count the ledgers by state (open, in recovery, closed): reads every ledger's metadata",
+    )
+    parser.add_argument(
         "--watch", nargs="?", type=positive_seconds, const=DEFAULT_WATCH_INTERVAL, metavar="SECONDS",
         help=f"refresh every SECONDS (default {DEFAULT_WATCH_INTERVAL:.0f}) until Ctrl-C",
     )
@@ -45,17 +49,17 @@ def run(args) -> int:
     console = Console(highlight=False)
     with zk_session(args.zk) as client:
         if args.watch is None:
-            show(console, fleet_status(client), args.json)
+            show(console, fleet_status(client, args.by_state), args.json)
             return 0
         stop = threading.Event()
         if args.json or not console.is_terminal:
             while True:
-                show(console, fleet_status(client), args.json)
+                show(console, fleet_status(client, args.by_state), args.json)
                 stop.wait(args.watch)
-        with Live(render(fleet_status(client)), console=console, auto_refresh=False) as live:
+        with Live(render(fleet_status(client, args.by_state)), console=console, auto_refresh=False) as live:
             while True:
                 stop.wait(args.watch)
-                live.update(render(fleet_status(client)), refresh=True)
+                live.update(render(fleet_status(client, args.by_state)), refresh=True)
 
 
 def show(console: Console, status: FleetStatus, as_json: bool) -> None:
@@ -87,8 +91,9 @@ def render(status: FleetStatus) -> Group:
         free = "-" if bookie.free_bytes is None else filesize.decimal(bookie.free_bytes)
         bookies.add_row(bookie.bookie_id, Text(state, style=style), bookie.zone or "-", free, str(bookie.ledgers))
 
+    by_state = f" ({counts.open} open, {counts.in_recovery} in recovery, {counts.closed} closed)"
     ledgers = (
-        f"ledgers: {counts.total} ({counts.open} open, {counts.in_recovery} in recovery, {counts.closed} closed); "
+        f"ledgers: {counts.total}{by_state if counts.open is not None else ''}; "
         f"{counts.under_replicated} under-replicated, {counts.data_loss} data loss"
     )
     if status.data_loss_ledgers:

@@ -105,10 +105,11 @@ class BookieRegistry:
             names = self.zk.get_children(parent)
         except NoNodeError:
             return []
+        reads = [(name, self.zk.get_async(path_of(name))) for name in sorted(set(names) - skip)]  # one pipeline
         infos = []
-        for name in sorted(set(names) - skip):
+        for name, read in reads:
             try:
-                data, _ = self.zk.get(path_of(name))
+                data, _ = read.get()
             except NoNodeError:
                 continue  # went away while we listed
             if info := self._parse(name, data, read_only=parent == zkpaths.READONLY):

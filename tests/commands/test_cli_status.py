@@ -138,7 +138,11 @@ def test_status_of_a_live_fleet(bookie_fleet, zk, zk_connect, capsys):
             bookie = by_id[running.bookie_id]
             assert bookie["state"] == "writable" and bookie["ledgers"] == 3 and bookie["free_bytes"] > 0
             assert bookie["zone"] in ("a", "b")
-        assert fleet["ledgers"] == {
+        assert fleet["ledgers"] == {  # by default no read per ledger: the states are not counted
+            "total": 3, "open": None, "in_recovery": None, "closed": None, "under_replicated": 1, "data_loss": 1
+        }
+        code, out, _ = run(capsys, "status", "--json", "--by-state", *flag)
+        assert json.loads(out)["ledgers"] == {
             "total": 3, "open": 2, "in_recovery": 0, "closed": 1, "under_replicated": 1, "data_loss": 1
         }
         assert fleet["data_loss_ledgers"] == [ids[2]]
@@ -150,6 +154,9 @@ def test_status_of_a_live_fleet(bookie_fleet, zk, zk_connect, capsys):
 
         code, out, _ = run(capsys, "status", *flag)
         assert code == 0 and "fleet DATA LOSS" in out and "replication DISABLED" in out
+        assert "ledgers: 3; 1 under-replicated, 1 data loss" in out
+        code, out, _ = run(capsys, "status", "--by-state", *flag)
+        assert "ledgers: 3 (2 open, 0 in recovery, 1 closed); 1 under-replicated, 1 data loss" in out
         assert "repair: repair:test: 1 ledger(s) left" in out and "auditor: auditor-under-test;" in out
 
     code, out, _ = run(capsys, "underreplicated", "list", "--json", *flag)
