@@ -4,9 +4,11 @@ ledger's LAC. Each test injects its fault into a real LedgerStorage on real file
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import sqlite3
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,6 +23,18 @@ from tests.fixtures.storage import INDEX_DAMAGE, KEY, TEST_SETTINGS, corrupt_ind
 
 POISON = 2**63
 """A ledger id a u64 field can carry and no SQLite integer can hold."""
+
+
+@contextlib.asynccontextmanager
+async def watched_storage(storage_dirs, **settings) -> AsyncIterator[tuple[LedgerStorage, list[str]]]:
+    """A started LedgerStorage and the list its failure reports land in."""
+    failures: list[str] = []
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**{**TEST_SETTINGS, **settings}), on_failure=failures.append)
+    await storage.start()
+    try:
+        yield storage, failures
+    finally:
+        await storage.close()
 
 
 async def add_all(storage, ledger_id, entry_ids):
@@ -108,11 +122,7 @@ async def test_an_index_refusing_ever_more_ledgers_fails_the_storage_once_the_qu
     storage_dirs, monkeypatch
 ):
     RefusingIndex(monkeypatch, 10, 11)
-    failures: list[str] = []
-    settings = StorageSettings(**{**TEST_SETTINGS, "quarantine_bytes": 20 * len(make_entry(10, 0))})
-    storage = LedgerStorage(*storage_dirs, settings, on_failure=failures.append)
-    await storage.start()
-    try:
+    async with watched_storage(storage_dirs, quarantine_bytes=20 * len(make_entry(10, 0))) as (storage, failures):
         first = await add_all(storage, 10, range(15))
         await storage.flush()  # quarantined, within the bound: the bookie goes on
         assert failures == [] and storage.failure is None
@@ -125,15 +135,10 @@ async def test_an_index_refusing_ever_more_ledgers_fails_the_storage_once_the_qu
             await storage.add_entry(12, 0, make_entry(12, 0), KEY)  # no further ledger can join the quarantine
         assert [await storage.read_entry(10, e) for e in range(15)] == list(first.values())
         assert await storage.read_range(11, 0, 14, 1 << 20) == list(second.values())
-    finally:
-        await storage.close()
 
 
 async def test_a_journal_write_error_fails_the_storage_at_once_and_says_why(storage_dirs, monkeypatch):
-    failures: list[str] = []
-    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
-    await storage.start()
-    try:
+    async with watched_storage(storage_dirs) as (storage, failures):
         await add_all(storage, 1, range(3))
 
         def broken_disk(fd: int) -> None:
@@ -148,9 +153,7 @@ async def test_a_journal_write_error_fails_the_storage_at_once_and_says_why(stor
         with pytest.raises(StorageFailure):
             await storage.add_entry(2, 0, make_entry(2, 0), KEY)
         assert await storage.read_entry(1, 2) == make_entry(1, 2)  # reads go on
-    finally:
-        monkeypatch.undo()
-        await storage.close()
+        monkeypatch.undo()  # the close's own syncs
 
 
 async def test_write_lac_is_refused_on_a_fenced_ledger(open_storage):
@@ -164,9 +167,6 @@ async def test_write_lac_is_refused_on_a_fenced_ledger(open_storage):
 
 
 async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(storage_dirs, monkeypatch, caplog):
-    failures: list[str] = []
-    settings = StorageSettings(**{**TEST_SETTINGS, "flush_interval": 0.05})
-    storage = LedgerStorage(*storage_dirs, settings, on_failure=failures.append)
     attempts = []
     real_sync = EntryLogger.sync
 
@@ -175,8 +175,7 @@ async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(sto
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(EntryLogger, "sync", failing_sync)
-    await storage.start()
-    try:
+    async with watched_storage(storage_dirs, flush_interval=0.05) as (storage, failures):
         entries = await add_all(storage, 1, range(5))
         async with asyncio.timeout(60):
             while len(attempts) < 3:  # timed flushes go on retrying, further and further apart
@@ -192,17 +191,11 @@ async def test_a_flush_failing_on_the_disk_stops_adds_backs_off_and_recovers(sto
             while LastLogMark(storage_dirs[1]).read() == journal.JournalPosition(0, 0):
                 await asyncio.sleep(0.05)
         assert [await storage.read_entry(1, e) for e in range(5)] == list(entries.values())
-    finally:
-        monkeypatch.undo()
-        await storage.close()
 
 
 @pytest.mark.parametrize("damage", sorted(INDEX_DAMAGE))
 async def test_a_corrupt_index_fails_the_storage_instead_of_quarantining_every_ledger(storage_dirs, damage):
-    failures: list[str] = []
-    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
-    await storage.start()
-    try:
+    async with watched_storage(storage_dirs) as (storage, failures):
         await add_all(storage, 1, range(5))
         await storage.flush()
         corrupt_index(storage_dirs[1], damage)
@@ -218,16 +211,11 @@ async def test_a_corrupt_index_fails_the_storage_instead_of_quarantining_every_l
         with pytest.raises(StorageFailure, match="the ledger index is corrupt"):
             await storage.read_entry(1, 0)  # flushed, behind the broken index: the client asks another replica
         assert failures == [storage.failure]
-    finally:
-        await storage.close()
 
 
 async def test_a_read_that_meets_a_corrupt_index_fails_the_storage(storage_dirs):
     """An idle bookie flushes nothing: its readers find the damage, and the bookie stops taking adds."""
-    failures: list[str] = []
-    storage = LedgerStorage(*storage_dirs, StorageSettings(**TEST_SETTINGS), on_failure=failures.append)
-    await storage.start()
-    try:
+    async with watched_storage(storage_dirs) as (storage, failures):
         await add_all(storage, 1, range(5))
         await storage.flush()
         corrupt_index(storage_dirs[1], "corrupt_pages")
@@ -237,5 +225,3 @@ async def test_a_read_that_meets_a_corrupt_index_fails_the_storage(storage_dirs)
         assert failures == [storage.failure] and "index read failed" in failures[0]
         with pytest.raises(StorageFailure, match="bookie storage failed: index read failed"):
             await storage.add_entry(2, 0, make_entry(2, 0), KEY)
-    finally:
-        await storage.close()
