@@ -34,17 +34,17 @@ def pod(of: BookieCluster, body: dict, ready: bool = True, uid: str = "p") -> di
     return built
 
 
-def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> clusters.ObservedBookie:
+def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> clusters.Member:
     """A bookie ready and registered in a pod of `of`'s spec (the default cluster's when not given)."""
     body = bookie_body(ordinal, **annotations)
-    return clusters.ObservedBookie(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
+    return clusters.Member(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
 
 
 def draining(ordinal: int, pod_running: bool = True, cookie: bool = True, remaining: int = 0,
-             since: str = "2026-01-02T03:00:00Z") -> clusters.ObservedBookie:
+             since: str = "2026-01-02T03:00:00Z") -> clusters.Member:
     body = bookie_body(ordinal, **{clusters.ANNOTATION_DECOMMISSION_SINCE: since})
     body["spec"]["desiredState"] = "ReadOnly"
-    return clusters.ObservedBookie(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
+    return clusters.Member(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
                                   forced_read_only=True, cookie=cookie, remaining_ledgers=remaining)
 
 
@@ -53,10 +53,10 @@ def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
             for name in names for claim in resources.claim_names(name)}
 
 
-def decide(of: BookieCluster, *bookies: clusters.ObservedBookie, status: dict | None = None,
+def decide(of: BookieCluster, *bookies: clusters.Member, status: dict | None = None,
            claims: dict | None = None, moment: dt.datetime = NOW) -> list:
     body = {**of.to_wire(), "status": status or {}}
-    return clusters.decide(clusters.Observed(body, of, "", bookies, claims or {}), moment)
+    return list(clusters.decide(clusters.ObservedCluster(body, of, "", bookies, claims or {}), moment).actions)
 
 
 def of_type(actions: list, kind: type, **fields: Any) -> list:
@@ -95,11 +95,12 @@ def test_an_invalid_spec_is_reported_once():
     body = {"metadata": {"name": "bad", "namespace": NS}, "spec": {"replicas": 2, "zookeeper": "zk",
                                                                     "zones": ["a", "b", "c"]}}
     invalid, problem = clusters.validate(body)
-    actions = clusters.decide(clusters.Observed(body, invalid, problem), NOW)
+    actions = list(clusters.decide(clusters.ObservedCluster(body, invalid, problem), NOW).actions)
     assert events(actions) == ["InvalidSpec"] and of_type(actions, PostEvent)[0].warning
     valid = condition(status_of(actions), "Valid")
     assert valid["status"] == "False" and "zones: c would have no bookie" in valid["message"]
-    assert clusters.decide(clusters.Observed({**body, "status": status_of(actions)}, None, problem), NOW) == []
+    again = clusters.ObservedCluster({**body, "status": status_of(actions)}, None, problem)
+    assert list(clusters.decide(again, NOW).actions) == []
 
 
 def test_scale_up_creates_missing_bookies():
@@ -181,7 +182,8 @@ def test_a_drains_repair_is_decided_from_its_observed_attempts_and_launched_by_t
     def launched(repair: repairs.RepairObserved, disabled: bool = False) -> list[int]:
         bookie = replace(draining(2, remaining=4), repair=repair)
         body = {**cluster(2).to_wire(), "status": {}}
-        actions = clusters.decide(clusters.Observed(body, cluster(2), "", (up(0), up(1), bookie), {}, disabled), NOW)
+        observed = clusters.ObservedCluster(body, cluster(2), "", (up(0), up(1), bookie), {}, disabled)
+        actions = clusters.decide(observed, NOW).actions
         return [action.attempt for action in of_type(actions, LaunchRepair)]
 
     assert launched(repairs.RepairObserved()) == [0]
@@ -220,14 +222,14 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
     started = {clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
                ANNOTATION_PLANNED_RESTART: "p-bk-0"}
     body = bookie_body(0, **started)
-    restarting = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    restarting = clusters.Member(body, pod(new, body, ready=False, uid="q"), False, False)
     actions = decide(new, restarting, up(1), up(2), moment=NOW + dt.timedelta(seconds=30))
     assert touching(actions, "pods") == []
     status = status_of(actions)
     assert condition(status, "RolloutStuck")["status"] == "False" and status["phase"] == "Reconciling"
 
     # ready and registered: the rollout marks it done and moves on to bk-1
-    ready = clusters.ObservedBookie(body, pod(new, body, uid="q"), True, False)
+    ready = clusters.Member(body, pod(new, body, uid="q"), True, False)
     actions = decide(new, ready, up(1), up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]
     done = of_type(actions, Patch, name="bk-0")[0].patch
@@ -245,10 +247,10 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
 def test_an_outdated_bookie_waits_while_another_one_is_down():
     new = cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(1)
-    down = clusters.ObservedBookie(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
+    down = clusters.Member(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
     actions = decide(new, up(0), down, up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]  # the one down anyway may go
-    actions = decide(new, up(0), clusters.ObservedBookie(body, None, False, False), up(2))
+    actions = decide(new, up(0), clusters.Member(body, None, False, False), up(2))
     assert touching(actions, "pods") == []
     assert condition(status_of(actions), "Upgrading")["message"] == "waiting for bk-1 to be ready"
 
@@ -257,7 +259,7 @@ def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
     new = cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
     body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
                              ANNOTATION_PLANNED_RESTART: "p-bk-0"})
-    broken = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    broken = clusters.Member(body, pod(new, body, ready=False, uid="q"), False, False)
     later = NOW + dt.timedelta(seconds=61)
     actions = decide(new, broken, up(1), up(2), moment=later)
     assert touching(actions, "pods") == [] and events(actions) == ["RolloutStuck"]
@@ -281,7 +283,7 @@ def test_a_pod_still_terminating_after_its_restart_is_waited_for():
                              ANNOTATION_PLANNED_RESTART: "p-bk-0"})
     old = pod(cluster(), body)
     old["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z"
-    actions = decide(new, clusters.ObservedBookie(body, old, True, False), up(1), up(2))
+    actions = decide(new, clusters.Member(body, old, True, False), up(1), up(2))
     assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
 
 
