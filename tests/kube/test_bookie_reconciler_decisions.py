@@ -14,8 +14,9 @@ from bookfleet.kube.actions import Decision, Delete, Ensure, Patch, PatchStatus,
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
-from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.models import Bookie
 from bookfleet.meta.registry import BookieInfo
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 DELAY = 30.0
@@ -27,14 +28,9 @@ def ago(seconds: float) -> dt.datetime:
     return NOW - dt.timedelta(seconds=seconds)
 
 
-def cluster() -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "default", "uid": "c1"},
-                                         "spec": {"replicas": 3, "zookeeper": "zk:2181"}})
-
-
 def bookie_body(lost_since: dt.datetime | None = None, had_pod: bool = True, planned: str | None = None,
                 conditions: list[dict] | None = None) -> dict[str, Any]:
-    manifest = resources.bookies_for_cluster(cluster())[0]
+    manifest = resources.bookies_for_cluster(bookie_cluster())[0]
     manifest["metadata"]["uid"] = "b0"
     if planned:
         manifest["metadata"]["annotations"] = {PLANNED: planned}
@@ -68,7 +64,7 @@ def observed(body: dict[str, Any] | None = None, pod: dict | None = None, node_r
              ) -> bookies.ObservedBookie:
     body = body or bookie_body()
     return bookies.ObservedBookie(
-        body=body, bookie=Bookie.model_validate(body), cluster=cluster(), pod=pod, node_ready=node_ready,
+        body=body, bookie=Bookie.model_validate(body), cluster=bookie_cluster(), pod=pod, node_ready=node_ready,
         claims=claims, registration=info, ledgers=7, recovery_delay=delay, recovery_disabled=disabled,
         repair=repairs.RepairObserved(attempts, remaining))
 
@@ -282,7 +278,7 @@ def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
     decision = bookies.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),
                                      attempts=(job("Complete"),), remaining=()), NOW)
-    forget = ForgetCookie(ZooKeeperTarget.of(cluster()), status_of(decision)["bookieId"])
+    forget = ForgetCookie(ZooKeeperTarget.of(bookie_cluster()), status_of(decision)["bookieId"])
     assert of_type(decision, ForgetCookie) == [forget]
     assert ensured(decision) == EVERYTHING
     assert status_of(decision)["lostSince"] is None
@@ -480,7 +476,7 @@ class CountingApi(StoredApi):
 def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
     """At 1,000 bookies each pass's GETs add up (issue 24): the cluster, pod and claims come from the operator's
     watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
-    cluster_body = {**cluster().to_wire(), "spec": {**cluster().to_wire()["spec"], "zookeeper": zk_connect}}
+    cluster_body = bookie_cluster(zookeeper=zk_connect).to_wire()
     claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}
     cached = {("bookieclusters", "bk"): cluster_body, ("pods", "bk-0"): pod(),
               **{("persistentvolumeclaims", name): body for name, body in claim_bodies.items()}}

@@ -12,10 +12,11 @@ from bookfleet.kube import ledgers, resources
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent
 from bookfleet.kube.context import ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
-from bookfleet.kube.models import BookieCluster, Ledger
+from bookfleet.kube.models import Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo
 from bookfleet.meta.underreplication import DataLoss, Marker
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 ZK = "zk:2181"
@@ -29,17 +30,13 @@ def ledger(**spec: Any) -> Ledger:
                                            **spec}})
 
 
-def cluster(replicas: int = 3, zones: tuple[str, ...] = ()) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns", "uid": "c1"},
-                                         "spec": {"replicas": replicas, "zookeeper": ZK, "zones": list(zones)}})
-
-
 def bookies(*ids: str, zone: str = "") -> tuple[BookieInfo, ...]:
     return tuple(BookieInfo(bookie_id=i, address="127.0.0.1:1", zone=zone) for i in ids)
 
 
 def observed(status: dict | None = None, **fields: Any) -> ObservedLedger:
-    return ObservedLedger(status=status or {}, **{"ledger": ledger(), "cluster": cluster(), **fields})
+    return ObservedLedger(status=status or {},
+                          **{"ledger": ledger(), "cluster": bookie_cluster(namespace="ns"), **fields})
 
 
 def existing(status: dict | None = None, **fields: Any) -> ObservedLedger:
@@ -99,7 +96,8 @@ def test_missing_cluster_makes_the_spec_invalid_and_nothing_is_created():
 
 
 def test_zones_outside_the_cluster_make_the_spec_invalid():
-    actions = decide(observed(ledger=ledger(zones=["zone-x"]), cluster=cluster(zones=("zone-a",))), NOW)
+    zoned = bookie_cluster(namespace="ns", zones=("zone-a",))
+    actions = decide(observed(ledger=ledger(zones=["zone-x"]), cluster=zoned), NOW)
     assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
 
 
@@ -107,7 +105,7 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
     actions = decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
                              rng=random.Random(1))
     reserve, create = actions[:2]
-    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(cluster()))
+    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(bookie_cluster(namespace="ns")))
     assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
@@ -129,7 +127,7 @@ def test_an_id_reserved_by_an_interrupted_pass_is_used_not_reserved_again():
 
 def test_zones_limit_placement():
     actions = decide(observed(ledger=ledger(ensembleSize=1, writeQuorum=1, ackQuorum=1, zones=["zone-b"]),
-                                      cluster=cluster(zones=("zone-a", "zone-b")), password=b"",
+                                      cluster=bookie_cluster(namespace="ns", zones=("zone-a", "zone-b")), password=b"",
                                       writable=bookies("a1", zone="zone-a") + bookies("b1", zone="zone-b")), NOW)
     create = next(a for a in actions if isinstance(a, CreateLedgerMetadata))
     assert create.metadata.segments[0].bookies == ("b1",)
@@ -268,7 +266,7 @@ def test_condition_transition_times_come_from_the_decision_time():
 def test_ledger_status_says_which_write_sets_hold_two_replicas_in_one_zone():
     """After a zone outage, repairs onto the zones left may put two replicas of a write set in one zone: the status
     says so per segment, from the bookies' zones (round-robin by ordinal), known also while they are lost."""
-    zoned = cluster(6, zones=("zone-a", "zone-b", "zone-c"))
+    zoned = bookie_cluster(6, namespace="ns", zones=("zone-a", "zone-b", "zone-c"))
     zones = ledgers.bookie_zones(zoned)
     ids = [b["spec"]["bookieId"] for b in resources.bookies_for_cluster(zoned)]
     assert [zones[b] for b in ids] == ["zone-a", "zone-b", "zone-c"] * 2
