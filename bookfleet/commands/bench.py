@@ -12,11 +12,6 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark and print JSON")
     benches = parser.add_subparsers(dest="bench", required=True, metavar="NAME")
     for module in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name):
-        try:
-            loaded = importlib.import_module(f"{bench.__name__}.{module.name}")
-        except ModuleNotFoundError as missing:  # a benchmark of an extra this install lacks (the bookie image: kube)
-            if (missing.name or "").partition(".")[0] == "bookfleet":
-                raise
-            continue
+        loaded = importlib.import_module(f"{bench.__name__}.{module.name}")
         if hasattr(loaded, "register"):
             loaded.register(benches)

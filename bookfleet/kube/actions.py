@@ -1,13 +1,15 @@
-"""The act step every reconciler shares: decide() returns actions as plain values, `act` applies them in one place.
+"""The shape every reconciler shares: decide() returns a `Decision` of plain values, `act` applies it in one place.
 
-Each reconciler observes (Kubernetes and ZooKeeper into a frozen dataclass), decides in pure code (observed state and
-the time → a list of actions, in the order they must happen) and acts here. Actions are values, so a decide() test
-compares lists in milliseconds with no API server and no ZooKeeper. An action that needs ZooKeeper or another
-resource is a small dataclass with the same `apply` shape, defined beside the reconciler that decides it.
+Each reconciler observes (Kubernetes and ZooKeeper into one frozen dataclass per kind), decides in pure code
+(observed state and the time → a `Decision`: the actions in the order they must happen, and when to look again) and
+acts here. Actions are values, so a decide() test compares them in milliseconds with no API server and no ZooKeeper.
+An action that needs ZooKeeper or another resource is a small dataclass with the same `apply` shape, defined beside
+the reconciler that decides it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -87,6 +89,24 @@ class PostEvent:
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass decided (pure): the actions, in order, and when to look again sooner than the loop would."""
+
+    actions: tuple[Action, ...] = ()
+    recheck_at: dt.datetime | None = None
+    """When the passing of time alone changes the decision (the end of a recovery delay): the next pass is due then,
+    not at the next interval."""
+    requeue: bool = False
+    """It waits for something no watch reports (a bookie registering, a Secret appearing): pass it again after the
+    loop's retry interval."""
+
+    def recheck_in(self, moment: dt.datetime) -> float | None:
+        """Seconds from `moment` (the time decide was given) until `recheck_at`; None when only a change, or the next
+        interval, calls for a pass."""
+        return None if self.recheck_at is None else max((self.recheck_at - moment).total_seconds(), 0.0)
 
 
 def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:

@@ -1,12 +1,13 @@
 """A Bookie's life: its volumes and pod, its status from the pod and ZooKeeper, and what happens when it is lost.
 
-One pass is observe (Kubernetes and ZooKeeper into `BookieObserved`) -> decide (pure: observed state and the time ->
-status and actions) -> act (kube.actions). `find_death` is the one place that says what counts as a lost bookie: its
-pod deleted or failed, not Ready on a node that is not Ready (or Terminating past its grace period there),
-crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose), Pending because its volume's
-node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets `lostSince` and a BookieLost
-Event naming the kind. A pod evicted through the eviction API (a drain) or stopped by a graceful node shutdown is a
-planned loss (`Evicted`, `ShutDown`): the lost-bookie rule gives it the longer planned-restart delay.
+One pass is observe (Kubernetes and ZooKeeper into `ObservedBookie`) -> decide (pure: observed state and the time -> a
+`Decision`: its status patch first, then the actions) -> act (kube.actions). `find_death` is the one place that says
+what counts as a lost bookie: its pod deleted or failed, not Ready on a node that is not Ready (or Terminating past
+its grace period there), crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose),
+Pending because its volume's node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets
+`lostSince` and a BookieLost Event naming the kind. A pod evicted through the eviction API (a drain) or stopped by a
+graceful node shutdown is a planned loss (`Evicted`, `ShutDown`): the lost-bookie rule gives it the longer
+planned-restart delay.
 
 What happens next is the auditor's rule (replication.lostbookie), with the delay and the disable switch that the
 cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else happens; lost, its ledgers are
@@ -28,7 +29,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Action, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
@@ -95,7 +96,7 @@ class ClaimObserved:
 
 
 @dataclass(frozen=True)
-class BookieObserved:
+class ObservedBookie:
     body: dict[str, Any]
     bookie: Bookie
     cluster: BookieCluster
@@ -139,15 +140,6 @@ class BookieSources:
         return cls(cluster=lambda namespace, name: api.get(CUSTOM, "bookieclusters", namespace, name),
                    pod=lambda namespace, name: api.get(CORE, "pods", namespace, name),
                    claim=lambda namespace, name: api.get(CORE, "persistentvolumeclaims", namespace, name))
-
-
-@dataclass(frozen=True)
-class Decision:
-    status: dict[str, Any]
-    actions: tuple[Action, ...] = ()
-    recheck_at: dt.datetime | None = None
-    """When the passing of time alone changes the decision (the end of a recovery delay): the next pass is due then,
-    not at the next interval."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +274,7 @@ def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool,
     return ClaimObserved(name, exists=True, terminating=terminating, lost_node=nodes[0] if gone else None)
 
 
-def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> BookieObserved | None:
+def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> ObservedBookie | None:
     """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
     loss), or its cluster missing or invalid. The Bookie is read afresh (a timer's copy may predate the loss the last
     pass recorded). Nodes and volumes are looked at only while the pod is not Ready (a Ready pod's node and volumes
@@ -304,7 +296,7 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
     disabled = under_replication.is_disabled()
     lost_since = bookie.status.lost_since
     tracks_repair = lost_since is not None and not disabled and bookie.spec.desired_state == DesiredState.WRITABLE
-    return BookieObserved(
+    return ObservedBookie(
         body=body, bookie=bookie, cluster=cluster, pod=pod,
         node_ready=node_ready(ctx.api, node_name) if node_name else None,
         claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
@@ -318,7 +310,7 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
 
 # --- decide ------------------------------------------------------------------------------------------------------
 
-def find_death(observed: BookieObserved, at: dt.datetime) -> Death | None:
+def find_death(observed: ObservedBookie, at: dt.datetime) -> Death | None:
     """How the bookie's pod died, if it did: the one place that says what counts as a lost bookie."""
     pod, bookie = observed.pod, observed.bookie
     name = bookie.metadata.name
@@ -403,7 +395,7 @@ def _condition(conditions: Sequence[dict], type_: str) -> tuple[str, str, str] |
     return (found["status"], found.get("reason", ""), found.get("message", "")) if found else None
 
 
-def delete_pod_on_purpose(observed: BookieObserved, force: bool) -> list[Action]:
+def delete_pod_on_purpose(observed: ObservedBookie, force: bool) -> list[Action]:
     """Delete the bookie's pod, annotated first so that its deletion is not counted as a new loss."""
     bookie, pod = observed.bookie, observed.pod
     assert pod is not None
@@ -413,7 +405,7 @@ def delete_pod_on_purpose(observed: BookieObserved, force: bool) -> list[Action]
     return [annotate, ForceDeletePod(ns, name) if force else Delete(CORE, "pods", ns, name)]
 
 
-def volumes_and_pod(observed: BookieObserved) -> list[Action]:
+def volumes_and_pod(observed: ObservedBookie) -> list[Action]:
     """Create what is missing; never a pod against a claim being deleted or on a vanished node (it would stay
     Pending for ever)."""
     missing = {claim.name for claim in observed.claims if not claim.exists}
@@ -424,7 +416,7 @@ def volumes_and_pod(observed: BookieObserved) -> list[Action]:
     return actions
 
 
-def replace(observed: BookieObserved, pod: dict | None, plan: Plan) -> bool:
+def replace(observed: ObservedBookie, pod: dict | None, plan: Plan) -> bool:
     """Fresh pod, volumes and cookie for a bookie whose data is gone or whose pod is stuck on a dead node, now that
     its ledgers are safe elsewhere. The old pod and claims go first; returns True once the fresh ones are made."""
     bookie = observed.bookie
@@ -453,7 +445,7 @@ def repaired_since(conditions: Sequence[dict], lost_since: dt.datetime) -> bool:
     return when is not None and when >= lost_since
 
 
-def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
+def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
     """One step of a recorded loss; returns the loss time, or None once it is over."""
     bookie, name = observed.bookie, observed.bookie.metadata.name
     pod = observed.pod
@@ -501,12 +493,15 @@ def decide_loss(observed: BookieObserved, lost_since: dt.datetime, at: dt.dateti
     return lost_since
 
 
-def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
-    """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure)."""
+def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
+    """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure). The
+    status goes first: a loss time is recorded before a repair named after it is launched, and the Events of a change
+    are posted with it."""
     bookie, pod = observed.bookie, observed.pod
     lost_since = bookie.status.lost_since
     if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: clusters.py drives it
-        return Decision(decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since))
+        return Decision((PatchStatus("bookies", decide_status(bookie, pod, observed.registration, observed.ledgers,
+                                                              lost_since)),))
     plan = Plan.of(observed.body)
     planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
     if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
@@ -523,10 +518,10 @@ def decide(observed: BookieObserved, at: dt.datetime) -> Decision:
         lost_since = decide_loss(observed, lost_since, at, plan)
     status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
               "conditions": plan.conditions}
-    return Decision(status, (*plan.events, *plan.actions), plan.recheck_at)
+    return Decision((PatchStatus("bookies", status), *plan.events, *plan.actions), plan.recheck_at)
 
 
-def track_disruption(observed: BookieObserved) -> list[Action]:
+def track_disruption(observed: ObservedBookie) -> list[Action]:
     """Note a planned disruption while the pod terminates (once it is gone, only the Bookie remembers why), and
     forget it once another pod is Ready."""
     bookie, pod = observed.bookie, observed.pod
@@ -543,7 +538,7 @@ def track_disruption(observed: BookieObserved) -> list[Action]:
                   {"metadata": {"annotations": {ANNOTATION_DISRUPTION: change}}})]
 
 
-def crash_loop_due(observed: BookieObserved, at: dt.datetime) -> dt.datetime | None:
+def crash_loop_due(observed: ObservedBookie, at: dt.datetime) -> dt.datetime | None:
     """When a restarting pod will have been not Ready for longer than the delay (find_death's crash loop)."""
     pod = observed.pod
     if not restarting(pod, observed.bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)):
@@ -583,12 +578,11 @@ def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
 
 def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> float | None:
     """One level-based pass over a Bookie; the seconds until a pass is due by the clock alone (None: only a change,
-    or the next interval, calls for one). The status goes first: a loss time is recorded before a repair
-    named after it is launched, and the Events of a change are posted with it."""
+    or the next interval, calls for one)."""
     observed = observe(ctx, body, sources)
     if observed is None:
         return None
     at = now()
     decision = decide(observed, at)
-    act(ctx, observed.body, [PatchStatus("bookies", decision.status), *decision.actions])
-    return None if decision.recheck_at is None else max((decision.recheck_at - at).total_seconds(), 0.0)
+    act(ctx, observed.body, decision.actions)
+    return decision.recheck_in(at)

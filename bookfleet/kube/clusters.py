@@ -1,6 +1,6 @@
 """A BookieCluster's shape: Bookies for its replicas, safe scale-down, rollouts, volumes, and its status.
 
-observe (Kubernetes and ZooKeeper → `Observed`) → decide (pure: `decide(observed, now)` → actions) → act.
+observe (Kubernetes and ZooKeeper → `ObservedCluster`) → decide (pure: `decide(observed, now)` → `Decision`) → act.
 
 Scale-down never deletes data that is still needed: the highest ordinal is drained first (read-only, its ledgers
 repaired elsewhere, none left under-replicated, cookie removed) and only then are its pod and Bookie deleted; its
@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from bookfleet.kube import certificates, repairs, resources
-from bookfleet.kube.actions import Action, Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, pod_ready
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
@@ -70,8 +70,9 @@ def validate(body: dict) -> tuple[BookieCluster | None, str]:
 
 
 @dataclass(frozen=True)
-class ObservedBookie:
-    """One Bookie of the cluster, its pod, its registration and, when it is being drained, what still needs it."""
+class Member:
+    """One Bookie as its cluster's pass sees it: its pod, its registration and, when it is being drained, what still
+    needs it (the Bookie's own pass observes its loss instead: `bookies.ObservedBookie`)."""
 
     body: dict[str, Any]
     pod: dict[str, Any] | None
@@ -115,22 +116,22 @@ class ObservedBookie:
 
 
 @dataclass(frozen=True)
-class Observed:
+class ObservedCluster:
     body: dict[str, Any]
     cluster: BookieCluster | None
     problem: str = ""
-    bookies: tuple[ObservedBookie, ...] = ()
+    bookies: tuple[Member, ...] = ()
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The cluster's PVCs by name."""
     recovery_disabled: bool = False
     """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
 
 
-def observe(ctx: OperatorContext, body: dict) -> Observed:
+def observe(ctx: OperatorContext, body: dict) -> ObservedCluster:
     """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained."""
     cluster, problem = validate(body)
     if cluster is None:
-        return Observed(body, None, problem)
+        return ObservedCluster(body, None, problem)
     meta = body["metadata"]
     ns, selector = meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]}
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
@@ -142,17 +143,17 @@ def observe(ctx: OperatorContext, body: dict) -> Observed:
     bookies = []
     for bookie in bodies:
         bookie_id = bookie["spec"]["bookieId"]
-        seen = ObservedBookie(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
+        seen = Member(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
                               bookie_id in registered, bookie_id in forced)
         if bookie in draining:
             seen = observe_drain(ctx, cluster, seen, disabled)
         bookies.append(seen)
     claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
-    return Observed(body, cluster, "", tuple(bookies), claims, disabled)
+    return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled)
 
 
-def observe_drain(ctx: OperatorContext, cluster: BookieCluster, bookie: ObservedBookie,
-                  disabled: bool) -> ObservedBookie:
+def observe_drain(ctx: OperatorContext, cluster: BookieCluster, bookie: Member,
+                  disabled: bool) -> Member:
     """What still needs a draining bookie: its cookie, the ledgers left on it and, while there are some, the repair
     attempts of its drain (decide chooses the next one; act launches it)."""
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
@@ -239,16 +240,16 @@ class Rollout:
     waiting_for: str | None = None
 
 
-def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
-    """Everything one pass does, in order (pure)."""
+def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
+    """Everything one pass does, in order (pure); nothing but a change, or the next interval, calls for another."""
     body, cluster = observed.body, observed.cluster
     status = body.get("status") or {}
     if cluster is None:
         conditions = conditions_with(status, VALID, False, "InvalidSpec", observed.problem)
         if conditions == status.get("conditions"):
-            return []
-        return [PatchStatus("bookieclusters", {"conditions": conditions}),
-                PostEvent("InvalidSpec", observed.problem, warning=True)]
+            return Decision()
+        return Decision((PatchStatus("bookieclusters", {"conditions": conditions}),
+                         PostEvent("InvalidSpec", observed.problem, warning=True)))
     spec = cluster.spec
     actions: list[Action] = [
         ConfigureAutoRecovery(ZooKeeperTarget.of(cluster), spec.auto_recovery.enabled,
@@ -274,7 +275,7 @@ def decide(observed: Observed, moment: dt.datetime) -> list[Action]:
     ready = sum(pod_ready(b.pod) for b in serving)
     actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
                                                                refused_expansions(observed))))
-    return actions
+    return Decision(tuple(actions))
 
 
 def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
@@ -289,7 +290,7 @@ def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
     return actions
 
 
-def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[Action]:
+def create_missing_bookies(observed: ObservedCluster, cluster: BookieCluster) -> list[Action]:
     """A Bookie for every missing ordinal, on volumes it can start on: claims released by a drained bookie of the
     same ordinal are deleted first, and a claim still being deleted is waited for (a pod created against it would
     stay Pending for ever)."""
@@ -314,7 +315,7 @@ def create_missing_bookies(observed: Observed, cluster: BookieCluster) -> list[A
     return actions
 
 
-def sync_read_only(zookeeper: ZooKeeperTarget, bookies: Iterable[ObservedBookie]) -> list[Action]:
+def sync_read_only(zookeeper: ZooKeeperTarget, bookies: Iterable[Member]) -> list[Action]:
     """Force read-only exactly the Bookies whose desiredState is not Writable (writes only on change)."""
     actions: list[Action] = []
     for bookie in bookies:
@@ -326,7 +327,7 @@ def sync_read_only(zookeeper: ZooKeeperTarget, bookies: Iterable[ObservedBookie]
     return actions
 
 
-def cancel_drains(wanted: Iterable[ObservedBookie]) -> list[Action]:
+def cancel_drains(wanted: Iterable[Member]) -> list[Action]:
     """Scaled up again while a bookie drains, and its cookie (its identity with its disks) still there: it simply
     turns writable again; what was already repaired elsewhere stays there."""
     actions: list[Action] = []
@@ -344,7 +345,7 @@ def cancel_drains(wanted: Iterable[ObservedBookie]) -> list[Action]:
     return actions
 
 
-def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBookie,
+def decommission(observed: ObservedCluster, cluster: BookieCluster, bookie: Member,
                  moment: dt.datetime) -> list[Action]:
     """One step of draining a bookie; its data is deleted only when nothing needs it any more, and then only if
     whenScaled is Delete."""
@@ -385,7 +386,7 @@ def decommission(observed: Observed, cluster: BookieCluster, bookie: ObservedBoo
     ]
 
 
-def follow_storage(observed: Observed, cluster: BookieCluster, bookies: Iterable[ObservedBookie]) -> list[Action]:
+def follow_storage(observed: ObservedCluster, cluster: BookieCluster, bookies: Iterable[Member]) -> list[Action]:
     """Bookies take the cluster's storage (the new quota reaches the pod through the rollout); their claims grow to
     it where the storage class allows, and their owner references follow whenDeleted."""
     actions: list[Action] = []
@@ -418,20 +419,20 @@ def needs_expansion(claim: dict, size: str) -> bool:
     return resources.quantity_bytes(size) > resources.quantity_bytes(claim_size(claim)) and refused != size
 
 
-def refused_expansions(observed: Observed) -> list[str]:
+def refused_expansions(observed: ObservedCluster) -> list[str]:
     """Claims still smaller than a size the API server refused to grow them to."""
     return sorted(name for name, claim in observed.claims.items()
                   if (refused := (claim["metadata"].get("annotations") or {}).get(ANNOTATION_EXPANSION_REFUSED))
                   and resources.quantity_bytes(refused) > resources.quantity_bytes(claim_size(claim)))
 
 
-def current_bookie(cluster: BookieCluster, bookie: ObservedBookie) -> Bookie:
+def current_bookie(cluster: BookieCluster, bookie: Member) -> Bookie:
     """The Bookie as this pass leaves it: with the cluster's storage."""
     model = bookie.model
     return model.model_copy(update={"spec": model.spec.model_copy(update={"storage": cluster.spec.storage})})
 
 
-def desired_hash(cluster: BookieCluster, bookie: ObservedBookie) -> str:
+def desired_hash(cluster: BookieCluster, bookie: Member) -> str:
     return resources.bookie_pod(cluster, current_bookie(cluster, bookie))["metadata"]["annotations"][
         resources.ANNOTATION_CONFIG_HASH]
 
@@ -440,7 +441,7 @@ def pod_hash(pod: dict | None) -> str | None:
     return ((pod or {}).get("metadata", {}).get("annotations") or {}).get(resources.ANNOTATION_CONFIG_HASH)
 
 
-def decide_rollout(cluster: BookieCluster, bookies: list[ObservedBookie],
+def decide_rollout(cluster: BookieCluster, bookies: list[Member],
                    moment: dt.datetime) -> tuple[list[Action], Rollout]:
     """Restart at most one bookie whose pod is not of the current spec, only while every other one is up."""
     current = {b.name: pod_hash(b.pod) == desired_hash(cluster, b) for b in bookies}
@@ -473,14 +474,14 @@ def decide_rollout(cluster: BookieCluster, bookies: list[ObservedBookie],
     return actions, Rollout(updated, waiting_for=waiting_for)
 
 
-def replaced_pod(bookie: ObservedBookie) -> bool:
+def replaced_pod(bookie: Member) -> bool:
     """The bookie runs a pod other than the one its restart deleted (that one may stay Terminating a while)."""
     pod = bookie.pod
     return (pod is not None and not pod["metadata"].get("deletionTimestamp")
             and pod["metadata"].get("uid") != bookie.annotations.get(ANNOTATION_PLANNED_RESTART))
 
 
-def restart(cluster: BookieCluster, bookie: ObservedBookie, moment: dt.datetime) -> list[Action]:
+def restart(cluster: BookieCluster, bookie: Member, moment: dt.datetime) -> list[Action]:
     """Delete the bookie's pod as a planned restart (bookies.py recreates it from the current spec, and does not
     count it lost) and note when, for the rollout timeout."""
     assert bookie.pod is not None
@@ -535,7 +536,10 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
 # --- act -----------------------------------------------------------------------------------------------------
 
 
-def reconcile(ctx: OperatorContext, body: dict) -> None:
-    """One level-based pass over a BookieCluster (its loop runs the next at the interval or on a bookie pod's
-    change)."""
-    act(ctx, body, decide(observe(ctx, body), now()))
+def reconcile(ctx: OperatorContext, body: dict) -> float | None:
+    """One level-based pass over a BookieCluster; like every reconciler's, it returns the seconds until a pass is due
+    by the clock alone (for a cluster: None, its loop runs the next at the interval or on a bookie pod's change)."""
+    moment = now()
+    decision = decide(observe(ctx, body), moment)
+    act(ctx, body, decision.actions)
+    return decision.recheck_in(moment)

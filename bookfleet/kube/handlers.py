@@ -160,7 +160,7 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
         return False  # deleted meanwhile
     with metrics.reconciling("ledgers"):
-        return ledgers.sync(context(), body, ledgers.LedgerSources(CLUSTERS.get, _repairs_of, FEED.watch_metadata))
+        return ledgers.reconcile(context(), body, ledgers.LedgerSources(CLUSTERS.get, _repairs_of, FEED.watch_metadata))
 
 
 def _repairs_of(key: repairs.BookieKey) -> list[dict]:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
 from bookfleet.kube import metrics, repairs, resources
-from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Decision, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
 from bookfleet.kube.models import (
@@ -122,9 +122,9 @@ CREATION_WAITS = frozenset({"NotEnoughBookies", "SecretNotFound"})
 password Secret appearing): the feed passes such a Ledger again after its retry interval, not only at the resync."""
 
 
-def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
-    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); True when it
-    still waits to be created (`waits_for_creation`), so the feed passes it again after its retry interval.
+def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
+    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); True when the
+    decision asks to be requeued (it still waits to be created), so the feed passes it again after its retry interval.
 
     A Ledger the operator may create and has not seen in ZooKeeper is read afresh: the copy handed over may predate
     the last pass's status patch, and creating from it would reserve a second id and create a second ledger. Others
@@ -132,18 +132,15 @@ def sync(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
     if (body.get("status") or {}).get("state") is None and (body.get("spec") or {}).get("ledgerId") is None:
         meta = body["metadata"]
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
-    actions = decide(observe(ctx, body, sources), now())
-    act(ctx, body, actions)
-    return waits_for_creation(actions)
+    decision = decide(observe(ctx, body, sources), now())
+    act(ctx, body, decision.actions)
+    return decision.requeue
 
 
-def waits_for_creation(actions: list[Action]) -> bool:
-    """Whether a pass's actions leave the Ledger uncreated for one of CREATION_WAITS."""
-    if any(isinstance(action, CreateLedgerMetadata) for action in actions):
-        return False
-    patched = [action.changes for action in actions if isinstance(action, PatchStatus)]
+def waits_for_creation(conditions: Iterable[dict]) -> bool:
+    """Whether the Ledger's conditions leave it uncreated for one of CREATION_WAITS."""
     return any(c["type"] == CREATED and c["status"] == ConditionStatus.FALSE and c.get("reason") in CREATION_WAITS
-               for changes in patched for c in changes.get("conditions") or [])
+               for c in conditions)
 
 
 @dataclass(frozen=True)
@@ -221,9 +218,9 @@ def read_password(ctx: OperatorContext, ledger: Ledger) -> bytes:
 # --- decide (pure) ------------------------------------------------------------------------------------------------
 
 
-def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | None = None) -> list[Action]:
+def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | None = None) -> Decision:
     """The actions of one pass, in order: creation steps, the status patch, then one Event per change it makes
-    (`rng`: placement's choice among the writable bookies)."""
+    (`rng`: placement's choice among the writable bookies); requeued while it waits to be created."""
     ledger, cluster = observed.ledger, observed.cluster
     if ledger is None:
         return report(observed, moment, {}, condition(VALID, False, "InvalidSpec", observed.spec_errors))
@@ -252,12 +249,12 @@ def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | N
     metadata = new_metadata(ensemble, spec.write_quorum, spec.ack_quorum, spec.digest_type, observed.password)
     zookeeper = ZooKeeperTarget.of(cluster)
     reserve: list[Action] = [ReserveLedgerId(zookeeper)] if ledger_id is None else []
-    return [*reserve, CreateLedgerMetadata(zookeeper, metadata),
-            *mirror(observed, moment, metadata, validity)]
+    mirrored = mirror(observed, moment, metadata, validity)
+    return replace(mirrored, actions=(*reserve, CreateLedgerMetadata(zookeeper, metadata), *mirrored.actions))
 
 
 def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetadata, validity: Condition
-           ) -> list[Action]:
+           ) -> Decision:
     """A ledger that exists: its metadata, under-replication, latest repair and data loss in status."""
     ledger_id = observed.ledger_id
     loss = observed.loss
@@ -268,21 +265,22 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
                   if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
     if not observed.adopted:
         conditions.append(condition(CREATED, True, CREATED, f"ensemble {', '.join(metadata.segments[0].bookies)}"))
-    actions = report(observed, moment, status, *conditions,
-                     under_replicated=observed.marker is not None, data_loss=loss is not None)
-    return [*actions, *health_events(observed.status, status)]
+    reported = report(observed, moment, status, *conditions,
+                      under_replicated=observed.marker is not None, data_loss=loss is not None)
+    return replace(reported, actions=(*reported.actions, *health_events(observed.status, status)))
 
 
 def report(observed: ObservedLedger, moment: dt.datetime, status: dict[str, Any], *conditions: Condition,
-           under_replicated: bool = False, data_loss: bool = False) -> list[Action]:
+           under_replicated: bool = False, data_loss: bool = False) -> Decision:
     """Patch `status` with `conditions` set in it, post an Event for each condition that turns to a problem (or
-    to Created), and record the Ledger's health in the metrics."""
+    to Created), and record the Ledger's health in the metrics; requeued while those conditions say it waits to be
+    created."""
     current = [Condition.model_validate(c) for c in observed.status.get("conditions") or []]
     for new in conditions:
         current = set_condition(current, new, moment)
     wire = [c.to_wire() for c in current]
-    return [PatchStatus("ledgers", {**status, "conditions": wire}), *condition_events(observed.status, wire),
-            RecordLedgerHealth(under_replicated, data_loss)]
+    return Decision((PatchStatus("ledgers", {**status, "conditions": wire}), *condition_events(observed.status, wire),
+                     RecordLedgerHealth(under_replicated, data_loss)), requeue=waits_for_creation(wire))
 
 
 def condition(type_: str, ok: bool, reason: str, message: str = "") -> Condition:

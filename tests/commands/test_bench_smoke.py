@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
+from bookfleet.bench import kube_operator
 from bookfleet.bench.baseline import tls_figures
 from bookfleet.bench.latency_profile import bucket_quantile
+from bookfleet.cli import build_parser
+from bookfleet.commanderror import CommandError
 
 
 @pytest.mark.parametrize(
@@ -101,3 +104,11 @@ def test_the_zookeeper_side_of_the_scale_bench_measures_every_read_it_names():
     assert run["auditor_check_metadata_items"] == 30
     assert run["remaining_ledgers_zk_requests"] == 1
     assert all(run[f"{read}_zk_requests"] > 0 for read in ("status", "auditor_taking_office", "repair_planning"))
+
+
+def test_bench_operator_outside_a_source_checkout_says_it_is_a_development_command(tmp_path, monkeypatch):
+    """Its harness is test tooling, not in the wheel: an install without the checkout gets one line, not a trace."""
+    monkeypatch.setattr(kube_operator, "CHECKOUT", tmp_path)
+    args = build_parser().parse_args(["bench", "operator", "--json"])
+    with pytest.raises(CommandError, match="development command: it runs tests/operatorbench of a source checkout"):
+        args.handler(args)

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from bookfleet.kube import bookies, repairs, resources
-from bookfleet.kube.actions import Delete, Ensure, Patch, PostEvent
+from bookfleet.kube.actions import Decision, Delete, Ensure, Patch, PatchStatus, PostEvent
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
-from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.models import Bookie
 from bookfleet.meta.registry import BookieInfo
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 DELAY = 30.0
@@ -27,14 +28,9 @@ def ago(seconds: float) -> dt.datetime:
     return NOW - dt.timedelta(seconds=seconds)
 
 
-def cluster() -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "default", "uid": "c1"},
-                                         "spec": {"replicas": 3, "zookeeper": "zk:2181"}})
-
-
 def bookie_body(lost_since: dt.datetime | None = None, had_pod: bool = True, planned: str | None = None,
                 conditions: list[dict] | None = None) -> dict[str, Any]:
-    manifest = resources.bookies_for_cluster(cluster())[0]
+    manifest = resources.bookies_for_cluster(bookie_cluster())[0]
     manifest["metadata"]["uid"] = "b0"
     if planned:
         manifest["metadata"]["annotations"] = {PLANNED: planned}
@@ -65,10 +61,10 @@ def claims(**state: Any) -> tuple[ClaimObserved, ...]:
 def observed(body: dict[str, Any] | None = None, pod: dict | None = None, node_ready: str | None = None,
              claims: tuple[ClaimObserved, ...] = claims(), info: BookieInfo | None = None, disabled: bool = False,
              delay: float = DELAY, attempts: tuple[dict, ...] = (), remaining: tuple[int, ...] | None = None,
-             ) -> bookies.BookieObserved:
+             ) -> bookies.ObservedBookie:
     body = body or bookie_body()
-    return bookies.BookieObserved(
-        body=body, bookie=Bookie.model_validate(body), cluster=cluster(), pod=pod, node_ready=node_ready,
+    return bookies.ObservedBookie(
+        body=body, bookie=Bookie.model_validate(body), cluster=bookie_cluster(), pod=pod, node_ready=node_ready,
         claims=claims, registration=info, ledgers=7, recovery_delay=delay, recovery_disabled=disabled,
         repair=repairs.RepairObserved(attempts, remaining))
 
@@ -84,20 +80,32 @@ def job(state: str, attempt: int = 0, finished: dt.datetime | None = None) -> di
                                         "annotations": {repairs.ANNOTATION_ATTEMPT: str(attempt)}}, "status": status}
 
 
-def condition(decision: bookies.Decision, type_: str) -> tuple[str, str]:
-    found = next(c for c in decision.status["conditions"] if c["type"] == type_)
+def status_of(decision: Decision) -> dict[str, Any]:
+    """The status a pass writes: its first action."""
+    patch = decision.actions[0]
+    assert isinstance(patch, PatchStatus) and patch.plural == "bookies"
+    return patch.changes
+
+
+def after_status(decision: Decision) -> tuple[Any, ...]:
+    """What a pass does besides writing the status."""
+    return decision.actions[1:]
+
+
+def condition(decision: Decision, type_: str) -> tuple[str, str]:
+    found = next(c for c in status_of(decision)["conditions"] if c["type"] == type_)
     return found["status"], found["reason"]
 
 
-def events(decision: bookies.Decision) -> list[str]:
+def events(decision: Decision) -> list[str]:
     return [action.reason for action in decision.actions if isinstance(action, PostEvent)]
 
 
-def of_type(decision: bookies.Decision, kind: type) -> list[Any]:
+def of_type(decision: Decision, kind: type) -> list[Any]:
     return [action for action in decision.actions if isinstance(action, kind)]
 
 
-def ensured(decision: bookies.Decision) -> list[str]:
+def ensured(decision: Decision) -> list[str]:
     return [f"{a.manifest['kind']}/{a.manifest['metadata']['name']}" for a in of_type(decision, Ensure)]
 
 
@@ -105,8 +113,8 @@ EVERYTHING = ["PersistentVolumeClaim/bk-0-journal", "PersistentVolumeClaim/bk-0-
 ANNOTATE = Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {PLANNED: "u1"}}})
 
 
-def assert_lost(decision: bookies.Decision, kind: DeathKind, since: dt.datetime) -> None:
-    assert decision.status["phase"] == "Lost" and decision.status["lostSince"] == timestamp(since)
+def assert_lost(decision: Decision, kind: DeathKind, since: dt.datetime) -> None:
+    assert status_of(decision)["phase"] == "Lost" and status_of(decision)["lostSince"] == timestamp(since)
     assert condition(decision, "Lost") == ("True", kind.value)
     assert events(decision)[:1] == ["BookieLost"]
 
@@ -116,14 +124,14 @@ def assert_lost(decision: bookies.Decision, kind: DeathKind, since: dt.datetime)
 def test_a_new_bookie_gets_its_volumes_and_pod_and_is_not_lost():
     decision = bookies.decide(observed(bookie_body(had_pod=False), claims=(ClaimObserved(CLAIMS[0], False),
                                                                              ClaimObserved(CLAIMS[1], False))), NOW)
-    assert decision.status["phase"] == "Pending" and decision.status["lostSince"] is None
+    assert status_of(decision)["phase"] == "Pending" and status_of(decision)["lostSince"] is None
     assert ensured(decision) == EVERYTHING and events(decision) == []
 
 
 def test_a_running_bookie_is_left_alone():
     decision = bookies.decide(observed(pod=pod(), info=registered()), NOW)
-    assert decision.status["phase"] == "Running" and decision.status["lostSince"] is None
-    assert decision.actions == ()  # nothing to create, nothing to say
+    assert status_of(decision)["phase"] == "Running" and status_of(decision)["lostSince"] is None
+    assert after_status(decision) == ()  # nothing to create, nothing to say
 
 
 def test_pod_deleted_is_lost_and_recreated_on_its_volumes_within_the_delay():
@@ -150,12 +158,12 @@ def test_pod_not_ready_on_a_dead_node_is_lost_since_it_stopped_being_ready(node_
 
 def test_pod_not_ready_on_a_ready_node_without_restarts_is_not_lost():
     decision = bookies.decide(observed(pod=pod(ready=False, since=ago(3600)), node_ready="True"), NOW)
-    assert decision.status["lostSince"] is None and decision.status["phase"] == "Pending"
+    assert status_of(decision)["lostSince"] is None and status_of(decision)["phase"] == "Pending"
 
 
 def test_terminating_pod_on_a_dead_node_is_lost_only_past_its_grace_period():
     within = bookies.decide(observed(pod=pod(deleted_at=NOW + dt.timedelta(seconds=20)), node_ready="Unknown"), NOW)
-    assert within.status["lostSince"] is None
+    assert status_of(within)["lostSince"] is None
     past = bookies.decide(observed(pod=pod(deleted_at=ago(5)), node_ready="Unknown"), NOW)
     assert_lost(past, DeathKind.NODE_LOST, ago(5))
 
@@ -174,14 +182,14 @@ def test_crash_looping_longer_than_the_delay_is_lost_and_marked_at_once():
 def test_not_a_crash_loop(restarts, not_ready_for, planned):
     body = bookie_body(planned=planned)
     decision = bookies.decide(observed(body, pod=pod(ready=False, since=ago(not_ready_for), restarts=restarts)), NOW)
-    assert decision.status["lostSince"] is None and events(decision) == []
+    assert status_of(decision)["lostSince"] is None and events(decision) == []
 
 
 def test_pod_pending_because_its_volume_node_is_gone_is_lost_and_not_recreated():
     gone = (ClaimObserved(CLAIMS[0], True), ClaimObserved(CLAIMS[1], True, lost_node="node-b"))
     decision = bookies.decide(observed(pod=pod(ready=False, node=None, phase="Pending"), claims=gone), NOW)
     assert_lost(decision, DeathKind.VOLUME_NODE_GONE, NOW)
-    assert "node-b" in decision.status["conditions"][0]["message"]
+    assert "node-b" in status_of(decision)["conditions"][0]["message"]
     assert ensured(decision) == []
 
 
@@ -194,13 +202,13 @@ def test_a_claim_being_deleted_counts_as_gone():
 def test_a_new_bookie_waits_for_a_dying_claim_before_it_gets_a_pod():
     dying = (ClaimObserved(CLAIMS[0], True, terminating=True), ClaimObserved(CLAIMS[1], False))
     decision = bookies.decide(observed(bookie_body(had_pod=False), claims=dying), NOW)
-    assert decision.status["lostSince"] is None
+    assert status_of(decision)["lostSince"] is None
     assert ensured(decision) == ["PersistentVolumeClaim/bk-0-ledgers"]
 
 
 def test_a_planned_restart_is_not_a_loss_and_its_mark_goes_once_the_new_pod_is_ready():
     restarting = bookies.decide(observed(bookie_body(planned="u1"), pod=None), NOW)
-    assert restarting.status["lostSince"] is None and ensured(restarting) == ["Pod/bk-0"]
+    assert status_of(restarting)["lostSince"] is None and ensured(restarting) == ["Pod/bk-0"]
     back = bookies.decide(observed(bookie_body(planned="u1"), pod=pod(uid="u2"), info=registered()), NOW)
     assert of_type(back, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0",
                                           {"metadata": {"annotations": {PLANNED: None}}})]
@@ -208,7 +216,7 @@ def test_a_planned_restart_is_not_a_loss_and_its_mark_goes_once_the_new_pod_is_r
 
 # --- the loss, the repair and what follows ---------------------------------------------------------------------
 
-def lost(**kwargs: Any) -> bookies.BookieObserved:
+def lost(**kwargs: Any) -> bookies.ObservedBookie:
     """A bookie lost `since` seconds ago (10 by default) with the given observations."""
     since = ago(kwargs.pop("since", 10))
     return observed(bookie_body(lost_since=since, conditions=kwargs.pop("conditions", None)), **kwargs)
@@ -216,7 +224,7 @@ def lost(**kwargs: Any) -> bookies.BookieObserved:
 
 def test_within_the_delay_it_waits_and_is_due_again_when_the_delay_ends():
     decision = bookies.decide(lost(pod=pod(ready=False, since=ago(10))), NOW)
-    assert decision.status["phase"] == "Lost" and of_type(decision, LaunchRepair) == [] and events(decision) == []
+    assert status_of(decision)["phase"] == "Lost" and of_type(decision, LaunchRepair) == [] and events(decision) == []
     assert decision.recheck_at == ago(10) + dt.timedelta(seconds=DELAY)  # not whenever the next interval comes
 
 
@@ -230,15 +238,15 @@ def test_only_the_clock_running_out_on_a_delay_makes_a_pass_due(case):
 
 def test_a_restarted_pod_that_is_not_ready_is_due_again_just_past_the_delay():
     decision = bookies.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), NOW)
-    assert decision.status["lostSince"] is None
+    assert status_of(decision)["lostSince"] is None
     assert decision.recheck_at == ago(5) + dt.timedelta(seconds=DELAY + 1)
     later = decision.recheck_at
-    assert bookies.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), later).status["lostSince"]
+    assert status_of(bookies.decide(observed(pod=pod(ready=False, since=ago(5), restarts=2)), later))["lostSince"]
 
 
 def test_back_with_its_data_clears_the_loss():
     decision = bookies.decide(lost(pod=pod(uid="u2"), info=registered()), NOW)
-    assert decision.status["lostSince"] is None and decision.status["phase"] == "Running"
+    assert status_of(decision)["lostSince"] is None and status_of(decision)["phase"] == "Running"
     assert condition(decision, "Lost") == ("False", "BookieReturned") and events(decision) == ["BookieReturned"]
 
 
@@ -247,7 +255,7 @@ def test_disabled_auto_recovery_launches_nothing_and_says_so_once():
     assert of_type(decision, LaunchRepair) == []
     assert condition(decision, "Repaired") == ("False", bookies.AUTO_RECOVERY_DISABLED)
     assert events(decision) == [bookies.AUTO_RECOVERY_DISABLED]
-    again = bookies.decide(lost(pod=None, since=3600, disabled=True, conditions=decision.status["conditions"]), NOW)
+    again = bookies.decide(lost(pod=None, since=3600, disabled=True, conditions=status_of(decision)["conditions"]), NOW)
     assert events(again) == []
 
 
@@ -270,9 +278,10 @@ def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
     decision = bookies.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),
                                      attempts=(job("Complete"),), remaining=()), NOW)
-    assert of_type(decision, ForgetCookie) == [ForgetCookie(ZooKeeperTarget.of(cluster()), decision.status["bookieId"])]
+    forget = ForgetCookie(ZooKeeperTarget.of(bookie_cluster()), status_of(decision)["bookieId"])
+    assert of_type(decision, ForgetCookie) == [forget]
     assert ensured(decision) == EVERYTHING
-    assert decision.status["lostSince"] is None
+    assert status_of(decision)["lostSince"] is None
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")
     assert condition(decision, "Lost") == ("False", "Replaced")
     assert events(decision) == ["RepairSucceeded", "BookieReplaced"]
@@ -283,7 +292,7 @@ def test_repaired_with_a_claim_still_terminating_waits_for_it():
     decision = bookies.decide(lost(pod=None, since=3600, claims=dying, attempts=(job("Complete"),), remaining=()),
                                 NOW)
     assert of_type(decision, ForgetCookie) == [] and ensured(decision) == [] and of_type(decision, Delete) == []
-    assert decision.status["phase"] == "Lost"
+    assert status_of(decision)["phase"] == "Lost"
 
 
 def test_a_succeeded_repair_that_left_ledgers_is_not_repaired():
@@ -301,14 +310,14 @@ def test_a_pod_stuck_on_a_dead_node_is_force_deleted_only_after_the_repair():
     assert of_type(repaired, ForceDeletePod) == [ForceDeletePod("default", "bk-0")]
     assert of_type(repaired, Delete) == [Delete(CORE, "persistentvolumeclaims", "default", c) for c in CLAIMS]
     assert events(repaired) == ["RepairSucceeded", "PodForceDeleted"]
-    assert repaired.status["phase"] == "Lost" and ensured(repaired) == []  # fresh ones once the old ones are gone
+    assert status_of(repaired)["phase"] == "Lost" and ensured(repaired) == []  # fresh ones once the old ones are gone
 
 
 def test_crash_looping_with_its_data_stays_lost_after_the_repair_and_keeps_its_volumes():
     decision = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=3600, attempts=(job("Complete"),),
                                      remaining=()), NOW)
     assert condition(decision, "Repaired") == ("True", "RepairSucceeded")
-    assert decision.status["phase"] == "Lost"
+    assert status_of(decision)["phase"] == "Lost"
     assert of_type(decision, Delete) == of_type(decision, LaunchRepair) == of_type(decision, ForgetCookie) == []
 
 
@@ -321,7 +330,7 @@ def test_a_repair_whose_jobs_expired_is_not_launched_again():
                  "lastTransitionTime": timestamp(ago(1800))}]
     decision = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=3600, conditions=repaired), NOW)
     assert of_type(decision, LaunchRepair) == [] and events(decision) == []
-    assert condition(decision, "Repaired") == ("True", "RepairSucceeded") and decision.status["phase"] == "Lost"
+    assert condition(decision, "Repaired") == ("True", "RepairSucceeded") and status_of(decision)["phase"] == "Lost"
     earlier = bookies.decide(lost(pod=pod(ready=False, restarts=9), since=600, conditions=repaired), NOW)
     assert [a.attempt for a in of_type(earlier, LaunchRepair)] == [0]
 
@@ -345,13 +354,13 @@ def test_a_drained_bookie_gets_the_planned_restart_delay_an_unplanned_loss_keeps
     seen = bookies.decide(observed(pod=terminating), NOW)
     assert of_type(seen, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0", {"metadata": {"annotations": {
         DISRUPTION: "u1 EvictionByEvictionAPI"}}})]
-    assert seen.status["phase"] != "Lost"
+    assert status_of(seen)["phase"] != "Lost"
     body = bookie_body()
     body["metadata"]["annotations"] = {DISRUPTION: "u1 EvictionByEvictionAPI"}
     gone = bookies.decide(observed(body, pod=None), NOW)
     assert_lost(gone, DeathKind.EVICTED, NOW)
     assert of_type(gone, LaunchRepair) == [] and gone.recheck_at == NOW + dt.timedelta(seconds=600)
-    lost_body = {**body, "status": {**gone.status}}
+    lost_body = {**body, "status": {**status_of(gone)}}
     later = bookies.decide(observed(lost_body, pod=None), NOW + dt.timedelta(seconds=120))
     assert of_type(later, LaunchRepair) == [], "well past lostBookieRecoveryDelay, within the planned delay"
     assert [a.attempt for a in of_type(bookies.decide(observed(lost_body, pod=None),
@@ -381,7 +390,7 @@ def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():
     body = bookie_body()
     body["spec"]["desiredState"] = "ReadOnly"
     decision = bookies.decide(observed(body, pod=None), NOW)
-    assert decision.actions == () and decision.status["phase"] == "Decommissioning"
+    assert after_status(decision) == () and status_of(decision)["phase"] == "Decommissioning"
 
 
 # --- the repair's own steps ------------------------------------------------------------------------------------
@@ -467,7 +476,7 @@ class CountingApi(StoredApi):
 def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
     """At 1,000 bookies each pass's GETs add up (issue 24): the cluster, pod and claims come from the operator's
     watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
-    cluster_body = {**cluster().to_wire(), "spec": {**cluster().to_wire()["spec"], "zookeeper": zk_connect}}
+    cluster_body = bookie_cluster(zookeeper=zk_connect).to_wire()
     claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}
     cached = {("bookieclusters", "bk"): cluster_body, ("pods", "bk-0"): pod(),
               **{("persistentvolumeclaims", name): body for name, body in claim_bodies.items()}}

@@ -11,18 +11,14 @@ from bookfleet.kube import clusters, repairs, resources
 from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent
 from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 NS = "default"
 
 
-def cluster(replicas: int = 3, **spec: Any) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": NS, "uid": "c1", "generation": 4},
-                                         "spec": {"replicas": replicas, "zookeeper": "zk:2181", **spec}})
-
-
 def bookie_body(ordinal: int, **annotations: str) -> dict:
-    manifest = resources.bookies_for_cluster(cluster(ordinal + 1))[ordinal]
+    manifest = resources.bookies_for_cluster(bookie_cluster(ordinal + 1))[ordinal]
     manifest["metadata"].update(uid=f"b{ordinal}", annotations=annotations)
     return manifest
 
@@ -34,17 +30,17 @@ def pod(of: BookieCluster, body: dict, ready: bool = True, uid: str = "p") -> di
     return built
 
 
-def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> clusters.ObservedBookie:
+def up(ordinal: int, of: BookieCluster | None = None, **annotations: str) -> clusters.Member:
     """A bookie ready and registered in a pod of `of`'s spec (the default cluster's when not given)."""
     body = bookie_body(ordinal, **annotations)
-    return clusters.ObservedBookie(body, pod(of or cluster(), body), registered=True, forced_read_only=False)
+    return clusters.Member(body, pod(of or bookie_cluster(), body), registered=True, forced_read_only=False)
 
 
 def draining(ordinal: int, pod_running: bool = True, cookie: bool = True, remaining: int = 0,
-             since: str = "2026-01-02T03:00:00Z") -> clusters.ObservedBookie:
+             since: str = "2026-01-02T03:00:00Z") -> clusters.Member:
     body = bookie_body(ordinal, **{clusters.ANNOTATION_DECOMMISSION_SINCE: since})
     body["spec"]["desiredState"] = "ReadOnly"
-    return clusters.ObservedBookie(body, pod(cluster(), body) if pod_running else None, registered=pod_running,
+    return clusters.Member(body, pod(bookie_cluster(), body) if pod_running else None, registered=pod_running,
                                   forced_read_only=True, cookie=cookie, remaining_ledgers=remaining)
 
 
@@ -53,10 +49,10 @@ def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
             for name in names for claim in resources.claim_names(name)}
 
 
-def decide(of: BookieCluster, *bookies: clusters.ObservedBookie, status: dict | None = None,
+def decide(of: BookieCluster, *bookies: clusters.Member, status: dict | None = None,
            claims: dict | None = None, moment: dt.datetime = NOW) -> list:
     body = {**of.to_wire(), "status": status or {}}
-    return clusters.decide(clusters.Observed(body, of, "", bookies, claims or {}), moment)
+    return list(clusters.decide(clusters.ObservedCluster(body, of, "", bookies, claims or {}), moment).actions)
 
 
 def of_type(actions: list, kind: type, **fields: Any) -> list:
@@ -95,15 +91,16 @@ def test_an_invalid_spec_is_reported_once():
     body = {"metadata": {"name": "bad", "namespace": NS}, "spec": {"replicas": 2, "zookeeper": "zk",
                                                                     "zones": ["a", "b", "c"]}}
     invalid, problem = clusters.validate(body)
-    actions = clusters.decide(clusters.Observed(body, invalid, problem), NOW)
+    actions = list(clusters.decide(clusters.ObservedCluster(body, invalid, problem), NOW).actions)
     assert events(actions) == ["InvalidSpec"] and of_type(actions, PostEvent)[0].warning
     valid = condition(status_of(actions), "Valid")
     assert valid["status"] == "False" and "zones: c would have no bookie" in valid["message"]
-    assert clusters.decide(clusters.Observed({**body, "status": status_of(actions)}, None, problem), NOW) == []
+    again = clusters.ObservedCluster({**body, "status": status_of(actions)}, None, problem)
+    assert list(clusters.decide(again, NOW).actions) == []
 
 
 def test_scale_up_creates_missing_bookies():
-    actions = decide(cluster(3), up(0))
+    actions = decide(bookie_cluster(3, generation=4), up(0))
     assert touching(actions, "bookies") == [("ensure", "bk-1"), ("ensure", "bk-2")]
     status = status_of(actions)
     assert (status["phase"], status["readyBookies"], status["desiredBookies"], status["updatedBookies"]) == (
@@ -114,25 +111,25 @@ def test_scale_up_creates_missing_bookies():
 
 def test_scale_up_replaces_volumes_released_by_a_drained_bookie_and_waits_for_dying_ones():
     released = claims_of("bk-2", annotations={clusters.ANNOTATION_RELEASED: "old-uid"})
-    actions = decide(cluster(3), up(0), up(1), claims=released)
+    actions = decide(bookie_cluster(3), up(0), up(1), claims=released)
     assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
     assert touching(actions, "bookies") == [] and "StaleVolumesDeleted" in events(actions)
 
     dying = claims_of("bk-2", deletionTimestamp="2026-01-02T03:04:00Z",
                       annotations={clusters.ANNOTATION_RELEASED: "old-uid"})
-    actions = decide(cluster(3), up(0), up(1), claims=dying)
+    actions = decide(bookie_cluster(3), up(0), up(1), claims=dying)
     assert touching(actions, "bookies") == [] and touching(actions, "persistentvolumeclaims") == []
     assert events(actions) == []  # deleted once, said once
 
     retained = claims_of("bk-2")  # left by a deleted cluster (whenDeleted: Retain): the bookie returns to its data
-    actions = decide(cluster(3), up(0), up(1), claims=retained)
+    actions = decide(bookie_cluster(3), up(0), up(1), claims=retained)
     assert touching(actions, "bookies") == [("ensure", "bk-2")]
     assert touching(actions, "persistentvolumeclaims") == []
 
 
 def test_scale_down_drains_the_highest_ordinal_step_by_step():
     # 1. read-only, with the time the drain started
-    actions = decide(cluster(2), up(0), up(1), up(2))
+    actions = decide(bookie_cluster(2), up(0), up(1), up(2))
     assert touching(actions, "bookies") == [("patch", "bk-2")]
     patch = of_type(actions, Patch, name="bk-2")[0].patch
     assert patch["spec"] == {"desiredState": "ReadOnly"}
@@ -140,13 +137,13 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     assert "Decommissioning" in events(actions) and status_of(actions)["phase"] == "Reconciling"
 
     # 2. forced read-only in ZooKeeper; its ledgers are repaired elsewhere; nothing is deleted yet
-    actions = decide(cluster(2), up(0), up(1), draining(2, remaining=4))
+    actions = decide(bookie_cluster(2), up(0), up(1), draining(2, remaining=4))
     assert [(a.bookie.metadata.name, a.since) for a in of_type(actions, LaunchRepair)] == [
         ("bk-2", dt.datetime(2026, 1, 2, 3, 0, tzinfo=dt.UTC))]
     assert not of_type(actions, Delete) and not of_type(actions, ForgetCookie)
 
     # 3. drained: cookie forgotten, pod deleted, volumes kept (whenScaled Retain) and released from the Bookie
-    actions = decide(cluster(2), up(0), up(1), draining(2), claims=claims_of("bk-2"))
+    actions = decide(bookie_cluster(2), up(0), up(1), draining(2), claims=claims_of("bk-2"))
     assert of_type(actions, ForgetCookie, bookie_id=bookie_body(2)["spec"]["bookieId"])
     assert touching(actions, "pods") == [("delete", "bk-2")]
     assert touching(actions, "persistentvolumeclaims") == [("patch", "bk-2-journal"), ("patch", "bk-2-ledgers")]
@@ -155,7 +152,7 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     assert touching(actions, "bookies") == []  # not while its process may still turn it writable
 
     # 4. pod gone: switch cleared, Bookie deleted
-    actions = decide(cluster(2), up(0), up(1), draining(2, pod_running=False, cookie=False),
+    actions = decide(bookie_cluster(2), up(0), up(1), draining(2, pod_running=False, cookie=False),
                      claims=claims_of("bk-2", annotations={clusters.ANNOTATION_RELEASED: "b2"}))
     assert of_type(actions, clusters.SetForcedReadOnly, reason=None)
     assert touching(actions, "bookies") == [("delete", "bk-2")]
@@ -163,7 +160,7 @@ def test_scale_down_drains_the_highest_ordinal_step_by_step():
     assert "Decommissioned" in events(actions)
 
     # whenScaled Delete: its volumes go once it is drained
-    deleting = cluster(2, persistentVolumeClaimRetentionPolicy={"whenScaled": "Delete"})
+    deleting = bookie_cluster(2, persistentVolumeClaimRetentionPolicy={"whenScaled": "Delete"})
     actions = decide(deleting, up(0, deleting), up(1, deleting), draining(2), claims=claims_of("bk-2"))
     assert touching(actions, "persistentvolumeclaims") == [("delete", "bk-2-journal"), ("delete", "bk-2-ledgers")]
 
@@ -180,8 +177,9 @@ def test_a_drains_repair_is_decided_from_its_observed_attempts_and_launched_by_t
     backoff, none while auto-recovery is disabled; decide names the attempt, LaunchRepair (act) creates it."""
     def launched(repair: repairs.RepairObserved, disabled: bool = False) -> list[int]:
         bookie = replace(draining(2, remaining=4), repair=repair)
-        body = {**cluster(2).to_wire(), "status": {}}
-        actions = clusters.decide(clusters.Observed(body, cluster(2), "", (up(0), up(1), bookie), {}, disabled), NOW)
+        body = {**bookie_cluster(2).to_wire(), "status": {}}
+        observed = clusters.ObservedCluster(body, bookie_cluster(2), "", (up(0), up(1), bookie), {}, disabled)
+        actions = clusters.decide(observed, NOW).actions
         return [action.attempt for action in of_type(actions, LaunchRepair)]
 
     assert launched(repairs.RepairObserved()) == [0]
@@ -195,17 +193,17 @@ def test_a_drains_repair_is_decided_from_its_observed_attempts_and_launched_by_t
 
 def test_scaled_up_again_mid_drain():
     # its cookie still there: writable again, with its data
-    actions = decide(cluster(3), up(0), up(1), draining(2, remaining=4))
+    actions = decide(bookie_cluster(3), up(0), up(1), draining(2, remaining=4))
     patch = of_type(actions, Patch, name="bk-2")[0].patch
     assert patch["spec"] == {"desiredState": "Writable"} and "DecommissionCancelled" in events(actions)
     assert not of_type(actions, LaunchRepair)
     # its cookie gone: the drain finishes first, then the ordinal starts afresh
-    actions = decide(cluster(3), up(0), up(1), draining(2, pod_running=False, cookie=False))
+    actions = decide(bookie_cluster(3), up(0), up(1), draining(2, pod_running=False, cookie=False))
     assert touching(actions, "bookies") == [("delete", "bk-2")]
 
 
 def test_a_spec_change_rolls_one_bookie_at_a_time():
-    new = cluster(3, resources={"requests": {"cpu": "1"}, "limits": {"cpu": "2"}})
+    new = bookie_cluster(3, resources={"requests": {"cpu": "1"}, "limits": {"cpu": "2"}})
     actions = decide(new, up(0), up(1), up(2))
     assert touching(actions, "pods") == [("delete", "bk-0")]
     annotations = of_type(actions, Patch, name="bk-0")[0].patch["metadata"]["annotations"]
@@ -220,14 +218,14 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
     started = {clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
                ANNOTATION_PLANNED_RESTART: "p-bk-0"}
     body = bookie_body(0, **started)
-    restarting = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    restarting = clusters.Member(body, pod(new, body, ready=False, uid="q"), False, False)
     actions = decide(new, restarting, up(1), up(2), moment=NOW + dt.timedelta(seconds=30))
     assert touching(actions, "pods") == []
     status = status_of(actions)
     assert condition(status, "RolloutStuck")["status"] == "False" and status["phase"] == "Reconciling"
 
     # ready and registered: the rollout marks it done and moves on to bk-1
-    ready = clusters.ObservedBookie(body, pod(new, body, uid="q"), True, False)
+    ready = clusters.Member(body, pod(new, body, uid="q"), True, False)
     actions = decide(new, ready, up(1), up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]
     done = of_type(actions, Patch, name="bk-0")[0].patch
@@ -243,21 +241,21 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
 
 
 def test_an_outdated_bookie_waits_while_another_one_is_down():
-    new = cluster(3, image="bookfleet/bookie:9")
+    new = bookie_cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(1)
-    down = clusters.ObservedBookie(body, pod(cluster(), body, ready=False), registered=False, forced_read_only=False)
+    down = clusters.Member(body, pod(bookie_cluster(), body, ready=False), registered=False, forced_read_only=False)
     actions = decide(new, up(0), down, up(2))
     assert touching(actions, "pods") == [("delete", "bk-1")]  # the one down anyway may go
-    actions = decide(new, up(0), clusters.ObservedBookie(body, None, False, False), up(2))
+    actions = decide(new, up(0), clusters.Member(body, None, False, False), up(2))
     assert touching(actions, "pods") == []
     assert condition(status_of(actions), "Upgrading")["message"] == "waiting for bk-1 to be ready"
 
 
 def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
-    new = cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
+    new = bookie_cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
     body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
                              ANNOTATION_PLANNED_RESTART: "p-bk-0"})
-    broken = clusters.ObservedBookie(body, pod(new, body, ready=False, uid="q"), False, False)
+    broken = clusters.Member(body, pod(new, body, ready=False, uid="q"), False, False)
     later = NOW + dt.timedelta(seconds=61)
     actions = decide(new, broken, up(1), up(2), moment=later)
     assert touching(actions, "pods") == [] and events(actions) == ["RolloutStuck"]
@@ -269,24 +267,24 @@ def test_a_bookie_not_ready_within_the_timeout_halts_the_rollout():
     assert events(again) == [] and condition(status_of(again), "RolloutStuck")["status"] == "True"
 
     # the spec fixed: the stuck bookie restarts at once (it is down anyway), the others still wait
-    fixed = cluster(3, image="bookfleet/bookie:fixed", rolloutTimeoutSeconds=60)
+    fixed = bookie_cluster(3, image="bookfleet/bookie:fixed", rolloutTimeoutSeconds=60)
     actions = decide(fixed, broken, up(1), up(2), status=status_of(actions), moment=later)
     assert touching(actions, "pods") == [("delete", "bk-0")]
     assert condition(status_of(actions), "RolloutStuck")["status"] == "False"
 
 
 def test_a_pod_still_terminating_after_its_restart_is_waited_for():
-    new = cluster(3, image="bookfleet/bookie:9")
+    new = bookie_cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
                              ANNOTATION_PLANNED_RESTART: "p-bk-0"})
-    old = pod(cluster(), body)
+    old = pod(bookie_cluster(), body)
     old["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:06Z"
-    actions = decide(new, clusters.ObservedBookie(body, old, True, False), up(1), up(2))
+    actions = decide(new, clusters.Member(body, old, True, False), up(1), up(2))
     assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
 
 
 def test_storage_grows_claims_and_rolls_the_new_quota():
-    bigger = cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
+    bigger = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
     claims = {name: {"metadata": {"name": name}, "spec": {"resources": {"requests": {"storage": "10Gi"}}}}
               for name in resources.claim_names("bk-0")}
     actions = decide(bigger, up(0), up(1), up(2), claims=claims)
@@ -303,7 +301,7 @@ def test_storage_grows_claims_and_rolls_the_new_quota():
 
 
 def test_claim_owners_follow_whenDeleted():
-    deleting = cluster(3, persistentVolumeClaimRetentionPolicy={"whenDeleted": "Delete"})
+    deleting = bookie_cluster(3, persistentVolumeClaimRetentionPolicy={"whenDeleted": "Delete"})
     claims = {name: {"metadata": {"name": name}, "spec": {"resources": {"requests": {"storage": "2Gi"}}}}
               for name in resources.claim_names("bk-0")}
     actions = decide(deleting, up(0, deleting), up(1, deleting), up(2, deleting), claims=claims)
@@ -312,7 +310,7 @@ def test_claim_owners_follow_whenDeleted():
     # Retain (the default): owned claims are let go, so deleting the cluster keeps them
     owned = {name: {**claim, "metadata": {**claim["metadata"], "ownerReferences": owners[0]}}
              for name, claim in claims.items()}
-    actions = decide(cluster(3), up(0), up(1), up(2), claims=owned)
+    actions = decide(bookie_cluster(3), up(0), up(1), up(2), claims=owned)
     assert [a.patch for a in of_type(actions, Patch, plural="persistentvolumeclaims")] == [
         {"metadata": {"ownerReferences": None}}] * 2
 
@@ -324,15 +322,15 @@ def applied(actions: list) -> dict[tuple[str, str], dict]:
 def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_builds_them():
     """Server-side apply of each owned object on every pass: a spec change or a new operator version reaches the
     Service, budget, policies and repair account (created once and never updated before), and drift is undone."""
-    actions = decide(cluster(), up(0), up(1), up(2))
+    actions = decide(bookie_cluster(), up(0), up(1), up(2))
     owned = applied(actions)
     assert set(owned) == {("Service", "bk-bookies"), ("PodDisruptionBudget", "bk-bookies"),
                           ("NetworkPolicy", "bk-bookie"), ("NetworkPolicy", "bk-repair"),
                           ("ServiceAccount", "bookfleet-repair"), ("Role", "bookfleet-repair"),
                           ("RoleBinding", "bookfleet-repair"),
-                          ("ConfigMap", resources.executor_template_name(cluster()))}
+                          ("ConfigMap", resources.executor_template_name(bookie_cluster()))}
     assert not of_type(actions, Ensure)
-    changed = cluster(maxUnavailable=2, bookie={"httpPort": 8080})
+    changed = bookie_cluster(maxUnavailable=2, bookie={"httpPort": 8080})
     owned = applied(decide(changed, up(0, changed), up(1, changed), up(2, changed)))
     assert {p["port"] for p in owned[("Service", "bk-bookies")]["spec"]["ports"]} == {3181, 8080}
     assert owned[("PodDisruptionBudget", "bk-bookies")]["spec"]["minAvailable"] == 1
@@ -340,7 +338,7 @@ def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_bui
 
 
 def test_network_policies_switched_off_are_not_applied_and_the_operators_own_are_deleted():
-    off = cluster(networkPolicy={"enabled": False})
+    off = bookie_cluster(networkPolicy={"enabled": False})
     actions = decide(off, up(0, off), up(1, off), up(2, off))
     assert not [key for key in applied(actions) if key[0] == "NetworkPolicy"]
     assert [(a.plural, a.name) for a in of_type(actions, Delete)] == [("networkpolicies", "bk-bookie"),

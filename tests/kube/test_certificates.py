@@ -18,16 +18,15 @@ from bookfleet.kube.models import Bookie, BookieCluster, cluster_problems
 from bookfleet.security.certs import CertificateAuthority
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, server_context
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 11, 26, 3, 0, tzinfo=dt.UTC)
 RENEW = dt.timedelta(days=30)
 
 
 def make_cluster(**security: Any) -> BookieCluster:
-    return BookieCluster.model_validate({
-        "metadata": {"name": "demo", "namespace": "storage", "uid": "cluster-uid"},
-        "spec": {"replicas": 2, "zookeeper": "zk:2181", "security": {"zookeeperAuthSecret": "zk-auth", **security}},
-    })
+    return bookie_cluster(2, name="demo", namespace="storage", uid="cluster-uid",
+                          security={"zookeeperAuthSecret": "zk-auth", **security})
 
 
 def bookies_of(cluster: BookieCluster) -> list[Bookie]:

@@ -12,10 +12,11 @@ from bookfleet.kube import ledgers, resources
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent
 from bookfleet.kube.context import ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
-from bookfleet.kube.models import BookieCluster, Ledger
+from bookfleet.kube.models import Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo
 from bookfleet.meta.underreplication import DataLoss, Marker
+from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 ZK = "zk:2181"
@@ -29,22 +30,23 @@ def ledger(**spec: Any) -> Ledger:
                                            **spec}})
 
 
-def cluster(replicas: int = 3, zones: tuple[str, ...] = ()) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns", "uid": "c1"},
-                                         "spec": {"replicas": replicas, "zookeeper": ZK, "zones": list(zones)}})
-
-
 def bookies(*ids: str, zone: str = "") -> tuple[BookieInfo, ...]:
     return tuple(BookieInfo(bookie_id=i, address="127.0.0.1:1", zone=zone) for i in ids)
 
 
 def observed(status: dict | None = None, **fields: Any) -> ObservedLedger:
-    return ObservedLedger(status=status or {}, **{"ledger": ledger(), "cluster": cluster(), **fields})
+    return ObservedLedger(status=status or {},
+                          **{"ledger": ledger(), "cluster": bookie_cluster(namespace="ns"), **fields})
 
 
 def existing(status: dict | None = None, **fields: Any) -> ObservedLedger:
     """An adopted ledger (spec.ledgerId 7) whose metadata is in ZooKeeper."""
     return observed(status, ledger=ledger(ledgerId=7), metadata=METADATA, **fields)
+
+
+def decide(observed: ObservedLedger, moment: dt.datetime, rng: random.Random | None = None) -> list[Action]:
+    """The actions of one pass."""
+    return list(ledgers.decide(observed, moment, rng).actions)
 
 
 def status_of(actions: list[Action]) -> dict:
@@ -79,30 +81,31 @@ def job(name: str, attempt: int, outcome: str | None = None, bookie: str = "b2",
 
 def test_invalid_spec_says_why_once():
     first = ObservedLedger(status={}, spec_errors="spec.ensembleSize: must be >= 1")
-    actions = ledgers.decide(first, NOW)
+    actions = decide(first, NOW)
     assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
     assert events(actions) == [("InvalidSpec", True)]
     assert RecordLedgerHealth(False, False) in actions
-    assert events(ledgers.decide(next_pass(first, actions), NOW)) == []  # an Event only on change
+    assert events(decide(next_pass(first, actions), NOW)) == []  # an Event only on change
 
 
 def test_missing_cluster_makes_the_spec_invalid_and_nothing_is_created():
-    actions = ledgers.decide(observed(cluster=None), NOW)
+    actions = decide(observed(cluster=None), NOW)
     assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
     assert "BookieCluster 'bk' does not exist" in status_of(actions)["conditions"][0]["message"]
     assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
 
 
 def test_zones_outside_the_cluster_make_the_spec_invalid():
-    actions = ledgers.decide(observed(ledger=ledger(zones=["zone-x"]), cluster=cluster(zones=("zone-a",))), NOW)
+    zoned = bookie_cluster(namespace="ns", zones=("zone-a",))
+    actions = decide(observed(ledger=ledger(zones=["zone-x"]), cluster=zoned), NOW)
     assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
 
 
 def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
-    actions = ledgers.decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
+    actions = decide(observed(writable=bookies("b1", "b2", "b3"), password=b"pw"), NOW,
                              rng=random.Random(1))
     reserve, create = actions[:2]
-    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(cluster()))
+    assert reserve == ReserveLedgerId(ZooKeeperTarget.of(bookie_cluster(namespace="ns")))
     assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
@@ -117,14 +120,14 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
 
 
 def test_an_id_reserved_by_an_interrupted_pass_is_used_not_reserved_again():
-    actions = ledgers.decide(observed({"ledgerId": 12}, writable=bookies("b1", "b2"), password=b""), NOW)
+    actions = decide(observed({"ledgerId": 12}, writable=bookies("b1", "b2"), password=b""), NOW)
     assert not any(isinstance(a, ReserveLedgerId) for a in actions)
     assert isinstance(actions[0], CreateLedgerMetadata) and status_of(actions)["ledgerId"] == 12
 
 
 def test_zones_limit_placement():
-    actions = ledgers.decide(observed(ledger=ledger(ensembleSize=1, writeQuorum=1, ackQuorum=1, zones=["zone-b"]),
-                                      cluster=cluster(zones=("zone-a", "zone-b")), password=b"",
+    actions = decide(observed(ledger=ledger(ensembleSize=1, writeQuorum=1, ackQuorum=1, zones=["zone-b"]),
+                                      cluster=bookie_cluster(namespace="ns", zones=("zone-a", "zone-b")), password=b"",
                                       writable=bookies("a1", zone="zone-a") + bookies("b1", zone="zone-b")), NOW)
     create = next(a for a in actions if isinstance(a, CreateLedgerMetadata))
     assert create.metadata.segments[0].bookies == ("b1",)
@@ -132,11 +135,11 @@ def test_zones_limit_placement():
 
 def test_not_enough_bookies_waits_and_says_why():
     first = observed(writable=bookies("b1"), password=b"")
-    actions = ledgers.decide(first, NOW)
+    actions = decide(first, NOW)
     assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
     assert conditions(actions)["Created"] == ("False", "NotEnoughBookies")
     assert events(actions) == [("NotEnoughBookies", True)]
-    created = ledgers.decide(next_pass(first, actions, writable=bookies("b1", "b2")), NOW)
+    created = decide(next_pass(first, actions, writable=bookies("b1", "b2")), NOW)
     assert conditions(created)["Created"] == ("True", "Created") and events(created) == [("Created", False)]
 
 
@@ -144,18 +147,18 @@ def test_a_ledger_waiting_for_bookies_or_its_secret_asks_for_another_pass_and_a_
     waiting = ledgers.decide(observed(writable=bookies("b1"), password=b""), NOW)
     no_secret = ledgers.decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
     created = ledgers.decide(observed(writable=bookies("b1", "b2"), password=b""), NOW)
-    assert ledgers.waits_for_creation(waiting) and ledgers.waits_for_creation(no_secret)
-    assert not ledgers.waits_for_creation(created)
+    assert waiting.requeue and no_secret.requeue
+    assert not created.requeue
 
 
 def test_a_missing_password_secret_blocks_creation():
-    actions = ledgers.decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
+    actions = decide(observed(writable=bookies("b1", "b2"), password_problem="secret 's' not found"), NOW)
     assert conditions(actions)["Created"] == ("False", "SecretNotFound")
     assert not any(isinstance(a, CreateLedgerMetadata) for a in actions)
 
 
 def test_an_existing_ledger_is_adopted_and_mirrored():
-    actions = ledgers.decide(existing(), NOW)
+    actions = decide(existing(), NOW)
     assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
     status = status_of(actions)
     assert (status["ledgerId"], status["state"], status["lastEntryId"], status["length"]) == (7, "CLOSED", 9, 90)
@@ -165,7 +168,7 @@ def test_an_existing_ledger_is_adopted_and_mirrored():
 
 
 def test_an_id_to_adopt_that_does_not_exist_is_reported_not_created():
-    actions = ledgers.decide(observed(ledger=ledger(ledgerId=7)), NOW)
+    actions = decide(observed(ledger=ledger(ledgerId=7)), NOW)
     assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
     assert status_of(actions)["ledgerId"] == 7
     assert conditions(actions) == {"Valid": ("False", "NoSuchLedger")}
@@ -174,9 +177,9 @@ def test_an_id_to_adopt_that_does_not_exist_is_reported_not_created():
 
 def test_a_healthy_ledger_changes_nothing_on_the_next_pass():
     first = existing()
-    again = ledgers.decide(next_pass(first, ledgers.decide(first, NOW)), NOW + dt.timedelta(seconds=10))
+    again = decide(next_pass(first, decide(first, NOW)), NOW + dt.timedelta(seconds=10))
     assert events(again) == []
-    assert conditions(again) == conditions(ledgers.decide(first, NOW))
+    assert conditions(again) == conditions(decide(first, NOW))
 
 
 def test_under_replication_repair_and_recovery_each_post_one_event():
@@ -194,7 +197,7 @@ def test_under_replication_repair_and_recovery_each_post_one_event():
     current = healthy
     for change, expected in steps:
         current = replace(current, **change)
-        actions = ledgers.decide(current, NOW)
+        actions = decide(current, NOW)
         assert events(actions) == expected, change
         current = next_pass(current, actions)
     assert current.status["repair"] == {"job": "repair-1", "bookieId": "b2", "state": "Succeeded",
@@ -207,10 +210,10 @@ def test_a_repair_found_through_the_marker_that_ended_before_the_ledger_was_mark
     of the same bookie, over before this ledger was marked, never shows as this ledger's repair."""
     marked = Marker(7, frozenset({"b2"}), int(dt.datetime(2026, 1, 3, tzinfo=dt.UTC).timestamp() * 1000), 0)
     old = job("repair-old", 0, "Complete")  # ended 2026-01-02
-    actions = ledgers.decide(existing(marker=marked, repairs=(old,)), NOW)
+    actions = decide(existing(marker=marked, repairs=(old,)), NOW)
     assert status_of(actions)["repair"] is None
     new = job("repair-new", 0, lost_since="2026-01-03T00:00:00+00:00")
-    actions = ledgers.decide(existing(marker=marked, repairs=(old, new)), NOW)
+    actions = decide(existing(marker=marked, repairs=(old, new)), NOW)
     assert status_of(actions)["repair"]["job"] == "repair-new" and status_of(actions)["repair"]["attempts"] == 1
 
 
@@ -223,18 +226,18 @@ def test_a_repair_still_running_is_followed_after_the_marker_is_gone():
     marker = Marker(7, frozenset({"b3", "b1"}), 0, 0)
     assert ledgers.repaired_bookies(marker, running) == ["b1", "b3", "b2"]
     kept = existing(status={"repair": {**running, "state": "Succeeded"}})
-    assert status_of(ledgers.decide(kept, NOW))["repair"]["state"] == "Succeeded"
+    assert status_of(decide(kept, NOW))["repair"]["state"] == "Succeeded"
 
 
 def test_under_replication_shows_in_status_and_metrics():
     marker = Marker(7, frozenset({"b2", "b1"}), int(NOW.timestamp() * 1000), 0)
-    actions = ledgers.decide(existing(marker=marker), NOW)
+    actions = decide(existing(marker=marker), NOW)
     assert status_of(actions)["underReplicated"] == {"missingBookies": ["b1", "b2"], "since": "2026-01-02T03:04:05Z"}
     assert RecordLedgerHealth(under_replicated=True, data_loss=False) in actions
 
 
 def test_data_loss_is_a_warning_and_a_condition():
-    actions = ledgers.decide(existing(loss=DataLoss(7, (3, 4), 0)), NOW)
+    actions = decide(existing(loss=DataLoss(7, (3, 4), 0)), NOW)
     assert conditions(actions)["DataLoss"] == ("True", "EntriesLost")
     assert "[3, 4]" in status_of(actions)["conditions"][1]["message"]
     assert events(actions) == [("EntriesLost", True)]
@@ -242,28 +245,28 @@ def test_data_loss_is_a_warning_and_a_condition():
 
 
 def test_a_ledger_deleted_in_zookeeper_shows_deleted_and_is_never_recreated():
-    created = ledgers.decide(observed({"ledgerId": 7}, writable=bookies("b1", "b2"), password=b""), NOW)
+    created = decide(observed({"ledgerId": 7}, writable=bookies("b1", "b2"), password=b""), NOW)
     seen = next_pass(observed({"ledgerId": 7}), created, writable=bookies("b1", "b2"), password=b"")
-    actions = ledgers.decide(seen, NOW)  # the metadata is gone, and bookies to recreate it are there
+    actions = decide(seen, NOW)  # the metadata is gone, and bookies to recreate it are there
     assert not any(isinstance(a, ReserveLedgerId | CreateLedgerMetadata) for a in actions)
     status = status_of(actions)
     assert (status["state"], status["underReplicated"]) == ("DELETED", None)
     assert conditions(actions)["Valid"] == ("False", "LedgerDeleted")
     assert events(actions) == [("LedgerDeleted", True)]
-    assert events(ledgers.decide(next_pass(seen, actions), NOW)) == []
-    adopted = ledgers.decide(next_pass(existing(), ledgers.decide(existing(), NOW), metadata=None), NOW)
+    assert events(decide(next_pass(seen, actions), NOW)) == []
+    adopted = decide(next_pass(existing(), decide(existing(), NOW), metadata=None), NOW)
     assert (status_of(adopted)["state"], events(adopted)) == ("DELETED", [("LedgerDeleted", True)])
 
 
 def test_condition_transition_times_come_from_the_decision_time():
-    actions = ledgers.decide(existing(), NOW)
+    actions = decide(existing(), NOW)
     assert {c["lastTransitionTime"] for c in status_of(actions)["conditions"]} == {"2026-01-02T03:04:05Z"}
 
 
 def test_ledger_status_says_which_write_sets_hold_two_replicas_in_one_zone():
     """After a zone outage, repairs onto the zones left may put two replicas of a write set in one zone: the status
     says so per segment, from the bookies' zones (round-robin by ordinal), known also while they are lost."""
-    zoned = cluster(6, zones=("zone-a", "zone-b", "zone-c"))
+    zoned = bookie_cluster(6, namespace="ns", zones=("zone-a", "zone-b", "zone-c"))
     zones = ledgers.bookie_zones(zoned)
     ids = [b["spec"]["bookieId"] for b in resources.bookies_for_cluster(zoned)]
     assert [zones[b] for b in ids] == ["zone-a", "zone-b", "zone-c"] * 2

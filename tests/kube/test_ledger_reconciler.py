@@ -56,7 +56,7 @@ def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     try:
         for _ in range(2):
-            ledgers.sync(ctx, copy.deepcopy(LEDGER), sources(api))  # the copy from before any status
+            ledgers.reconcile(ctx, copy.deepcopy(LEDGER), sources(api))  # the copy from before any status
     finally:
         ctx.close()
     status = api.objects["ledgers"]["status"]
@@ -79,7 +79,7 @@ def running_feed(zk_connect: str, retry: float):
 
     def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
         passes.append(key)
-        return ledgers.sync(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
+        return ledgers.reconcile(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
             feed.watch_metadata))
 

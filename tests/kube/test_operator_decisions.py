@@ -10,19 +10,15 @@ import datetime as dt
 import pytest
 
 from bookfleet.kube import bookies, resources
-from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
+from bookfleet.kube.models import Bookie, BookiePhase, DesiredState
 from bookfleet.meta.registry import BookieInfo, BookieMode
+from tests.fixtures.models import bookie_cluster
 
 LOST_AT = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
-def cluster(replicas: int = 3) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "default", "uid": "c1"},
-                                         "spec": {"replicas": replicas, "zookeeper": "zk:2181"}})
-
-
 def bookie(desired: DesiredState = DesiredState.WRITABLE, lost_since: dt.datetime | None = None) -> Bookie:
-    manifest = resources.bookies_for_cluster(cluster())[0]
+    manifest = resources.bookies_for_cluster(bookie_cluster())[0]
     manifest["spec"]["desiredState"] = desired.value
     return Bookie.model_validate({**manifest, "status": {"lostSince": lost_since}})
 

@@ -10,11 +10,11 @@ from kazoo.exceptions import NoAuthError
 
 from bookfleet.kube.clusters import ConfigureAutoRecovery
 from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget
-from bookfleet.kube.models import BookieCluster
 from bookfleet.kube.repairs import remaining_ledgers
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
+from tests.fixtures.models import bookie_cluster
 from tests.meta.test_underreplication import count_requests
 
 CREDENTIALS = {"alpha-zk": "alpha:secret-a", "beta-zk": "beta:secret-b"}
@@ -29,20 +29,15 @@ class SecretsApi:
         return None if auth is None else {"data": {"auth": base64.b64encode(auth.encode()).decode()}}
 
 
-def cluster(name: str, zookeeper: str, secret: str | None) -> BookieCluster:
-    return BookieCluster.model_validate({"metadata": {"name": name, "namespace": "ns"},
-                                         "spec": {"zookeeper": zookeeper,
-                                                  "security": {"zookeeperAuthSecret": secret}}})
-
-
 def test_each_cluster_locks_its_nodes_to_its_own_credential(zk_connect, zk, monkeypatch):
     """Three clusters on one ZooKeeper (own chroots): two with their own credentials, one open. Whatever credential
     the operator's process has, each cluster's nodes are readable with its own credential only (none: by anyone)."""
     monkeypatch.setenv(zkclient.ZK_AUTH_ENV, CREDENTIALS["alpha-zk"])  # the process's own must never leak in
     for chroot in ("/alpha", "/beta", "/open"):
         zk.ensure_path(chroot)
-    clusters = [cluster("alpha", zk_connect + "/alpha", "alpha-zk"), cluster("beta", zk_connect + "/beta", "beta-zk"),
-                cluster("open", zk_connect + "/open", None)]
+    clusters = [bookie_cluster(name=name, namespace="ns", uid=None, zookeeper=f"{zk_connect}/{name}",
+                               security={"zookeeperAuthSecret": secret})
+                for name, secret in (("alpha", "alpha-zk"), ("beta", "beta-zk"), ("open", None))]
     ctx = OperatorContext(SecretsApi())  # type: ignore[arg-type]
     try:
         for each in clusters:

@@ -14,6 +14,7 @@ from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger, Retention
 from bookfleet.replication import spark_repair
+from tests.fixtures.models import bookie_cluster
 
 LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
 
@@ -25,21 +26,15 @@ def stored(manifest: dict[str, Any], uid: str) -> dict[str, Any]:
 
 @pytest.fixture
 def cluster() -> BookieCluster:
-    return BookieCluster.model_validate(
-        {
-            "metadata": {"name": "demo", "namespace": "storage", "uid": "cluster-uid"},
-            "spec": {
-                "replicas": 4,
-                "zookeeper": "zk.storage.svc:2181",
-                "zones": ["zone-a", "zone-b", "zone-c"],
-                "antiAffinity": "required",
-                "resources": {"requests": {"cpu": 1, "memory": "1Gi"}},
-                "storage": {"ledgers": {"size": "5Gi", "storageClassName": "fast"}},
-                "bookie": {"extraArgs": ["--max-in-flight", "500"]},
-                "autoRecovery": {"repair": {"executors": 3, "executorMemory": "2g", "throttleMbPerS": 50}},
-                "security": {"tls": "Disabled"},  # TLS wiring: tests/kube/test_certificates.py
-            },
-        }
+    return bookie_cluster(
+        4, name="demo", namespace="storage", uid="cluster-uid", zookeeper="zk.storage.svc:2181",
+        zones=["zone-a", "zone-b", "zone-c"],
+        antiAffinity="required",
+        resources={"requests": {"cpu": 1, "memory": "1Gi"}},
+        storage={"ledgers": {"size": "5Gi", "storageClassName": "fast"}},
+        bookie={"extraArgs": ["--max-in-flight", "500"]},
+        autoRecovery={"repair": {"executors": 3, "executorMemory": "2g", "throttleMbPerS": 50}},
+        security={"tls": "Disabled"},  # TLS wiring: tests/kube/test_certificates.py
     )
 
 

@@ -1,6 +1,6 @@
 """`bookfleet bench operator --scale`: the operator at fleet scale on a real API server, its nodes and pods simulated.
 
-The local control plane (tests.cluster: etcd, kube-apiserver, controller-manager, scheduler from the pinned Go
+The local control plane (tests/cluster: etcd, kube-apiserver, controller-manager, scheduler from the pinned Go
 modules) with kwok (`sigs.k8s.io/kwok`, built once per pinned version by scripts/build-kwok.sh) faking the nodes and
 the pods' lifecycles, and a real embedded ZooKeeper. The bookies are registered in ZooKeeper by the bench (no bookie
 process runs), the ledgers' metadata is written there, one Ledger resource adopts each.
@@ -28,18 +28,15 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from bookfleet.bench import zookeeper_scale
 from bookfleet.bench.baseline import cpu_loop
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger
@@ -50,6 +47,9 @@ from bookfleet.meta.registry import BookieInfo
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.zkserver import ZooKeeperServer, four_letter_word, free_port
+from tests.cluster import __main__ as cluster_main
+from tests.cluster import controlplane, pki
+from tests.operatorbench import zookeeper
 
 NS = "default"
 CLUSTER = "fleet"
@@ -66,28 +66,11 @@ NOT_THE_OPERATOR = {"leases", "nodes", "nodes/status", "pods/status", "endpoints
 """Resources only kwok and the controllers write or read (the operator never does): left out of its share."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scale", action="store_true",
-                        help="instead: the operator over --bookies bookies and --ledgers Ledgers on the local control"
-                             " plane with kwok nodes (needs Go; builds kwok the first time)")
-    parser.add_argument("--bookies", type=int, default=100, help="--scale: bookies (default 100)")
-    parser.add_argument("--ledgers", type=int, default=10000, help="--scale: Ledger resources (default 10000)")
-    parser.add_argument("--window", type=float, default=60.0, help="--scale: seconds of each measuring window")
-    parser.add_argument("--settle", type=float, default=30.0,
-                        help="--scale: seconds between every Ledger reconciled and the steady window (default 30)")
-    parser.add_argument("--zookeeper-only", action="store_true",
-                        help="--scale: only the ZooKeeper side (status, the auditor, repair planning) over an embedded"
-                             " ZooKeeper with --bookies and --ledgers; no Kubernetes, no Go")
-    parser.add_argument("--operator-python", default=sys.executable,
-                        help="--scale: the python whose bookfleet runs the operator (another checkout's virtualenv:"
-                             " before/after figures)")
-
-
-def run(args: argparse.Namespace, test_tooling: Callable[[str], ModuleType]) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.zookeeper_only:
         baseline = {"cpu_loop_before": cpu_loop(), "load_average_1m_before": round(os.getloadavg()[0], 1)}
         with tempfile.TemporaryDirectory(prefix="bench-zk-scale-") as tmp:
-            result = zookeeper_scale.standalone(Path(tmp), args.bookies, args.ledgers)
+            result = zookeeper.standalone(Path(tmp), args.bookies, args.ledgers)
         baseline.update(cpu_loop_after=cpu_loop(), load_average_1m_after=round(os.getloadavg()[0], 1))
         print(json.dumps({"bench": "operator", "scenario": "scale-zookeeper", "bookies": args.bookies,
                           "ledgers": args.ledgers, **result, "baseline": baseline,
@@ -97,8 +80,6 @@ def run(args: argparse.Namespace, test_tooling: Callable[[str], ModuleType]) -> 
         print("bench operator --scale: skipped: no Go toolchain on PATH (the control plane and kwok are built from"
               " Go modules)")
         return 0
-    cluster_main = test_tooling("cluster.__main__")
-    controlplane, pki = test_tooling("cluster.controlplane"), test_tooling("cluster.pki")
     binaries = cluster_main.build()
     kwok = Path(subprocess.run([str(ROOT / "scripts" / "build-kwok.sh")], check=True, stdout=subprocess.PIPE,
                                text=True).stdout.strip().splitlines()[-1])

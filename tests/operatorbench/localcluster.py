@@ -1,0 +1,50 @@
+"""`bookfleet bench operator --node-failure` and `--zone-loss`: the operator on the local Kubernetes cluster
+(tests/cluster: a real control plane, process kubelets), the chart installed as the README says.
+
+`--node-failure` fails the node of a bookie holding a replica: seconds from the node being NotReady to the ledgers
+marked and the repair Job created, to a healthy Ledger and a fresh bookie. `--zone-loss` cuts a whole zone off for
+longer than the lost-bookie delay, then returns it (tests/cluster/zoneloss.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
+from tests.cluster import walkthrough, zoneloss
+
+NODE_FAILURE_ENTRIES = 100
+
+
+def machine_baseline() -> dict[str, float]:
+    """The same-run raw fsync and CPU loop, before the cluster starts."""
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
+        return {**raw_fsync_bandwidth(Path(tmp), 1024, seconds=1.0), **cpu_loop()}
+
+
+def node_failure(args: argparse.Namespace) -> int:
+    baseline = machine_baseline()
+    with walkthrough.running_cluster() as cluster:
+        walkthrough.install(cluster)
+        failure = walkthrough.node_failure(cluster, NODE_FAILURE_ENTRIES)
+    figures = failure.figures()
+    report = {"bench": "operator", "scenario": "node-failure", **figures,
+              "entries_read_back": len(failure.read_back), "baseline": baseline,
+              "targets": {"repair_job_after_node_not_ready": figures["lost_bookie_recovery_delay_seconds"] + 5}}
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0 if len(failure.read_back) == NODE_FAILURE_ENTRIES else 1
+
+
+def zone_loss(args: argparse.Namespace) -> int:
+    baseline = machine_baseline()
+    with walkthrough.running_cluster() as cluster:
+        walkthrough.install(cluster)
+        figures = zoneloss.zone_loss(cluster).figures()
+    report = {"bench": "operator", "scenario": "zone-loss", **figures, "baseline": baseline,
+              "targets": {"affected_ledgers_at_qw": figures["lost_bookie_recovery_delay_seconds"] + 60,
+                          "entries_lost": 0, "repairs_started_by_return": 0}}
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0 if figures["entries_lost"] == 0 and figures["repairs_started_by_return"] == 0 else 1
