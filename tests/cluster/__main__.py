@@ -24,6 +24,7 @@ from tests.cluster import pki as pki_module
 from tests.cluster.controlplane import SERVICE_IP, ControlPlane
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.network import Bridge
+from tests.cluster.realnode import TAINT, RealNode, built_image, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
@@ -36,11 +37,34 @@ def build() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def nodes_ready(kubelet: Kubelet) -> bool:
+def nodes_ready(kubelet: Kubelet, names: set[str]) -> bool:
     nodes = kubelet.api.list_node().items
-    return len(nodes) == len(kubelet.nodes) and all(
+    return {node.metadata.name for node in nodes} == names and all(
         any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
     )
+
+
+REAL_NODE, REAL_NODE_ZONE = "node-real", "zone-a"
+
+
+def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, bridge: Bridge
+                    ) -> RealNode | None:
+    """The real node (kubelet on containerd) when this machine can run one, else None; one line says which."""
+    reason = unavailable(binaries)
+    if reason is None:
+        try:
+            subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), "kubelet"], check=True,
+                           stdout=subprocess.DEVNULL)
+            pause = built_image("pause")
+        except subprocess.CalledProcessError as error:
+            reason = f"its kubelet or pause image did not build ({error})"
+    if reason is not None:
+        print(f"nodes: process kubelet only (no real node: {reason})", flush=True)
+        return None
+    node = RealNode(REAL_NODE, REAL_NODE_ZONE, state / "realnode", binaries, pki, server, bridge)
+    print(f"nodes: process kubelet and {REAL_NODE}, a kubelet on containerd (tainted {TAINT})", flush=True)
+    node.start(pause)
+    return node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     bridge = Bridge.choose()
     control_plane: ControlPlane | None = None
     kubelet: Kubelet | None = None
+    real_node: RealNode | None = None
     started = time.monotonic()
     try:
         bridge.create()
@@ -68,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         control_plane.start()
         kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
         kubelet.start()
-        wait_for(lambda: nodes_ready(kubelet), timeout=120, what="every node Ready", interval=0.5)
+        real_node = start_real_node(binaries, state, pki, control_plane.server, bridge)
+        names = set(kubelet.nodes) | ({real_node.name} if real_node else set())
+        wait_for(lambda: (real_node is None or real_node.check_alive()) and nodes_ready(kubelet, names),
+                 timeout=180, what="every node Ready", interval=0.5)
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)
@@ -80,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir(exist_ok=True)
         while not stopping.wait(0.5):
             control_plane.check_alive()
+            if real_node is not None:
+                real_node.check_alive()
             for request in sorted(control.glob("fail-node-*")):
                 kubelet.fail_node(request.name.removeprefix("fail-node-"))
                 request.unlink()
@@ -97,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print("stopping the local cluster ...", flush=True)
         if kubelet is not None:
             kubelet.stop()
+        if real_node is not None:
+            real_node.stop()
         if control_plane is not None:
             control_plane.stop()
         bridge.remove()
