@@ -21,10 +21,11 @@ from pathlib import Path
 
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
+from tests.cluster import realnode
 from tests.cluster.controlplane import SERVICE_IP, ControlPlane
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.network import Bridge
-from tests.cluster.realnode import TAINT, RealNode, built_image, unavailable
+from tests.cluster.realnode import RealNode
 
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
@@ -44,25 +45,22 @@ def nodes_ready(kubelet: Kubelet, names: set[str]) -> bool:
     )
 
 
-REAL_NODE, REAL_NODE_ZONE = "node-real", "zone-a"
-
-
 def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, bridge: Bridge
                     ) -> RealNode | None:
     """The real node (kubelet on containerd) when this machine can run one, else None; one line says which."""
-    reason = unavailable(binaries)
+    reason = realnode.unavailable(binaries)
     if reason is None:
         try:
             subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), "kubelet"], check=True,
                            stdout=subprocess.DEVNULL)
-            pause = built_image("pause")
+            pause = realnode.built_image("pause")
         except subprocess.CalledProcessError as error:
             reason = f"its kubelet or pause image did not build ({error})"
     if reason is not None:
         print(f"nodes: process kubelet only (no real node: {reason})", flush=True)
         return None
-    node = RealNode(REAL_NODE, REAL_NODE_ZONE, state / "realnode", binaries, pki, server, bridge)
-    print(f"nodes: process kubelet and {REAL_NODE}, a kubelet on containerd (tainted {TAINT})", flush=True)
+    node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server, bridge)
+    print(f"nodes: process kubelet and {node.name}, a kubelet on containerd (tainted {realnode.TAINT})", flush=True)
     node.start(pause)
     return node
 

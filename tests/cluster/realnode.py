@@ -36,6 +36,8 @@ log = logging.getLogger("realnode")
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LAUNCHER = HERE / "realnode.sh"
+NAME, ZONE = "node-real", "zone-a"
+"""The local cluster's real node: a zone of its own would change where the tier's bookies spread."""
 TAINT = "bookfleet.test/real-node"
 TOLERATION = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
 CGROUPS = Path("/sys/fs/cgroup")
@@ -57,6 +59,16 @@ def unavailable(binaries: Path) -> str | None:
     return None
 
 
+def node_state(cluster_state: Path) -> Path:
+    """The real node's folder in the local cluster's state folder."""
+    return cluster_state / "realnode"
+
+
+def socket_of(state: Path) -> Path:
+    """containerd's socket of the real node whose state folder is `state`."""
+    return state / "containerd.sock"
+
+
 @dataclass(frozen=True)
 class NodeImage:
     """An image of scripts/build-images.sh and its OCI archive, for `ctr images import`."""
@@ -71,6 +83,14 @@ def built_image(name: str) -> NodeImage:
                             capture_output=True, text=True, env={**os.environ, "BOOKFLEET_IMAGE_ARCHIVES": "1"})
     _, reference, path = result.stdout.split()
     return NodeImage(reference, Path(path))
+
+
+def import_image(socket: Path, image: NodeImage) -> float:
+    """`ctr images import` of the image's OCI archive into a node's containerd (its socket); the seconds it took."""
+    started = time.monotonic()
+    subprocess.run(["ctr", "-a", str(socket), "-n", "k8s.io", "images", "import", str(image.archive)],
+                   check=True, capture_output=True)
+    return time.monotonic() - started
 
 
 def _cgroup_dirs(root: str) -> list[Path]:
@@ -96,7 +116,7 @@ class RealNode:
 
     @property
     def socket(self) -> Path:
-        return self.state / "containerd.sock"
+        return socket_of(self.state)
 
     @property
     def cgroup_root(self) -> str:
@@ -139,11 +159,7 @@ class RealNode:
         return True
 
     def import_image(self, image: NodeImage) -> float:
-        """`ctr images import` of the image's OCI archive into the node's containerd; the seconds it took."""
-        started = time.monotonic()
-        subprocess.run(["ctr", "-a", str(self.socket), "-n", "k8s.io", "images", "import", str(image.archive)],
-                       check=True, capture_output=True)
-        return time.monotonic() - started
+        return import_image(self.socket, image)
 
     def _make_cgroups(self) -> None:
         """The kubelet's cgroup root in every hierarchy (it refuses to start on missing paths); cpuset's needs the
