@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         names = set(kubelet.nodes) | ({real_node.name} if real_node else set())
         wait_for(lambda: (real_node is None or real_node.check_alive()) and nodes_ready(kubelet, names),
                  timeout=180, what="every node Ready", interval=0.5)
+        if real_node is not None:
+            print(f"{real_node.name} Ready {time.monotonic() - real_node.started:.1f} s after its start (containerd up "
+                  f"and the pause image imported in {real_node.runtime_up_s:.1f} s)", flush=True)
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)

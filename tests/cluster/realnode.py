@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -112,7 +112,10 @@ class RealNode:
     netns: str = ""
     address: str = ""
     process: subprocess.Popen | None = None
-    timings: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+    """time.monotonic() at `start`."""
+    runtime_up_s: float = 0.0
+    """From `start` to containerd serving with the pause image imported."""
 
     @property
     def socket(self) -> Path:
@@ -124,13 +127,14 @@ class RealNode:
 
     @property
     def pod_subnet(self) -> str:
-        """A /24 outside the bridge's /16 (10.200+i.0.0), so the node's eth0 and its pods' bridge never overlap."""
-        return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.{len(self.name) % 200 + 1}.0/24"
+        """10.100+i.1.0/24, outside the bridge's 10.200+i.0.0/16: the node's eth0 and its pods' bridge never overlap,
+        and no two local clusters (bridges bfk<i>) share it."""
+        return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.1.0/24"
 
     def start(self, pause: NodeImage) -> None:
         """containerd up, the pause image imported, then the kubelet; returns once the Node is registered Ready is
         the caller's wait (the API server's view)."""
-        started = time.monotonic()
+        self.started = time.monotonic()
         for folder in ("logs", "cni", "ipam", "varlog", "sysctl", "kubelet"):
             (self.state / folder).mkdir(parents=True, exist_ok=True)
         self.netns, self.address = self.bridge.attach(f"node-{self.name}")
@@ -150,7 +154,7 @@ class RealNode:
                  interval=0.2)
         self.import_image(pause)
         (self.state / "start-kubelet").touch()
-        self.timings["runtime_up_s"] = time.monotonic() - started
+        self.runtime_up_s = time.monotonic() - self.started
 
     def check_alive(self) -> bool:
         if self.process is not None and self.process.poll() is not None:

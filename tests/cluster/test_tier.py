@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import time
 
 import pytest
@@ -147,14 +148,55 @@ REAL = "real"
 """A BookieCluster whose one bookie runs on the real node, from the bookie image built from bookie-image/Dockerfile."""
 
 
+def real_node_or_skip(cluster: LocalCluster) -> dict:
+    """The real node's Node object; the test is skipped where the local cluster could start none."""
+    nodes = [node for node in cluster.get("nodes")["items"] if node["metadata"]["name"] == realnode.NAME]
+    if not nodes:
+        pytest.skip("the local cluster runs on the process kubelet only here (see its log's `nodes:` line)")
+    return nodes[0]
+
+
+def test_the_real_node_registers_with_node_credentials_and_runs_a_pod_as_a_container(local_cluster: LocalCluster):
+    """The cheap check of the real node that `make test` runs: the kubelet on containerd registered itself (tainted,
+    Ready), and a pod that tolerates it runs as a container of the pause image the node already holds, then stops on
+    its deletion."""
+    cluster = local_cluster
+    node = real_node_or_skip(cluster)
+    assert walkthrough.ready(node) and node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert {"key": realnode.TAINT, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    # Its credentials are a node's: the Node authorizer gives it its own Node, and no Secret of a pod it does not run.
+    as_node = ["kubectl", "--kubeconfig", str(realnode.node_state(cluster.state) / "kubeconfig")]
+    assert subprocess.run([*as_node, "get", "node", realnode.NAME], capture_output=True).returncode == 0
+    refused = subprocess.run([*as_node, "get", "secret", "-n", "kube-system", "--no-headers"], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
+    pause = realnode.built_image("pause")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "real-node-check", "namespace": "default"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION],
+                    "automountServiceAccountToken": False,
+                    "containers": [{"name": "pause", "image": pause.reference, "imagePullPolicy": "Never"}]}}
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    wait_for(lambda: walkthrough.ready(cluster.get("pod", "-n", "default", "real-node-check")), timeout=120,
+             what="the check pod Ready on the real node", interval=0.5)
+    ready_s = time.monotonic() - started
+    [status] = cluster.get("pod", "-n", "default", "real-node-check")["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://") and status["image"] == pause.reference
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "-n", "default", "real-node-check", "--timeout=120s", timeout=150)
+    print(f"real node: pause pod Ready in {ready_s:.1f} s, deleted and gone in {time.monotonic() - started:.1f} s "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+
+
+@pytest.mark.skipif(not os.environ.get("BOOKFLEET_CLUSTER_FULL"),
+                    reason="about 2 min (image import, two bookie starts): make test-cluster runs it")
 def test_a_bookie_from_our_image_runs_in_a_container_on_the_real_node_and_returns_after_its_pod_is_deleted(
         installed: LocalCluster):
     """The kubelet on containerd runs the bookie image in the pod the operator builds (restricted, read-only root,
     uid 10001): it registers with ZooKeeper and gets Ready; its pod deleted, it stops and comes back Ready in a new
     pod on its volumes. Figures (image import, pod Ready, stop after SIGTERM) are printed, not asserted."""
     cluster = installed
-    if realnode.NAME not in {node["metadata"]["name"] for node in cluster.get("nodes")["items"]}:
-        pytest.skip("the local cluster runs on the process kubelet only here (see its log's `nodes:` line)")
+    real_node_or_skip(cluster)
     image = realnode.built_image("bookie")
     imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
     hosts = zookeeper_with_chroot(cluster, REAL)
