@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from kubernetes.client.rest import ApiException
+
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
 from tests.cluster import realnode
@@ -39,29 +41,41 @@ def build() -> Path:
 
 
 def nodes_ready(kubelet: Kubelet, names: set[str]) -> bool:
-    nodes = kubelet.api.list_node().items
+    nodes = [node for node in kubelet.api.list_node().items if node.metadata.name in names]
     return {node.metadata.name for node in nodes} == names and all(
         any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
     )
 
 
-def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, bridge: Bridge
+def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, kubelet: Kubelet
                     ) -> RealNode | None:
-    """The real node (kubelet on containerd) when this machine can run one, else None; one line says which."""
+    """The real node (kubelet on containerd), Ready, when this machine can run one, else None (a node that fails to
+    come up is stopped and cleaned away: the cluster goes on without it); one line says which."""
     reason = realnode.unavailable(binaries)
+    node: RealNode | None = None
     if reason is None:
+        node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server,
+                        kubelet.bridge)
         try:
             subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), "kubelet"], check=True,
                            stdout=subprocess.DEVNULL)
-            pause = realnode.built_image("pause")
-        except subprocess.CalledProcessError as error:
-            reason = f"its kubelet or pause image did not build ({error})"
-    if reason is not None:
+            node.start(realnode.built_image("pause"))
+            wait_for(lambda: node.check_alive() and nodes_ready(kubelet, {node.name}), timeout=120,
+                     what=f"{node.name} Ready", interval=0.5)
+        except (subprocess.CalledProcessError, RuntimeError, TimeoutError) as error:
+            reason = f"it did not come up: {str(error).splitlines()[0]}; logs in {node.state / 'logs'}"
+            node.stop()
+            try:
+                kubelet.api.delete_node(node.name)  # if it registered: no NotReady node left for the scheduler
+            except ApiException as gone:
+                if gone.status != 404:
+                    raise
+    if reason is not None or node is None:
         print(f"nodes: process kubelet only (no real node: {reason})", flush=True)
         return None
-    node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server, bridge)
-    print(f"nodes: process kubelet and {node.name}, a kubelet on containerd (tainted {realnode.TAINT})", flush=True)
-    node.start(pause)
+    print(f"nodes: process kubelet and {node.name}, a kubelet on containerd (tainted {realnode.TAINT}), Ready "
+          f"{time.monotonic() - node.started:.1f} s after its start (containerd up and the pause image imported in "
+          f"{node.runtime_up_s:.1f} s)", flush=True)
     return node
 
 
@@ -91,13 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         control_plane.start()
         kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
         kubelet.start()
-        real_node = start_real_node(binaries, state, pki, control_plane.server, bridge)
-        names = set(kubelet.nodes) | ({real_node.name} if real_node else set())
-        wait_for(lambda: (real_node is None or real_node.check_alive()) and nodes_ready(kubelet, names),
-                 timeout=180, what="every node Ready", interval=0.5)
-        if real_node is not None:
-            print(f"{real_node.name} Ready {time.monotonic() - real_node.started:.1f} s after its start (containerd up "
-                  f"and the pause image imported in {real_node.runtime_up_s:.1f} s)", flush=True)
+        wait_for(lambda: nodes_ready(kubelet, set(kubelet.nodes)), timeout=120, what="every node Ready", interval=0.5)
+        real_node = start_real_node(binaries, state, pki, control_plane.server, kubelet)
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)
