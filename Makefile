@@ -55,8 +55,9 @@ kube-binaries:
 bookkeeper-reference:
 	@bash scripts/build-bookkeeper.sh >/dev/null
 
+# BOOKFLEET_CLUSTER_FULL=1: also the scenarios too long for `make test` (a bookie image on the real node).
 test-cluster: setup kube-binaries
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+	BOOKFLEET_CLUSTER_FULL=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
 
 cluster: setup
 	$(PY) -m tests.cluster

@@ -3,8 +3,11 @@
 # debootstrap (no registry needed), into ~/.cache/bookfleet/images/ (buildah's private storage). Each image is
 # built once per content hash (Dockerfile, sources, pins, base); buildah's layer cache keeps a source-only change
 # to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see README).
-# Usage: scripts/build-images.sh [bookie|operator|repair ...]   (default: all three)
-# Prints one line per image, "<name> <reference>", on stdout; progress goes to stderr.
+# Usage: scripts/build-images.sh [bookie|operator|repair|pause ...]   (default: bookie, operator, repair)
+# `pause` is the pod sandbox image of the local cluster's real nodes: hack/pause built static, FROM scratch.
+# Prints one line per image, "<name> <reference>", on stdout; progress goes to stderr. With BOOKFLEET_IMAGE_ARCHIVES=1
+# the line ends with the image's OCI archive (for `ctr images import`), written under the build lock: another
+# worktree's build of the same image may remove this reference from buildah's storage right after.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +26,17 @@ flock 9  # one build at a time (two test workers may ask at once); the second th
 bh() { buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay "$@"; }
 exists() { bh inspect --type image "$1" >/dev/null 2>&1; }
 digest() { sha256sum | cut -c1-12; }
+archive() {  # archive <name> <image>: " <path of its OCI archive>" (made if missing, older ones removed) if asked
+    [[ "${BOOKFLEET_IMAGE_ARCHIVES:-}" == 1 ]] || return 0
+    local path="$OUT/archives/$1-${2##*:}.tar"
+    if [[ ! -f "$path" ]]; then
+        mkdir -p "$OUT/archives"
+        find "$OUT/archives" -name "$1-*" -delete
+        bh push --quiet "$2" "oci-archive:$path.partial:$2" >&2
+        mv "$path.partial" "$path"
+    fi
+    echo " $path"
+}
 
 BASE_HASH="$(echo "$SUITE $BASE_PACKAGES $MIRROR minbase slim" | digest)"
 BASE="localhost/bookfleet/base:$SUITE-$BASE_HASH"
@@ -56,6 +70,23 @@ names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=(bookie operator repair)
 cd "$ROOT"
 for name in "${names[@]}"; do
+    if [[ "$name" == pause ]]; then
+        hash="$(cat hack/pause/main.go hack/pause/go.mod | digest)"
+        image="localhost/bookfleet/pause:$hash"
+        if ! exists "$image"; then
+            work="$OUT/tmp-pause"
+            rm -rf "$work" && mkdir -p "$work"
+            (cd hack/pause && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/pause" .)
+            container="$(bh from scratch)"
+            bh copy "$container" "$work/pause" /pause >/dev/null
+            bh config --entrypoint '["/pause"]' --user 65535:65535 "$container"
+            bh commit --rm "$container" "$image" >/dev/null
+            rm -rf "$work"
+            echo "build-images: pause built" >&2
+        fi
+        echo "pause $image$(archive pause "$image")"
+        continue
+    fi
     dockerfile="${DOCKERFILE[$name]:?unknown image $name}"
     # What the build context sends (.dockerignore) and the Dockerfile: tracked and untracked, never ignored files.
     mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" pyproject.toml README.md \
@@ -75,5 +106,5 @@ for name in "${names[@]}"; do
             | xargs -r buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay rmi >/dev/null \
             || true
     fi
-    echo "$name $image"
+    echo "$name $image$(archive "$name" "$image")"
 done

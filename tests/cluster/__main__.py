@@ -19,11 +19,15 @@ import threading
 import time
 from pathlib import Path
 
+from kubernetes.client.rest import ApiException
+
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
+from tests.cluster import realnode
 from tests.cluster.controlplane import SERVICE_IP, ControlPlane
 from tests.cluster.kubelet import Kubelet
 from tests.cluster.network import Bridge
+from tests.cluster.realnode import RealNode
 
 ROOT = Path(__file__).resolve().parents[2]
 API_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
@@ -36,11 +40,43 @@ def build() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def nodes_ready(kubelet: Kubelet) -> bool:
-    nodes = kubelet.api.list_node().items
-    return len(nodes) == len(kubelet.nodes) and all(
+def nodes_ready(kubelet: Kubelet, names: set[str]) -> bool:
+    nodes = [node for node in kubelet.api.list_node().items if node.metadata.name in names]
+    return {node.metadata.name for node in nodes} == names and all(
         any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
     )
+
+
+def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, kubelet: Kubelet
+                    ) -> RealNode | None:
+    """The real node (kubelet on containerd), Ready, when this machine can run one, else None (a node that fails to
+    come up is stopped and cleaned away: the cluster goes on without it); one line says which."""
+    reason = realnode.unavailable(binaries)
+    node: RealNode | None = None
+    if reason is None:
+        node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server,
+                        kubelet.bridge)
+        try:
+            subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), "kubelet"], check=True,
+                           stdout=subprocess.DEVNULL)
+            node.start(realnode.built_image("pause"))
+            wait_for(lambda: node.check_alive() and nodes_ready(kubelet, {node.name}), timeout=120,
+                     what=f"{node.name} Ready", interval=0.5)
+        except (subprocess.CalledProcessError, RuntimeError, TimeoutError) as error:
+            reason = f"it did not come up: {str(error).splitlines()[0]}; logs in {node.state / 'logs'}"
+            node.stop()
+            try:
+                kubelet.api.delete_node(node.name)  # if it registered: no NotReady node left for the scheduler
+            except ApiException as gone:
+                if gone.status != 404:
+                    raise
+    if reason is not None or node is None:
+        print(f"nodes: process kubelet only (no real node: {reason})", flush=True)
+        return None
+    print(f"nodes: process kubelet and {node.name}, a kubelet on containerd (tainted {realnode.TAINT}), Ready "
+          f"{time.monotonic() - node.started:.1f} s after its start (containerd up and the pause image imported in "
+          f"{node.runtime_up_s:.1f} s)", flush=True)
+    return node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     bridge = Bridge.choose()
     control_plane: ControlPlane | None = None
     kubelet: Kubelet | None = None
+    real_node: RealNode | None = None
     started = time.monotonic()
     try:
         bridge.create()
@@ -68,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         control_plane.start()
         kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
         kubelet.start()
-        wait_for(lambda: nodes_ready(kubelet), timeout=120, what="every node Ready", interval=0.5)
+        wait_for(lambda: nodes_ready(kubelet, set(kubelet.nodes)), timeout=120, what="every node Ready", interval=0.5)
+        real_node = start_real_node(binaries, state, pki, control_plane.server, kubelet)
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)
@@ -80,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir(exist_ok=True)
         while not stopping.wait(0.5):
             control_plane.check_alive()
+            if real_node is not None:
+                real_node.check_alive()
             for request in sorted(control.glob("fail-node-*")):
                 kubelet.fail_node(request.name.removeprefix("fail-node-"))
                 request.unlink()
@@ -97,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print("stopping the local cluster ...", flush=True)
         if kubelet is not None:
             kubelet.stop()
+        if real_node is not None:
+            real_node.stop()
         if control_plane is not None:
             control_plane.stop()
         bridge.remove()

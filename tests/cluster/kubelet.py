@@ -272,6 +272,9 @@ class Kubelet:
         name = f"pvc-{claim['metadata']['uid']}"
         path = self.state / "volumes" / name
         path.mkdir(parents=True, exist_ok=True)
+        # Writable by any pod user, as local-path-provisioner makes them: a hostPath volume gets no fsGroup, and on the
+        # real node a container runs as its image's non-root user.
+        path.chmod(0o777)
         volume = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",

@@ -80,3 +80,12 @@ def create(root: Path, serving_ips: list[str], serving_names: list[str]) -> Pki:
     _openssl("genrsa", "-out", str(pki.service_account_key), "2048")
     _openssl("rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_public_key))
     return pki
+
+
+def node_credentials(pki: Pki, node: str) -> tuple[Path, Path]:
+    """A kubelet's client certificate (CN system:node:<node>, O system:nodes): the Node authorizer and NodeRestriction
+    let it see and change only its own Node and its pods' objects. Made once per node; (certificate, key)."""
+    name = f"node-{node}"
+    if not (pki.root / f"{name}.crt").exists():
+        _signed(pki, name, f"/O=system:nodes/CN=system:node:{node}", "extendedKeyUsage=clientAuth\n")
+    return pki.root / f"{name}.crt", pki.root / f"{name}.key"

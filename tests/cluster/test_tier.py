@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import time
 
 import pytest
@@ -24,7 +25,7 @@ from bookfleet.kube.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
 from bookfleet.meta import zk, zkpaths
 from bookfleet.polling import wait_for
-from tests.cluster import walkthrough
+from tests.cluster import realnode, walkthrough
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -79,22 +80,9 @@ def test_two_clusters_with_their_own_zookeeper_credentials_work_side_by_side_in_
     cluster = installed
     auth = f"{OTHER}:{secrets.token_hex(16)}"
     demo_auth = base64.b64decode(cluster.get("secret", "-n", NAMESPACE, "bookfleet-zk-auth")["data"]["auth"]).decode()
-    [server] = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=zookeeper")["items"]
-    hosts = f"{server['status']['podIP']}:2181"
-    with zk.session(hosts, auth=zk.NO_AUTH) as admin:
-        admin.ensure_path(f"/{OTHER}")  # the administrator's step: the chroot its connect string names
+    hosts = zookeeper_with_chroot(cluster, OTHER)
     demo = walkthrough.bookie_cluster(cluster).spec
-    manifests = [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{OTHER}-zk-auth", "namespace": NAMESPACE},
-         "type": "Opaque", "data": {"auth": base64.b64encode(auth.encode()).decode()}},
-        {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
-         "metadata": {"name": OTHER, "namespace": NAMESPACE},
-         "spec": {"replicas": 1, "image": demo.image, "zookeeper": f"{demo.zookeeper}/{OTHER}", "zones": ["zone-a"],
-                  "security": {"zookeeperAuthSecret": f"{OTHER}-zk-auth"},
-                  "storage": {"journal": {"size": "1Gi"}, "ledgers": {"size": "1Gi"}},
-                  "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                  "autoRecovery": {"enabled": False}}},
-    ]
+    manifests = one_bookie_cluster(OTHER, auth, {"image": demo.image, "zookeeper": f"{demo.zookeeper}/{OTHER}"})
     ledger = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
               "metadata": {"name": OTHER, "namespace": NAMESPACE},
               "spec": {"cluster": OTHER, "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}}
@@ -119,11 +107,135 @@ def test_two_clusters_with_their_own_zookeeper_credentials_work_side_by_side_in_
                     assert acl == zk.fleet_acl(credential), (chroot, path, acl)
         assert walkthrough.bookie_pods(cluster) and all(map(walkthrough.ready, walkthrough.bookie_pods(cluster)))
     finally:
-        cluster.kubectl("delete", "ledger,bookiecluster", "-n", NAMESPACE, OTHER, "--ignore-not-found",
-                        "--timeout=300s", timeout=330)
-        wait_for(lambda: not [b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
-                              if b["metadata"]["name"].startswith(f"{OTHER}-")],
-                 timeout=300, what=f"the Bookies of {OTHER} gone", interval=2.0)
+        delete_bookie_cluster(cluster, OTHER)
+
+
+def zookeeper_with_chroot(cluster: LocalCluster, name: str) -> str:
+    """The chart's ZooKeeper server by its pod IP, with a chroot `/<name>` made (the administrator's step: the chroot
+    a cluster's connect string names); "<ip>:2181"."""
+    [server] = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=zookeeper")["items"]
+    hosts = f"{server['status']['podIP']}:2181"
+    with zk.session(hosts, auth=zk.NO_AUTH) as admin:
+        admin.ensure_path(f"/{name}")
+    return hosts
+
+
+def one_bookie_cluster(name: str, auth: str, spec: dict) -> list[dict]:
+    """A BookieCluster `name` of one small bookie in zone-a, without auto-recovery, with its own ZooKeeper credential
+    `auth` in a Secret; `spec` adds to or replaces its spec's fields."""
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-zk-auth", "namespace": NAMESPACE},
+         "type": "Opaque", "data": {"auth": base64.b64encode(auth.encode()).decode()}},
+        {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+         "metadata": {"name": name, "namespace": NAMESPACE},
+         "spec": {"replicas": 1, "zones": ["zone-a"],
+                  "security": {"zookeeperAuthSecret": f"{name}-zk-auth"},
+                  "storage": {"journal": {"size": "1Gi"}, "ledgers": {"size": "1Gi"}},
+                  "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                  "autoRecovery": {"enabled": False}, **spec}},
+    ]
+
+
+def delete_bookie_cluster(cluster: LocalCluster, name: str) -> None:
+    cluster.kubectl("delete", "ledger,bookiecluster", "-n", NAMESPACE, name, "--ignore-not-found",
+                    "--timeout=300s", timeout=330)
+    wait_for(lambda: not [b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+                          if b["metadata"]["name"].startswith(f"{name}-")],
+             timeout=300, what=f"the Bookies of {name} gone", interval=2.0)
+
+
+REAL = "real"
+"""A BookieCluster whose one bookie runs on the real node, from the bookie image built from bookie-image/Dockerfile."""
+
+
+def real_node_or_skip(cluster: LocalCluster) -> dict:
+    """The real node's Node object; the test is skipped where the local cluster could start none."""
+    nodes = [node for node in cluster.get("nodes")["items"] if node["metadata"]["name"] == realnode.NAME]
+    if not nodes:
+        pytest.skip("the local cluster runs on the process kubelet only here (see its log's `nodes:` line)")
+    return nodes[0]
+
+
+def test_the_real_node_registers_with_node_credentials_and_runs_a_pod_as_a_container(local_cluster: LocalCluster):
+    """The cheap check of the real node that `make test` runs: the kubelet on containerd registered itself (tainted,
+    Ready), and a pod that tolerates it runs as a container of the pause image the node already holds, then stops on
+    its deletion."""
+    cluster = local_cluster
+    node = real_node_or_skip(cluster)
+    assert walkthrough.ready(node) and node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert {"key": realnode.TAINT, "value": "true", "effect": "NoSchedule"} in node["spec"]["taints"]
+    # Its credentials are a node's: the Node authorizer gives it its own Node, and no Secret of a pod it does not run.
+    as_node = ["kubectl", "--kubeconfig", str(realnode.node_state(cluster.state) / "kubeconfig")]
+    assert subprocess.run([*as_node, "get", "node", realnode.NAME], capture_output=True).returncode == 0
+    refused = subprocess.run([*as_node, "get", "secret", "-n", "kube-system", "--no-headers"], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
+    pause = realnode.built_image("pause")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "real-node-check", "namespace": "default"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION],
+                    "automountServiceAccountToken": False,
+                    "containers": [{"name": "pause", "image": pause.reference, "imagePullPolicy": "Never"}]}}
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    wait_for(lambda: walkthrough.ready(cluster.get("pod", "-n", "default", "real-node-check")), timeout=120,
+             what="the check pod Ready on the real node", interval=0.5)
+    ready_s = time.monotonic() - started
+    [status] = cluster.get("pod", "-n", "default", "real-node-check")["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://") and status["image"] == pause.reference
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "-n", "default", "real-node-check", "--timeout=120s", timeout=150)
+    print(f"real node: pause pod Ready in {ready_s:.1f} s, deleted and gone in {time.monotonic() - started:.1f} s "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+
+
+@pytest.mark.skipif(not os.environ.get("BOOKFLEET_CLUSTER_FULL"),
+                    reason="about 2 min (image import, two bookie starts): make test-cluster runs it")
+def test_a_bookie_from_our_image_runs_in_a_container_on_the_real_node_and_returns_after_its_pod_is_deleted(
+        installed: LocalCluster):
+    """The kubelet on containerd runs the bookie image in the pod the operator builds (restricted, read-only root,
+    uid 10001): it registers with ZooKeeper and gets Ready; its pod deleted, it stops and comes back Ready in a new
+    pod on its volumes. Figures (image import, pod Ready, stop after SIGTERM) are printed, not asserted."""
+    cluster = installed
+    real_node_or_skip(cluster)
+    image = realnode.built_image("bookie")
+    imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
+    hosts = zookeeper_with_chroot(cluster, REAL)
+    on_the_real_node = {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME},
+                        "tolerations": [realnode.TOLERATION]}
+    auth = f"{REAL}:{secrets.token_hex(16)}"
+    manifests = one_bookie_cluster(REAL, auth, {
+        "image": image.reference, "imagePullPolicy": "Never", "zookeeper": f"{hosts}/{REAL}",
+        "podTemplate": on_the_real_node})
+
+    def running(old_uid: str = "") -> dict | None:
+        pods = [pod for pod in cluster.get("pods", "-n", NAMESPACE, "-l", f"bookfleet.io/cluster={REAL}")["items"]
+                if pod["metadata"]["uid"] != old_uid and not pod["metadata"].get("deletionTimestamp")]
+        phases = [(b.get("status") or {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+                  if b["metadata"]["name"] == f"{REAL}-0"]
+        return pods[0] if len(pods) == 1 and walkthrough.ready(pods[0]) and phases == ["Running"] else None
+
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
+    try:
+        pod = wait_for(running, timeout=300, what=f"Bookie {REAL}-0 Running in a Ready pod", interval=1.0)
+        ready_s = time.monotonic() - started
+        [status] = pod["status"]["containerStatuses"]
+        assert pod["spec"]["nodeName"] == realnode.NAME and status["containerID"].startswith("containerd://")
+        assert status["image"] == image.reference and pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+        with zk.session(f"{hosts}/{REAL}", auth=auth) as session:
+            assert session.get_children(zkpaths.AVAILABLE)  # registered from inside the container
+        started = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod["metadata"]["name"], "--timeout=120s", timeout=150)
+        stopped_s = time.monotonic() - started
+        again = wait_for(lambda: running(pod["metadata"]["uid"]), timeout=300,
+                         what=f"Bookie {REAL}-0 Running again in a new Ready pod", interval=1.0)
+        back_s = time.monotonic() - started
+        assert again["spec"]["nodeName"] == realnode.NAME
+        print(f"real node: {image.reference} imported in {imported_s:.1f} s; apply to Ready and Running "
+              f"{ready_s:.1f} s; pod deleted and gone in {stopped_s:.1f} s; back Ready in {back_s:.1f} s "
+              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    finally:
+        delete_bookie_cluster(cluster, REAL)
 
 
 REPAIR_ACCOUNT = "system:serviceaccount:bookfleet:bookfleet-repair"

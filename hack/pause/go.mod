@@ -1,0 +1,3 @@
+module bookfleet.test/pause
+
+go 1.22

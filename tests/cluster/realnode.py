@@ -1,0 +1,283 @@
+"""A real node for the local cluster: the kubelet built from the pinned k8s.io/kubernetes, on containerd and runc,
+running pods as containers of the images built from our Dockerfiles (scripts/build-images.sh).
+
+containerd and the kubelet run together in namespaces of the node's own (see ../shared/notes/real-node.md):
+- a network namespace on the cluster's bridge (like a process pod's), with the node's pods on a CNI bridge in a /24
+  of their own behind it; the host reaches them by a route through the node, they reach the bridge masqueraded;
+- a mount namespace where the host sysctls the kubelet rewrites are files of the node's, and /run, /var/log and
+  /var/lib (kubelet and libcni hard-code paths there) are private;
+- a PID namespace: when its first process (tests/cluster/realnode.sh) ends, every shim and container ends with it.
+Its cgroup root `/<bridge prefix>-<node>` is made in every cgroup v1 hierarchy and removed at stop. The node is
+tainted, so only pods that tolerate `bookfleet.test/real-node` land on it.
+
+Development and test tooling only: it lives under tests/ and is never part of the product wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bookfleet.polling import wait_for
+from tests.cluster import pki as pki_module
+from tests.cluster.network import Bridge, ip
+from tests.cluster.pki import Pki
+
+log = logging.getLogger("realnode")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+LAUNCHER = HERE / "realnode.sh"
+NAME, ZONE = "node-real", "zone-a"
+"""The local cluster's real node: a zone of its own would change where the tier's bookies spread."""
+TAINT = "bookfleet.test/real-node"
+TOLERATION = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
+CGROUPS = Path("/sys/fs/cgroup")
+TOOLS = ("containerd", "runc", "ctr", "buildah", "unshare", "iptables", "go")
+
+
+def unavailable(binaries: Path) -> str | None:
+    """Why a real node cannot run on this machine, or None when it can."""
+    if os.geteuid() != 0:
+        return "not root"
+    if missing := [tool for tool in TOOLS if shutil.which(tool) is None]:
+        return f"missing {', '.join(missing)}"
+    if not (binaries / "kubelet").exists():
+        return f"no kubelet in {binaries} (scripts/build-kube.sh kubelet)"
+    if not Path("/usr/lib/cni/bridge").exists():
+        return "no CNI plugins in /usr/lib/cni"
+    if (CGROUPS / "cgroup.controllers").exists() or not (CGROUPS / "memory").is_dir():
+        return "cgroup v2 only: the node's cgroup set-up is written for v1 hierarchies"
+    return None
+
+
+def node_state(cluster_state: Path) -> Path:
+    """The real node's folder in the local cluster's state folder."""
+    return cluster_state / "realnode"
+
+
+def socket_of(state: Path) -> Path:
+    """containerd's socket of the real node whose state folder is `state`."""
+    return state / "containerd.sock"
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """An image of scripts/build-images.sh and its OCI archive, for `ctr images import`."""
+
+    reference: str
+    archive: Path
+
+
+def built_image(name: str) -> NodeImage:
+    """One image of scripts/build-images.sh (built once per content hash, cached) with its archive."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "build-images.sh"), name], check=True,
+                            capture_output=True, text=True, env={**os.environ, "BOOKFLEET_IMAGE_ARCHIVES": "1"})
+    _, reference, path = result.stdout.split()
+    return NodeImage(reference, Path(path))
+
+
+def import_image(socket: Path, image: NodeImage) -> float:
+    """`ctr images import` of the image's OCI archive into a node's containerd (its socket); the seconds it took."""
+    started = time.monotonic()
+    subprocess.run(["ctr", "-a", str(socket), "-n", "k8s.io", "images", "import", str(image.archive)],
+                   check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def _cgroup_dirs(root: str) -> list[Path]:
+    return [hierarchy / root.strip("/") for hierarchy in sorted(CGROUPS.iterdir())
+            if hierarchy.is_dir() and not hierarchy.is_symlink()]
+
+
+@dataclass
+class RealNode:
+    """One node `name` in `zone`; its state (configs, containerd's root, logs) under `state`."""
+
+    name: str
+    zone: str
+    state: Path
+    binaries: Path
+    pki: Pki
+    server: str
+    bridge: Bridge
+    netns: str = ""
+    address: str = ""
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    """time.monotonic() at `start`."""
+    runtime_up_s: float = 0.0
+    """From `start` to containerd serving with the pause image imported."""
+
+    @property
+    def socket(self) -> Path:
+        return socket_of(self.state)
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.bridge.prefix}-{self.name}"
+
+    @property
+    def pod_subnet(self) -> str:
+        """10.100+i.1.0/24, outside the bridge's 10.200+i.0.0/16: the node's eth0 and its pods' bridge never overlap,
+        and no two local clusters (bridges bfk<i>) share it."""
+        return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.1.0/24"
+
+    def start(self, pause: NodeImage) -> None:
+        """containerd up, the pause image imported, then the kubelet; returns once the Node is registered Ready is
+        the caller's wait (the API server's view)."""
+        self.started = time.monotonic()
+        for folder in ("logs", "cni", "ipam", "varlog", "sysctl", "kubelet"):
+            (self.state / folder).mkdir(parents=True, exist_ok=True)
+        self.netns, self.address = self.bridge.attach(f"node-{self.name}")
+        ip("-n", self.netns, "route", "add", "default", "via", self.bridge.host_address)
+        ip("route", "add", self.pod_subnet, "via", self.address, "dev", self.bridge.name)
+        self._make_cgroups()
+        self._write_configs(pause)
+        out = (self.state / "logs" / "node.log").open("ab")
+        self.process = subprocess.Popen(
+            # nsenter, not `ip netns exec`: that remounts /sys, and the kubelet needs the cgroup mounts under it.
+            ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "--mount", "--propagation", "private", "--pid",
+             "--fork", "--mount-proc", "--kill-child", "bash", str(LAUNCHER), str(self.state),
+             str(self.binaries / "kubelet"), *self._kubelet_args()],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(lambda: self.check_alive() and self.socket.is_socket(), timeout=120, what="containerd's socket",
+                 interval=0.2)
+        self.import_image(pause)
+        (self.state / "start-kubelet").touch()
+        self.runtime_up_s = time.monotonic() - self.started
+
+    def check_alive(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            tail = (self.state / "logs" / "node.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"real node {self.name} exited with {self.process.returncode}:\n{tail}")
+        return True
+
+    def import_image(self, image: NodeImage) -> float:
+        return import_image(self.socket, image)
+
+    def _make_cgroups(self) -> None:
+        """The kubelet's cgroup root in every hierarchy (it refuses to start on missing paths); cpuset's needs the
+        CPUs and memory nodes of its parent before any task may join."""
+        for path in _cgroup_dirs(self.cgroup_root):
+            path.mkdir(exist_ok=True)
+            if path.parent.name == "cpuset":
+                for setting in ("cpuset.cpus", "cpuset.mems"):
+                    (path / setting).write_text((path.parent / setting).read_text())
+
+    def _write_configs(self, pause: NodeImage) -> None:
+        state = self.state
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (state / "containerd.toml").write_text(f"""version = 2
+root = "{state}/containerd/root"
+state = "{state}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{state}/containerd/opt"
+[{cri}]
+  sandbox_image = "{pause.reference}"
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "/usr/sbin/runc"
+        Root = "{state}/runc"
+  [{cri}.cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{state}/cni"
+    max_conf_num = 1
+""")
+        (state / "cni" / "10-bookfleet.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "bookfleet-node",
+            "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
+                         "ipam": {"type": "host-local", "dataDir": str(state / "ipam"),
+                                  "ranges": [[{"subnet": self.pod_subnet}]], "routes": [{"dst": "0.0.0.0/0"}]}}],
+        }))
+        cert, key = pki_module.node_credentials(self.pki, self.name)
+        (state / "kubeconfig").write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {"server": self.server,
+                                                       "certificate-authority": str(self.pki.ca_cert)}}],
+            "users": [{"name": self.name, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": self.name}}],
+            "current-context": "local",
+        }))
+        (state / "resolv.conf").write_text("options ndots:1\n")
+        endpoint = f"unix://{self.socket}"
+        (state / "kubelet.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
+            "containerRuntimeEndpoint": endpoint, "imageServiceEndpoint": endpoint,
+            "podLogsDir": str(state / "pod-logs"), "volumePluginDir": str(state / "volume-plugins"),
+            "failSwapOn": False, "makeIPTablesUtilChains": False, "oomScoreAdj": 0, "protectKernelDefaults": False,
+            "resolvConf": str(state / "resolv.conf"), "clusterDomain": "cluster.local",
+            # The disk is shared with the other test clusters: no eviction or image GC for its use.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.pki.ca_cert)}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "registerWithTaints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
+            "nodeStatusReportFrequency": "10s",
+        }))
+
+    def _kubelet_args(self) -> list[str]:
+        return ["--config", str(self.state / "kubelet.yaml"), "--kubeconfig", str(self.state / "kubeconfig"),
+                "--root-dir", str(self.state / "kubelet"), "--hostname-override", self.name,
+                "--node-ip", self.address, "--node-labels", f"topology.kubernetes.io/zone={self.zone}"]
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the node's processes; the launcher's end takes every container along (its PID namespace).
+        Then the cgroups go, and the node's namespace and routes with `Bridge.remove` (or here)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._remove_cgroups()
+        if self.netns:
+            ip("route", "del", self.pod_subnet, check=False)
+            self.bridge.detach(self.netns)
+
+    def _remove_cgroups(self) -> None:
+        """Deepest first; a task still listed (the kernel reaps killed ones a moment later) is waited for."""
+        for top in _cgroup_dirs(self.cgroup_root):
+            if not top.exists():
+                continue
+            for path in [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]:
+                wait_for(lambda path=path: self._rmdir(path), timeout=30, what=f"{path} removed", interval=0.2)
+
+    @staticmethod
+    def _rmdir(path: Path) -> bool:
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            for pid in (path / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            return False
