@@ -24,6 +24,7 @@ from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.zk import pipelined
 
 
 class BookieAtAGlance(BaseModel):
@@ -130,7 +131,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
     """Registered bookies and those the bookie index names but that are not registered, by id."""
     registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
     ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
-    index_stats = [(bookie_id, zk.exists_async(zkpaths.bookie_index(bookie_id))) for bookie_id in ids]
+    index_stats = pipelined(ids, lambda bookie_id: zk.exists_async(zkpaths.bookie_index(bookie_id)))
     forced = bookiestate.forced_ids(zk)
     statuses = []
     for bookie_id, stat in index_stats:
@@ -174,9 +175,9 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
 def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     """ledger id -> (holder, taken at) of every repair lock held now."""
     names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
-    reads = [(int(name[3:]), zk.get_async(f"{zkpaths.UR_LOCKS}/{name}")) for name in names]
     locks = {}
-    for ledger_id, read in reads:
+    for name, read in pipelined(names, lambda name: zk.get_async(f"{zkpaths.UR_LOCKS}/{name}")):
+        ledger_id = int(name[3:])
         try:
             data, stat = read.get()
         except NoNodeError:

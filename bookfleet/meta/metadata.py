@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bookfleet import wire
 from bookfleet.meta import zkpaths
+from bookfleet.meta.zk import pipelined
 
 
 class MetadataError(Exception):
@@ -250,7 +251,7 @@ class MetadataStore:
 
     def read_all(self, ledger_ids: Iterable[int]) -> dict[int, tuple[LedgerMetadata, int] | None]:
         """read() of many ledgers in one pipeline of asynchronous gets; None for a ledger that does not exist."""
-        reads = [(ledger_id, self.zk.get_async(zkpaths.ledger(ledger_id))) for ledger_id in ledger_ids]
+        reads = pipelined(ledger_ids, lambda ledger_id: self.zk.get_async(zkpaths.ledger(ledger_id)))
         found: dict[int, tuple[LedgerMetadata, int] | None] = {}
         for ledger_id, read in reads:
             try:

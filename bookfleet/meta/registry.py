@@ -14,6 +14,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, ValidationError
 
 from bookfleet.meta import zkpaths
+from bookfleet.meta.zk import pipelined
 
 
 class BookieMode(enum.StrEnum):
@@ -90,7 +91,7 @@ class BookieRegistry:
         """bookie id -> HOST:PORT: its registration if it has one, else the address it last registered with
         (bookies with neither are left out); read in one pipeline of asynchronous gets."""
         addresses = {info.bookie_id: info.address for info in self.all()}
-        reads = [(b, self.zk.get_async(zkpaths.last_address(b))) for b in set(bookie_ids) - addresses.keys()]
+        reads = pipelined(set(bookie_ids) - addresses.keys(), lambda b: self.zk.get_async(zkpaths.last_address(b)))
         for bookie_id, read in reads:
             try:
                 data, _ = read.get()
@@ -105,7 +106,7 @@ class BookieRegistry:
             names = self.zk.get_children(parent)
         except NoNodeError:
             return []
-        reads = [(name, self.zk.get_async(path_of(name))) for name in sorted(set(names) - skip)]  # one pipeline
+        reads = pipelined(sorted(set(names) - skip), lambda name: self.zk.get_async(path_of(name)))
         infos = []
         for name, read in reads:
             try:

@@ -30,8 +30,10 @@ from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.interfaces import IAsyncResult
 
 from bookfleet.meta import zkpaths
+from bookfleet.meta.zk import pipelined
 
 DEFAULT_RECOVERY_DELAY = 0.0
 """lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""
@@ -177,17 +179,18 @@ class UnderReplication:
         ctime = _now_ms()
         declared = missing if lost else frozenset()
         document = _document(missing, ctime, lost=declared)
-        commits = []
-        for ledger_id, path in paths.items():
+
+        def create(ledger_id: int) -> IAsyncResult:
             txn = self.zk.transaction()
-            txn.create(path.rsplit("/", 1)[0])
-            txn.create(path, document)
-            commits.append((ledger_id, txn.commit_async()))
+            txn.create(paths[ledger_id].rsplit("/", 1)[0])
+            txn.create(paths[ledger_id], document)
+            return txn.commit_async()
+
         return [
             self.mark(ledger_id, missing, lost=lost)
             if any(isinstance(result, Exception) for result in commit.get())
             else Marker(ledger_id, missing, ctime, 0, lost_bookies=declared)
-            for ledger_id, commit in commits
+            for ledger_id, commit in pipelined(list(paths), create)
         ]
 
     def _make_levels(self, levels: Iterable[str]) -> None:
@@ -200,7 +203,7 @@ class UnderReplication:
             for depth in range(1, len(parts) + 1):
                 by_depth.setdefault(depth, set()).add("/".join([zkpaths.UR_LEDGERS, *parts[:depth]]))
         for depth in sorted(by_depth):
-            for create in [self.zk.create_async(path) for path in sorted(by_depth[depth])]:
+            for _, create in pipelined(sorted(by_depth[depth]), self.zk.create_async):
                 with contextlib.suppress(NodeExistsError, NoNodeError):
                     create.get()
 
@@ -209,7 +212,7 @@ class UnderReplication:
 
     def read_markers(self, ledger_ids: Iterable[int]) -> dict[int, Marker | None]:
         """The markers of these ledgers (None: not marked), read in one pipeline of asynchronous gets."""
-        reads = [(ledger_id, self.zk.get_async(zkpaths.underreplicated(ledger_id))) for ledger_id in ledger_ids]
+        reads = pipelined(ledger_ids, lambda ledger_id: self.zk.get_async(zkpaths.underreplicated(ledger_id)))
         found: dict[int, Marker | None] = {}
         for ledger_id, read in reads:
             try:
@@ -269,7 +272,7 @@ class UnderReplication:
         markers (best effort); each distinct level is tried once, a whole depth at a time in one pipeline."""
         pending = set(levels) - {zkpaths.UR_LEDGERS}
         while pending:
-            deletes = [(path, self.zk.delete_async(path)) for path in sorted(pending)]
+            deletes = pipelined(sorted(pending), self.zk.delete_async)
             pending = set()
             for path, delete in deletes:
                 try:
@@ -291,7 +294,7 @@ class UnderReplication:
         session = self._session()
         lock = zkpaths.underreplication_lock
         self.zk.ensure_path(zkpaths.UR_LOCKS)  # once, not a makepath race of every create on a fleet's first run
-        creates = [(ledger_id, self.zk.create_async(lock(ledger_id), data, ephemeral=True)) for ledger_id in ledger_ids]
+        creates = pipelined(ledger_ids, lambda ledger_id: self.zk.create_async(lock(ledger_id), data, ephemeral=True))
         taken = set()
         for ledger_id, create in creates:
             try:
@@ -439,7 +442,7 @@ class UnderReplication:
         """Paths `depth` levels below `root`; each depth is listed in one pipeline of asynchronous calls."""
         paths = [root]
         for _ in range(depth):
-            listings = [(path, self.zk.get_children_async(path)) for path in paths]
+            listings = pipelined(paths, self.zk.get_children_async)
             paths = []
             for path, listing in listings:
                 try:

@@ -15,10 +15,12 @@ certificate of the CA ZooKeeper trusts will do, so both variables may name the s
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -32,6 +34,28 @@ ZK_TLS_DIR_ENV = "BOOKFLEET_ZK_TLS_DIR"
 NO_AUTH = ""
 """`auth=NO_AUTH`: an open session whatever `$BOOKFLEET_ZK_AUTH` says (a process serving several fleets, each with
 its own credential or none, never falls back on one of its own)."""
+
+
+PIPELINE_WINDOW = 500
+"""Asynchronous ZooKeeper calls one pipeline keeps in flight. A few hundred hide the round trips; tens of thousands
+queue the client's heartbeat behind them, and past the server's outstanding-request limit it stops reading the
+connection: a repair driver (4 s session) that locked and read 46,000 markers in one pipeline lost its session."""
+
+T = TypeVar("T")
+
+
+def pipelined(items: Iterable[T], call: Callable[[T], Any]) -> Iterator[tuple[T, Any]]:
+    """(item, call(item)) for every item in order, where `call` starts an asynchronous ZooKeeper call (`get_async`,
+    `create_async`, ...): each call is made at most PIPELINE_WINDOW pairs ahead of the one the caller is taking, so a
+    caller that waits for each answer before the next pair has at most that many calls in flight."""
+    window = PIPELINE_WINDOW
+    ahead: collections.deque[tuple[T, Any]] = collections.deque()
+    for item in items:
+        ahead.append((item, call(item)))
+        if len(ahead) >= window:
+            yield ahead.popleft()
+    while ahead:
+        yield ahead.popleft()
 
 
 RECONNECT_MAX_DELAY = 1.0

@@ -151,6 +151,31 @@ def test_locks_of_a_fleets_first_repair_take_one_request_each(zk, monkeypatch):
     assert len(requests) <= 50 + 3, len(requests)  # + the locks' parent, once
 
 
+def test_a_repair_over_many_markers_keeps_a_bounded_number_of_zookeeper_calls_in_flight(zk, monkeypatch):
+    """A repair driver read and locked 46,000 markers in one pipeline each; its heartbeat queued behind them and its
+    4 s session expired. Reading, walking and locking go in windows of PIPELINE_WINDOW calls."""
+    window = 20
+    monkeypatch.setattr(zkclient, "PIPELINE_WINDOW", window)
+    ur = UnderReplication(zk)
+    ur.mark_all(range(5 * window), ["lost"])
+    issued, peak = [], [0]
+
+    def counted(call):
+        def start(*args, **kwargs):
+            issued.append(call(*args, **kwargs))
+            peak[0] = max(peak[0], sum(not result.ready() for result in issued))
+            return issued[-1]
+
+        return start
+
+    for name in ("get_async", "create_async", "get_children_async"):
+        monkeypatch.setattr(zk, name, counted(getattr(zk, name)))
+    markers = ur.markers()
+    locked = ur.acquire_all([marker.ledger_id for marker in markers], "repair")
+    assert [marker.ledger_id for marker in markers] == sorted(locked) == list(range(5 * window))
+    assert 0 < peak[0] <= window, peak[0]
+
+
 def test_disable_switch(zk):
     ur = UnderReplication(zk)
     seen = []
