@@ -55,8 +55,9 @@ kube-binaries:
 bookkeeper-reference:
 	@bash scripts/build-bookkeeper.sh >/dev/null
 
+# The cluster tier with its long forms (BOOKFLEET_CLUSTER_LONG: scenarios of minutes each that `make test` skips).
 test-cluster: setup kube-binaries
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+	BOOKFLEET_CLUSTER_LONG=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
 
 cluster: setup
 	$(PY) -m tests.cluster
