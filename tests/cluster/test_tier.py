@@ -461,10 +461,11 @@ def samples(text: str, name: str) -> list[Sample]:
             if sample.name == name]
 
 
-def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(installed: LocalCluster):
+def test_bookie_on_a_failed_node_is_repaired_kept_until_the_node_is_deleted_then_replaced_on_a_live_node(
+        installed: LocalCluster):
     """A node stops (no heartbeats, its processes killed): the node lifecycle controller marks its pods not Ready, the
-    operator counts the bookie lost (NodeLost), repairs its ledgers, then force-deletes the pod its dead kubelet would
-    never confirm and starts a fresh bookie. The node stays failed."""
+    operator counts the bookie lost (NodeLost) and repairs its ledgers, keeping its pod and volumes (the node may come
+    back with them). Once the node is deleted, the bookie starts afresh on a live node."""
     cluster = installed
     outcome = walkthrough.node_failure(cluster, ENTRIES)
     print(f"node failure: {json.dumps(outcome.figures())}")
@@ -476,8 +477,11 @@ def test_bookie_on_a_failed_node_is_repaired_then_replaced_on_a_live_node(instal
     assert outcome.seconds["repair_job_created"] <= outcome.seconds["ledger_healthy"]
     fresh = outcome.fresh_pod
     assert fresh["spec"]["nodeName"] != outcome.node and walkthrough.ready(fresh)
-    expected = {"BookieLost", "RepairLaunched", "RepairSucceeded", "PodForceDeleted", "BookieReplaced"}
+    expected = {"BookieLost", "RepairLaunched", "RepairSucceeded", "VolumesKept", "BookieReplaced"}
     assert expected <= set(outcome.events)
+    assert len(outcome.kept_claims) == 2  # still there once repaired, until the node went
+    assert outcome.seconds["ledger_healthy"] <= outcome.seconds["node_deleted"] <= outcome.seconds[
+        "fresh_bookie_running"]
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
     assert "disruption budget" in outcome.drain_refusal  # while its bookie was down, a drain evicted no other
 
