@@ -55,9 +55,10 @@ kube-binaries:
 bookkeeper-reference:
 	@bash scripts/build-bookkeeper.sh >/dev/null
 
-# BOOKFLEET_CLUSTER_FULL=1: also the scenarios too long for `make test` (a bookie image on the real node).
+# The cluster tier with its long forms (BOOKFLEET_CLUSTER_LONG: scenarios of minutes each that `make test` skips,
+# among them a bookie image on the real node).
 test-cluster: setup kube-binaries
-	BOOKFLEET_CLUSTER_FULL=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+	BOOKFLEET_CLUSTER_LONG=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
 
 cluster: setup
 	$(PY) -m tests.cluster

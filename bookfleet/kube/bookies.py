@@ -14,7 +14,9 @@ cluster's reconciliation wrote into ZooKeeper: back with its data, nothing else 
 repaired (repairs.py); while auto-recovery is disabled, nothing is launched and the Repaired condition says so. A pod
 is recreated on its volumes while they survive. A bookie whose data is gone, or whose pod is stuck on a dead node, is
 replaced (the stuck pod force-deleted, fresh volumes, a fresh cookie) only after the repair has put its ledgers
-elsewhere; one that is merely down (crash-looping with its data) stays Lost, its data kept, until it comes back.
+elsewhere; one that is merely down (crash-looping with its data, or on a node that is NotReady or unreachable but
+still exists: a zone outage, a partition) stays Lost, its volumes kept, until it comes back and rejoins with its
+cookie, or its Node is deleted (then it is replaced).
 """
 
 from __future__ import annotations
@@ -417,8 +419,8 @@ def volumes_and_pod(observed: ObservedBookie) -> list[Action]:
 
 
 def replace(observed: ObservedBookie, pod: dict | None, plan: Plan) -> bool:
-    """Fresh pod, volumes and cookie for a bookie whose data is gone or whose pod is stuck on a dead node, now that
-    its ledgers are safe elsewhere. The old pod and claims go first; returns True once the fresh ones are made."""
+    """Fresh pod, volumes and cookie for a bookie whose data is gone or whose pod is stuck on a deleted node, now
+    that its ledgers are safe elsewhere. The old pod and claims go first; returns True once the fresh ones are made."""
     bookie = observed.bookie
     name = bookie.metadata.name
     if pod is not None:
@@ -479,7 +481,13 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
     if step.outcome == repairs.Outcome.REPAIRED:
         plan.condition(REPAIRED, True, "RepairSucceeded", f"the ledgers of bookie {name} are fully replicated again",
                        event="RepairSucceeded")
-        if observed.data_present and not observed.on_dead_node:
+        if observed.data_present and observed.node_ready != NODE_GONE:
+            if observed.on_dead_node:
+                node = pod["spec"]["nodeName"] if pod else "?"
+                plan.condition(LOST, True, DeathKind.NODE_LOST.value,
+                               f"pod {name} is stuck on node {node} ({observed.node_ready}); its ledgers are"
+                               " repaired elsewhere, its volumes kept until the node returns or its Node is deleted",
+                               event="VolumesKept")
             return lost_since  # down with its data kept: Lost until it comes back
         return None if replace(observed, pod, plan) else lost_since
     if step.outcome == repairs.Outcome.DISABLED:

@@ -43,6 +43,18 @@ def _json(response: Any) -> Any:
     return json.loads(response.data)
 
 
+def uid_refused(error: ApiException) -> bool:
+    """The API server refused a patch for its metadata.uid: the object of that name is another one (422, "field is
+    immutable")."""
+    if error.status != 422:
+        return False
+    try:
+        causes = json.loads(error.body or "{}").get("details", {}).get("causes", [])
+    except ValueError:
+        return False
+    return any(cause.get("field") == "metadata.uid" for cause in causes)
+
+
 class Kubelet:
     """Nodes `node-a|b|c` and the cordoned spares `node-a2|b2|c2`, their heartbeats, and a PodWorker for every Pod
     scheduled to one of them."""
@@ -114,13 +126,17 @@ class Kubelet:
                 path.touch()
 
     def report_status(self, worker: PodWorker, status: dict[str, Any]) -> bool:
+        """Patch the status of the worker's own pod: with its uid in the patch (as the kubelet's status manager sends
+        it) the API server refuses the patch for any other pod of that name, so a pod recreated under the same name
+        never gets the status of the one it replaced."""
         if worker.spec.get("nodeName") in self.cut_nodes:
             return False  # cut off from the API server: reported once the cut heals
         try:
-            self.api.patch_namespaced_pod_status(worker.name, worker.namespace, {"status": status})
+            self.api.patch_namespaced_pod_status(worker.name, worker.namespace,
+                                                 {"metadata": {"uid": worker.uid}, "status": status})
             return True
         except ApiException as error:
-            if error.status == 404:
+            if error.status == 404 or uid_refused(error):  # its pod is gone, whatever now bears its name
                 worker.request_stop(0)
                 return True
             log.warning("status of %s/%s: %s", worker.namespace, worker.name, error.reason)

@@ -496,6 +496,10 @@ class NodeFailure:
     seconds: dict[str, float] = field(default_factory=dict)
     drain_refusal: str = ""
     """What `kubectl drain` of another bookie's node said while the failed node's bookie was down."""
+    node_ready: dict[str, Any] = field(default_factory=dict)
+    """The failed node's Ready condition, as it was when the node was deleted."""
+    kept_claims: dict[str, str] = field(default_factory=dict)
+    """The bookie's PVCs (name -> uid) as they were, kept after the repair, when the failed node was deleted."""
 
     def figures(self) -> dict[str, Any]:
         """The measured times as JSON-able figures, with the delay they include."""
@@ -525,8 +529,9 @@ def server_seconds(stamp: str, since: float) -> float:
 
 
 def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
-    """Fail the node of a bookie holding a closed ledger's replica, then wait until the ledger is repaired off it and
-    a fresh bookie runs on a live node, noting when each step was seen."""
+    """Fail the node of a bookie holding a closed ledger's replica, wait until the ledger is repaired off it (the
+    bookie's pod and volumes kept: the node may return), delete the node, then wait until a fresh bookie runs on a
+    live node, noting when each step was seen."""
     say("4 bookies (a replacement for the lost one's replicas), a client certificate, a written ledger")
     scale(cluster, 4)
     issue_client_certificate(cluster)
@@ -560,14 +565,23 @@ def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
             outcome.drain_refusal = drain(cluster, next(pod["spec"]["nodeName"] for pod in bookie_pods(cluster)
                                                         if ready(pod)))
         note("ledger_healthy", repaired_off(ledger_status(cluster, ledger), bookie_id))
+        # The node might return with the bookie's data: the operator keeps its pod and volumes until it is deleted,
+        # as an administrator (or a node-pool autoscaler) deletes a node that is gone for good.
+        note("volumes_kept", "ledger_healthy" in outcome.seconds and "VolumesKept" in event_reasons(cluster, victim))
+        if "volumes_kept" in outcome.seconds and "node_deleted" not in outcome.seconds:
+            outcome.kept_claims = {c["metadata"]["name"]: c["metadata"]["uid"] for c in bookie_claims(cluster)
+                                   if c["metadata"]["name"].startswith(f"{victim}-")}
+            outcome.node_ready = next(c for c in cluster.get("node", node)["status"]["conditions"]
+                                      if c["type"] == "Ready")
+            cluster.kubectl("delete", "node", node)
+            note("node_deleted", True)
         pods = cluster.get("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={victim}")["items"]
         outcome.fresh_pod = pods[0] if pods and pods[0]["metadata"]["uid"] != stuck_uid else {}
         note("fresh_bookie_running", ready(outcome.fresh_pod) and bookie.get("phase") == "Running")
-        return {"ledger_healthy", "fresh_bookie_running"} <= outcome.seconds.keys()
+        return {"ledger_healthy", "node_deleted", "fresh_bookie_running"} <= outcome.seconds.keys()
 
     wait_for(replaced, timeout=900, what=f"Ledger {ledger} repaired off {victim} and a fresh {victim}", interval=1.0)
-    node_ready = next(c for c in cluster.get("node", node)["status"]["conditions"] if c["type"] == "Ready")
-    outcome.seconds["node_not_ready"] = server_seconds(node_ready["lastTransitionTime"], failed_at)
+    outcome.seconds["node_not_ready"] = server_seconds(outcome.node_ready["lastTransitionTime"], failed_at)
     outcome.job = cluster.get("job", "-n", NAMESPACE, outcome.job["metadata"]["name"])
     outcome.seconds["repair_job_created"] = server_seconds(outcome.job["metadata"]["creationTimestamp"], failed_at)
     outcome.events = event_reasons(cluster, victim)

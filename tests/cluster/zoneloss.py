@@ -1,6 +1,7 @@
 """A whole zone lost, and back, on the local cluster (issue 23): six bookies, two per zone, E3/Qw3/Qa2 zone-aware
 ledgers written before and through the outage, one zone cut off (kubelets silent, pods' links down, bookies running
-on unreachable) for longer than the lost-bookie delay, then returned.
+on unreachable) for longer than the lost-bookie delay, then returned: its bookies, whose pods and volumes the
+operator kept (their nodes were NotReady, never deleted), rejoin with their data and cookies.
 
 It needs its own local cluster: the tier's shared one loses a node and a spare to earlier tests, and this one needs
 three zones of two live nodes each.
@@ -21,9 +22,11 @@ from tests.cluster.walkthrough import (
     LocalCluster,
     acting_operator,
     apply_settings,
+    bookie_claims,
     bookie_cluster,
     bookie_pods,
     client_log,
+    event_reasons,
     issue_client_certificate,
     ledger_status,
     ready,
@@ -45,7 +48,7 @@ ENTRIES, SIZE = 200, 1024
 ROUND_ENTRIES = 50
 """Entries a writer round adds to its fresh ledger."""
 WRITER, READER = "zone-loss-writer", "zone-loss-reader"
-SETTLED = {"affected_ledgers_at_qw", "writer_round_after_repairs", "replacements_pending"}
+SETTLED = {"affected_ledgers_at_qw", "writer_round_after_repairs", "volumes_kept"}
 """What the cut waits for before the zone returns."""
 
 
@@ -130,6 +133,12 @@ class ZoneLoss:
     seconds: dict[str, float] = field(default_factory=dict)
     replacements: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The cut zone's Bookies while it was gone: phase, Lost condition, the pod's phase and scheduling message."""
+    claims_before: dict[str, str] = field(default_factory=dict)
+    """The cut zone's bookies' PVCs (name -> uid) before the cut."""
+    claims_after: dict[str, str] = field(default_factory=dict)
+    """The same PVCs after the return (the same uids: the bookies rejoined on their volumes)."""
+    returned: dict[str, list[str]] = field(default_factory=dict)
+    """The cut zone's Bookies -> their Event reasons after the return."""
     writer_rounds: list[tuple[float, int]] = field(default_factory=list)
     writer_acked: dict[int, int] = field(default_factory=dict)
     """Writer ledger id -> entries acknowledged."""
@@ -148,7 +157,16 @@ class ZoneLoss:
                                                 for at, _ in self.writer_rounds),
                 "acknowledged_entries": acked, "entries_read_back": read, "entries_lost": acked - read,
                 "repairs_started_by_return": len(self.repairs_after_return),
-                "replacements_while_cut": self.replacements}
+                "volumes_kept_through_return": self.claims_after == self.claims_before,
+                "bookies_rejoined": sorted(bookie for bookie, reasons in self.returned.items()
+                                           if "BookieReturned" in reasons and "BookieReplaced" not in reasons),
+                "bookies_while_cut": self.replacements}
+
+
+def zone_claims(cluster: LocalCluster, bookies: dict[str, str]) -> dict[str, str]:
+    """The PVCs (name -> uid) of the named Bookies."""
+    return {claim["metadata"]["name"]: claim["metadata"]["uid"] for claim in bookie_claims(cluster)
+            if claim["metadata"]["name"].rsplit("-", 1)[0] in bookies}
 
 
 def zone_loss(cluster: LocalCluster) -> ZoneLoss:
@@ -189,6 +207,7 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     start_client(cluster, WRITER, writer_script(zk, stop_id), writer_node)
     wait_for(lambda: len(writer_rounds(cluster)) >= 2, timeout=600, what="two writer rounds", interval=2.0)
     jobs_before = {job["metadata"]["name"] for job in repair_jobs(cluster)}
+    outcome.claims_before = zone_claims(cluster, zone_bookies)
 
     say(f"cutting zone {zone}: bookies {', '.join(sorted(zone_bookies))}")
     outcome.cut_at = cut_at = cluster.cut_zone(zone)
@@ -225,11 +244,13 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
                 "phase": (body.get("status") or {}).get("phase"), "lost": lost.get("reason"),
                 "lost_message": lost.get("message"), "pod_phase": (pods[0]["status"].get("phase") if pods else None),
                 "pod_scheduling": scheduled.get("message") or scheduled.get("reason")}
-        note("replacements_pending", all(r["lost"] == "Replaced" and r["pod_phase"] == "Pending"
-                                         for r in outcome.replacements.values()))
+        note("volumes_kept", "affected_ledgers_at_qw" in outcome.seconds and all(
+            r["lost"] == "NodeLost" and "VolumesKept" in event_reasons(cluster, bookie)
+            for bookie, r in outcome.replacements.items()) and zone_claims(cluster, zone_bookies)
+            == outcome.claims_before)
         return outcome.seconds.keys() >= SETTLED
 
-    wait_for(settled, timeout=1800, what=f"ledgers back at Qw without zone {zone}, its bookies' replacements settled",
+    wait_for(settled, timeout=1800, what=f"ledgers back at Qw without zone {zone}, its bookies' volumes kept",
              interval=2.0)
     outcome.sharing_after = {name: sharing(cluster, name) for name in spread}
 
@@ -240,6 +261,8 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
              == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster))), timeout=900,
              what=f"{BOOKIES} Running Bookies after the return", interval=2.0)
     note("bookies_running_after_return", True)
+    outcome.claims_after = zone_claims(cluster, zone_bookies)
+    outcome.returned = {bookie: event_reasons(cluster, bookie) for bookie in zone_bookies}
     run_client(cluster, "zone-loss-stop", f"bookfleet ledger close {stop_id} --zk {zk}")
     log = client_log(cluster, WRITER, timeout=900)
     outcome.writer_rounds = writer_rounds(cluster)

@@ -301,8 +301,20 @@ def test_a_succeeded_repair_that_left_ledgers_is_not_repaired():
     assert [a.attempt for a in of_type(decision, LaunchRepair)] == [1] and of_type(decision, ForgetCookie) == []
 
 
-def test_a_pod_stuck_on_a_dead_node_is_force_deleted_only_after_the_repair():
-    stuck = {"pod": pod(ready=False, since=ago(3600)), "node_ready": "Unknown", "since": 3600}
+@pytest.mark.parametrize("node_ready", ["Unknown", "False"])
+def test_a_bookie_stuck_on_a_node_that_still_exists_keeps_its_pod_and_volumes_after_the_repair(node_ready):
+    """A NotReady or unreachable node may return (a zone outage, a partition) with the bookie's data: its pod and
+    volumes are kept, the bookie Lost, until it comes back or its Node is deleted."""
+    stuck = {"pod": pod(ready=False, since=ago(3600)), "node_ready": node_ready, "since": 3600}
+    repaired = bookies.decide(lost(**stuck, attempts=(job("Complete"),), remaining=()), NOW)
+    assert condition(repaired, "Repaired") == ("True", "RepairSucceeded")
+    assert repaired.status["phase"] == "Lost" and condition(repaired, "Lost") == ("True", DeathKind.NODE_LOST.value)
+    assert of_type(repaired, ForceDeletePod) == of_type(repaired, Delete) == of_type(repaired, ForgetCookie) == []
+    assert events(repaired) == ["RepairSucceeded", "VolumesKept"]
+
+
+def test_a_pod_stuck_on_a_deleted_node_is_force_deleted_only_after_the_repair():
+    stuck = {"pod": pod(ready=False, since=ago(3600)), "node_ready": bookies.NODE_GONE, "since": 3600}
     repairing = bookies.decide(lost(**stuck, attempts=(job("Running"),)), NOW)
     assert of_type(repairing, ForceDeletePod) == of_type(repairing, Delete) == []
     repaired = bookies.decide(lost(**stuck, attempts=(job("Complete"),), remaining=()), NOW)

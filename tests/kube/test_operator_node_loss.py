@@ -21,7 +21,13 @@ def ready(value: str) -> dict:
     return {"conditions": [{"type": "Ready", "status": value, "lastTransitionTime": now_text()}]}
 
 
-def test_bookie_on_a_dead_node_is_repaired_then_force_replaced(kube, podrunner, operator_process, zk_connect, zk):
+def claim_uids(kube, victim: str) -> dict[str, str]:
+    return {c["metadata"]["name"]: c["metadata"]["uid"] for c in kube.list("persistentvolumeclaims", NS)
+            if c["metadata"]["name"].startswith(f"{victim}-")}
+
+
+def test_bookie_on_a_dead_node_is_repaired_kept_until_the_node_is_deleted_then_force_replaced(
+        kube, podrunner, operator_process, zk_connect, zk):
     kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     kube.patch("nodes", None, NODE, {"status": ready("True")}, subresource="status")
     kube.create("bookieclusters", bookie_cluster(zk_connect, delay=1))
@@ -44,8 +50,16 @@ def test_bookie_on_a_dead_node_is_repaired_then_force_replaced(kube, podrunner, 
     job = wait_for("repair job", lambda: kube.list("jobs", NS))[0]
     assert kube.get("pods", NS, victim)["metadata"]["uid"] == stuck_uid  # not replaced before its ledgers are safe
 
+    claims = claim_uids(kube, victim)
     wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
              .get("completionTime"), timeout=120)
+    # The node may return with the bookie's data (an outage, a partition): pod and volumes are kept meanwhile.
+    wait_for("volumes kept", lambda: "VolumesKept" in [e["reason"] for e in kube.list("events", NS)
+                                                       if e["involvedObject"]["name"] == victim], timeout=60)
+    assert condition(status(kube, "bookies", victim), "Repaired")["status"] == "True"
+    assert status(kube, "bookies", victim).get("phase") == "Lost"
+    assert kube.get("pods", NS, victim)["metadata"]["uid"] == stuck_uid and claim_uids(kube, victim) == claims
+    kube.delete("nodes", None, NODE)  # gone for good: only now is the bookie replaced
     wait_for("fresh pod running", lambda: (pod := kube.get("pods", NS, victim)) and pod["metadata"]["uid"] != stuck_uid
              and status(kube, "bookies", victim).get("phase") == "Running", timeout=60)
     healed = wait_for("ledger healthy", lambda: (s := status(kube, "ledgers", "adopted")).get("repair", {})
@@ -56,6 +70,7 @@ def test_bookie_on_a_dead_node_is_repaired_then_force_replaced(kube, podrunner, 
     assert condition(bookie, "Repaired")["status"] == "True" and not bookie.get("lostSince")
     assert zk.exists(zkpaths.cookie(victim_id))  # a fresh cookie from the empty bookie
     assert [j["metadata"]["name"] for j in kube.list("jobs", NS)] == [job["metadata"]["name"]]
+    assert not set(claim_uids(kube, victim).values()) & set(claims.values())  # fresh volumes
     reasons = [e["reason"] for e in kube.list("events", NS) if e["involvedObject"]["name"] == victim]
     assert {"BookieLost", "RepairLaunched", "RepairSucceeded", "PodForceDeleted", "BookieReplaced"} <= set(reasons)
     assert reasons.count("BookieLost") == 1
