@@ -308,7 +308,7 @@ def test_a_bookie_stuck_on_a_node_that_still_exists_keeps_its_pod_and_volumes_af
     stuck = {"pod": pod(ready=False, since=ago(3600)), "node_ready": node_ready, "since": 3600}
     repaired = bookies.decide(lost(**stuck, attempts=(job("Complete"),), remaining=()), NOW)
     assert condition(repaired, "Repaired") == ("True", "RepairSucceeded")
-    assert repaired.status["phase"] == "Lost" and condition(repaired, "Lost") == ("True", DeathKind.NODE_LOST.value)
+    assert status_of(repaired)["phase"] == "Lost" and condition(repaired, "Lost") == ("True", DeathKind.NODE_LOST.value)
     assert of_type(repaired, ForceDeletePod) == of_type(repaired, Delete) == of_type(repaired, ForgetCookie) == []
     assert events(repaired) == ["RepairSucceeded", "VolumesKept"]
 
