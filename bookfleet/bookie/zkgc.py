@@ -1,9 +1,16 @@
-"""The garbage-collection loop: ledgers whose metadata left ZooKeeper are collected from this bookie.
+"""The garbage-collection loop: ledgers whose metadata left ZooKeeper, and copies no metadata names any more, are
+collected from this bookie.
 
 A ledger's metadata is created before any entry reaches a bookie, so a ledger the bookie holds but ZooKeeper lacks
 was deleted. To stay safe against any ordering surprise, a ledger is only collected once this process has known it
 for longer than a grace period; a failed ZooKeeper walk, or one in a namespace without this bookie's cookie, skips
 the pass instead of collecting anything.
+
+A bookie that comes back after its ledgers were repaired elsewhere (a zone outage, a partition) holds copies the
+metadata no longer names: over-replicated, as BookKeeper calls them. Such a copy is collected only when the ledger is
+closed (recovery and ensemble changes, which write to a bookie before or without its lock, only touch open ledgers),
+neither marked under-replicated nor recorded as having lost data (then a copy no metadata names may be the last one),
+and while this bookie holds the ledger's repair lock, so that no repair is copying to it meanwhile.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import time
 from kazoo.client import KazooClient
 
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.zk import pipelined
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +35,7 @@ class LedgerCollector:
         self.zk = zk
         self.bookie_id = bookie_id
         self.metadata = MetadataStore(zk)
+        self.under_replication = UnderReplication(zk)
         self.interval = interval
         self.grace = grace
         self.first_seen: dict[int, float] = {}
@@ -48,10 +58,47 @@ class LedgerCollector:
             del self.first_seen[ledger_id]
         live = set(await asyncio.to_thread(self._live_ledgers))
         too_young = {ledger_id for ledger_id, seen in self.first_seen.items() if now - seen < self.grace}
-        if not held - live - too_young:
-            return
-        report = await self.storage.collect_garbage(live | too_young | (self.storage.ledger_ids() - held))
-        log.info("garbage collection: %s", report)
+        over_replicated = await asyncio.to_thread(self._lock_over_replicated, (held & live) - too_young)
+        try:
+            if not held - live - too_young and not over_replicated:
+                return
+            keep = (live - over_replicated) | too_young | (self.storage.ledger_ids() - held)
+            report = await self.storage.collect_garbage(keep)
+        finally:
+            for ledger_id in over_replicated:
+                await asyncio.to_thread(self.under_replication.release, ledger_id)
+        log.info("garbage collection: %s (%d over-replicated)", report, len(over_replicated))
+
+    def _lock_over_replicated(self, candidates: set[int]) -> set[int]:
+        """The candidates whose copy here may go, each with its repair lock now held by this bookie."""
+        suspects = candidates - set(self.metadata.ledgers_on_bookie(self.bookie_id))
+        if not suspects:
+            return set()
+        locked = self.under_replication.acquire_all(sorted(suspects), f"gc:{self.bookie_id}")
+        unsafe = {ledger_id for ledger_id, marker in self.under_replication.read_markers(locked).items() if marker}
+        unsafe |= {ledger_id for ledger_id, loss in pipelined(sorted(locked), self._data_loss_stat) if loss.get()}
+        over = set()
+        for ledger_id, read in pipelined(sorted(locked - unsafe), self._metadata_read):
+            if self._names_no_more(read):
+                over.add(ledger_id)
+        for ledger_id in locked - over:
+            self.under_replication.release(ledger_id)
+        return over
+
+    def _data_loss_stat(self, ledger_id: int):
+        return self.zk.exists_async(zkpaths.dataloss(ledger_id))
+
+    def _metadata_read(self, ledger_id: int):
+        return self.zk.get_async(zkpaths.ledger(ledger_id))
+
+    def _names_no_more(self, read) -> bool:
+        """Whether the ledger (read now, under its lock) is closed and names this bookie in no segment; anything
+        unreadable keeps the copy."""
+        try:
+            metadata = LedgerMetadata.from_json(read.get()[0])
+        except Exception:  # deleted meanwhile (the other collection takes it next pass), or unreadable
+            return False
+        return metadata.is_closed and self.bookie_id not in metadata.bookies()
 
     def _live_ledgers(self) -> list[int]:
         # Our own cookie proves this is the namespace the bookie belongs to: an empty or foreign one (a wrong
