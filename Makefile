@@ -43,7 +43,7 @@ TEST_WORKERS ?= 2
 test: setup $(CHECKOV_STAMP) kube-binaries bookkeeper-reference
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
-	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 # The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/.
 kube-binaries:

@@ -8,8 +8,10 @@ import pytest
 from bookfleet import zkserver
 from tests import fixtures
 
-if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...: each worker its own share of ports
-    os.environ[zkserver.PORT_SHARE] = f"{worker.removeprefix('gw')}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # gw0, gw1, ...: each worker its own part of the run's share
+    share, _, shares = os.environ.get(zkserver.PORT_SHARE, "0/1").partition("/")
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ[zkserver.PORT_SHARE] = f"{int(share) * workers + int(worker.removeprefix('gw'))}/{int(shares) * workers}"
 
 pytest_plugins = [f"{fixtures.__name__}.{m.name}" for m in pkgutil.iter_modules(fixtures.__path__)]
 
