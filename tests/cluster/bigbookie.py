@@ -1,4 +1,4 @@
-"""A bookie with more ledgers than an annotation holds, lost on the local cluster (issue 22 §4).
+"""A bookie with more ledgers than an annotation holds, lost on the local cluster.
 
 Repair Jobs once carried every ledger id of the lost bookie in a `bookfleet.io/ledgers` annotation; the API server
 caps an object's annotations at 256 KiB (keys and values together), so past some count of ids the Job was refused

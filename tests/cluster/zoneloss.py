@@ -1,4 +1,4 @@
-"""A whole zone lost, and back, on the local cluster (issue 23): six bookies, two per zone, E3/Qw3/Qa2 zone-aware
+"""A whole zone lost, and back, on the local cluster: six bookies, two per zone, E3/Qw3/Qa2 zone-aware
 ledgers written before and through the outage, one zone cut off (kubelets silent, pods' links down, bookies running
 on unreachable) for longer than the lost-bookie delay, then returned: its bookies, whose pods and volumes the
 operator kept (their nodes were NotReady, never deleted), rejoin with their data and cookies.

@@ -486,7 +486,7 @@ class CountingApi(StoredApi):
 
 
 def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
-    """At 1,000 bookies each pass's GETs add up (issue 24): the cluster, pod and claims come from the operator's
+    """At 1,000 bookies each pass's GETs add up: the cluster, pod and claims come from the operator's
     watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
     cluster_body = bookie_cluster(zookeeper=zk_connect).to_wire()
     claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}

@@ -60,7 +60,7 @@ DELAY = 5
 """lostBookieRecoveryDelaySeconds of the cluster (the pod-death figure is given minus it)."""
 TARGETS = {"startup_s": 120.0, "steady_cpu_cores": 0.1, "api_requests_per_s": 5.0, "zk_requests_per_s": 20.0,
            "rss_mb": 400.0, "pod_death_to_repair_job_s": 5.0, "status_s": 2.0}
-"""At 1,000 bookies and 100,000 Ledgers (issue 24)."""
+"""At 1,000 bookies and 100,000 Ledgers (the scale targets)."""
 NOT_THE_OPERATOR = {"leases", "nodes", "nodes/status", "pods/status", "endpoints", "endpointslices",
                     "poddisruptionbudgets/status"}
 """Resources only kwok and the controllers write or read (the operator never does): left out of its share."""
