@@ -108,10 +108,12 @@ class EnsembleChange:
         if self._quorum_lost is None or self._quorum_lost[1] != head:
             self._quorum_lost = (now, head)
         if now - self._quorum_lost[0] >= self.settings.add_timeout:
+            probes = "; ".join(f"{bookie}: {self._probes.get(bookie, 'not asked')}"
+                               for bookie in sorted(self._failed.values()))
             raise LedgerWriteError(
                 f"cannot replace bookie {', '.join(sorted(self._failed.values()))} in ledger "
                 f"{self.ledger_id} and fewer than Qa={self.metadata.ack_quorum} bookies of a write set "
-                f"answer: {waiting}"
+                f"answer: {waiting} (asked whether they take adds again: {probes})"
             )
 
     async def _reinstate(self) -> None:
@@ -133,12 +135,15 @@ class EnsembleChange:
             log.info("ledger %d: bookies at positions %s answer again and keep their places", self.ledger_id, back)
 
     async def _answers_writable(self, bookie: str) -> bool:
-        """Whether `bookie` answers GET_BOOKIE_INFO within PROBE_TIMEOUT and says it takes adds."""
+        """Whether `bookie` answers GET_BOOKIE_INFO within PROBE_TIMEOUT and says it takes adds (the last answer is
+        kept for the give-up's message: why a bookie seen back did not take its place)."""
         try:
             client = await self._pool.get(bookie)
             space = await asyncio.wait_for(client.bookie_info(), PROBE_TIMEOUT)
-        except (ConnectionError, BookieError, TimeoutError):
+        except (ConnectionError, BookieError, TimeoutError) as exc:
+            self._probes[bookie] = f"{type(exc).__name__}: {exc}"[:120]
             return False
+        self._probes[bookie] = space.state.name
         return space.state == wire.BookieState.WRITABLE
 
     async def _mark_failed(self) -> None:

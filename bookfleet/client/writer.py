@@ -142,6 +142,7 @@ class LedgerWriter(EnsembleChange):
         self._explicit_lac = last_add_confirmed
         self._failed: dict[int, str] = {}  # ensemble position -> bookie that failed there, not yet replaced
         self._ever_failed: set[str] = set()
+        self._probes: dict[str, str] = {}  # failed bookie -> its last answer to "do you take adds again?"
         self._unmarked: set[str] = set()
         """Failed bookies not yet recorded in the ledger's under-replication marker."""
         self._under_replication = UnderReplication(store.zk)
