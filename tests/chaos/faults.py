@@ -124,13 +124,20 @@ class Fleet:
         blackhole = rng.random() < 0.5
         for bookie in victims:
             self._down(bookie)
-            self.proxies[bookie].hold() if blackhole else self.proxies[bookie].cut()
+            proxy = self.proxies[bookie]
+            if blackhole:  # nothing gets through, on open connections (stall) as on new ones (hold)
+                proxy.hold()
+                proxy.stall()
+            else:
+                proxy.cut()
         await asyncio.sleep(rng.uniform(2, 6))
         for bookie in victims:
+            proxy = self.proxies[bookie]
             if blackhole:
-                self.proxies[bookie].release()
+                proxy.release()
+                proxy.flow()
             else:
-                await self.proxies[bookie].start()
+                await proxy.start()
             self._up(bookie)
 
     async def restart_zookeeper(self, rng) -> None:
