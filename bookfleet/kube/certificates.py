@@ -31,7 +31,7 @@ from bookfleet.kube.resources import (
     ca_secret_name,
     replicator_secret_name,
 )
-from bookfleet.security.certs import CertificateAuthority, IssuedCertificate
+from bookfleet.security.certs import CLOCK_SKEW, CertificateAuthority, IssuedCertificate
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host
 
@@ -191,9 +191,9 @@ def ensure(api, cluster: BookieCluster, bookies: list[Bookie], now: dt.datetime)
     written = []
     lifetime = dt.timedelta(days=security.certificate_days)
     for identity in plan(now, due, secrets, ca.cert_pem, renew_before):
-        manifest = identity_secret(
-            cluster, identity, ca.issue(identity.common_name, identity.roles, identity.dns_names, lifetime)
-        )
+        # Valid from the pass's own clock (the renewal decision reads the same one).
+        issued = ca.issue(identity.common_name, identity.roles, identity.dns_names, lifetime, now - CLOCK_SKEW)
+        manifest = identity_secret(cluster, identity, issued)
         if secrets[identity.secret] is None:
             api.ensure(manifest)
         else:

@@ -7,6 +7,7 @@ from typing import Any
 
 import kubernetes
 
+from bookfleet.polling import wait_for
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.kubelet import Kubelet
 
@@ -25,7 +26,20 @@ class RecordingWorker:
         self.stopped = grace
 
 
+def default_service_account(api: kubernetes.client.CoreV1Api) -> bool:
+    try:
+        api.read_namespaced_service_account("default", NAMESPACE)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def create_pod(api: kubernetes.client.CoreV1Api, name: str) -> dict[str, Any]:
+    """A pod on node-a, once the namespace's default ServiceAccount exists (admission refuses a pod before the
+    controller-manager has made it, as on a fresh cluster)."""
+    wait_for(lambda: default_service_account(api), timeout=120, what="the default ServiceAccount", interval=0.2)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "none"}]}}
     return api.api_client.sanitize_for_serialization(api.create_namespaced_pod(NAMESPACE, pod))
