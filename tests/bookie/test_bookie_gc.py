@@ -44,8 +44,8 @@ async def test_a_copy_no_metadata_names_any_more_is_collected_only_when_nothing_
     replaced = sorted(address)[0] if sorted(address)[0] != spare.bookie_id else sorted(address)[1]
     for ledger_id in ledger.values():  # what a repair does: the copy made on the spare, swapped in ("moved" last)
         metadata, version = store.read(ledger_id)
-        swapped = [Segment(first_entry_id=0, bookies=tuple(spare.bookie_id if bookie == replaced else bookie
-                                                           for bookie in metadata.segments[0].bookies))]
+        swapped = (Segment(first_entry_id=0, bookies=tuple(spare.bookie_id if bookie == replaced else bookie
+                                                           for bookie in metadata.segments[0].bookies)),)
         store.update(ledger_id, metadata.model_copy(update={"segments": swapped}), version)
 
     async with asyncio.timeout(60):
