@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BOOKFLEET_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["BOOKFLEET_KUBECONFIG"] = args.kubeconfig or ""
     os.environ["BOOKFLEET_OPERATOR_ZK"] = args.zk or ""
+    os.environ["BOOKFLEET_OPERATOR_NAMESPACES"] = ",".join(args.namespaces or ())
     import kopf
 
     importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
@@ -87,6 +88,34 @@ class KubeApi:
     def list(self, api_version: str, plural: str, namespace: str | None, labels: dict[str, str] | None = None) -> list:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         return self._call("GET", collection_path(api_version, plural, namespace), query=query).get("items", [])
+
+    def list_page(self, api_version: str, plural: str, namespace: str | None, selector: str,
+                  continue_token: str = "") -> dict:
+        """One page (500 objects) of a LIST, with its metadata: `continue` for the next page, and on the last one
+        the `resourceVersion` a watch starts from."""
+        query = {"labelSelector": selector, "limit": "500"} | ({"continue": continue_token} if continue_token else {})
+        return self._call("GET", collection_path(api_version, plural, namespace), query=query)
+
+    def watch(self, api_version: str, plural: str, namespace: str | None, selector: str, resource_version: str,
+              timeout_seconds: int) -> Iterator[dict]:
+        """The watch events after `resource_version` (bookmarks included), until the server ends the stream after
+        `timeout_seconds`; an ERROR event (410: that version is too old) is yielded like the others."""
+        query = {"labelSelector": selector, "watch": "true", "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        request = self.client.param_serialize(
+            "GET", collection_path(api_version, plural, namespace), query_params=list(query.items()),
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        response = self.client.call_api(*request, _request_timeout=(10, timeout_seconds + 30))
+        try:
+            if response.status >= 400:
+                raise ApiException(status=response.status, reason=response.reason,
+                                   body=response.read().decode(errors="replace"))
+            pending = b""
+            for chunk in response.response.stream(64 * 1024):
+                *lines, pending = (pending + chunk).split(b"\n")
+                yield from (json.loads(line) for line in lines if line.strip())
+        finally:
+            response.response.release_conn()
 
     def served(self, api_version: str, plural: str, namespace: str) -> bool:
         """Whether the API server knows the resource (e.g. SparkApplication only with the Spark operator)."""

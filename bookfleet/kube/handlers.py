@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from bookfleet.kube import (
     api,
     bookies,
     clusters,
+    informers,
     ledgerfeed,
     ledgers,
     metrics,
@@ -35,6 +37,8 @@ INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
+NAMESPACES = [ns for ns in os.environ.get("BOOKFLEET_OPERATOR_NAMESPACES", "").split(",") if ns] or None
+"""The namespaces the operator watches (`bookfleet operator --namespace`); None: the whole cluster."""
 LEDGER_RESYNC = float(os.environ.get("BOOKFLEET_LEDGER_RESYNC", str(60 * INTERVAL)))
 """Seconds between the resyncs of each cluster's Ledgers (what no watch covers); Ledgers otherwise wait on changes."""
 
@@ -77,6 +81,8 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 def close(**_: Any) -> None:
     if _context is not None:
         _context.close()
+    for informer in _informers or ():
+        informer.stop()
 
 
 def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | None], body: kopf.Body,
@@ -101,39 +107,31 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
                            body), stopped, INTERVAL)
 
 
-@kopf.index("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)
-def bookie_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
-    """Bookie pods by (namespace, name), kept from the watch: kopf fills its indexes before any loop starts, so a pod
-    missing here is a pod that is gone."""
-    return {(namespace, name): dict(body)}
+def _bookie_sources() -> bookies.BookieSources:
+    """A Bookie pass reads its cluster, pod and claims from caches (no GET); a cluster not yet in the cache is read
+    with a GET. Pods and claims come from informers (kube.informers), started at the first pass, after login."""
+    global _informers
+    with _informers_made:  # passes run in threads: the first ones start the informers once
+        if _informers is None:
+            _informers = tuple(informers.Informer(context().api, api.CORE, plural, resources.BOOKIE_POD_SELECTOR,
+                                                  NAMESPACES).start() for plural in ("pods", "persistentvolumeclaims"))
+    pods, claims = _informers
 
-
-@kopf.index("", "v1", "persistentvolumeclaims", labels=resources.BOOKIE_POD_SELECTOR)
-def bookie_claims(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
-    """Bookie claims by (namespace, name) (they carry the bookie pods' labels), kept from the watch likewise."""
-    return {(namespace, name): dict(body)}
-
-
-def _one_of(index: kopf.Index) -> bookies.Lookup:
-    return lambda namespace, name: next(iter(index.get((namespace, name), ())), None)
-
-
-def _bookie_sources(pods: kopf.Index, claims: kopf.Index) -> bookies.BookieSources:
-    """A Bookie pass reads its cluster, pod and claims from the watch (no GET); a cluster not yet in the cache is
-    read with a GET."""
     def cluster(namespace: str, name: str) -> dict | None:
         return CLUSTERS.get(namespace, name) or context().api.get(api.CUSTOM, "bookieclusters", namespace, name)
-    return bookies.BookieSources(cluster=cluster, pod=_one_of(pods), claim=_one_of(claims))
+    return bookies.BookieSources(cluster=cluster, pod=pods.get, claim=claims.get)
+
+
+_informers: tuple[informers.Informer, informers.Informer] | None = None
+_informers_made = threading.Lock()
 
 
 @kopf.daemon(GROUP, VERSION, "bookies", cancellation_backoff=60, cancellation_timeout=10)
-async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped,
-                     bookie_pods: kopf.Index, bookie_claims: kopf.Index, **_: Any) -> None:
+async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per Bookie: a pass when its pod changes (a pod that stops being Ready on a failed node is seen at once)
     and when a recovery delay ends, else every INTERVAL seconds."""
-    sources = _bookie_sources(bookie_pods, bookie_claims)
     await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
-        "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, sources), body), stopped, INTERVAL)
+        "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, _bookie_sources()), body), stopped, INTERVAL)
 
 
 def _by_bookie(body: kopf.Body) -> dict[repairs.BookieKey, dict]:

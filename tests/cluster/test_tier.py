@@ -539,12 +539,18 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     lost_bookie = outcome.lost_bookie_id.split(".")[0]
     assert walkthrough.new_repair_jobs(cluster, lost_bookie, outcome.earlier_jobs) == [repair.job]  # once
     # What a Prometheus scrapes (the chart's monitors): the operators counted the repair, a bookie its journal syncs.
-    operators = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
-    repairs = [sample for pod in operators if walkthrough.ready(pod)
-               for sample in samples(walkthrough.scrape(pod, "metrics"), "bookfleet_operator_repairs_total")]
-    outcomes = {outcome: sum(s.value for s in repairs if s.labels["outcome"] == outcome)
+    # The success is counted when the operator sees the Job complete, which can come after the Ledger turns healthy.
+    def repair_outcomes() -> dict[str, float]:
+        operators = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+        repairs = [sample for pod in operators if walkthrough.ready(pod)
+                   for sample in samples(walkthrough.scrape(pod, "metrics"), "bookfleet_operator_repairs_total")]
+        return {outcome: sum(s.value for s in repairs if s.labels["outcome"] == outcome)
                 for outcome in ("launched", "succeeded")}
-    assert outcomes["launched"] >= 1 and outcomes["succeeded"] >= 1, outcomes
+
+    try:
+        wait_for(lambda: min(repair_outcomes().values()) >= 1, timeout=180, what="the repair counted", interval=2.0)
+    except TimeoutError:
+        pytest.fail(f"repairs counted by the operators: {repair_outcomes()}")
     syncs = [sample.value for pod in walkthrough.bookie_pods(cluster) if walkthrough.ready(pod)
              for sample in samples(walkthrough.scrape(pod, "http"), "bookie_journal_sync_latency_seconds_count")]
     assert syncs and max(syncs) > 0  # the ledger's bookies synced its entries

@@ -31,12 +31,13 @@ PEERING_LIFETIME = 60
 class Replica:
     """One operator replica (`bookfleet operator --peering`), its output in a log file."""
 
-    def __init__(self, kube: EmulatorThread, name: str, log: Path):
+    def __init__(self, kube: EmulatorThread, name: str, log: Path, priority: int | None = None):
         self.name, self.log = name, log
         env = {**os.environ, "PYTHONPATH": str(REPO), "POD_ID": name}  # kopf's peering identity, as the chart sets
+        chosen = ["--priority", str(priority)] if priority is not None else []
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bookfleet", "operator", "--namespace", NS, "--peering", PEERING,
+                [sys.executable, "-m", "bookfleet", "operator", "--namespace", NS, "--peering", PEERING, *chosen,
                  "--kubeconfig", str(kube.kubeconfig), "--interval", "0.5"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
             )
@@ -58,17 +59,24 @@ class Replica:
 
 
 @pytest.fixture
-def replicas(kube: EmulatorThread, tmp_path: Path) -> Iterator[list[Replica]]:
-    """The peering CRD and object as the chart installs them, then two replicas."""
+def peering(kube: EmulatorThread, tmp_path: Path) -> Iterator[list[Replica]]:
+    """The peering CRD and object as the chart installs them; the replicas a test starts go in the list."""
     kube.create("customresourcedefinitions", yaml.safe_load(crdgen.crd_files()["kopf.dev_kopfpeerings.yaml"]))
     kube.create("kopfpeerings", {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                                  "metadata": {"name": PEERING, "namespace": NS}})
-    started = [Replica(kube, f"operator-{i}", tmp_path / f"operator-{i}.log") for i in range(2)]
+    started: list[Replica] = []
     try:
         yield started
     finally:
         for replica in started:
             replica.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def replicas(peering: list[Replica], kube: EmulatorThread, tmp_path: Path) -> list[Replica]:
+    """Two replicas with random priorities, as the chart runs them."""
+    peering += [Replica(kube, f"operator-{i}", tmp_path / f"operator-{i}.log") for i in range(2)]
+    return peering
 
 
 def test_exactly_one_replica_acts_and_the_other_takes_over_from_a_killed_leader(replicas, kube, zk_connect) -> None:
@@ -90,3 +98,30 @@ def test_exactly_one_replica_acts_and_the_other_takes_over_from_a_killed_leader(
     polling.wait_for(lambda: kube.get("bookies", NS, "bk2-0"), PEERING_LIFETIME + 180,
                      "the follower takes over after the leader's heartbeat expires")
     assert follower.acting()
+
+
+def test_a_replica_that_acts_again_after_a_pause_sees_pods_deleted_while_it_was_paused_as_gone(
+        peering, kube, zk_connect, tmp_path) -> None:
+    """A acts, then pauses for B (a higher priority, as in a rolling upgrade); meanwhile the bookie's pod is deleted
+    and B makes a new one. B stops, A acts again, and the new pod is deleted too: A must make a third. A cache fed
+    only by watch events (kopf's indexes: kopf stops its watches while a replica is paused) still holds the first
+    pod, which A then waits on for ever."""
+    first = Replica(kube, "operator-a", tmp_path / "operator-a.log", priority=1)
+    peering.append(first)
+    polling.wait_for(first.acting, 120, "A acting alone")
+    kube.create("bookieclusters", bookie_cluster(zk_connect, replicas=1))
+    pod_uid = lambda: ((kube.get("pods", NS, "bk-0") or {}).get("metadata") or {}).get("uid")  # noqa: E731
+    seen = [polling.wait_for(pod_uid, 120, "A makes the bookie's pod")]
+
+    second = Replica(kube, "operator-b", tmp_path / "operator-b.log", priority=2)
+    peering.append(second)
+    polling.wait_for(lambda: second.acting() and not first.acting(), 120, "A paused in favour of B")
+    for acting in (second, first):
+        assert acting.acting()
+        kube.delete("pods", NS, "bk-0")
+        seen.append(polling.wait_for(lambda: (uid := pod_uid()) not in seen and uid, 120,
+                                     f"{acting.name} makes a new pod for the deleted one"))
+        if acting is second:
+            second.stop()  # SIGTERM: it leaves the peering, and A acts again at once
+            polling.wait_for(first.acting, 120, "A acting again")
+    assert len(set(seen)) == 3
