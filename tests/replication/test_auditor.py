@@ -188,7 +188,7 @@ def test_a_writers_missed_entries_marker_is_never_cleared_as_stale(zk, fleet, au
 
 def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, auditor_sessions):
     UnderReplication(zk).set_recovery_delay(0.2)
-    env = {**os.environ, "BOOKFLEET_ZK": zk_connect}
+    env = {**os.environ, "BOOKFLEET_ZK": zk_connect, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread
     cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
     try:
         wait_for(lambda: _active_auditor(zk) == "cli", timeout=60, what="the CLI auditor leading")  # a cold start
@@ -198,7 +198,12 @@ def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, audit
         wait_for(lambda: set(_markers(zk)) == expected, what="marking by the CLI auditor")
         assert not standby.is_active
         cli.send_signal(signal.SIGINT)
-        assert cli.wait(20) == 130
+        try:
+            assert cli.wait(20) == 130
+        except subprocess.TimeoutExpired:
+            cli.send_signal(signal.SIGABRT)  # its threads' stacks, in the captured stderr, say where it hung
+            cli.wait(10)
+            pytest.fail("the CLI auditor did not exit within 20 s of Ctrl-C (its threads' stacks are above)")
         assert standby.wait_active(10)
     finally:
         cli.kill()
