@@ -267,6 +267,37 @@ async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(
         assert held == set(range(new.first_entry_id, 300))
 
 
+async def test_a_bookie_that_failed_once_replaces_another_when_no_other_bookie_is_left(bookie_fleet, zk_connect):
+    """BookKeeper's quarantine: a bookie that failed this writer is passed over while others can take a failed
+    position, and chosen when none can. E=Qw=3, Qa=2 on four bookies: the first loss moves to the spare; the first
+    victim comes back writable; when the spare fails too, the first victim is all that is left and takes its place
+    (the writer kept every failed bookie out for good: the ledger stayed on two replicas)."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
+    async with BookKeeper(zk_connect, WriterSettings(replacement_retry=0.2)) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        assert await asyncio.gather(*(writer.append(b"%d" % i) for i in range(10))) == list(range(10))
+        first_victim = writer.metadata.segments[0].bookies[1]
+        by_id[first_victim].kill9()
+        await writer.append(b"10")
+
+        async def segments(n: int) -> bool:
+            return len(writer.metadata.segments) == n
+
+        await eventually(lambda: segments(2), timeout=30)
+        spare = writer.metadata.segments[1].bookies[1]
+        assert spare not in writer.metadata.segments[0].bookies
+        by_id[first_victim].start().wait_ready()
+        by_id[spare].kill9()
+        await writer.append(b"11")
+        await eventually(lambda: segments(3), timeout=30)
+        assert writer.metadata.segments[2].bookies[1] == first_victim
+        assert await asyncio.gather(*(writer.append(b"%d" % i) for i in range(12, 20))) == list(range(12, 20))
+        metadata = await writer.close()
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(20)]
+        assert metadata.last_entry_id == 19
+
+
 async def test_a_zookeeper_connection_drop_during_an_ensemble_change_does_not_end_the_writer(bookie_fleet, zk_connect):
     """The marker write of an ensemble change is in flight when the ZooKeeper connection drops (kazoo fails it with
     ConnectionLoss; the session, and the writer's lease, hold): the writer tries the change again and goes on. It
