@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bookfleet.bench.baseline import percentile
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.reader import EntryUnavailable, LedgerReader
 from bookfleet.client.recovery import RecoveryError
@@ -42,7 +43,7 @@ def quantiles(seconds: list[float]) -> dict:
     ordered = sorted(seconds)
     if not ordered:
         return {}
-    return {"count": len(ordered), "p50": round(ordered[len(ordered) // 2], 2), "max": round(ordered[-1], 2)}
+    return {"count": len(ordered), "p50": round(percentile(ordered, 0.5), 2), "max": round(ordered[-1], 2)}
 
 
 async def recover(bk: BookKeeper, ledger_id: int):
