@@ -76,20 +76,13 @@ class LedgerCollector:
             return set()
         locked = self.under_replication.acquire_all(sorted(suspects), f"gc:{self.bookie_id}")
         unsafe = {ledger_id for ledger_id, marker in self.under_replication.read_markers(locked).items() if marker}
-        unsafe |= {ledger_id for ledger_id, loss in pipelined(sorted(locked), self._data_loss_stat) if loss.get()}
-        over = set()
-        for ledger_id, read in pipelined(sorted(locked - unsafe), self._metadata_read):
-            if self._names_no_more(read):
-                over.add(ledger_id)
+        losses = pipelined(sorted(locked), lambda ledger: self.zk.exists_async(zkpaths.dataloss(ledger)))
+        unsafe |= {ledger_id for ledger_id, loss in losses if loss.get()}
+        reads = pipelined(sorted(locked - unsafe), lambda ledger: self.zk.get_async(zkpaths.ledger(ledger)))
+        over = {ledger_id for ledger_id, read in reads if self._names_no_more(read)}
         for ledger_id in locked - over:
             self.under_replication.release(ledger_id)
         return over
-
-    def _data_loss_stat(self, ledger_id: int):
-        return self.zk.exists_async(zkpaths.dataloss(ledger_id))
-
-    def _metadata_read(self, ledger_id: int):
-        return self.zk.get_async(zkpaths.ledger(ledger_id))
 
     def _names_no_more(self, read) -> bool:
         """Whether the ledger (read now, under its lock) is closed and names this bookie in no segment; anything
