@@ -19,6 +19,7 @@ its DELETED event drops it here.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -157,6 +158,9 @@ class LedgerFeed:
         self.queue = DebouncedQueue(debounce, rate)
         self._entries: dict[LedgerKey, LedgerEntry] = {}
         self._by_id: dict[int, set[LedgerKey]] = {}
+        self._per_cluster: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Ledgers per (namespace, cluster), kept with the directory: the resync check runs before every pass, and a
+        scan of 100,000 entries there took a fifth of the operator's CPU while they were first reconciled."""
         self._lock = threading.Lock()
         self._caches: dict[str, tuple[TreeCache, TreeCache]] = {}
         self._resync_due: dict[tuple[str, str], float] = {}
@@ -172,12 +176,15 @@ class LedgerFeed:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         with self._lock:
             old = self._entries.pop(key, None)
-            if old is not None and old.ledger_id is not None:
-                self._by_id.get(old.ledger_id, set()).discard(key)
+            if old is not None:
+                self._per_cluster[key[0], old.cluster] -= 1
+                if old.ledger_id is not None:
+                    self._by_id.get(old.ledger_id, set()).discard(key)
             if deleted:
                 self.queue.forget(key)
                 return
             new = self._entries[key] = entry_of(body)
+            self._per_cluster[key[0], new.cluster] += 1
             if new.ledger_id is not None:
                 self._by_id.setdefault(new.ledger_id, set()).add(key)
         if old is None or (old.generation, old.ledger_id) != (new.generation, new.ledger_id):
@@ -266,7 +273,7 @@ class LedgerFeed:
 
     def _resync_due_clusters(self, now: float) -> None:
         with self._lock:
-            clusters = {(key[0], e.cluster) for key, e in self._entries.items()}
+            clusters = {cluster for cluster, count in self._per_cluster.items() if count > 0}
         for cluster in clusters - self._resync_due.keys():
             self._resync_due[cluster] = now + self._jittered()
         for cluster in list(self._resync_due):

@@ -4,6 +4,7 @@ else at the interval; a stopped loop ends. In milliseconds, on a plain event loo
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 from bookfleet.kube import ledgerfeed, wakeups
@@ -146,3 +147,22 @@ def test_a_ledger_woken_during_its_pass_is_handed_out_again_only_once_the_pass_i
     assert queue.take(timeout=0) is None  # a second worker must not run it beside the first
     queue.done(("ns", "a"))
     assert queue.take(timeout=0) == (("ns", "a"), {"v": 1})
+
+
+def test_each_cluster_with_ledgers_gets_one_resync_and_a_cluster_whose_ledgers_all_went_gets_none():
+    resynced: list = []
+    feed = ledgerfeed.LedgerFeed(lambda key, body: None, lambda ns, cluster: None, lambda connect: None,
+                                 resync=60, retry=1, rng=random.Random(1))
+    feed.resync_cluster = lambda namespace, cluster: resynced.append((namespace, cluster))  # type: ignore[method-assign]
+    ledger = lambda name, cluster: {"metadata": {"namespace": "ns", "name": name, "generation": 1},  # noqa: E731
+                                    "spec": {"cluster": cluster}}
+    for name, cluster in (("a1", "a"), ("a2", "a"), ("b1", "b")):
+        feed.ledger_changed(ledger(name, cluster))
+    feed.ledger_changed(ledger("a2", "b"))  # moved to the other cluster
+    feed._resync_due_clusters(0.0)
+    assert resynced == [] and set(feed._resync_due) == {("ns", "a"), ("ns", "b")}
+    feed._resync_due_clusters(100.0)
+    assert sorted(resynced) == [("ns", "a"), ("ns", "b")]
+    feed.ledger_changed(ledger("a1", "a"), deleted=True)
+    feed._resync_due_clusters(300.0)
+    assert set(feed._resync_due) == {("ns", "b")} and resynced.count(("ns", "a")) == 1
