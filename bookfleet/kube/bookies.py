@@ -130,7 +130,7 @@ Lookup = Callable[[str, str], "dict[str, Any] | None"]
 @dataclass(frozen=True)
 class BookieSources:
     """Where a pass reads what surrounds its Bookie: the cluster, the pod and the claims. The operator passes its
-    watch-fed caches (kube.handlers: kopf indexes, filled before any Bookie loop starts, and the BookieClusters'
+    watch-fed caches (kube.informers for pods and claims, whose first list a pass waits for, and the BookieClusters'
     cache), so a pass over a serving bookie makes one GET, the Bookie's own; `live` reads each with a GET."""
 
     cluster: Lookup

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from bookfleet.kube import certificates, repairs, resources
 from bookfleet.kube.actions import Action, Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, pod_ready
+from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, Lookup, pod_ready
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
 from bookfleet.meta import bookiestate, cookies
@@ -127,8 +127,11 @@ class ObservedCluster:
     """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
 
 
-def observe(ctx: OperatorContext, body: dict) -> ObservedCluster:
-    """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained."""
+def observe(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) -> ObservedCluster:
+    """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained. The
+    bookie pods come from `pod_of` (the operator's informer: a GET each was 50 requests/s at 1,000 bookies), else
+    a GET each."""
+    pod_of = pod_of or (lambda namespace, name: ctx.api.get(CORE, "pods", namespace, name))
     cluster, problem = validate(body)
     if cluster is None:
         return ObservedCluster(body, None, problem)
@@ -143,7 +146,7 @@ def observe(ctx: OperatorContext, body: dict) -> ObservedCluster:
     bookies = []
     for bookie in bodies:
         bookie_id = bookie["spec"]["bookieId"]
-        seen = Member(bookie, ctx.api.get(CORE, "pods", ns, bookie["metadata"]["name"]),
+        seen = Member(bookie, pod_of(ns, bookie["metadata"]["name"]),
                               bookie_id in registered, bookie_id in forced)
         if bookie in draining:
             seen = observe_drain(ctx, cluster, seen, disabled)
@@ -536,10 +539,10 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
 # --- act -----------------------------------------------------------------------------------------------------
 
 
-def reconcile(ctx: OperatorContext, body: dict) -> float | None:
+def reconcile(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) -> float | None:
     """One level-based pass over a BookieCluster; like every reconciler's, it returns the seconds until a pass is due
     by the clock alone (for a cluster: None, its loop runs the next at the interval or on a bookie pod's change)."""
     moment = now()
-    decision = decide(observe(ctx, body), moment)
+    decision = decide(observe(ctx, body, pod_of), moment)
     act(ctx, body, decision.actions)
     return decision.recheck_in(moment)

@@ -8,9 +8,9 @@ kube.ledgerfeed wakes each one when something it mirrors changed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -103,27 +103,53 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
     the restarted bookie is Ready), else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass("bookieclusters", clusters.reconcile,
-                           body), stopped, INTERVAL)
+    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
+        "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, _pod), body), stopped, INTERVAL)
+
+
+@kopf.on.startup()
+async def start_informers(**_: Any) -> None:
+    """Bookie pods and claims, listed then watched from here on, whether this replica acts or not (kube.informers).
+    A pod's change wakes its Bookie's and its cluster's loops once the cache holds it."""
+    global _informers
+    api.load_config(KUBECONFIG)
+    loop = asyncio.get_running_loop()
+
+    def pod_changed(pod: dict) -> None:
+        loop.call_soon_threadsafe(_wake_for_pod, pod["metadata"])
+    _informers = (
+        informers.Informer(context().api, api.CORE, "pods", resources.BOOKIE_POD_SELECTOR, NAMESPACES, pod_changed),
+        informers.Informer(context().api, api.CORE, "persistentvolumeclaims", resources.BOOKIE_POD_SELECTOR,
+                           NAMESPACES))
+    for informer in _informers:
+        informer.start()
+
+
+def _wake_for_pod(meta: dict) -> None:
+    """On the event loop: a bookie pod created, changed or deleted wakes its Bookie's and its cluster's loops."""
+    labels = meta.get("labels") or {}
+    if bookie := labels.get(resources.LABEL_BOOKIE):
+        WAKEUPS.wake(("bookies", meta["namespace"], bookie))
+    if cluster := labels.get(resources.LABEL_CLUSTER):
+        WAKEUPS.wake(("bookieclusters", meta["namespace"], cluster))
+
+
+def _pod(namespace: str, name: str) -> dict | None:
+    assert _informers is not None, "started with the operator"
+    return _informers[0].get(namespace, name)
 
 
 def _bookie_sources() -> bookies.BookieSources:
     """A Bookie pass reads its cluster, pod and claims from caches (no GET); a cluster not yet in the cache is read
-    with a GET. Pods and claims come from informers (kube.informers), started at the first pass, after login."""
-    global _informers
-    with _informers_made:  # passes run in threads: the first ones start the informers once
-        if _informers is None:
-            _informers = tuple(informers.Informer(context().api, api.CORE, plural, resources.BOOKIE_POD_SELECTOR,
-                                                  NAMESPACES).start() for plural in ("pods", "persistentvolumeclaims"))
-    pods, claims = _informers
+    with a GET."""
+    assert _informers is not None, "started with the operator"
 
     def cluster(namespace: str, name: str) -> dict | None:
         return CLUSTERS.get(namespace, name) or context().api.get(api.CUSTOM, "bookieclusters", namespace, name)
-    return bookies.BookieSources(cluster=cluster, pod=pods.get, claim=claims.get)
+    return bookies.BookieSources(cluster=cluster, pod=_pod, claim=_informers[1].get)
 
 
 _informers: tuple[informers.Informer, informers.Informer] | None = None
-_informers_made = threading.Lock()
 
 
 @kopf.daemon(GROUP, VERSION, "bookies", cancellation_backoff=60, cancellation_timeout=10)
@@ -215,14 +241,3 @@ async def cluster_event(event: kopf.RawEvent, **_: Any) -> None:
     CLUSTERS.update(event["object"], deleted=event["type"] == "DELETED")
     WAKEUPS.wake_on_new_generation(("bookieclusters", meta["namespace"], meta["name"]), meta.get("generation"),
                                    deleted=event["type"] == "DELETED")
-
-
-@kopf.on.event("", "v1", "pods", labels=resources.BOOKIE_POD_SELECTOR)
-async def bookie_pod_event(event: kopf.RawEvent, **_: Any) -> None:
-    """A bookie pod created, changed or deleted wakes its Bookie's and its cluster's loops."""
-    meta = event["object"]["metadata"]
-    labels = meta.get("labels") or {}
-    if bookie := labels.get(resources.LABEL_BOOKIE):
-        WAKEUPS.wake(("bookies", meta["namespace"], bookie))
-    if cluster := labels.get(resources.LABEL_CLUSTER):
-        WAKEUPS.wake(("bookieclusters", meta["namespace"], cluster))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kubernetes.client.exceptions import ApiException
 
@@ -30,8 +30,11 @@ class Informer:
     """The objects of one kind matching a label selector, in the given namespaces (None: the whole cluster)."""
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
-                 namespaces: Sequence[str] | None = None):
+                 namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None):
+        """`changed(body)` is called from the informer's thread after the store took each change (a deleted
+        object's last body included), so whoever it wakes reads the new state."""
         self._api, self._api_version, self._plural = api, api_version, plural
+        self._changed = changed or (lambda body: None)
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
         self._scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
         self._objects: dict[str | None, dict[tuple[str, str], dict]] = {scope: {} for scope in self._scopes}
@@ -79,8 +82,11 @@ class Informer:
             if not token:
                 break
         with self._lock:
+            gone = [body for key, body in self._objects[scope].items() if key not in listed]
             self._objects[scope] = listed
         self._synced[scope].set()
+        for body in [*gone, *listed.values()]:
+            self._changed(body)
         return page["metadata"]["resourceVersion"]
 
     def _watch(self, scope: str | None, version: str) -> None:
@@ -99,6 +105,7 @@ class Informer:
                         self._objects[scope].pop(_key(body), None)
                     else:
                         self._objects[scope][_key(body)] = body
+                self._changed(body)
 
 
 def _key(body: dict) -> tuple[str, str]:
