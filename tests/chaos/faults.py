@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from kazoo.exceptions import KazooException
+
 from bookfleet.client.writeset import write_set
 from bookfleet.fleet import BookieProcess
 from bookfleet.meta import zk as zkclient
@@ -208,11 +210,19 @@ class Fleet:
         reachable again once it is registered as writable (a bookie paused past its session, restarted, or out of
         a full disk registers anew), not when the harness healed the fault."""
         healed, deadline = time.monotonic(), time.monotonic() + REJOIN_TIMEOUT
-        while name not in {info.bookie_id for info in await asyncio.to_thread(self.registry.writable)}:
+        while name not in await self._writable():
             assert time.monotonic() < deadline, f"{name} not registered as writable {REJOIN_TIMEOUT:.0f}s after a heal"
             await asyncio.sleep(0.05)
         self.rejoin_seconds.append(time.monotonic() - healed)
         self._up(name)
+
+    async def _writable(self) -> set[str]:
+        """The bookies registered as writable; none while the harness's own session is being replaced (a ZooKeeper
+        restart can outlast it: kazoo then opens a new one, and the harness must not fail the run for that)."""
+        try:
+            return {info.bookie_id for info in await asyncio.to_thread(self.registry.writable)}
+        except KazooException:
+            return set()
 
     # --- judging and ending ---------------------------------------------------------------------------------
 
