@@ -69,13 +69,17 @@ class Delete:
 
 @dataclass(frozen=True)
 class PatchStatus:
-    """Patch the reconciled object's status with `changes`, only where they differ (no API call otherwise)."""
+    """Patch the reconciled object's status with `changes`, only where they differ (no API call otherwise).
+
+    `if_unchanged`: only if the object is still the version the pass observed (409 Conflict otherwise), for a pass
+    that read it from a cache, which may not hold the last pass's own write yet."""
 
     plural: str
     changes: dict[str, Any] = field(default_factory=dict)
+    if_unchanged: bool = False
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        patch_status(ctx, self.plural, body, self.changes)
+        patch_status(ctx, self.plural, body, self.changes, self.if_unchanged)
 
 
 @dataclass(frozen=True)

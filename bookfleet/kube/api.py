@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from bookfleet.kube import metrics
 from bookfleet.kube.models import GROUP, VERSION
@@ -51,6 +53,23 @@ def load_config(kubeconfig: str | None) -> None:
         kubernetes.config.load_kube_config(config_file=kubeconfig)
     else:
         kubernetes.config.load_incluster_config()
+
+
+class WatchStream:
+    """One watch request's events, read as they come; `close()`, from any thread, ends it at once (an informer
+    that stops does not wait out the request)."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse):
+        self._response = response
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            yield from (json.loads(line) for line in iter_resp_lines(self._response) if line.strip())
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        self._response.shutdown()
 
 
 def collection_path(api_version: str, plural: str, namespace: str | None) -> str:
@@ -97,7 +116,7 @@ class KubeApi:
         return self._call("GET", collection_path(api_version, plural, namespace), query=query)
 
     def watch(self, api_version: str, plural: str, namespace: str | None, selector: str, resource_version: str,
-              timeout_seconds: int) -> Iterator[dict]:
+              timeout_seconds: int) -> WatchStream:
         """The watch events after `resource_version` (bookmarks included), until the server ends the stream after
         `timeout_seconds`; an ERROR event (410: that version is too old) is yielded like the others."""
         query = {"labelSelector": selector, "watch": "true", "resourceVersion": resource_version,
@@ -106,16 +125,11 @@ class KubeApi:
             "GET", collection_path(api_version, plural, namespace), query_params=list(query.items()),
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
         response = self.client.call_api(*request, _request_timeout=(10, timeout_seconds + 30))
-        try:
-            if response.status >= 400:
-                raise ApiException(status=response.status, reason=response.reason,
-                                   body=response.read().decode(errors="replace"))
-            pending = b""
-            for chunk in response.response.stream(64 * 1024):
-                *lines, pending = (pending + chunk).split(b"\n")
-                yield from (json.loads(line) for line in lines if line.strip())
-        finally:
+        if response.status >= 400:
+            body = response.read().decode(errors="replace")
             response.response.release_conn()
+            raise ApiException(status=response.status, reason=response.reason, body=body)
+        return WatchStream(response.response)
 
     def served(self, api_version: str, plural: str, namespace: str) -> bool:
         """Whether the API server knows the resource (e.g. SparkApplication only with the Spark operator)."""
@@ -172,8 +186,11 @@ class KubeApi:
                 return None
             raise
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> dict | None:
-        return self.patch(CUSTOM, plural, namespace, name, {"status": status}, subresource="status")
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict,
+                     resource_version: str | None = None) -> dict | None:
+        """`resource_version`: a precondition (409 Conflict when the object has moved on since)."""
+        version = {"metadata": {"resourceVersion": resource_version}} if resource_version else {}
+        return self.patch(CUSTOM, plural, namespace, name, {"status": status, **version}, subresource="status")
 
     def delete(self, api_version: str, plural: str, namespace: str | None, name: str,
                grace_period_seconds: int | None = None) -> bool:

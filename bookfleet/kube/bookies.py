@@ -21,6 +21,7 @@ cookie, or its Node is deleted (then it is replaced).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import logging
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
+from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Action, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
@@ -129,17 +131,22 @@ Lookup = Callable[[str, str], "dict[str, Any] | None"]
 
 @dataclass(frozen=True)
 class BookieSources:
-    """Where a pass reads what surrounds its Bookie: the cluster, the pod and the claims. The operator passes its
-    watch-fed caches (kube.informers for pods and claims, whose first list a pass waits for, and the BookieClusters'
-    cache), so a pass over a serving bookie makes one GET, the Bookie's own; `live` reads each with a GET."""
+    """Where a pass reads the Bookie and what surrounds it: its cluster, pod and claims. The operator passes its
+    informers' caches (kube.informers, whose first list a pass waits for), so a pass over a serving bookie makes no
+    GET, and arms `watch_registrations` on the cluster's ZooKeeper (a bookie registering, leaving or turning
+    read-only wakes its Bookie); `live` reads each with a GET, as a pass does again after a stale cache copy met a
+    409 Conflict."""
 
+    bookie: Lookup
     cluster: Lookup
     pod: Lookup
     claim: Lookup
+    watch_registrations: Callable[[KazooClient], None] | None = None
 
     @classmethod
     def live(cls, api: KubeApi) -> BookieSources:
-        return cls(cluster=lambda namespace, name: api.get(CUSTOM, "bookieclusters", namespace, name),
+        return cls(bookie=lambda namespace, name: api.get(CUSTOM, "bookies", namespace, name),
+                   cluster=lambda namespace, name: api.get(CUSTOM, "bookieclusters", namespace, name),
                    pod=lambda namespace, name: api.get(CORE, "pods", namespace, name),
                    claim=lambda namespace, name: api.get(CORE, "persistentvolumeclaims", namespace, name))
 
@@ -278,11 +285,11 @@ def observe_claim(api: KubeApi, namespace: str, name: str, follow_volume: bool,
 
 def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> ObservedBookie | None:
     """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
-    loss), or its cluster missing or invalid. The Bookie is read afresh (a timer's copy may predate the loss the last
-    pass recorded). Nodes and volumes are looked at only while the pod is not Ready (a Ready pod's node and volumes
-    are evidently there). Cluster, pod and claims come from `sources` (default: live GETs)."""
+    loss), or its cluster missing or invalid. The Bookie is read from `sources` (kopf's copy may predate the loss the
+    last pass recorded), as are its cluster, pod and claims (default: live GETs). Nodes and volumes are looked at
+    only while the pod is not Ready (a Ready pod's node and volumes are evidently there)."""
     sources = sources or BookieSources.live(ctx.api)
-    body = ctx.api.get(CUSTOM, "bookies", body["metadata"]["namespace"], body["metadata"]["name"])
+    body = sources.bookie(body["metadata"]["namespace"], body["metadata"]["name"])
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     loaded = load(body, sources.cluster)
@@ -294,6 +301,8 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
     serving = pod_ready(pod)
     node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
+    if sources.watch_registrations:
+        sources.watch_registrations(zk)
     under_replication = UnderReplication(zk)
     disabled = under_replication.is_disabled()
     lost_since = bookie.status.lost_since
@@ -509,7 +518,7 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
     lost_since = bookie.status.lost_since
     if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: clusters.py drives it
         return Decision((PatchStatus("bookies", decide_status(bookie, pod, observed.registration, observed.ledgers,
-                                                              lost_since)),))
+                                                              lost_since), if_unchanged=True),), requeue=True)
     plan = Plan.of(observed.body)
     planned = bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
     if planned and pod_ready(pod) and pod["metadata"]["uid"] != planned:
@@ -526,7 +535,16 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
         lost_since = decide_loss(observed, lost_since, at, plan)
     status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
               "conditions": plan.conditions}
-    return Decision((PatchStatus("bookies", status), *plan.events, *plan.actions), plan.recheck_at)
+    return Decision((PatchStatus("bookies", status, if_unchanged=True), *plan.events, *plan.actions), plan.recheck_at,
+                    requeue=not settled(observed, lost_since))
+
+
+def settled(observed: ObservedBookie, lost_since: dt.datetime | None) -> bool:
+    """Serving and registered, nothing lost or planned: only a change (its pod, claims, Bookie or registration, each
+    watched) can call for another pass. Anything else is in motion and passed again at the retry interval (a repair
+    or a drain progressing in ZooKeeper, a bookie starting)."""
+    return lost_since is None and pod_ready(observed.pod) and observed.registration is not None \
+        and not observed.bookie.metadata.annotations.get(ANNOTATION_PLANNED_RESTART)
 
 
 def track_disruption(observed: ObservedBookie) -> list[Action]:
@@ -584,13 +602,30 @@ def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
 
 # --- act ---------------------------------------------------------------------------------------------------------
 
-def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = None) -> float | None:
-    """One level-based pass over a Bookie; the seconds until a pass is due by the clock alone (None: only a change,
-    or the next interval, calls for one)."""
-    observed = observe(ctx, body, sources)
-    if observed is None:
+def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = None,
+              retry: float | None = None) -> float | None:
+    """One level-based pass over a Bookie; the seconds until the next pass is due (at a time the decision named, or
+    after `retry` while it is in motion; None: only a change calls for one). A pass whose cached copy of the Bookie
+    was older than the last write to it (409 Conflict on the status patch) runs again on a fresh GET."""
+    try:
+        decision, at = _one_pass(ctx, body, sources)
+    except ApiException as exc:
+        if exc.status != 409 or sources is None:
+            raise
+        decision, at = _one_pass(ctx, body, dataclasses.replace(sources, bookie=BookieSources.live(ctx.api).bookie))
+    if decision is None:
         return None
+    due = decision.recheck_in(at)
+    if decision.requeue and retry is not None:
+        due = retry if due is None else min(due, retry)
+    return due
+
+
+def _one_pass(ctx: OperatorContext, body: dict, sources: BookieSources | None) -> tuple[Decision | None, dt.datetime]:
+    observed = observe(ctx, body, sources)
     at = now()
+    if observed is None:
+        return None, at
     decision = decide(observed, at)
     act(ctx, observed.body, decision.actions)
-    return decision.recheck_in(at)
+    return decision, at

@@ -97,14 +97,20 @@ def timestamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def patch_status(ctx: OperatorContext, plural: str, body: dict[str, Any], changes: dict[str, Any]) -> bool:
+def patch_status(ctx: OperatorContext, plural: str, body: dict[str, Any], changes: dict[str, Any],
+                 if_unchanged: bool = False) -> bool:
     """The one status write of every reconciler: patch `changes` only if one of them differs from the object's status
-    (no API call otherwise); `body` is updated to match. Returns whether it patched."""
+    (no API call otherwise); `body` is updated to match. `if_unchanged`: only on the resourceVersion `body` has (the
+    API server answers 409 Conflict to a stale one). Returns whether it patched."""
     current = body.get("status") or {}
     if all(current.get(key) == value for key, value in changes.items()):
         return False
-    ctx.api.patch_status(plural, body["metadata"]["namespace"], body["metadata"]["name"], changes)
+    meta = body["metadata"]
+    written = ctx.api.patch_status(plural, meta["namespace"], meta["name"], changes,
+                                   meta.get("resourceVersion") if if_unchanged else None)
     body["status"] = {**current, **changes}
+    if written is not None:
+        meta["resourceVersion"] = written["metadata"].get("resourceVersion")
     return True
 
 

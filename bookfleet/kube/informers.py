@@ -10,17 +10,25 @@ standby that takes over starts from what exists.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
+from kazoo.client import KazooClient
+from kazoo.recipe.watchers import ChildrenWatch
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube.api import KubeApi
+from bookfleet.kube import api, bookies, repairs, resources, wakeups
+from bookfleet.kube.api import KubeApi, WatchStream
+from bookfleet.meta import zkpaths
 
 WATCH_SECONDS = 300
 """How long one watch request lasts before it is renewed from the last resourceVersion seen."""
 RETRY_SECONDS = 2.0
+UNSERVED_RETRY_SECONDS = 60.0
+"""How often a kind the API server does not serve (SparkApplication without the Spark operator) is looked for."""
 SYNC_TIMEOUT = 120.0
 """How long a reader waits for the first list before its pass fails (and is retried at the next interval)."""
 log = logging.getLogger(__name__)
@@ -30,28 +38,35 @@ class Informer:
     """The objects of one kind matching a label selector, in the given namespaces (None: the whole cluster)."""
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
-                 namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None):
+                 namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None,
+                 index: Callable[[dict], Hashable | None] | None = None):
         """`changed(body)` is called from the informer's thread after the store took each change (a deleted
-        object's last body included), so whoever it wakes reads the new state."""
+        object's last body included), so whoever it wakes reads the new state; a re-list calls it only for the
+        objects that went or changed meanwhile. `index(body)` files each object under a key for `indexed`."""
         self._api, self._api_version, self._plural = api, api_version, plural
         self._changed = changed or (lambda body: None)
+        self._index = index
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
         self._scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
         self._objects: dict[str | None, dict[tuple[str, str], dict]] = {scope: {} for scope in self._scopes}
         self._synced = {scope: threading.Event() for scope in self._scopes}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._streams: dict[str | None, WatchStream] = {}
         self._threads = [threading.Thread(target=self._run, args=(scope,), daemon=True,
                                           name=f"informer-{plural}-{scope or 'all'}") for scope in self._scopes]
 
-    def start(self) -> Informer:
+    def start(self) -> None:
         for thread in self._threads:
             thread.start()
-        return self
 
     def stop(self) -> None:
-        """The threads end when their current watch request does (at most WATCH_SECONDS): they are daemons."""
+        """Ends the watch requests under way; the threads end with them."""
         self._stopped.set()
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.close()
 
     def get(self, namespace: str, name: str) -> dict | None:
         """The object as last listed or watched; waits for the first list of its namespace."""
@@ -63,13 +78,32 @@ class Informer:
         with self._lock:
             return self._objects[scope].get((namespace, name))
 
+    def indexed(self, key: Hashable) -> list[dict]:
+        """The objects `index` files under `key`, in every namespace listed so far (no wait: a kind that is not
+        served, or not listed yet, has none)."""
+        assert self._index is not None, "an informer made with an index"
+        with self._lock:
+            return [body for objects in self._objects.values() for body in objects.values()
+                    if self._index(body) == key]
+
     def _run(self, scope: str | None) -> None:
         while not self._stopped.is_set():
             try:
                 self._watch(scope, self._list(scope))
+            except ApiException as exc:
+                if exc.status == 404:  # not served: nothing of it exists, and nothing to wait for
+                    self._synced[scope].set()
+                    self._stopped.wait(UNSERVED_RETRY_SECONDS)
+                else:
+                    self._retry(scope, exc)
             except Exception as exc:  # the API server restarting, a network blip: list again
-                log.warning("%s informer (%s): %s; listing again", self._plural, scope or "all namespaces", exc)
-                self._stopped.wait(RETRY_SECONDS)
+                self._retry(scope, exc)
+
+    def _retry(self, scope: str | None, exc: Exception) -> None:
+        if self._stopped.is_set():
+            return
+        log.warning("%s informer (%s): %s; listing again", self._plural, scope or "all namespaces", exc)
+        self._stopped.wait(RETRY_SECONDS)
 
     def _list(self, scope: str | None) -> str:
         """Replace the store with a fresh list; returns the list's resourceVersion."""
@@ -82,18 +116,22 @@ class Informer:
             if not token:
                 break
         with self._lock:
-            gone = [body for key, body in self._objects[scope].items() if key not in listed]
-            self._objects[scope] = listed
+            before, self._objects[scope] = self._objects[scope], listed
         self._synced[scope].set()
-        for body in [*gone, *listed.values()]:
+        gone = [body for key, body in before.items() if key not in listed]
+        for body in [*gone, *(body for key, body in listed.items() if _version(before.get(key)) != _version(body))]:
             self._changed(body)
         return page["metadata"]["resourceVersion"]
 
     def _watch(self, scope: str | None, version: str) -> None:
         """Apply watch events until the version is too old (410) or the informer stops."""
         while not self._stopped.is_set():
-            for event in self._api.watch(self._api_version, self._plural, scope, self._selector, version,
-                                         WATCH_SECONDS):
+            stream = self._api.watch(self._api_version, self._plural, scope, self._selector, version, WATCH_SECONDS)
+            with self._lock:
+                self._streams[scope] = stream
+            if self._stopped.is_set():  # stopped before the stream was there to close
+                return
+            for event in stream:
                 body = event["object"]
                 if event["type"] == "ERROR":
                     raise ApiException(status=body.get("code"), reason=body.get("message"))
@@ -108,5 +146,91 @@ class Informer:
                 self._changed(body)
 
 
+class Caches:
+    """What the operator's passes read instead of the API server: Bookies, their pods and claims, BookieClusters, and
+    the repair Jobs and SparkApplications by lost bookie. A change wakes whoever depends on it: a Bookie or its
+    registration in ZooKeeper its loop, a pod or claim its Bookie's and its cluster's loops, a cluster's new spec its
+    loop, a repair the Ledgers it covers (`wake_repair`)."""
+
+    def __init__(self, kube: KubeApi, namespaces: Sequence[str] | None, loop: asyncio.AbstractEventLoop,
+                 loops: wakeups.Wakeups, wake_repair: Callable[[str, str, str], None]):
+        self._loop, self._loops, self._wake_repair = loop, loops, wake_repair
+        self.bookies = Informer(kube, api.CUSTOM, "bookies", {}, namespaces, self._bookie_changed,
+                                index=lambda body: (body.get("spec") or {}).get("bookieId"))
+        self.pods = Informer(kube, api.CORE, "pods", resources.BOOKIE_POD_SELECTOR, namespaces, self._pod_changed)
+        self.claims = Informer(kube, api.CORE, "persistentvolumeclaims", resources.BOOKIE_POD_SELECTOR, namespaces,
+                               self._pod_changed)
+        self.clusters = Informer(kube, api.CUSTOM, "bookieclusters", {}, namespaces, self._cluster_changed)
+        self.repairs = tuple(Informer(kube, version, plural, resources.REPAIR_SELECTOR, namespaces,
+                                      self._repair_changed, index=repairs.bookie_key)
+                             for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
+        self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs)
+        self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
+        self._registrations_lock = threading.Lock()
+        self.bookie_sources = bookies.BookieSources(bookie=self.bookies.get, cluster=self.clusters.get,
+                                                    pod=self.pods.get, claim=self.claims.get,
+                                                    watch_registrations=self.watch_registrations)
+
+    def start(self) -> None:
+        for informer in self._all:
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self._all:
+            informer.stop()
+
+    def repairs_of(self, key: repairs.BookieKey) -> list[dict]:
+        return [job for informer in self.repairs for job in informer.indexed(key)]
+
+    def watch_registrations(self, zk: KazooClient) -> None:
+        """Watch which bookies are registered (writable and read-only) in this ZooKeeper, once per session holder:
+        a bookie that registers, leaves or turns read-only wakes its Bookie, whose status shows it."""
+        with self._registrations_lock:
+            if (zk, zkpaths.AVAILABLE) in self._registrations:
+                return
+            for path in (zkpaths.AVAILABLE, zkpaths.READONLY):
+                self._registrations[zk, path] = set()
+        zk.ensure_path(zkpaths.READONLY)  # as a registering bookie does: a watch on a missing node would stop
+        for path in (zkpaths.AVAILABLE, zkpaths.READONLY):
+            ChildrenWatch(zk, path, functools.partial(self._registrations_changed, zk, path))
+
+    def _registrations_changed(self, zk: KazooClient, path: str, children: list[str] | None) -> None:
+        with self._registrations_lock:
+            before, now = self._registrations[zk, path], set(children or ())
+            self._registrations[zk, path] = now
+        for bookie_id in before ^ now:
+            for bookie in self.bookies.indexed(bookie_id):
+                self._wake("bookies", bookie)
+
+    def _bookie_changed(self, bookie: dict) -> None:
+        self._wake("bookies", bookie)
+
+    def _wake(self, plural: str, body: dict) -> None:
+        self._loop.call_soon_threadsafe(self._loops.wake, (plural, body["metadata"]["namespace"],
+                                                           body["metadata"]["name"]))
+
+    def _pod_changed(self, pod: dict) -> None:
+        """A bookie's pod or claim: its Bookie's and its cluster's loops."""
+        labels, namespace = pod["metadata"].get("labels") or {}, pod["metadata"]["namespace"]
+        for plural, label in (("bookies", resources.LABEL_BOOKIE), ("bookieclusters", resources.LABEL_CLUSTER)):
+            if name := labels.get(label):
+                self._loop.call_soon_threadsafe(self._loops.wake, (plural, namespace, name))
+
+    def _cluster_changed(self, cluster: dict) -> None:
+        """Only a new spec (generation) wakes the loop: its own status patches do not."""
+        meta = cluster["metadata"]
+        gone = self.clusters.get(meta["namespace"], meta["name"]) is None
+        key = ("bookieclusters", meta["namespace"], meta["name"])
+        self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), gone)
+
+    def _repair_changed(self, job: dict) -> None:
+        if key := repairs.bookie_key(job):
+            self._wake_repair(*key)
+
+
 def _key(body: dict) -> tuple[str, str]:
     return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def _version(body: dict | None) -> str | None:
+    return None if body is None else body["metadata"].get("resourceVersion")

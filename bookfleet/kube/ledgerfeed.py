@@ -4,7 +4,7 @@ A Ledger resource mirrors ZooKeeper, so its pass is needed only when something i
 - its own spec (the Ledger's watch event, by generation) or its first sighting (start-up);
 - its metadata (a ZooKeeper watch armed by every pass: `watch_metadata`, one `exists` with a watch);
 - its under-replication marker or DATA_LOSS record (one `TreeCache` per ZooKeeper on each of those two trees);
-- a repair Job or SparkApplication covering it (the repair indexes' events);
+- a repair Job or SparkApplication covering it (the repair informers' events);
 - a ZooKeeper session lost (its one-shot watches went with it: every Ledger on that ZooKeeper).
 One resync per BookieCluster (every `resync` seconds, jittered ±20 %) catches anything missed at the price of a few
 reads: it wakes the Ledgers whose status disagrees with the marker and DATA_LOSS trees, and those not created or not

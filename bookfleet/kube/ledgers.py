@@ -146,7 +146,7 @@ def waits_for_creation(conditions: Iterable[dict]) -> bool:
 @dataclass(frozen=True)
 class LedgerSources:
     """Where a pass looks things up without asking the API server: its cluster (from the operator's watch), the
-    repair Jobs covering a ledger (the repair indexes), and the watch it arms on the metadata it reads (so the next
+    repair Jobs covering a ledger (the repair informers), and the watch it arms on the metadata it reads (so the next
     change to it wakes the Ledger; None: no watch)."""
 
     cluster: Callable[[str, str], dict | None]

@@ -97,8 +97,8 @@ through the bookies its under-replication marker names: the ledger ids themselve
 
 
 def bookie_key(job: dict) -> BookieKey | None:
-    """The key of a repair Job or SparkApplication in the repair index (kube.handlers keeps it from the watch, so a
-    Ledger's status costs no LIST)."""
+    """The key of a repair Job or SparkApplication in the repair index (kube.informers keeps it from the watch, so
+    a Ledger's status costs no LIST)."""
     meta = job["metadata"]
     cluster = (meta.get("labels") or {}).get(resources.LABEL_CLUSTER)
     bookie_id = (meta.get("annotations") or {}).get(resources.ANNOTATION_BOOKIE_ID)

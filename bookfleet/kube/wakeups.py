@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Protocol
 
 
 class Wakeups:
@@ -70,24 +69,3 @@ async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float
             wake.clear()  # before the pass: a wake-up during it runs another right after
             due = await asyncio.to_thread(one_pass)
             await first_of(wake.wait(), stopped.wait(), timeout=interval if due is None else min(due, interval))
-
-
-class ObjectCache:
-    """The latest body of each object of one kind, kept from its watch events (an informer's store): readers on any
-    thread get it without an API call."""
-
-    def __init__(self) -> None:
-        self._bodies: dict[tuple[str, str], dict] = {}
-        self._lock = threading.Lock()
-
-    def update(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        with self._lock:
-            if deleted:
-                self._bodies.pop(key, None)
-            else:
-                self._bodies[key] = dict(body)
-
-    def get(self, namespace: str, name: str) -> dict | None:
-        with self._lock:
-            return self._bodies.get((namespace, name))

@@ -8,6 +8,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import bookies, repairs, resources
 from bookfleet.kube.actions import Decision, Delete, Ensure, Patch, PatchStatus, PostEvent
@@ -478,29 +479,68 @@ class CountingApi(StoredApi):
         self.gets[plural] += 1
         return super().get(api_version, plural, namespace, name)
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict, resource_version=None) -> None:
         self.objects[(plural, name)]["status"] = {**self.objects[(plural, name)].get("status", {}), **status}
 
     def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
         pass
 
 
-def test_a_serving_bookies_pass_reads_its_surroundings_from_the_watch_caches(zk_connect):
-    """At 1,000 bookies each pass's GETs add up: the cluster, pod and claims come from the operator's
-    watch-fed caches; only the Bookie itself is read afresh (a loss time must never be recorded twice)."""
-    cluster_body = bookie_cluster(zookeeper=zk_connect).to_wire()
-    claim_bodies = {name: {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}
-    cached = {("bookieclusters", "bk"): cluster_body, ("pods", "bk-0"): pod(),
-              **{("persistentvolumeclaims", name): body for name, body in claim_bodies.items()}}
+def cached_sources(zk_connect: str, bookie: dict) -> bookies.BookieSources:
+    """The operator's informer caches, holding `bookie`, its cluster, pod and claims."""
+    cached = {("bookies", "bk-0"): bookie, ("bookieclusters", "bk"): bookie_cluster(zookeeper=zk_connect).to_wire(),
+              ("pods", "bk-0"): pod(),
+              **{("persistentvolumeclaims", name): {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}}
+    return bookies.BookieSources(*(lambda namespace, name, plural=plural: cached.get((plural, name)) for plural in
+                                   ("bookies", "bookieclusters", "pods", "persistentvolumeclaims")))
+
+
+def test_a_serving_bookies_pass_reads_everything_from_the_watch_caches(zk_connect):
+    """At 1,000 bookies each pass's GETs add up: the Bookie, its cluster, pod and claims come from the operator's
+    watch-fed caches."""
     api = CountingApi(("bookies", bookie_body()))
-    sources = bookies.BookieSources(cluster=lambda namespace, name: cached.get(("bookieclusters", name)),
-                                    pod=lambda namespace, name: cached.get(("pods", name)),
-                                    claim=lambda namespace, name: cached.get(("persistentvolumeclaims", name)))
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     try:
         for _ in range(2):
-            bookies.reconcile(ctx, bookie_body(), sources)
+            bookies.reconcile(ctx, bookie_body(), cached_sources(zk_connect, bookie_body()))
     finally:
         ctx.close()
     assert api.objects[("bookies", "bk-0")]["status"]["phase"] == "Pending"  # the pass ran: its pod is not registered
-    assert api.gets == {"bookies": 2}
+    assert api.gets == {}
+
+
+class VersionedApi(CountingApi):
+    """Status patches carry the resourceVersion precondition, as the API server checks it."""
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict, resource_version=None) -> dict:
+        stored = self.objects[(plural, name)]
+        if resource_version and resource_version != stored["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        super().patch_status(plural, namespace, name, status)
+        stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
+        return stored
+
+
+def test_a_pass_on_a_cached_copy_older_than_the_last_write_decides_again_on_a_fresh_read(zk_connect):
+    """The cache may not hold the last pass's own write yet (a loss time recorded, a repair launched): deciding on
+    the older copy would record the loss again. Its status patch is conditional on the version it read, so the stale
+    pass meets 409 Conflict and runs again on a GET."""
+    stored, stale = bookie_body(), bookie_body()
+    stored["metadata"]["resourceVersion"], stale["metadata"]["resourceVersion"] = "2", "1"
+    stored["status"]["phase"] = "Running"  # what a later write left; the stale copy has no phase
+    api = VersionedApi(("bookies", stored))
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    try:
+        bookies.reconcile(ctx, stale, cached_sources(zk_connect, stale))
+    finally:
+        ctx.close()
+    assert api.gets == {"bookies": 1}
+    assert stored["status"]["phase"] == "Pending" and stored["metadata"]["resourceVersion"] == "3"
+
+
+def test_a_settled_bookie_waits_for_a_change_and_one_in_motion_is_passed_again_at_the_retry_interval():
+    settled = bookies.decide(observed(pod=pod(), info=registered()), NOW)
+    assert not settled.requeue and settled.recheck_at is None
+    assert bookies.decide(observed(pod=pod(), info=None), NOW).requeue  # starting: not registered yet
+    assert bookies.decide(observed(pod=pod(ready=False, since=ago(5)), info=registered()), NOW).requeue
+    assert bookies.decide(observed(bookie_body(lost_since=ago(5)), pod=None), NOW).requeue

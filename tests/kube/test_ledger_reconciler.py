@@ -34,7 +34,7 @@ class FakeApi:
     def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get(plural))
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict, resource_version=None) -> None:
         stored = self.objects[plural]
         stored["status"] = {**(stored.get("status") or {}), **status}
 

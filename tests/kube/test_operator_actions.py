@@ -35,7 +35,7 @@ class RecordingApi:
         self.calls.append(("delete", plural, name))
         return True
 
-    def patch_status(self, plural: str, namespace: str, name: str, status: dict) -> None:
+    def patch_status(self, plural: str, namespace: str, name: str, status: dict, resource_version=None) -> None:
         self.calls.append(("status", plural, name, status))
 
     def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:

@@ -1,0 +1,94 @@
+"""The operator's caches (kube/informers.py) against the API emulator: a re-list after a lost watch forgets what went
+meanwhile and wakes only for what changed; a kind the server does not serve is empty, not a wait."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kubernetes.client.exceptions import ApiException
+
+from bookfleet.kube import api, informers
+from tests.emulator import EmulatorThread
+from tests.fixtures.kube import NS
+
+LABELS = {"app": "informed"}
+
+
+def pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": LABELS},
+            "spec": {"containers": [{"name": "c", "image": "none"}]}}
+
+
+class BlippingApi(api.KubeApi):
+    """The first watch request fails after `meanwhile()` ran, as a connection lost to the API server would."""
+
+    def __init__(self, meanwhile):
+        super().__init__()
+        self.meanwhile, self.blipped = meanwhile, threading.Event()
+
+    def watch(self, *args, **kwargs):
+        if not self.blipped.is_set():
+            self.meanwhile()
+            self.blipped.set()
+            raise ApiException(status=500, reason="connection lost")
+        return super().watch(*args, **kwargs)
+
+
+def wait_for(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_changed(kube: EmulatorThread):
+    api.load_config(str(kube.kubeconfig))
+    for name in ("kept", "deleted", "changed"):
+        kube.create("pods", pod(name), NS)
+
+    def meanwhile() -> None:
+        kube.delete("pods", NS, "deleted")
+        kube.patch("pods", NS, "changed", {"metadata": {"annotations": {"touched": "yes"}}})
+    woken: list[str] = []
+    informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS],
+                                  lambda body: woken.append(body["metadata"]["name"]))
+    informer.start()
+    try:
+        wait_for(lambda: len(woken) >= 5)  # the first list's 3, the re-list's 2
+        assert informer.get(NS, "deleted") is None
+        assert informer.get(NS, "changed")["metadata"]["annotations"] == {"touched": "yes"}
+        assert informer.get(NS, "kept") is not None
+        time.sleep(0.5)
+        assert sorted(woken[:3]) == ["changed", "deleted", "kept"]
+        assert sorted(woken[3:]) == ["changed", "deleted"]  # not "kept": a re-list wakes no loop for nothing
+    finally:
+        informer.stop()
+
+
+def test_a_kind_the_server_does_not_serve_is_empty_at_once(kube: EmulatorThread):
+    api.load_config(str(kube.kubeconfig))
+    informer = informers.Informer(api.KubeApi(), api.SPARK, "sparkapplications", LABELS, [NS],
+                                  index=lambda body: body["metadata"]["name"])
+    informer.start()
+    try:
+        started = time.monotonic()
+        assert informer.get(NS, "repair") is None
+        assert informer.indexed("repair") == []
+        assert time.monotonic() - started < 10  # no wait for a list that cannot come (SYNC_TIMEOUT is 120 s)
+    finally:
+        informer.stop()
+
+
+def test_objects_are_found_by_their_index_key(kube: EmulatorThread):
+    api.load_config(str(kube.kubeconfig))
+    informer = informers.Informer(api.KubeApi(), api.CORE, "pods", LABELS, [NS],
+                                  index=lambda body: body["metadata"]["name"].split("-")[0])
+    informer.start()
+    try:
+        for name in ("a-1", "a-2", "b-1"):
+            kube.create("pods", pod(name), NS)
+        wait_for(lambda: len(informer.indexed("a")) == 2)
+        assert [body["metadata"]["name"] for body in informer.indexed("b")] == ["b-1"]
+    finally:
+        informer.stop()
