@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -379,3 +381,28 @@ def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(
     monkeypatch.setenv(TLS_DIR_ENV, str(write_tls_dir(tmp_path / "app", ca.issue("app", [Role.CLIENT]))))
     ledger_id = asyncio.run(write_ledger(zk_connect, 5))
     assert asyncio.run(read_ledger(zk_connect, ledger_id)) == [f"entry-{i}".encode() for i in range(5)]
+
+
+@pytest.fixture
+def no_resync(monkeypatch):
+    """Settled Bookies are passed only when something they depend on changes (no resync within a test)."""
+    monkeypatch.setenv("BOOKFLEET_BOOKIE_RESYNC", "3600")
+
+
+def test_a_settled_bookie_shows_a_registration_change_at_once(no_resync, kube, podrunner, operator_process,
+                                                               zk_connect, zk):
+    """A bookie frozen past its ZooKeeper session loses its registration while its pod still looks Ready (nothing
+    changes in Kubernetes): the registrations' watch wakes its Bookie, with no resync to wait for; back, it
+    registers again and shows Running."""
+    kube.create("bookieclusters", bookie_cluster(zk_connect))
+    wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
+                                              for i in range(3)))
+    bookie_id = status(kube, "bookies", "bk-1")["bookieId"]
+    process = podrunner.pods[(NS, "bk-1")].process
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        wait_for("bk-1's registration gone", lambda: zk.exists(zkpaths.available(bookie_id)) is None, timeout=30)
+        wait_for("bk-1 unregistered", lambda: not status(kube, "bookies", "bk-1").get("registered"), timeout=10)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    wait_for("bk-1 Running again", lambda: status(kube, "bookies", "bk-1").get("phase") == "Running", timeout=30)
