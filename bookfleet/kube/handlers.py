@@ -103,9 +103,10 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
     the restarted bookie is Ready), else every INTERVAL seconds."""
-    await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
-        "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().pods.get), body),
-        stopped, INTERVAL)
+    with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
+        await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
+            "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().pods.get), body),
+            stopped, INTERVAL)
 
 
 @kopf.on.startup()

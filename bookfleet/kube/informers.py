@@ -129,7 +129,9 @@ class Informer:
             stream = self._api.watch(self._api_version, self._plural, scope, self._selector, version, WATCH_SECONDS)
             with self._lock:
                 self._streams[scope] = stream
-            if self._stopped.is_set():  # stopped before the stream was there to close
+                stopped = self._stopped.is_set()
+            if stopped:  # stop() ran before the stream was there to close
+                stream.close()
                 return
             for event in stream:
                 body = event["object"]

@@ -6,6 +6,9 @@ A Ledger resource mirrors ZooKeeper, so its pass is needed only when something i
 - its under-replication marker or DATA_LOSS record (one `TreeCache` per ZooKeeper on each of those two trees);
 - a repair Job or SparkApplication covering it (the repair informers' events);
 - a ZooKeeper session lost (its one-shot watches went with it: every Ledger on that ZooKeeper).
+Passes run only for the clusters this replica acts for (`acting`: while the cluster's loop runs here; kopf stops it
+on a paused peer), so a standby never writes a Ledger; its woken Ledgers wait, parked, until it acts. A Ledger whose
+cluster is not known at all is passed anyway (its status says so).
 One resync per BookieCluster (every `resync` seconds, jittered ±20 %) catches anything missed at the price of a few
 reads: it wakes the Ledgers whose status disagrees with the marker and DATA_LOSS trees, and those not created or not
 valid yet (which wait on something no watch covers: bookies to register, a Secret, their cluster).
@@ -20,13 +23,14 @@ its DELETED event drops it here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +168,8 @@ class LedgerFeed:
         self._lock = threading.Lock()
         self._caches: dict[str, tuple[TreeCache, TreeCache]] = {}
         self._resync_due: dict[tuple[str, str], float] = {}
+        self._acting: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._parked: dict[tuple[str, str], set[LedgerKey]] = {}
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(index == 0,), name=f"ledger-feed-{index}",
                                           daemon=True) for index in range(workers)]
@@ -289,6 +295,39 @@ class LedgerFeed:
     def _jittered(self) -> float:
         return self.resync * self.rng.uniform(1 - RESYNC_JITTER, 1 + RESYNC_JITTER)
 
+    # --- acting ---------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def acting(self, namespace: str, cluster: str) -> Iterator[None]:
+        """While this replica reconciles the cluster: its Ledgers are passed, those parked meanwhile first."""
+        with self._lock:
+            self._acting[namespace, cluster] += 1
+            parked = self._parked.pop((namespace, cluster), set())
+        for key in parked:
+            self.queue.wake(key)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._acting[namespace, cluster] -= 1
+                if not self._acting[namespace, cluster]:
+                    del self._acting[namespace, cluster]
+
+    def _parks(self, key: LedgerKey) -> bool:
+        """Park `key` if its cluster is known but not acted for here; returns whether it did."""
+        with self._lock:
+            entry = self._entries.get(key)
+            cluster = (key[0], entry.cluster) if entry else None
+            if cluster is None or cluster in self._acting:
+                return False
+        if self.zookeeper_of(*cluster) is None:
+            return False  # no such cluster: its pass reports that
+        with self._lock:
+            if cluster in self._acting:
+                return False
+            self._parked.setdefault(cluster, set()).add(key)
+            return True
+
     # --- the worker -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -313,6 +352,8 @@ class LedgerFeed:
                 continue
             key, body = taken
             try:
+                if self._parks(key):
+                    continue
                 if self.reconcile(key, body):  # type: ignore[arg-type]
                     self.queue.wake(key, delay=self.retry)
             except Exception:

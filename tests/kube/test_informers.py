@@ -88,7 +88,8 @@ def test_objects_are_found_by_their_index_key(kube: EmulatorThread):
     try:
         for name in ("a-1", "a-2", "b-1"):
             kube.create("pods", pod(name), NS)
-        wait_for(lambda: len(informer.indexed("a")) == 2)
+        wait_for(lambda: len(informer.indexed("a")) == 2 and informer.indexed("b"))
+        assert sorted(body["metadata"]["name"] for body in informer.indexed("a")) == ["a-1", "a-2"]
         assert [body["metadata"]["name"] for body in informer.indexed("b")] == ["b-1"]
     finally:
         informer.stop()

@@ -87,7 +87,8 @@ def running_feed(zk_connect: str, retry: float):
                                  resync=3600, retry=retry)
     feed.start()
     try:
-        yield api, feed, passes
+        with feed.acting("ns", "bk"):
+            yield api, feed, passes
     finally:
         feed.stop()
         ctx.close()

@@ -7,6 +7,7 @@ import asyncio
 import random
 import time
 
+from bookfleet import polling
 from bookfleet.kube import ledgerfeed, wakeups
 
 KEY = ("bookies", "default", "bk-0")
@@ -166,3 +167,28 @@ def test_each_cluster_with_ledgers_gets_one_resync_and_a_cluster_whose_ledgers_a
     feed.ledger_changed(ledger("a1", "a"), deleted=True)
     feed._resync_due_clusters(300.0)
     assert set(feed._resync_due) == {("ns", "b")} and resynced.count(("ns", "a")) == 1
+
+
+def test_a_replica_passes_a_clusters_ledgers_only_while_it_acts_for_that_cluster():
+    """A paused peer (kopf stopped its cluster loops) must not write Ledgers beside the acting one: what is woken
+    meanwhile waits, and is passed once it acts. A Ledger of an unknown cluster is passed (to say so)."""
+    passed: list = []
+    feed = ledgerfeed.LedgerFeed(lambda key, body: passed.append(key) or False,
+                                 lambda ns, cluster: "zk" if cluster == "bk" else None, lambda connect: None,
+                                 resync=3600, retry=3600)
+    ledger = lambda name, cluster, generation=1: {  # noqa: E731
+        "metadata": {"namespace": "ns", "name": name, "generation": generation}, "spec": {"cluster": cluster}}
+    feed.start()
+    try:
+        feed.ledger_changed(ledger("a", "bk"))
+        feed.ledger_changed(ledger("orphan", "gone"))
+        polling.wait_for(lambda: ("ns", "orphan") in passed, 10, "the orphan's pass")
+        time.sleep(0.3)  # absence, not speed: the other Ledger's cluster is not acted for here
+        assert ("ns", "a") not in passed
+        with feed.acting("ns", "bk"):
+            polling.wait_for(lambda: ("ns", "a") in passed, 10, "the parked Ledger's pass")
+        feed.ledger_changed(ledger("a", "bk", generation=2))
+        time.sleep(0.3)
+        assert passed.count(("ns", "a")) == 1
+    finally:
+        feed.stop()
