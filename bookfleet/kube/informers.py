@@ -1,5 +1,6 @@
-"""Caches of bookie pods and claims kept by list-then-watch, as controller-runtime's informers keep theirs: every
-(re)list replaces the whole store, so an object deleted while nobody watched is gone from the cache as well.
+"""The operator's caches (Bookies, their pods and claims, BookieClusters, repair Jobs), kept by list-then-watch as
+controller-runtime's informers keep theirs: every (re)list replaces the whole store, so an object deleted while
+nobody watched is gone from the cache as well.
 
 kopf's indexes cannot promise that. They are filled from watch events only, and kopf stops its watches while a
 peered replica is paused: a pod deleted meanwhile stays in a resumed replica's index for ever, and a Bookie pass that
