@@ -47,12 +47,20 @@ CUSTOM = f"{GROUP}/{VERSION}"
 SPARK = "sparkoperator.k8s.io/v1beta2"
 
 
+CONNECTIONS = 64
+"""The client's connection pool: each informer's watch holds one connection per namespace all along, beside the
+passes' requests (urllib3's default of 10 discarded connections, and their TLS handshakes, once six informers ran)."""
+
+
 def load_config(kubeconfig: str | None) -> None:
     """The kubernetes client's settings: a kubeconfig file when given, else the pod's service account."""
     if kubeconfig:
         kubernetes.config.load_kube_config(config_file=kubeconfig)
     else:
         kubernetes.config.load_incluster_config()
+    config = kubernetes.client.Configuration.get_default_copy()
+    config.connection_pool_maxsize = CONNECTIONS
+    kubernetes.client.Configuration.set_default(config)
 
 
 class WatchStream:
