@@ -138,7 +138,7 @@ def observe(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) -> O
     meta = body["metadata"]
     ns, selector = meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]}
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
-    registered = {info.bookie_id for info in BookieRegistry(zk).all()}
+    registered = BookieRegistry(zk).ids()
     forced = bookiestate.forced_ids(zk)
     bodies = sorted(ctx.api.list(CUSTOM, "bookies", ns, selector), key=lambda b: ordinal(b["metadata"]["name"]))
     draining = [b for b in bodies if b["spec"].get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE]

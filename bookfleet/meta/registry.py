@@ -6,6 +6,7 @@ while read-only; the session's death removes it, which is how clients and the au
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Iterable
 
@@ -60,6 +61,15 @@ class BookieRegistry:
         merged = {info.bookie_id: info for info in self.writable()}
         merged.update((info.bookie_id, info) for info in self.read_only())
         return sorted(merged.values(), key=lambda info: info.bookie_id)
+
+    def ids(self) -> set[str]:
+        """The registered bookies' ids, writable and read-only, from two listings (no registration is read: a pass
+        over a 1,000-bookie cluster read each one, 100 ZooKeeper requests a second at a 10 s interval)."""
+        found: set[str] = set()
+        for parent in (zkpaths.AVAILABLE, zkpaths.READONLY):
+            with contextlib.suppress(NoNodeError):
+                found.update(self.zk.get_children(parent))
+        return found - {zkpaths.READONLY.rsplit("/", 1)[1]}
 
     def info(self, bookie_id: str) -> BookieInfo:
         for path in (zkpaths.available(bookie_id), zkpaths.readonly(bookie_id)):

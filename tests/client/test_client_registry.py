@@ -14,7 +14,7 @@ def register(zk, path: str, info: BookieInfo) -> None:
 
 def test_writable_and_read_only_bookies_with_addresses(zk):
     registry = BookieRegistry(zk)
-    assert registry.writable() == [] and registry.all() == []
+    assert registry.writable() == [] and registry.all() == [] and registry.ids() == set()
     one = BookieInfo(bookie_id="b1", address="127.0.0.1:3181", zone="z1", free_bytes=10)
     two = BookieInfo(bookie_id="b2", address="127.0.0.1:3182", zone="z2")
     register(zk, zkpaths.available("b1"), one)
@@ -22,6 +22,7 @@ def test_writable_and_read_only_bookies_with_addresses(zk):
     assert registry.writable() == [one]
     assert registry.read_only() == [two.model_copy(update={"state": BookieMode.READ_ONLY})]
     assert [info.bookie_id for info in registry.all()] == ["b1", "b2"]
+    assert registry.ids() == {"b1", "b2"}  # the listings alone
     assert registry.address("b2") == "127.0.0.1:3182"
     assert registry.info("b1") == one
     with pytest.raises(UnknownBookie, match="bookie b3 is not registered"):
