@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -134,11 +133,11 @@ _caches: informers.Caches | None = None
 async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per Bookie, driven by change: a pass when the Bookie, its pod, its claims or its registration change (a
     pod that stops being Ready on a failed node is seen at once) and when a recovery delay ends; every INTERVAL while
-    it is in motion (lost, starting, draining); else a resync every BOOKIE_RESYNC seconds, jittered so that a
-    fleet's loops do not beat together."""
+    it is in motion (lost, starting, draining); else a resync every BOOKIE_RESYNC seconds on average, each
+    wait drawn anew (±50 %) so that a fleet's loops, all started with the operator, do not resync together."""
     await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
         "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, caches().bookie_sources, retry=INTERVAL), body),
-        stopped, BOOKIE_RESYNC * random.uniform(0.9, 1.1))
+        stopped, BOOKIE_RESYNC, jitter=0.5)
 
 
 def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:

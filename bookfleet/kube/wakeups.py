@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Protocol
 
@@ -61,11 +62,13 @@ class Stopped(Protocol):
 
 
 async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float | None], stopped: Stopped,
-                   interval: float) -> None:
-    """Run `one_pass` in a worker thread until `stopped`: again after the seconds it returns (at most `interval`;
-    None: `interval`), or as soon as `key` is woken."""
+                   interval: float, jitter: float = 0.0) -> None:
+    """Run `one_pass` in a worker thread until `stopped`: again after the seconds it returns (at most the interval;
+    None: the interval), or as soon as `key` is woken. `jitter`: each interval is drawn anew from interval * [1 -
+    jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start) spread out at once."""
     with wakeups.registered(key) as wake:
         while not stopped:
             wake.clear()  # before the pass: a wake-up during it runs another right after
             due = await asyncio.to_thread(one_pass)
-            await first_of(wake.wait(), stopped.wait(), timeout=interval if due is None else min(due, interval))
+            wait = interval * random.uniform(1 - jitter, 1 + jitter) if jitter else interval
+            await first_of(wake.wait(), stopped.wait(), timeout=wait if due is None else min(due, wait))

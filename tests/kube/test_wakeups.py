@@ -4,6 +4,7 @@ else at the interval; a stopped loop ends. In milliseconds, on a plain event loo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -26,7 +27,7 @@ class Stopped:
         return asyncio.ensure_future(self.event.wait())
 
 
-def run(scenario, due: float | None, interval: float = 60.0) -> list[float]:
+def run(scenario, due: float | None, interval: float = 60.0, jitter: float = 0.0) -> list[float]:
     """Run a loop whose pass returns `due` while `scenario(registry, passes)` drives it; when each pass ran."""
     passes: list[float] = []
 
@@ -34,7 +35,7 @@ def run(scenario, due: float | None, interval: float = 60.0) -> list[float]:
         registry, stopped = wakeups.Wakeups(), Stopped()
         started = time.monotonic()
         loop = asyncio.create_task(wakeups.run_loop(
-            registry, KEY, lambda: passes.append(time.monotonic() - started) or due, stopped, interval))
+            registry, KEY, lambda: passes.append(time.monotonic() - started) or due, stopped, interval, jitter))
         await scenario(registry, passes)
         stopped.event.set()
         await asyncio.wait_for(loop, 5)
@@ -192,3 +193,11 @@ def test_a_replica_passes_a_clusters_ledgers_only_while_it_acts_for_that_cluster
         assert passed.count(("ns", "a")) == 1
     finally:
         feed.stop()
+
+
+def test_jittered_intervals_are_drawn_anew_for_each_wait():
+    """A fleet's loops start together with the operator; waits drawn anew (not one jittered period per loop)
+    spread their resyncs at once."""
+    passes = run(lambda registry, passes: asyncio.sleep(1.0), due=None, interval=0.1, jitter=0.5)
+    gaps = {round(b - a, 3) for a, b in itertools.pairwise(passes)}
+    assert len(passes) >= 4 and len(gaps) > 1 and min(gaps) >= 0.045  # never below interval * (1 - jitter)
