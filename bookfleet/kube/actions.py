@@ -112,6 +112,14 @@ class Decision:
         interval, calls for a pass."""
         return None if self.recheck_at is None else max((self.recheck_at - moment).total_seconds(), 0.0)
 
+    def due(self, moment: dt.datetime, retry: float | None) -> float | None:
+        """Seconds from `moment` until the next pass: at `recheck_at`, or after the loop's `retry` interval when the
+        decision asked to be requeued, whichever comes first; None when only a change calls for one."""
+        due = self.recheck_in(moment)
+        if self.requeue and retry is not None:
+            due = retry if due is None else min(due, retry)
+        return due
+
 
 def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:
     """Apply the decided actions in order; the first failure stops the pass (the next pass re-decides from scratch)."""

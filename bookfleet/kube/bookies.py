@@ -613,12 +613,7 @@ def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = 
         if exc.status != 409 or sources is None:
             raise
         decision, at = _one_pass(ctx, body, dataclasses.replace(sources, bookie=BookieSources.live(ctx.api).bookie))
-    if decision is None:
-        return None
-    due = decision.recheck_in(at)
-    if decision.requeue and retry is not None:
-        due = retry if due is None else min(due, retry)
-    return due
+    return None if decision is None else decision.due(at, retry)
 
 
 def _one_pass(ctx: OperatorContext, body: dict, sources: BookieSources | None) -> tuple[Decision | None, dt.datetime]:

@@ -545,4 +545,4 @@ def reconcile(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) ->
     moment = now()
     decision = decide(observe(ctx, body, pod_of), moment)
     act(ctx, body, decision.actions)
-    return decision.recheck_in(moment)
+    return decision.due(moment, None)

@@ -140,13 +140,13 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
         stopped, BOOKIE_RESYNC, jitter=0.5)
 
 
-def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
+def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:
     """One Ledger pass, on the feed's worker thread: the body its watch event brought, else a fresh GET."""
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
-        return False  # deleted meanwhile
+        return None  # deleted meanwhile
     with metrics.reconciling("ledgers"):
         sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.watch_metadata)
-        return ledgers.reconcile(context(), body, sources)
+        return ledgers.reconcile(context(), body, sources, retry=INTERVAL)
 
 
 def _zookeeper_of(namespace: str, cluster: str) -> ZooKeeperTarget | None:

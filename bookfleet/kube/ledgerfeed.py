@@ -151,9 +151,10 @@ class DebouncedQueue:
 
 class LedgerFeed:
     """The directory, the queue, the ZooKeeper watches and the workers that run `reconcile(key, body or None)`; a
-    pass that returns True (it waits for something no watch reports) or fails is run again after `retry` seconds."""
+    pass is run again after the seconds it returns (it waits for something no watch reports), or after `retry`
+    seconds when it fails."""
 
-    def __init__(self, reconcile: Callable[[LedgerKey, dict | None], bool],
+    def __init__(self, reconcile: Callable[[LedgerKey, dict | None], float | None],
                  zookeeper_of: Callable[[str, str], Hashable | None], zk: Callable[[Hashable], KazooClient],
                  resync: float, retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 4,
                  rng: random.Random | None = None) -> None:
@@ -354,8 +355,9 @@ class LedgerFeed:
             try:
                 if self._parks(key):
                     continue
-                if self.reconcile(key, body):  # type: ignore[arg-type]
-                    self.queue.wake(key, delay=self.retry)
+                due = self.reconcile(key, body)  # type: ignore[arg-type]
+                if due is not None:
+                    self.queue.wake(key, delay=due)
             except Exception:
                 log.exception("reconciling Ledger %s/%s failed; retried in %s s", *key, self.retry)
                 self.queue.wake(key, delay=self.retry)

@@ -122,9 +122,10 @@ CREATION_WAITS = frozenset({"NotEnoughBookies", "SecretNotFound"})
 password Secret appearing): the feed passes such a Ledger again after its retry interval, not only at the resync."""
 
 
-def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
-    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); True when the
-    decision asks to be requeued (it still waits to be created), so the feed passes it again after its retry interval.
+def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources, retry: float | None = None) -> float | None:
+    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); like every
+    reconciler's, it returns the seconds until the next pass is due (`retry` while it still waits to be created for
+    something no watch reports; None: only a change calls for one).
 
     A Ledger the operator may create and has not seen in ZooKeeper is read afresh: the copy handed over may predate
     the last pass's status patch, and creating from it would reserve a second id and create a second ledger. Others
@@ -132,9 +133,10 @@ def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources) -> bool:
     if (body.get("status") or {}).get("state") is None and (body.get("spec") or {}).get("ledgerId") is None:
         meta = body["metadata"]
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
-    decision = decide(observe(ctx, body, sources), now())
+    moment = now()
+    decision = decide(observe(ctx, body, sources), moment)
     act(ctx, body, decision.actions)
-    return decision.requeue
+    return decision.due(moment, retry)
 
 
 def waits_for_creation(conditions: Iterable[dict]) -> bool:

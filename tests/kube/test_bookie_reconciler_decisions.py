@@ -15,8 +15,8 @@ from bookfleet.kube.actions import Decision, Delete, Ensure, Patch, PatchStatus,
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
-from bookfleet.kube.models import Bookie
-from bookfleet.meta.registry import BookieInfo
+from bookfleet.kube.models import Bookie, BookiePhase, DesiredState
+from bookfleet.meta.registry import BookieInfo, BookieMode
 from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -544,3 +544,50 @@ def test_a_settled_bookie_waits_for_a_change_and_one_in_motion_is_passed_again_a
     assert bookies.decide(observed(pod=pod(), info=None), NOW).requeue  # starting: not registered yet
     assert bookies.decide(observed(pod=pod(ready=False, since=ago(5)), info=registered()), NOW).requeue
     assert bookies.decide(observed(bookie_body(lost_since=ago(5)), pod=None), NOW).requeue
+
+
+# --- the status a pass writes ----------------------------------------------------------------------------------
+
+LOST_AT = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+def bookie_model(desired: DesiredState = DesiredState.WRITABLE, lost_since: dt.datetime | None = None) -> Bookie:
+    manifest = resources.bookies_for_cluster(bookie_cluster())[0]
+    manifest["spec"]["desiredState"] = desired.value
+    return Bookie.model_validate({**manifest, "status": {"lostSince": lost_since}})
+
+
+def ready_pod(name: str = "bk-0") -> dict:
+    return {"metadata": {"name": name, "uid": "u1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def registration(mode: BookieMode = BookieMode.WRITABLE, free: int = 0) -> BookieInfo:
+    return BookieInfo(bookie_id="bk-0", address="127.0.0.1:3181", state=mode, free_bytes=free)
+
+
+@pytest.mark.parametrize(
+    ("desired", "lost_since", "pod", "info", "phase"),
+    [
+        (DesiredState.WRITABLE, None, None, None, BookiePhase.PENDING),  # new: no pod yet
+        (DesiredState.WRITABLE, None, ready_pod(), None, BookiePhase.PENDING),  # pod ready, not registered yet
+        (DesiredState.WRITABLE, None, {"metadata": {"name": "bk-0"}}, registration(), BookiePhase.PENDING),
+        (DesiredState.WRITABLE, None, ready_pod(), registration(), BookiePhase.RUNNING),
+        (DesiredState.WRITABLE, None, ready_pod(), registration(BookieMode.READ_ONLY), BookiePhase.READ_ONLY),
+        (DesiredState.WRITABLE, LOST_AT, None, None, BookiePhase.LOST),
+        (DesiredState.WRITABLE, LOST_AT, ready_pod(), registration(), BookiePhase.LOST),  # until the loss is cleared
+        (DesiredState.READ_ONLY, None, ready_pod(), registration(BookieMode.READ_ONLY), BookiePhase.DECOMMISSIONING),
+        (DesiredState.READ_ONLY, LOST_AT, None, None, BookiePhase.DECOMMISSIONING),
+    ],
+)
+def test_bookie_phase(desired, lost_since, pod, info, phase):
+    status = bookies.decide_status(bookie_model(desired, lost_since), pod, info, 4, lost_since)
+    assert status["phase"] == phase.value
+    assert status["registered"] == (info is not None) and status["ledgers"] == 4
+    assert status["pod"] == ("bk-0" if pod else None)
+
+
+def test_bookie_disk_usage_comes_from_its_registration():
+    quota = resources.quantity_bytes(bookie_model().spec.storage.ledgers.size)
+    status = bookies.decide_status(bookie_model(), ready_pod(), registration(free=quota // 4), 0, None)
+    assert status["diskUsage"] == 0.75
+    assert bookies.decide_status(bookie_model(), None, None, 0, None)["diskUsage"] is None

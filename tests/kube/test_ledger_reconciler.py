@@ -77,11 +77,11 @@ def running_feed(zk_connect: str, retry: float):
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     passes: list[ledgerfeed.LedgerKey] = []
 
-    def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> bool:
+    def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:
         passes.append(key)
         return ledgers.reconcile(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
-            feed.watch_metadata))
+            feed.watch_metadata), retry=retry)
 
     feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: ZooKeeperTarget(zk_connect, namespace), ctx.zk,
                                  resync=3600, retry=retry)

@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import KubeApi
 from bookfleet.kube.bookies import LaunchRepair
 from bookfleet.kube.context import OperatorContext
@@ -77,6 +77,20 @@ def test_actions_compare_as_values() -> None:
     """decide() tests compare decided lists: equal actions are equal values."""
     assert [Delete("v1", "pods", "ns", "bk-0"), PostEvent("R", "m")] == [Delete("v1", "pods", "ns", "bk-0"),
                                                                          PostEvent("R", "m")]
+
+
+@pytest.mark.parametrize(("recheck_in", "requeue", "retry", "due"), [
+    (None, False, 10.0, None),  # only a change calls for a pass
+    (4.0, False, 10.0, 4.0),  # the clock: the end of a delay
+    (None, True, 10.0, 10.0),  # waits for what no watch reports: the loop's retry interval
+    (4.0, True, 10.0, 4.0),  # whichever comes first
+    (30.0, True, 10.0, 10.0),
+    (None, True, None, None),  # a loop without a retry interval
+])
+def test_every_reconciler_is_due_again_at_its_recheck_or_its_retry_whichever_is_first(recheck_in, requeue, retry, due):
+    moment = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    recheck_at = None if recheck_in is None else moment + dt.timedelta(seconds=recheck_in)
+    assert Decision(recheck_at=recheck_at, requeue=requeue).due(moment, retry) == due
 
 
 ANNOTATIONS_LIMIT = 256 * 1024

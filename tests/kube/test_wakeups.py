@@ -174,7 +174,7 @@ def test_a_replica_passes_a_clusters_ledgers_only_while_it_acts_for_that_cluster
     """A paused peer (kopf stopped its cluster loops) must not write Ledgers beside the acting one: what is woken
     meanwhile waits, and is passed once it acts. A Ledger of an unknown cluster is passed (to say so)."""
     passed: list = []
-    feed = ledgerfeed.LedgerFeed(lambda key, body: passed.append(key) or False,
+    feed = ledgerfeed.LedgerFeed(lambda key, body: passed.append(key),
                                  lambda ns, cluster: "zk" if cluster == "bk" else None, lambda connect: None,
                                  resync=3600, retry=3600)
     ledger = lambda name, cluster, generation=1: {  # noqa: E731
