@@ -10,11 +10,16 @@ the reconciler that decides it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube.context import OperatorContext, patch_status
+
+Sources = TypeVar("Sources")
+Result = TypeVar("Result")
 
 
 class Action(Protocol):
@@ -46,14 +51,22 @@ class Apply:
 
 @dataclass(frozen=True)
 class Patch:
+    """A JSON merge patch; `if_version`: only if the object is still that version (409 Conflict otherwise), for a
+    change decided from a cached copy that must not be made twice (a drain's start time)."""
+
     api_version: str
     plural: str
     namespace: str | None
     name: str
     patch: dict[str, Any]
+    if_version: str | None = None
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        ctx.api.patch(self.api_version, self.plural, self.namespace, self.name, self.patch)
+        patch = self.patch
+        if self.if_version is not None:
+            metadata = {**patch.get("metadata", {}), "resourceVersion": self.if_version}
+            patch = {**patch, "metadata": metadata}
+        ctx.api.patch(self.api_version, self.plural, self.namespace, self.name, patch)
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,18 @@ class Decision:
         if self.requeue and retry is not None:
             due = retry if due is None else min(due, retry)
         return due
+
+
+def again_on_conflict(one_pass: Callable[[Sources], Result], cached: Sources, live: Callable[[], Sources]) -> Result:
+    """Run a pass on cached reads; when one of its conditional writes meets 409 Conflict (the cache did not hold the
+    last write yet: the pass's own previous one, another replica's before a handover), run it once more on live
+    reads, so nothing decided from a stale copy is written."""
+    try:
+        return one_pass(cached)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return one_pass(live())
 
 
 def act(ctx: OperatorContext, body: dict[str, Any], actions: Iterable[Action]) -> None:

@@ -24,16 +24,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Action, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import (
+    Action,
+    Decision,
+    Delete,
+    Ensure,
+    Patch,
+    PatchStatus,
+    PostEvent,
+    act,
+    again_on_conflict,
+)
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
@@ -607,16 +617,13 @@ def reconcile(ctx: OperatorContext, body: dict, sources: BookieSources | None = 
     """One level-based pass over a Bookie; the seconds until the next pass is due (at a time the decision named, or
     after `retry` while it is in motion; None: only a change calls for one). A pass whose cached copy of the Bookie
     was older than the last write to it (409 Conflict on the status patch) runs again on a fresh GET."""
-    try:
-        decision, at = _one_pass(ctx, body, sources)
-    except ApiException as exc:
-        if exc.status != 409 or sources is None:
-            raise
-        decision, at = _one_pass(ctx, body, dataclasses.replace(sources, bookie=BookieSources.live(ctx.api).bookie))
+    cached = sources or BookieSources.live(ctx.api)
+    decision, at = again_on_conflict(functools.partial(_one_pass, ctx, body), cached, lambda: dataclasses.replace(
+        cached, bookie=BookieSources.live(ctx.api).bookie))
     return None if decision is None else decision.due(at, retry)
 
 
-def _one_pass(ctx: OperatorContext, body: dict, sources: BookieSources | None) -> tuple[Decision | None, dt.datetime]:
+def _one_pass(ctx: OperatorContext, body: dict, sources: BookieSources) -> tuple[Decision | None, dt.datetime]:
     observed = observe(ctx, body, sources)
     at = now()
     if observed is None:

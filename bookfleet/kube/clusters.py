@@ -19,7 +19,8 @@ bookies.py, so no repair starts. Changing the spec again restarts it at once (it
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,8 +28,19 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from bookfleet.kube import certificates, repairs, resources
-from bookfleet.kube.actions import Action, Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
-from bookfleet.kube.api import CORE, CUSTOM
+from bookfleet.kube.actions import (
+    Action,
+    Apply,
+    Decision,
+    Delete,
+    Ensure,
+    Patch,
+    PatchStatus,
+    PostEvent,
+    act,
+    again_on_conflict,
+)
+from bookfleet.kube.api import CORE, CUSTOM, KubeApi
 from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, Lookup, pod_ready
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
@@ -127,32 +139,59 @@ class ObservedCluster:
     """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
 
 
-def observe(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) -> ObservedCluster:
+Listing = Callable[[str, str], list[dict[str, Any]]]
+"""(namespace, cluster name) -> the cluster's objects of one kind."""
+
+
+@dataclass(frozen=True)
+class ClusterSources:
+    """Where a pass reads the cluster's Bookies, their pods and their claims. The operator passes its informers'
+    caches (kube.informers: two LISTs a pass added up at 1,000 bookies); `live` reads them from the API server, as a
+    pass does again after a write decided from a stale cache copy met a 409 Conflict."""
+
+    bookies: Listing
+    pod: Lookup
+    claims: Listing
+
+    @classmethod
+    def live(cls, api: KubeApi) -> ClusterSources:
+        return cls(bookies=lambda namespace, name: api.list(CUSTOM, "bookies", namespace,
+                                                            {resources.LABEL_CLUSTER: name}),
+                   pod=lambda namespace, name: api.get(CORE, "pods", namespace, name),
+                   claims=lambda namespace, name: api.list(CORE, PVCS, namespace, {resources.LABEL_CLUSTER: name}))
+
+
+def observe(ctx: OperatorContext, body: dict, sources: ClusterSources | None = None) -> ObservedCluster:
     """Kubernetes and ZooKeeper as one value; what still needs a bookie is read only for those being drained. The
-    bookie pods come from `pod_of` (the operator's informer: a GET each was 50 requests/s at 1,000 bookies), else
-    a GET each."""
-    pod_of = pod_of or (lambda namespace, name: ctx.api.get(CORE, "pods", namespace, name))
+    Bookies, pods and claims come from `sources` (default: live reads); a draining Bookie is read afresh (a rare
+    case, and every step of its drain is decided from it)."""
+    sources = sources or ClusterSources.live(ctx.api)
     cluster, problem = validate(body)
     if cluster is None:
         return ObservedCluster(body, None, problem)
-    meta = body["metadata"]
-    ns, selector = meta["namespace"], {resources.LABEL_CLUSTER: meta["name"]}
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
     registered = BookieRegistry(zk).ids()
     forced = bookiestate.forced_ids(zk)
-    bodies = sorted(ctx.api.list(CUSTOM, "bookies", ns, selector), key=lambda b: ordinal(b["metadata"]["name"]))
-    draining = [b for b in bodies if b["spec"].get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE]
-    disabled = UnderReplication(zk).is_disabled() if draining else False
+    bodies = []
+    for bookie in sorted(sources.bookies(ns, name), key=lambda b: ordinal(b["metadata"]["name"])):
+        if draining(bookie) and (bookie := ctx.api.get(CUSTOM, "bookies", ns, bookie["metadata"]["name"])) is None:
+            continue
+        bodies.append(bookie)
+    disabled = UnderReplication(zk).is_disabled() if any(map(draining, bodies)) else False
     bookies = []
     for bookie in bodies:
         bookie_id = bookie["spec"]["bookieId"]
-        seen = Member(bookie, pod_of(ns, bookie["metadata"]["name"]),
-                              bookie_id in registered, bookie_id in forced)
-        if bookie in draining:
+        seen = Member(bookie, sources.pod(ns, bookie["metadata"]["name"]), bookie_id in registered, bookie_id in forced)
+        if draining(bookie):
             seen = observe_drain(ctx, cluster, seen, disabled)
         bookies.append(seen)
-    claims = {c["metadata"]["name"]: c for c in ctx.api.list(CORE, PVCS, ns, selector)}
+    claims = {c["metadata"]["name"]: c for c in sources.claims(ns, name)}
     return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled)
+
+
+def draining(bookie: dict[str, Any]) -> bool:
+    return bookie["spec"].get("desiredState", DesiredState.WRITABLE) != DesiredState.WRITABLE
 
 
 def observe_drain(ctx: OperatorContext, cluster: BookieCluster, bookie: Member,
@@ -355,12 +394,12 @@ def decommission(observed: ObservedCluster, cluster: BookieCluster, bookie: Memb
     meta, spec = bookie.body["metadata"], bookie.body["spec"]
     ns, name, bookie_id, zookeeper = meta["namespace"], bookie.name, spec["bookieId"], ZooKeeperTarget.of(cluster)
     since = bookie.decommission_since
-    if since is None:
+    if since is None:  # only on the version observed: a stale copy must not start the drain again at a later time
         return [
             Patch(CUSTOM, "bookies", ns, name, {
                 "metadata": {"annotations": {ANNOTATION_DECOMMISSION_SINCE: timestamp(moment)}},
                 "spec": {"desiredState": DesiredState.READ_ONLY.value},
-            }),
+            }, if_version=meta.get("resourceVersion")),
             PostEvent("Decommissioning", f"draining {name}: read-only, then its ledgers move elsewhere",
                       involved=bookie.body),
         ]
@@ -539,10 +578,17 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
 # --- act -----------------------------------------------------------------------------------------------------
 
 
-def reconcile(ctx: OperatorContext, body: dict, pod_of: Lookup | None = None) -> float | None:
+def reconcile(ctx: OperatorContext, body: dict, sources: ClusterSources | None = None) -> float | None:
     """One level-based pass over a BookieCluster; like every reconciler's, it returns the seconds until a pass is due
-    by the clock alone (for a cluster: None, its loop runs the next at the interval or on a bookie pod's change)."""
+    by the clock alone (for a cluster: None, its loop runs the next at the interval or on a bookie pod's change). A
+    pass whose conditional write met 409 Conflict (a cached Bookie older than the last write) runs again on live
+    reads."""
+    return again_on_conflict(functools.partial(_one_pass, ctx, body), sources or ClusterSources.live(ctx.api),
+                             lambda: ClusterSources.live(ctx.api))
+
+
+def _one_pass(ctx: OperatorContext, body: dict, sources: ClusterSources) -> float | None:
     moment = now()
-    decision = decide(observe(ctx, body, pod_of), moment)
+    decision = decide(observe(ctx, body, sources), moment)
     act(ctx, body, decision.actions)
     return decision.due(moment, None)

@@ -1,8 +1,9 @@
 """kopf registrations only: every handler hands the object to a plain domain module.
 
 Level-based throughout: loops and passes re-derive everything from Kubernetes and ZooKeeper on each pass, so a
-restarted operator resumes where the previous one stopped. Bookie pods and claims, BookieClusters and repair Jobs are
-read from kube.informers' caches, which also wake the loops that depend on them. Ledgers have no timer and no
+restarted operator resumes where the previous one stopped. Bookies, their pods and claims, BookieClusters and repair
+Jobs are read from kube.informers' caches (indexed there by bookie id, cluster and lost bookie), which also wake the
+loops that depend on them. Ledgers have no timer and no
 finalizer: kube.ledgerfeed wakes each one when something it mirrors changed.
 """
 
@@ -104,7 +105,7 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
     the restarted bookie is Ready), else every INTERVAL seconds."""
     with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
         await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
-            "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().pods.get), body),
+            "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources), body),
             stopped, INTERVAL)
 
 

@@ -15,13 +15,13 @@ import asyncio
 import functools
 import logging
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import ChildrenWatch
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import api, bookies, repairs, resources, wakeups
+from bookfleet.kube import api, bookies, clusters, repairs, resources, wakeups
 from bookfleet.kube.api import KubeApi, WatchStream
 from bookfleet.meta import zkpaths
 
@@ -32,7 +32,13 @@ UNSERVED_RETRY_SECONDS = 60.0
 """How often a kind the API server does not serve (SparkApplication without the Spark operator) is looked for."""
 SYNC_TIMEOUT = 120.0
 """How long a reader waits for the first list before its pass fails (and is retried at the next interval)."""
+BY_BOOKIE_ID, BY_CLUSTER, BY_LOST_BOOKIE = "bookieId", "cluster", "lostBookie"
+"""The caches' index names: a Bookie by its bookie id, Bookies and claims by their cluster, repairs by lost bookie."""
 log = logging.getLogger(__name__)
+
+
+Index = Callable[[dict], Hashable | None]
+"""The key an object is filed under (None: not filed)."""
 
 
 class Informer:
@@ -40,13 +46,15 @@ class Informer:
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
                  namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None,
-                 index: Callable[[dict], Hashable | None] | None = None):
+                 indexes: Mapping[str, Index] | None = None):
         """`changed(body)` is called from the informer's thread after the store took each change (a deleted
         object's last body included), so whoever it wakes reads the new state; a re-list calls it only for the
-        objects that went or changed meanwhile. `index(body)` files each object under a key for `indexed`."""
+        objects that went or changed meanwhile. `indexes` name the keys each object is filed under, kept with the
+        store (client-go's Indexers), so `indexed(name, key)` costs no scan."""
         self._api, self._api_version, self._plural = api, api_version, plural
         self._changed = changed or (lambda body: None)
-        self._index = index
+        self._indexes = dict(indexes or {})
+        self._filed: dict[str, dict[Hashable, dict[tuple[str, str], dict]]] = {name: {} for name in self._indexes}
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
         self._scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
         self._objects: dict[str | None, dict[tuple[str, str], dict]] = {scope: {} for scope in self._scopes}
@@ -79,13 +87,31 @@ class Informer:
         with self._lock:
             return self._objects[scope].get((namespace, name))
 
-    def indexed(self, key: Hashable) -> list[dict]:
-        """The objects `index` files under `key`, in every namespace listed so far (no wait: a kind that is not
-        served, or not listed yet, has none)."""
-        assert self._index is not None, "an informer made with an index"
+    def indexed(self, index: str, key: Hashable) -> list[dict]:
+        """The objects index `index` files under `key`, in every namespace listed so far (no wait: a kind that is
+        not served, or not listed yet, has none)."""
         with self._lock:
-            return [body for objects in self._objects.values() for body in objects.values()
-                    if self._index(body) == key]
+            return list(self._filed[index].get(key, {}).values())
+
+    def _file(self, body: dict) -> None:
+        for name, index in self._indexes.items():
+            if (key := index(body)) is not None:
+                self._filed[name].setdefault(key, {})[_key(body)] = body
+
+    def _unfile(self, body: dict) -> None:
+        for name, index in self._indexes.items():
+            if (key := index(body)) is not None and (filed := self._filed[name].get(key)) is not None:
+                filed.pop(_key(body), None)
+                if not filed:
+                    del self._filed[name][key]
+
+    def _put(self, scope: str | None, body: dict, deleted: bool = False) -> None:
+        """Store one watched change (under the lock), its index entries with it."""
+        if (old := self._objects[scope].pop(_key(body), None)) is not None:
+            self._unfile(old)
+        if not deleted:
+            self._objects[scope][_key(body)] = body
+            self._file(body)
 
     def _run(self, scope: str | None) -> None:
         while not self._stopped.is_set():
@@ -118,6 +144,10 @@ class Informer:
                 break
         with self._lock:
             before, self._objects[scope] = self._objects[scope], listed
+            for body in before.values():
+                self._unfile(body)
+            for body in listed.values():
+                self._file(body)
         self._synced[scope].set()
         gone = [body for key, body in before.items() if key not in listed]
         for body in [*gone, *(body for key, body in listed.items() if _version(before.get(key)) != _version(body))]:
@@ -142,10 +172,7 @@ class Informer:
                 if event["type"] == "BOOKMARK":
                     continue
                 with self._lock:
-                    if event["type"] == "DELETED":
-                        self._objects[scope].pop(_key(body), None)
-                    else:
-                        self._objects[scope][_key(body)] = body
+                    self._put(scope, body, deleted=event["type"] == "DELETED")
                 self._changed(body)
 
 
@@ -159,13 +186,14 @@ class Caches:
                  loops: wakeups.Wakeups, wake_repair: Callable[[str, str, str], None]):
         self._loop, self._loops, self._wake_repair = loop, loops, wake_repair
         self.bookies = Informer(kube, api.CUSTOM, "bookies", {}, namespaces, self._bookie_changed,
-                                index=lambda body: (body.get("spec") or {}).get("bookieId"))
-        self.pods = Informer(kube, api.CORE, "pods", resources.BOOKIE_POD_SELECTOR, namespaces, self._pod_changed)
+                                {BY_BOOKIE_ID: lambda body: (body.get("spec") or {}).get("bookieId"),
+                                 BY_CLUSTER: of_cluster})
+        self.pods = Informer(kube, api.CORE, "pods", resources.BOOKIE_POD_SELECTOR, namespaces, self._workload_changed)
         self.claims = Informer(kube, api.CORE, "persistentvolumeclaims", resources.BOOKIE_POD_SELECTOR, namespaces,
-                               self._pod_changed)
+                               self._workload_changed, {BY_CLUSTER: of_cluster})
         self.clusters = Informer(kube, api.CUSTOM, "bookieclusters", {}, namespaces, self._cluster_changed)
         self.repairs = tuple(Informer(kube, version, plural, resources.REPAIR_SELECTOR, namespaces,
-                                      self._repair_changed, index=repairs.bookie_key)
+                                      self._repair_changed, {BY_LOST_BOOKIE: repairs.bookie_key})
                              for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
         self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs)
         self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
@@ -173,6 +201,9 @@ class Caches:
         self.bookie_sources = bookies.BookieSources(bookie=self.bookies.get, cluster=self.clusters.get,
                                                     pod=self.pods.get, claim=self.claims.get,
                                                     watch_registrations=self.watch_registrations)
+        self.cluster_sources = clusters.ClusterSources(
+            bookies=lambda namespace, name: self.bookies.indexed(BY_CLUSTER, (namespace, name)),
+            pod=self.pods.get, claims=lambda namespace, name: self.claims.indexed(BY_CLUSTER, (namespace, name)))
 
     def start(self) -> None:
         for informer in self._all:
@@ -183,7 +214,7 @@ class Caches:
             informer.stop()
 
     def repairs_of(self, key: repairs.BookieKey) -> list[dict]:
-        return [job for informer in self.repairs for job in informer.indexed(key)]
+        return [job for informer in self.repairs for job in informer.indexed(BY_LOST_BOOKIE, key)]
 
     def watch_registrations(self, zk: KazooClient) -> None:
         """Watch which bookies are registered (writable and read-only) in this ZooKeeper, once per session holder:
@@ -202,7 +233,7 @@ class Caches:
             before, now = self._registrations[zk, path], set(children or ())
             self._registrations[zk, path] = now
         for bookie_id in before ^ now:
-            for bookie in self.bookies.indexed(bookie_id):
+            for bookie in self.bookies.indexed(BY_BOOKIE_ID, bookie_id):
                 self._wake("bookies", bookie)
 
     def _bookie_changed(self, bookie: dict) -> None:
@@ -212,9 +243,9 @@ class Caches:
         self._loop.call_soon_threadsafe(self._loops.wake, (plural, body["metadata"]["namespace"],
                                                            body["metadata"]["name"]))
 
-    def _pod_changed(self, pod: dict) -> None:
+    def _workload_changed(self, body: dict) -> None:
         """A bookie's pod or claim: its Bookie's and its cluster's loops."""
-        labels, namespace = pod["metadata"].get("labels") or {}, pod["metadata"]["namespace"]
+        labels, namespace = body["metadata"].get("labels") or {}, body["metadata"]["namespace"]
         for plural, label in (("bookies", resources.LABEL_BOOKIE), ("bookieclusters", resources.LABEL_CLUSTER)):
             if name := labels.get(label):
                 self._loop.call_soon_threadsafe(self._loops.wake, (plural, namespace, name))
@@ -229,6 +260,12 @@ class Caches:
     def _repair_changed(self, job: dict) -> None:
         if key := repairs.bookie_key(job):
             self._wake_repair(*key)
+
+
+def of_cluster(body: dict) -> tuple[str, str] | None:
+    """The BookieCluster an object belongs to, by its cluster label."""
+    name = (body["metadata"].get("labels") or {}).get(resources.LABEL_CLUSTER)
+    return None if name is None else (body["metadata"]["namespace"], name)
 
 
 def _key(body: dict) -> tuple[str, str]:

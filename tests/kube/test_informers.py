@@ -69,27 +69,39 @@ def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_cha
 def test_a_kind_the_server_does_not_serve_is_empty_at_once(kube: EmulatorThread):
     api.load_config(str(kube.kubeconfig))
     informer = informers.Informer(api.KubeApi(), api.SPARK, "sparkapplications", LABELS, [NS],
-                                  index=lambda body: body["metadata"]["name"])
+                                  indexes={"name": lambda body: body["metadata"]["name"]})
     informer.start()
     try:
         started = time.monotonic()
         assert informer.get(NS, "repair") is None
-        assert informer.indexed("repair") == []
+        assert informer.indexed("name", "repair") == []
         assert time.monotonic() - started < 10  # no wait for a list that cannot come (SYNC_TIMEOUT is 120 s)
     finally:
         informer.stop()
 
 
-def test_objects_are_found_by_their_index_key(kube: EmulatorThread):
+def test_objects_are_found_by_their_index_keys_as_they_change_go_and_come_back_in_a_relist(kube: EmulatorThread):
+    """The index is kept with the store (a lookup scans nothing): an object whose key changes moves, a deleted one
+    goes, and a re-list after a lost watch files what it finds afresh."""
     api.load_config(str(kube.kubeconfig))
-    informer = informers.Informer(api.KubeApi(), api.CORE, "pods", LABELS, [NS],
-                                  index=lambda body: body["metadata"]["name"].split("-")[0])
+    for name in ("a-1", "a-2", "b-1"):
+        kube.create("pods", {**pod(name), "metadata": {**pod(name)["metadata"], "annotations": {"group": name[0]}}}, NS)
+
+    def meanwhile() -> None:  # while the first watch is lost
+        kube.delete("pods", NS, "a-2")
+    group = lambda body: (body["metadata"].get("annotations") or {}).get("group")  # noqa: E731
+    informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS],
+                                  indexes={"group": group, "name": lambda body: body["metadata"]["name"]})
+    names = lambda key: sorted(body["metadata"]["name"] for body in informer.indexed("group", key))  # noqa: E731
     informer.start()
     try:
-        for name in ("a-1", "a-2", "b-1"):
-            kube.create("pods", pod(name), NS)
-        wait_for(lambda: len(informer.indexed("a")) == 2 and informer.indexed("b"))
-        assert sorted(body["metadata"]["name"] for body in informer.indexed("a")) == ["a-1", "a-2"]
-        assert [body["metadata"]["name"] for body in informer.indexed("b")] == ["b-1"]
+        wait_for(lambda: names("a") == ["a-1"] and names("b") == ["b-1"])  # the re-list forgot a-2
+        kube.patch("pods", NS, "a-1", {"metadata": {"annotations": {"group": "b"}}})
+        wait_for(lambda: names("b") == ["a-1", "b-1"])
+        assert names("a") == []
+        kube.delete("pods", NS, "b-1")
+        wait_for(lambda: names("b") == ["a-1"])
+        assert [body["metadata"]["name"] for body in informer.indexed("name", "a-1")] == ["a-1"]
+        assert informer.indexed("name", "b-1") == []
     finally:
         informer.stop()
