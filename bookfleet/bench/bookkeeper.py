@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -191,9 +192,10 @@ class JavaSide:
     def _java(self, jvm: list[str], main: str, *args: str) -> list[str]:
         return ["java", *jvm, "-cp", self.classpath, main, *args]
 
-    def measure(self, scenario: Scenario, storage: str, protocol: str, seconds: float, warmup: float) -> dict:
-        run = self.directory / f"{scenario.name}-{storage}-{protocol}"
-        root = f"/bookkeeper-java/{run.name}"
+    def measure(self, scenario: Scenario, storage: str, protocol: str, seconds: float, warmup: float,
+                run: Path) -> dict:
+        """One load of `scenario` on Java bookies keeping their data under `run`."""
+        root = f"/bookkeeper-java/{scenario.name}-{storage}-{protocol}"
         bookies = [self._start_bookie(run / f"bookie-{index}", root, storage)[0] for index in range(scenario.bookies)]
         try:
             options = {
@@ -305,8 +307,10 @@ def _scenario_report(
     baselines = baseline.same_run_baselines(root, scenario.entry_size)
     runs = []
     for index, (storage, protocol) in enumerate(itertools.product(args.storage, args.protocol)):
-        ours = _ours(zk, root / f"ours-{scenario.name}-{index}", scenario, args)
-        reference = java.measure(scenario, storage, protocol, args.seconds, args.warmup)
+        pair = root / f"{scenario.name}-{index}"
+        ours = _ours(zk, pair / "ours", scenario, args)
+        reference = java.measure(scenario, storage, protocol, args.seconds, args.warmup, pair / "java")
+        shutil.rmtree(pair)  # a 64 KiB pair writes gigabytes: kept, eight pairs filled the disk (bookies read-only)
         runs.append({"java": f"{storage}-{protocol}", "ours": ours, "java_figures": reference,
                      **ratios(ours, reference)})
     return {

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from bookfleet.bench import kube_operator
+from bookfleet.bench import bookkeeper, kube_operator
 from bookfleet.bench.baseline import tls_figures
 from bookfleet.bench.latency_profile import bucket_quantile
 from bookfleet.cli import build_parser
@@ -72,6 +74,32 @@ def test_bench_bookkeeper_runs_both_sides_with_acknowledged_entries(tmp_path):
     for side in ("ours", "java_figures"):
         assert run[side]["full_entries"] > 0 and run[side]["half_entries"] > 0, (side, run)
     assert run["throughput_ours_over_java"] > 0
+
+
+def test_each_pair_of_the_reference_bench_deletes_its_data_before_the_next_pair_runs(tmp_path, monkeypatch):
+    """A 64 KiB pair writes gigabytes on each side: kept until the scenario ended, a full run's pairs filled the disk
+    and the bookies turned read-only mid-run (the run then failed with NotEnoughBookies)."""
+    present: list[list[str]] = []
+
+    def write(directory: Path) -> dict:
+        directory.mkdir(parents=True)
+        (directory / "data").write_bytes(b"entries")
+        present.append(sorted(str(path.parent.relative_to(tmp_path)) for path in tmp_path.rglob("data")))
+        return {figure: 1.0 for figure, _ in bookkeeper.RATIOS.values()}
+
+    class Java:
+        def measure(self, scenario, storage, protocol, seconds, warmup, run: Path) -> dict:
+            return write(run)
+
+    monkeypatch.setattr(bookkeeper, "_ours", lambda zk, directory, scenario, args: write(directory))
+    monkeypatch.setattr(bookkeeper.baseline, "same_run_baselines", lambda root, entry_size: {})
+    args = argparse.Namespace(storage=["db", "sorted"], protocol=["v2"], seconds=1.0, warmup=0.0)
+    report = bookkeeper._scenario_report(bookkeeper.SCENARIOS["one-bookie-64k"], Java(), "zk", tmp_path, args,
+                                         "asyncio")
+    assert [run["java"] for run in report["runs"]] == ["db-v2", "sorted-v2"]
+    assert present == [["one-bookie-64k-0/ours"], ["one-bookie-64k-0/java", "one-bookie-64k-0/ours"],
+                       ["one-bookie-64k-1/ours"], ["one-bookie-64k-1/java", "one-bookie-64k-1/ours"]]
+    assert not list(tmp_path.rglob("data"))
 
 
 def test_the_scale_bench_without_go_says_so_in_one_line_and_succeeds(tmp_path):
