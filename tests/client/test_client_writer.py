@@ -16,7 +16,7 @@ from kazoo.exceptions import ConnectionLoss as KazooConnectionLoss
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient
 from bookfleet.client.errors import EntryTooLargeError, LedgerClosedError, LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
@@ -26,7 +26,7 @@ from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
-from tests.bookie.test_bookie_protocol import http_get
+from tests.fixtures.bookies import http_get, stored_entries
 
 
 @contextlib.contextmanager
@@ -39,17 +39,6 @@ def paused(*bookies) -> Iterator[None]:
     finally:
         for bookie in bookies:
             os.kill(bookie.process.pid, signal.SIGCONT)
-
-
-async def stored_entries(address: str, ledger_id: int, entry_ids) -> set[int]:
-    """Which of `entry_ids` a bookie holds, asked directly over the wire."""
-    held = set()
-    async with await BookieClient.connect(address) as client:
-        for entry_id in entry_ids:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerOnBookieError):
-                await client.read_entry(ledger_id, entry_id)
-                held.add(entry_id)
-    return held
 
 
 async def eventually(check, timeout: float = 10.0):
