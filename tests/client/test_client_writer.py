@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -27,6 +26,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 from tests.fixtures.bookies import http_get, stored_entries
+from tests.fixtures.waiting import eventually
 
 
 @contextlib.contextmanager
@@ -39,15 +39,6 @@ def paused(*bookies) -> Iterator[None]:
     finally:
         for bookie in bookies:
             os.kill(bookie.process.pid, signal.SIGCONT)
-
-
-async def eventually(check, timeout: float = 10.0):
-    """Poll an async check until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while not (result := await check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-    return result
 
 
 async def test_entries_are_striped_over_the_ensemble(bookie_fleet, zk_connect):
