@@ -7,13 +7,10 @@ import base64
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from bookfleet import polling
-from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
@@ -22,11 +19,7 @@ from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV
 from tests.emulator import EmulatorThread
-from tests.fixtures.kube import NS
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
-    return polling.wait_for(check, timeout, what, interval)
+from tests.fixtures.kube import NS, adopt_ledger, condition, read_ledger, status, wait_for, write_ledger
 
 
 def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
@@ -38,43 +31,10 @@ def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: 
     }
 
 
-def status(kube: EmulatorThread, plural: str, name: str) -> dict:
-    return (kube.get(plural, NS, name) or {}).get("status") or {}
-
-
-def condition(obj_status: dict, type_: str) -> dict:
-    return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
-
-
 def event_reasons(kube: EmulatorThread, kind: str, name: str) -> set[str]:
     """Reasons of the Events posted on one object."""
     return {e["reason"] for e in kube.list("events", NS)
             if (e["involvedObject"]["kind"], e["involvedObject"]["name"]) == (kind, name)}
-
-
-async def write_ledger(zk_connect: str, entries: int) -> int:
-    async with BookKeeper(zk_connect) as bk:
-        writer = await bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2)
-        for i in range(entries):
-            await writer.add(f"entry-{i}".encode())
-        await writer.close()
-        return writer.ledger_id
-
-
-async def read_ledger(zk_connect: str, ledger_id: int) -> list[bytes]:
-    async with BookKeeper(zk_connect) as bk:
-        reader = await bk.open_ledger(ledger_id)
-        return [entry.payload async for entry in reader.entries()]
-
-
-def adopt_ledger(kube: EmulatorThread, zk_connect: str) -> dict:
-    """A ledger of 20 entries on two bookies, written by a client and adopted as the Ledger `adopted`; its status."""
-    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
-    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                            "metadata": {"name": "adopted", "namespace": NS},
-                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
-                                     "ledgerId": ledger_id}})
-    return wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
 
 
 def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_process, zk_connect, zk):

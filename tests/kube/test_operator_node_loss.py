@@ -8,7 +8,8 @@ import asyncio
 import time
 
 from bookfleet.meta import zkpaths
-from tests.kube.test_operator import NS, adopt_ledger, bookie_cluster, condition, read_ledger, status, wait_for
+from tests.fixtures.kube import NS, adopt_ledger, condition, read_ledger, status, wait_for
+from tests.kube.test_operator import bookie_cluster
 
 NODE = "node-a"
 
