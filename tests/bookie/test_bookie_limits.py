@@ -17,8 +17,7 @@ from bookfleet.bookie.journal import JournalPosition, journal_seqs
 from bookfleet.client.connection import BadRequestError, BookieClient
 from bookfleet.fleet import BookieFleet
 from bookfleet.polling import wait_for
-from tests.bookie.test_bookie_protocol import http_get, rss_bytes
-from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, http_get, rss_bytes
 
 POISON = 2**63
 """A ledger id a u64 field carries and no SQLite integer holds: it used to break every later flush."""

@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import struct
-import urllib.request
 
 import pytest
 
@@ -25,17 +24,9 @@ from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieMode, BookieRegistry
 from bookfleet.polling import wait_for
-from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, http_get, rss_bytes
 
 OTHER_KEY = wire.master_key(b"someone else")
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 async def test_every_op_round_trips(bookie_fleet, zk):
@@ -175,15 +166,6 @@ def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[l
         except TimeoutError:
             pass
     return wire.split_frames(received), closed
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        lines = status.readlines()
-    for line in lines:
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def status_of(frames: list[wire.Frame]) -> tuple[wire.Status, str]:

@@ -20,8 +20,7 @@ from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.client.connection import BookieClient
 from bookfleet.polling import wait_for
 from bookfleet.wire import Op
-from tests.bookie.test_bookie_protocol import rss_bytes
-from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, rss_bytes
 
 pytestmark = pytest.mark.chaos
 

@@ -19,7 +19,7 @@ from bookfleet.client.writer import LedgerWriter
 from bookfleet.client.writeset import write_set
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerState
-from tests.client.test_client_writer import eventually
+from tests.fixtures.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,9 @@ from bookfleet.client.recovery import RecoveryError
 from bookfleet.client.writer import WriterSettings
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
-from tests.client.test_client_writer import eventually, stored_entries
+from tests.fixtures.bookies import stored_entries
 from tests.fixtures.netfault import LinkProxy
+from tests.fixtures.waiting import eventually
 
 
 def test_quorum_coverage_rule():

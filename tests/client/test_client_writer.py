@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
@@ -16,7 +15,7 @@ from kazoo.exceptions import ConnectionLoss as KazooConnectionLoss
 
 from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
-from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient
 from bookfleet.client.errors import EntryTooLargeError, LedgerClosedError, LedgerWriteError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.client.reader import EntryUnavailable, LedgerReader, LedgerReadError
@@ -26,7 +25,8 @@ from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
-from tests.bookie.test_bookie_protocol import http_get
+from tests.fixtures.bookies import http_get, stored_entries
+from tests.fixtures.waiting import eventually
 
 
 @contextlib.contextmanager
@@ -39,26 +39,6 @@ def paused(*bookies) -> Iterator[None]:
     finally:
         for bookie in bookies:
             os.kill(bookie.process.pid, signal.SIGCONT)
-
-
-async def stored_entries(address: str, ledger_id: int, entry_ids) -> set[int]:
-    """Which of `entry_ids` a bookie holds, asked directly over the wire."""
-    held = set()
-    async with await BookieClient.connect(address) as client:
-        for entry_id in entry_ids:
-            with contextlib.suppress(NoSuchEntryError, NoSuchLedgerOnBookieError):
-                await client.read_entry(ledger_id, entry_id)
-                held.add(entry_id)
-    return held
-
-
-async def eventually(check, timeout: float = 10.0):
-    """Poll an async check until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while not (result := await check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-    return result
 
 
 async def test_entries_are_striped_over_the_ensemble(bookie_fleet, zk_connect):

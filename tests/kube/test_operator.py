@@ -7,13 +7,10 @@ import base64
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from bookfleet import polling
-from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
@@ -22,28 +19,8 @@ from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV
 from tests.emulator import EmulatorThread
-from tests.fixtures.kube import NS
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
-    return polling.wait_for(check, timeout, what, interval)
-
-
-def bookie_cluster(zk_connect: str, replicas: int = 3, delay: int = 30, **spec: Any) -> dict:
-    return {
-        "apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": "bk", "namespace": NS},
-        "spec": {"replicas": replicas, "zookeeper": zk_connect, "security": {"tls": "Disabled"},
-                 "bookie": {"gcIntervalSeconds": 3600},
-                 "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}, **spec},
-    }
-
-
-def status(kube: EmulatorThread, plural: str, name: str) -> dict:
-    return (kube.get(plural, NS, name) or {}).get("status") or {}
-
-
-def condition(obj_status: dict, type_: str) -> dict:
-    return next((c for c in obj_status.get("conditions") or [] if c["type"] == type_), {})
+from tests.fixtures.kube import NS, adopt_ledger, condition, read_ledger, status, wait_for, write_ledger
+from tests.fixtures.models import bookie_cluster_manifest
 
 
 def event_reasons(kube: EmulatorThread, kind: str, name: str) -> set[str]:
@@ -52,33 +29,8 @@ def event_reasons(kube: EmulatorThread, kind: str, name: str) -> set[str]:
             if (e["involvedObject"]["kind"], e["involvedObject"]["name"]) == (kind, name)}
 
 
-async def write_ledger(zk_connect: str, entries: int) -> int:
-    async with BookKeeper(zk_connect) as bk:
-        writer = await bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2)
-        for i in range(entries):
-            await writer.add(f"entry-{i}".encode())
-        await writer.close()
-        return writer.ledger_id
-
-
-async def read_ledger(zk_connect: str, ledger_id: int) -> list[bytes]:
-    async with BookKeeper(zk_connect) as bk:
-        reader = await bk.open_ledger(ledger_id)
-        return [entry.payload async for entry in reader.entries()]
-
-
-def adopt_ledger(kube: EmulatorThread, zk_connect: str) -> dict:
-    """A ledger of 20 entries on two bookies, written by a client and adopted as the Ledger `adopted`; its status."""
-    ledger_id = asyncio.run(write_ledger(zk_connect, 20))
-    kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                            "metadata": {"name": "adopted", "namespace": NS},
-                            "spec": {"cluster": "bk", "ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2,
-                                     "ledgerId": ledger_id}})
-    return wait_for("ledger status", lambda: (s := status(kube, "ledgers", "adopted")).get("state") and s)
-
-
 def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_process, zk_connect, zk):
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=30))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=30))
     wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
                                               for i in range(3)))
     assert {b["metadata"]["name"] for b in kube.list("bookies", NS)} == {"bk-0", "bk-1", "bk-2"}
@@ -142,12 +94,12 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
 
 
 def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner, operator_process, zk_connect, zk):
-    kube.create("bookieclusters", {**bookie_cluster(zk_connect, replicas=2, zones=["a", "b", "c"]),
+    kube.create("bookieclusters", {**bookie_cluster_manifest(zk_connect, replicas=2, zones=["a", "b", "c"]),
                                    "metadata": {"name": "bad", "namespace": NS}})
     invalid = wait_for("Valid condition", lambda: condition(status(kube, "bookieclusters", "bad"), "Valid"))
     assert invalid["status"] == "False" and "zones: c would have no bookie" in invalid["message"]
 
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=30))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=30))
     wait_for("cluster ready", lambda: status(kube, "bookieclusters", "bk").get("readyBookies") == 3)
     assert kube.list("bookies", NS, "bookfleet.io/cluster=bad") == []
 
@@ -232,7 +184,7 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
                                                                        zk):
     """No pod-runner: pods never run, so the test plays the repair's outcome itself."""
     plural = f"{launcher}s"
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0, autoRecovery={
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=0, autoRecovery={
         "lostBookieRecoveryDelaySeconds": 0, "repair": {"launcher": launcher}}))
     wait_for("bk-0's pod recorded", lambda: status(kube, "bookies", "bk-0").get("pod"))
     lost_id = kube.get("bookies", NS, "bk-0")["spec"]["bookieId"]
@@ -289,7 +241,7 @@ def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_pr
     """The cluster's switch is written into ZooKeeper, where the auditor, the repair job and the operator read it.
     While it is off a lost bookie gets no repair Job (one would only exit "disabled", look successful with ledgers
     left, and be relaunched until the operator gave up) and its Bookie says why; switched on, the repair starts."""
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=0, autoRecovery={
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=0, autoRecovery={
         "enabled": False, "lostBookieRecoveryDelaySeconds": 0}))
     wait_for("bk-0's pod recorded", lambda: status(kube, "bookies", "bk-0").get("pod"))
     under_replication = UnderReplication(zk)
@@ -313,7 +265,7 @@ def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_pr
 
 def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(kube, operator_process, zk_connect,
                                                                                 zk):
-    kube.create("bookieclusters", bookie_cluster(zk_connect, zones=["zone-a", "zone-b", "zone-c"]))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, zones=["zone-a", "zone-b", "zone-c"]))
     wait_for("bk-0", lambda: kube.get("bookies", NS, "bk-0"))
     for bookie_id, zone in (("in-a:3181", "zone-a"), ("in-b:3181", "zone-b")):
         zk.create(zkpaths.available(bookie_id),
@@ -343,7 +295,7 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
 
 
 def test_operator_metrics_count_passes_decisions_and_ledger_health(kube, operator_process, zk_connect, zk):
-    kube.create("bookieclusters", bookie_cluster(zk_connect))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect))
     ledger_id = MetadataStore(zk).create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
     UnderReplication(zk).mark(ledger_id, ["b2:3181"])
     UnderReplication(zk).mark_data_loss(ledger_id, [1])
@@ -368,7 +320,7 @@ def test_operator_metrics_count_passes_decisions_and_ledger_health(kube, operato
 def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(
     kube, podrunner, operator_process, zk_connect, zk, tmp_path, monkeypatch
 ):
-    cluster = bookie_cluster(zk_connect, replicas=2)
+    cluster = bookie_cluster_manifest(zk_connect, replicas=2)
     cluster["spec"]["security"] = {"tls": "Operator"}
     kube.create("bookieclusters", cluster)
     wait_for("2 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
@@ -394,7 +346,7 @@ def test_a_settled_bookie_shows_a_registration_change_at_once(no_resync, kube, p
     """A bookie frozen past its ZooKeeper session loses its registration while its pod still looks Ready (nothing
     changes in Kubernetes): the registrations' watch wakes its Bookie, with no resync to wait for; back, it
     registers again and shows Running."""
-    kube.create("bookieclusters", bookie_cluster(zk_connect))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect))
     wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
                                               for i in range(3)))
     bookie_id = status(kube, "bookies", "bk-1")["bookieId"]

@@ -17,7 +17,7 @@ from bookfleet import polling
 from bookfleet.kube import crdgen
 from tests.emulator import EmulatorThread
 from tests.fixtures.kube import NS, REPO
-from tests.kube.test_operator import bookie_cluster
+from tests.fixtures.models import bookie_cluster_manifest
 
 PEERING = "bookfleet"
 ACTING = "Resuming operations after the pause"
@@ -88,12 +88,12 @@ def test_exactly_one_replica_acts_and_the_other_takes_over_from_a_killed_leader(
     leader, follower = sorted(replicas, key=lambda replica: priorities[replica.name], reverse=True)
     polling.wait_for(lambda: leader.acting() and not follower.acting(), 120, "only the top priority acting")
 
-    kube.create("bookieclusters", bookie_cluster(zk_connect, replicas=1))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, replicas=1))
     polling.wait_for(lambda: kube.get("bookies", NS, "bk-0"), 120, "the leader creates the Bookie")
     assert not follower.acting(), "the other replica stays paused"
 
     leader.stop(signal.SIGKILL)
-    second = {**bookie_cluster(zk_connect, replicas=1), "metadata": {"name": "bk2", "namespace": NS}}
+    second = {**bookie_cluster_manifest(zk_connect, replicas=1), "metadata": {"name": "bk2", "namespace": NS}}
     kube.create("bookieclusters", second)
     polling.wait_for(lambda: kube.get("bookies", NS, "bk2-0"), PEERING_LIFETIME + 180,
                      "the follower takes over after the leader's heartbeat expires")
@@ -109,7 +109,7 @@ def test_a_replica_that_acts_again_after_a_pause_sees_pods_deleted_while_it_was_
     first = Replica(kube, "operator-a", tmp_path / "operator-a.log", priority=1)
     peering.append(first)
     polling.wait_for(first.acting, 120, "A acting alone")
-    kube.create("bookieclusters", bookie_cluster(zk_connect, replicas=1))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, replicas=1))
     pod_uid = lambda: ((kube.get("pods", NS, "bk-0") or {}).get("metadata") or {}).get("uid")  # noqa: E731
     seen = [polling.wait_for(pod_uid, 120, "A makes the bookie's pod")]
 

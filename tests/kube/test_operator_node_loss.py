@@ -8,7 +8,8 @@ import asyncio
 import time
 
 from bookfleet.meta import zkpaths
-from tests.kube.test_operator import NS, adopt_ledger, bookie_cluster, condition, read_ledger, status, wait_for
+from tests.fixtures.kube import NS, adopt_ledger, condition, read_ledger, status, wait_for
+from tests.fixtures.models import bookie_cluster_manifest
 
 NODE = "node-a"
 
@@ -30,7 +31,7 @@ def test_bookie_on_a_dead_node_is_repaired_kept_until_the_node_is_deleted_then_f
         kube, podrunner, operator_process, zk_connect, zk):
     kube.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     kube.patch("nodes", None, NODE, {"status": ready("True")}, subresource="status")
-    kube.create("bookieclusters", bookie_cluster(zk_connect, delay=1))
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=1))
     wait_for("3 bookies running", lambda: all(status(kube, "bookies", f"bk-{i}").get("phase") == "Running"
                                               for i in range(3)))
     ledger = adopt_ledger(kube, zk_connect)

@@ -15,7 +15,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 from tests.fixtures.models import bookie_cluster
-from tests.meta.test_underreplication import count_requests
+from tests.fixtures.zookeeper import count_requests
 
 CREDENTIALS = {"alpha-zk": "alpha:secret-a", "beta-zk": "beta:secret-b"}
 

@@ -7,14 +7,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
-
-
-def count_requests(zk, monkeypatch) -> list:
-    """The requests `zk` sends from now on (until monkeypatch.undo())."""
-    requests = []
-    call = zk._call
-    monkeypatch.setattr(zk, "_call", lambda request, result: requests.append(request) or call(request, result))
-    return requests
+from tests.fixtures.zookeeper import count_requests
 
 
 def test_marking_is_idempotent_and_merges_missing_bookies(zk):

@@ -28,6 +28,7 @@ from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.zkserver import ZooKeeperServer
 from tests.emulator import EmulatorThread
+from tests.fixtures.models import bookie_cluster_manifest
 from tests.operatorbench import scale
 
 NS = "default"
@@ -35,12 +36,6 @@ NS = "default"
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
     return wait_for(check, timeout, what, interval=0.01)
-
-
-def _cluster(name: str, replicas: int, zookeeper: str, delay: int) -> dict:
-    return {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "zookeeper": zookeeper, "security": {"tls": "Disabled"},
-                     "autoRecovery": {"lostBookieRecoveryDelaySeconds": delay}}}
 
 
 def _create_ledgers(connect: str, bookie_ids: list[str], count: int) -> None:
@@ -58,7 +53,8 @@ def _pods(kube, cluster: str) -> list[dict]:
 
 def _all_pods_seconds(kube, name: str, replicas: int, zookeeper: str, delay: int) -> float:
     started = time.perf_counter()
-    kube.create("bookieclusters", _cluster(name, replicas, zookeeper, delay), NS)
+    kube.create("bookieclusters", bookie_cluster_manifest(zookeeper, replicas, delay, name=name, namespace=None,
+                                                          gc_interval_seconds=None), NS)
     _wait(f"{replicas} pods of {name}", lambda: len(_pods(kube, name)) == replicas)
     return time.perf_counter() - started
 

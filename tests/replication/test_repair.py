@@ -20,24 +20,14 @@ from bookfleet.client.writeset import write_set
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.polling import wait_for
-from bookfleet.replication.auditor import mark_lost_bookie
 from bookfleet.replication.spark_repair import RepairJob, run_repair
 from bookfleet.spark import app_path, spark_submit_command
+from tests.fixtures.bookies import lose_bookie
+from tests.fixtures.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
 SHAPE = LedgerShape(ensemble_size=3, write_quorum=2, ack_quorum=2)
-
-
-def lose_bookie(zk, bookie) -> list[int]:
-    """kill -9 a bookie and mark its ledgers, as the auditor does once the delay is over."""
-    bookie.kill9()
-    return mark_lost_bookie(zk, bookie.bookie_id)
-
-
-def wait_until(condition, timeout: float = 60.0, what: str = "condition"):
-    return wait_for(condition, timeout, what)
 
 
 def test_lost_bookie_of_50_ledgers_is_repaired(spark, zk, zk_connect, bookie_fleet):

@@ -12,7 +12,8 @@ from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.runner import AutoRecoveryRunner, RepairRunner
 from bookfleet.zkserver import free_port
-from tests.replication.test_repair import lose_bookie, wait_until
+from tests.fixtures.bookies import lose_bookie
+from tests.fixtures.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
