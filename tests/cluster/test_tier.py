@@ -605,15 +605,11 @@ def test_bookie_on_a_failed_node_is_repaired_kept_until_the_node_is_deleted_then
 
 
 @pytest.mark.skipif(not os.environ.get(LONG), reason=f"long form: {LONG}=1 (make test-cluster)")
-@pytest.mark.xfail(raises=TimeoutError, strict=False,
-                   reason="seen before ZooKeeper pipelines were windowed: the repair driver's session expired over"
-                          " and over while it took 46,000 markers in one pass (no ledger repaired in 20 minutes);"
-                          " not run since")
 def test_a_lost_bookie_with_more_ledgers_than_an_annotation_holds_is_repaired(installed: LocalCluster):
     """Tens of thousands of ledgers on one bookie (as many as overflow the old Job shape with their real ids), the
     bookie lost with its volumes: the operator creates the repair Job (checked on the way: the old shape refused for
-    these ids, the Job carrying none), which moves every ledger off it. Last before the uninstall: while the repair
-    fails (xfail), the bookie stays Lost."""
+    these ids, the Job carrying none), which moves every ledger off it, and the bookie is replaced. Last before the
+    uninstall (it leaves the cluster at four bookies)."""
     cluster = installed
     bookie, other = sorted(pod["metadata"]["name"] for pod in walkthrough.bookie_pods(cluster)
                            if walkthrough.ready(pod))[:2]
