@@ -82,16 +82,22 @@ class Informer:
         scope = namespace if namespace in self._objects else None
         if scope not in self._synced:
             return None  # a namespace this operator does not watch
-        if not self._synced[scope].wait(SYNC_TIMEOUT):
-            raise TimeoutError(f"{self._plural} in {namespace} not listed after {SYNC_TIMEOUT:.0f} s")
+        self._wait_listed(scope)
         with self._lock:
             return self._objects[scope].get((namespace, name))
 
     def indexed(self, index: str, key: Hashable) -> list[dict]:
-        """The objects index `index` files under `key`, in every namespace listed so far (no wait: a kind that is
-        not served, or not listed yet, has none)."""
+        """The objects index `index` files under `key`, in every namespace; waits for the first list of each (an
+        empty answer before it would read as "none exist": a cluster pass at start-up saw no Bookies). A kind the
+        server does not serve counts as listed, with nothing in it."""
+        for scope in self._scopes:
+            self._wait_listed(scope)
         with self._lock:
             return list(self._filed[index].get(key, {}).values())
+
+    def _wait_listed(self, scope: str | None) -> None:
+        if not self._synced[scope].wait(SYNC_TIMEOUT):
+            raise TimeoutError(f"{self._plural} in {scope or 'all namespaces'} not listed after {SYNC_TIMEOUT:.0f} s")
 
     def _file(self, body: dict) -> None:
         for name, index in self._indexes.items():

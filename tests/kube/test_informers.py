@@ -105,3 +105,25 @@ def test_objects_are_found_by_their_index_keys_as_they_change_go_and_come_back_i
         assert informer.indexed("name", "b-1") == []
     finally:
         informer.stop()
+
+
+class SlowListApi(api.KubeApi):
+    """The first list answers after a second, as a loaded API server's would at the operator's start-up."""
+
+    def list_page(self, *args, **kwargs):
+        time.sleep(1.0)
+        return super().list_page(*args, **kwargs)
+
+
+def test_a_lookup_by_index_before_the_first_list_waits_for_it_instead_of_finding_nothing(kube: EmulatorThread):
+    """"Nothing under this key" must mean none exist: a BookieCluster pass at start-up that found no Bookies would
+    decide on a cluster without bookies (its status would say 0 of them ready)."""
+    api.load_config(str(kube.kubeconfig))
+    kube.create("pods", pod("a-1"), NS)
+    informer = informers.Informer(SlowListApi(), api.CORE, "pods", LABELS, [NS],
+                                  indexes={"name": lambda body: body["metadata"]["name"]})
+    informer.start()
+    try:
+        assert [body["metadata"]["name"] for body in informer.indexed("name", "a-1")] == ["a-1"]
+    finally:
+        informer.stop()
