@@ -1,10 +1,10 @@
-"""Waiting for a condition by polling: the one loop the demo, the benchmarks and the tests share."""
+"""Waiting by polling: for a condition (the one loop the demo, the benchmarks and the tests share), and for Ctrl-C."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -18,3 +18,12 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
     return result
+
+
+def until_interrupted(tick: float = 0.5) -> NoReturn:
+    """Block the main thread until a signal's handler raises (Ctrl-C: KeyboardInterrupt). The kernel hands a signal
+    to any thread of the process; one that lands in a library's thread (kazoo's) does not wake a main thread
+    blocked on a lock (`Event().wait()` hung for good after Ctrl-C), so the main thread wakes every `tick` seconds,
+    when Python runs the handler."""
+    while True:
+        time.sleep(tick)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 from bookfleet.commanderror import CommandError
 from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY
+from bookfleet.polling import until_interrupted
 from bookfleet.replication.auditor import WEEK, Auditor
 from bookfleet.zkserver import zk_from_env
 
@@ -42,7 +41,7 @@ def run(args) -> int:
         raise CommandError(str(exc)) from None
     try:
         with Auditor(client, args.auditor_id, args.check_interval, args.default_delay):
-            threading.Event().wait()
+            until_interrupted()
     finally:
         client.stop()
         client.close()

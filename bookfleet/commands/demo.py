@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from bookfleet.commanderror import CommandError
-from bookfleet.polling import wait_for
+from bookfleet.polling import until_interrupted, wait_for
 
 
 def register(subparsers) -> None:
@@ -175,7 +175,7 @@ class Demo:
             if args.exit_when_healthy:
                 return 0
             console.print(f"\nThe fleet keeps serving (ZooKeeper {cluster.zk}); Ctrl-C stops.")
-            threading.Event().wait()
+            until_interrupted()
             return 0
         finally:
             if recovery is not None:

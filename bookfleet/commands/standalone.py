@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 
 from bookfleet.commanderror import CommandError
+from bookfleet.polling import until_interrupted
 
 
 def register(subparsers) -> None:
@@ -69,7 +69,7 @@ def handle(args) -> int:
         dead = [bookie for bookie in cluster.fleet.bookies if not bookie.running]
         if not args.no_auto_recovery:  # losing a bookie is what auto-recovery is for: keep serving
             print(f"bookie {dead[0].bookie_id} exited; auto-recovery re-replicates its ledgers", flush=True)
-            threading.Event().wait()
+            until_interrupted()
         raise CommandError(f"bookie {dead[0].bookie_id} exited:\n{dead[0].log_tail()}")
     except KeyboardInterrupt:
         print("stopping", flush=True)

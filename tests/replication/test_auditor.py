@@ -186,6 +186,30 @@ def test_a_writers_missed_entries_marker_is_never_cleared_as_stale(zk, fleet, au
     assert _markers(zk) == {ledger_ids[0]: {skipped.bookie_id}}
 
 
+SYS_TGKILL = 234
+"""x86_64's tgkill(2): a signal to one thread of another process, as the kernel may pick any thread for Ctrl-C."""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill's syscall number is x86_64's")
+def test_cli_auditor_exits_on_a_ctrl_c_the_kernel_hands_to_one_of_kazoos_threads(zk_connect):
+    """A process-directed signal goes to any thread that does not block it; one handed to a kazoo thread must still
+    stop the CLI (its main thread waited on a lock for ever: CI saw the Ctrl-C test hang twice)."""
+    import ctypes
+
+    env = {**os.environ, "BOOKFLEET_ZK": zk_connect}
+    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
+    try:
+        threads = wait_for(lambda: len(tasks := sorted(os.listdir(f"/proc/{cli.pid}/task"))) >= 3 and tasks,
+                           timeout=60, what="the CLI auditor's threads")
+        time.sleep(1.0)  # it is waiting for Ctrl-C now
+        other = next(int(tid) for tid in threads if int(tid) != cli.pid)
+        assert ctypes.CDLL(None, use_errno=True).syscall(SYS_TGKILL, cli.pid, other, signal.SIGINT) == 0
+        assert cli.wait(10) == 130
+    finally:
+        cli.kill()
+        cli.wait()
+
+
 def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, auditor_sessions):
     UnderReplication(zk).set_recovery_delay(0.2)
     env = {**os.environ, "BOOKFLEET_ZK": zk_connect, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread
