@@ -186,6 +186,14 @@ def test_a_writers_missed_entries_marker_is_never_cleared_as_stale(zk, fleet, au
     assert _markers(zk) == {ledger_ids[0]: {skipped.bookie_id}}
 
 
+def as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal's foreground process gets it: SIGINT neither ignored nor blocked. A child inherits both
+    from the test worker, which may hold either (a worker started by a non-interactive shell's `&` ignores SIGINT;
+    libraries block signals around their own forks), and a CLI that inherited them keeps them, as POSIX has it."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 SYS_TGKILL = 234
 """x86_64's tgkill(2): a signal to one thread of another process, as the kernel may pick any thread for Ctrl-C."""
 
@@ -197,7 +205,8 @@ def test_cli_auditor_exits_on_a_ctrl_c_the_kernel_hands_to_one_of_kazoos_threads
     import ctypes
 
     env = {**os.environ, "BOOKFLEET_ZK": zk_connect}
-    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
+    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env,
+                           preexec_fn=as_in_a_terminal)
     try:
         threads = wait_for(lambda: len(tasks := sorted(os.listdir(f"/proc/{cli.pid}/task"))) >= 3 and tasks,
                            timeout=60, what="the CLI auditor's threads")
@@ -213,7 +222,8 @@ def test_cli_auditor_exits_on_a_ctrl_c_the_kernel_hands_to_one_of_kazoos_threads
 def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, auditor_sessions):
     UnderReplication(zk).set_recovery_delay(0.2)
     env = {**os.environ, "BOOKFLEET_ZK": zk_connect, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread
-    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env)
+    cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env,
+                           preexec_fn=as_in_a_terminal)
     try:
         wait_for(lambda: _active_auditor(zk) == "cli", timeout=60, what="the CLI auditor leading")  # a cold start
         standby, _ = auditor_sessions("standby")
