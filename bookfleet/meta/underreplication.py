@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.interfaces import IAsyncResult
+from kazoo.protocol.states import WatchedEvent
 
 from bookfleet.meta import zkpaths
 from bookfleet.meta.zk import pipelined
@@ -331,6 +333,9 @@ class UnderReplication:
     def is_locked(self, ledger_id: int) -> bool:
         return self.zk.exists(zkpaths.underreplication_lock(ledger_id)) is not None
 
+    def lock_watch(self) -> LockWatch:
+        return LockWatch(self.zk)
+
     # --- switches -------------------------------------------------------------------------------------------
 
     def disable(self) -> None:
@@ -450,6 +455,53 @@ class UnderReplication:
                 except NoNodeError:
                     continue  # cleared meanwhile
         return paths
+
+
+class LockWatch:
+    """Learns when repair locks other sessions hold go (released, or their holder's session ended: the lock is
+    ephemeral) from ZooKeeper watches, not by polling: a repair that found a ledger locked by another repair waits
+    for it instead of leaving it to a later run."""
+
+    def __init__(self, zk: KazooClient):
+        self.zk = zk
+        self._watched: dict[str, int] = {}
+        """lock path -> ledger id, of the locks watched and last seen held."""
+        self._changed: set[int] = set()
+        self._signal = threading.Condition()
+
+    def watch(self, ledger_ids: Iterable[int]) -> set[int]:
+        """Watch these ledgers' locks, in one pipeline of exists calls that each leave a watch; returns the ledgers
+        whose lock is already gone (those are not watched)."""
+        paths = {ledger_id: zkpaths.underreplication_lock(ledger_id) for ledger_id in ledger_ids}
+        with self._signal:
+            self._watched.update({path: ledger_id for ledger_id, path in paths.items()})
+        checks = pipelined(paths, lambda ledger_id: self.zk.exists_async(paths[ledger_id], watch=self._fired))
+        gone = {ledger_id for ledger_id, check in checks if check.get() is None}
+        with self._signal:
+            for ledger_id in gone:
+                self._watched.pop(paths[ledger_id], None)
+        return gone
+
+    def wait(self, timeout: float) -> set[int]:
+        """Wait up to `timeout` seconds for watched locks to go; returns those gone, empty if none went in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._signal:
+                self._signal.wait_for(lambda: self._changed, max(0.0, deadline - time.monotonic()))
+                changed, self._changed = self._changed & set(self._watched.values()), set()
+            gone = self.watch(changed)  # a lock's data set, or a session event: look again, re-arming its watch
+            if gone or time.monotonic() >= deadline:
+                return gone
+
+    def _fired(self, event: WatchedEvent) -> None:
+        """kazoo's watch callback, on its event thread (never blocks). A session event names no path and may have
+        dropped every watch: all are looked at again."""
+        with self._signal:
+            if event.path is None:
+                self._changed.update(self._watched.values())
+            elif event.path in self._watched:
+                self._changed.add(self._watched[event.path])
+            self._signal.notify_all()
 
 
 def _delay_from(data: bytes, default: float) -> float:

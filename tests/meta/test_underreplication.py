@@ -136,6 +136,34 @@ def test_lock_is_exclusive_ephemeral_and_released_only_by_its_holder(zk, zk_conn
     assert not ur.is_locked(4)
 
 
+def test_a_lock_watch_learns_from_watches_when_another_sessions_locks_go(zk, zk_connect, monkeypatch):
+    """A repair that found ledgers locked by another repair waits for those locks to go: released, or gone with their
+    holder's session. It learns it from ZooKeeper watches: waiting on locks that stay sends nothing."""
+    other = zkclient.connect(zk_connect)
+    try:
+        holder = UnderReplication(other)
+        assert holder.acquire_all([1, 2, 3], "other repair") == {1, 2, 3}
+        watch = UnderReplication(zk).lock_watch()
+        assert watch.watch([1, 2, 3, 4]) == {4}  # never locked: nothing to wait for
+
+        requests = count_requests(zk, monkeypatch)
+        assert watch.wait(1.0) == set()  # nothing went within the bound
+        assert requests == []  # no polling
+        monkeypatch.undo()
+
+        other.set(zkpaths.underreplication_lock(2), b"still the other repair")
+        holder.release(1)
+        assert watch.wait(300) == {1}  # the data change is not a release; its watch is set again
+    finally:
+        other.stop()
+        other.close()
+    gone: set[int] = set()
+    while gone != {2, 3}:  # the holder's session closed: its ephemeral locks went with it
+        went = watch.wait(300)
+        assert went and went <= {2, 3}, went
+        gone |= went
+
+
 def test_locks_of_a_fleets_first_repair_take_one_request_each(zk, monkeypatch):
     zk.ensure_path(zkpaths.UR_LEDGERS)  # marked, never locked
     requests = count_requests(zk, monkeypatch)
