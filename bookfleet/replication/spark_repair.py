@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import socket
 import sys
@@ -71,6 +72,10 @@ ZK_THREADS = 16
 """ZooKeeper calls in flight while planning and committing: each ledger costs a few round trips and fsyncs."""
 ZK_SESSION_TIMEOUT = 4.0
 """Short, so the ledger locks of a killed driver expire soon and a rerun can take them."""
+DEFAULT_LOCK_WAIT_S = 600.0
+"""How long a run waits, once its own work is done, for ledgers whose repair lock another repair holds (two lost
+bookies' Jobs read the same markers). Bounded, so a stuck holder cannot keep a Job alive for ever; well under a
+repair Job's default activeDeadlineSeconds (3600)."""
 
 REPAIRED_ENTRIES = Counter("bookfleet_repair_entries", "Entries copied to replacement bookies by repair")
 REPAIRED_BYTES = Counter("bookfleet_repair_bytes", "Bytes copied to replacement bookies by repair")
@@ -80,7 +85,9 @@ LOST_ENTRIES = Counter("bookfleet_repair_data_loss_entries", "Entries repair fou
 
 @dataclass
 class RepairSummary:
-    """What one run did; `pending` ledgers are still marked (a failure, a lock held elsewhere, a young open ledger)."""
+    """What one run did; `pending` ledgers are still marked (a failure, a young open ledger, or a lock another repair
+held for all of the run's lock wait: those are also in `locked_elsewhere`); `done_elsewhere` ledgers were locked by
+another repair, which cleared their markers while this run waited."""
 
     ledgers: int = 0
     fragments: int = 0
@@ -90,6 +97,8 @@ class RepairSummary:
     failures: list[str] = field(default_factory=list)
     data_loss: dict[int, list[int]] = field(default_factory=dict)
     pending: list[int] = field(default_factory=list)
+    locked_elsewhere: list[int] = field(default_factory=list)
+    done_elsewhere: list[int] = field(default_factory=list)
     disabled: bool = False
 
     def to_dict(self) -> dict:
@@ -111,10 +120,12 @@ class RepairSummary:
         if self.disabled:
             return ["repair skipped: ledger replication is disabled (UnderReplication switch)"]
         rate = self.to_dict()["mb_per_s"]
+        elsewhere = f"{len(self.done_elsewhere)} done by another repair, " if self.done_elsewhere else ""
+        locked = f" ({len(self.locked_elsewhere)} locked by another repair)" if self.locked_elsewhere else ""
         lines = [
             f"repaired {self.ledgers} ledger(s): {self.fragments} fragment(s), {self.entries} entries, "
             f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f}s ({rate:.1f} MB/s); "
-            f"{len(self.pending)} still marked, {len(self.failures)} failure(s)"
+            f"{elsewhere}{len(self.pending)} still marked{locked}, {len(self.failures)} failure(s)"
         ]
         lines += [f"failure: {failure}" for failure in self.failures]
         lines += [
@@ -123,6 +134,13 @@ class RepairSummary:
             for ledger_id, entries in sorted(self.data_loss.items())
         ]
         return lines
+
+
+def cleared_elsewhere(markers: dict[int, Marker | None]) -> tuple[list[int], dict[int, Marker]]:
+    """Split ledgers another repair held, read again once their locks went: (the ids whose marker is gone, done by
+    that repair; the markers still there, for this run to repair)."""
+    done = sorted(ledger_id for ledger_id, marker in markers.items() if marker is None)
+    return done, {ledger_id: marker for ledger_id, marker in markers.items() if marker is not None}
 
 
 def describe_ranges(ids: Sequence[int]) -> str:
@@ -166,6 +184,7 @@ class RepairJob:
         throttle_mb_s: float | None = None,
         open_grace_s: float = DEFAULT_OPEN_GRACE_S,
         policy: PlacementPolicy | str = PlacementPolicy.ZONE_AWARE,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     ):
         self.zk = zk
         self.metadata = MetadataStore(zk)
@@ -175,6 +194,9 @@ class RepairJob:
         self.throttle_mb_s = throttle_mb_s
         self.open_grace_s = open_grace_s
         self.policy = policy
+        self.lock_wait_s = lock_wait_s
+        self.locked_elsewhere: set[int] = set()
+        """Ledgers this run wanted whose lock another repair held when it tried; see wait_for_other_repairs."""
         self.holder = f"repair:{socket.gethostname()}:{os.getpid()}"
         self.summary = RepairSummary()
         self.lock = threading.Lock()
@@ -185,7 +207,8 @@ class RepairJob:
         ledgers: Sequence[int] | None = None,
         progress: ProgressCallback | None = None,
     ) -> RepairSummary:
-        """One pass; `spark` makes the SparkSession, called only when there is something to copy."""
+        """One pass; `spark` makes the SparkSession, called only when there is something to copy. The run's own work
+        comes first, then the ledgers another repair had locked (wait_for_other_repairs)."""
         started = time.monotonic()
         try:
             if self.under_replication.is_disabled():
@@ -194,6 +217,7 @@ class RepairJob:
             works = self.prepare(ledgers)
             if works:
                 self.copy(spark(), works, progress)
+            self.wait_for_other_repairs(spark, progress)
         finally:
             self.summary.seconds = time.monotonic() - started
         return self.summary
@@ -209,9 +233,13 @@ class RepairJob:
             markers: dict[int, Marker | None] = {m.ledger_id: m for m in self.under_replication.markers()}
         else:
             markers = self.under_replication.read_markers(ledgers)
+        return self.lock_and_plan(markers)
+
+    def lock_and_plan(self, markers: dict[int, Marker | None]) -> list[LedgerWork]:
+        """prepare() of ledgers whose markers were read; those locked elsewhere go to `locked_elsewhere`."""
         writable = self.registry.writable()
         locked = self.under_replication.acquire_all(markers, self.holder)
-        self.summary.pending += [ledger_id for ledger_id in markers if ledger_id not in locked]
+        self.locked_elsewhere.update(ledger_id for ledger_id in markers if ledger_id not in locked)
         stored = self.metadata.read_all(ledger_id for ledger_id in markers if ledger_id in locked)
 
         def plan(ledger_id: int) -> LedgerWork | None:
@@ -219,6 +247,32 @@ class RepairJob:
 
         with ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-plan") as pool:  # recovery opens block
             return [work for work in pool.map(plan, stored) if work is not None]
+
+    def wait_for_other_repairs(self, spark: Callable[[], object], progress: ProgressCallback | None) -> None:
+        """Follow up the ledgers another repair had locked, as a BookKeeper replication worker does, rather than leave
+        them to a later run: as each lock goes (watched in ZooKeeper, not polled) re-read the markers of those ledgers
+        (one pipeline); a marker gone was cleared by the other repair, a marker still there is locked, planned and
+        copied here. Up to lock_wait_s in all; what another repair still holds then stays pending."""
+        if not self.locked_elsewhere:
+            return
+        watch = self.under_replication.lock_watch()
+        deadline = time.monotonic() + self.lock_wait_s
+        gone = watch.watch(self.locked_elsewhere)
+        while self.locked_elsewhere:
+            gone = gone or watch.wait(deadline - time.monotonic())
+            if not gone:
+                break
+            self.locked_elsewhere -= gone
+            done, marked = cleared_elsewhere(self.under_replication.read_markers(sorted(gone)))
+            self.summary.done_elsewhere += done
+            held = set(self.locked_elsewhere)
+            works = self.lock_and_plan(marked)
+            if works:
+                self.copy(spark(), works, progress)
+            gone = watch.watch(self.locked_elsewhere - held)  # taken again by yet another repair meanwhile
+        self.summary.done_elsewhere.sort()
+        self.summary.locked_elsewhere = sorted(self.locked_elsewhere)
+        self.summary.pending += self.summary.locked_elsewhere
 
     def plan_locked(
         self,
@@ -520,12 +574,13 @@ def run_repair(
     password: bytes | None = None,
     open_grace_s: float = DEFAULT_OPEN_GRACE_S,
     progress: ProgressCallback | None = None,
+    lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
 ) -> RepairSummary:
     """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`."""
     if password is None:
         password = os.environ.get(PASSWORD_ENV, "").encode()
     with zkclient.session(zk, ZK_SESSION_TIMEOUT) as client:
-        job = RepairJob(client, password, throttle_mb_s, open_grace_s)
+        job = RepairJob(client, password, throttle_mb_s, open_grace_s, lock_wait_s=lock_wait_s)
         return job.run(lambda: sparksettings.session(master, app_name="bookfleet-repair"), ledgers, progress)
 
 
@@ -540,6 +595,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_OPEN_GRACE_S,
         help=f"seconds an OPEN ledger's writer gets before repair fences it (default {DEFAULT_OPEN_GRACE_S:.0f})",
     )
+    parser.add_argument(
+        "--lock-wait-s",
+        type=float,
+        default=DEFAULT_LOCK_WAIT_S,
+        help="seconds the run waits, after its own work, for ledgers another repair has locked; what it still holds "
+        f"then stays marked (default {DEFAULT_LOCK_WAIT_S:.0f})",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -551,6 +613,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--throttle-mb-s must be positive, got {args.throttle_mb_s}"
     if args.open_grace_s < 0:
         return f"--open-grace-s must be >= 0, got {args.open_grace_s}"
+    if not 0 <= args.lock_wait_s < math.inf:
+        return f"--lock-wait-s must be a number of seconds >= 0, got {args.lock_wait_s}"
     if any(ledger_id < 0 for ledger_id in args.ledgers or ()):
         return f"--ledger ids must be >= 0, got {min(args.ledgers)}"
     return None
@@ -559,7 +623,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     return sparksettings.job_main(
         argv, "spark_repair.py", "bookfleet repair job", add_arguments, check_arguments,
-        lambda args: run_repair(args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s),
+        lambda args: run_repair(
+            args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s,
+            lock_wait_s=args.lock_wait_s,
+        ),
     )
 
 
