@@ -255,6 +255,8 @@ class RepairJob:
         copied here. Up to lock_wait_s in all; what another repair still holds then stays pending."""
         if not self.locked_elsewhere:
             return
+        log.info("repair: waiting up to %.0fs for %d ledger(s) another repair has locked (%s)", self.lock_wait_s,
+                 len(self.locked_elsewhere), describe_ranges(sorted(self.locked_elsewhere)))
         watch = self.under_replication.lock_watch()
         deadline = time.monotonic() + self.lock_wait_s
         gone = watch.watch(self.locked_elsewhere)
@@ -272,6 +274,9 @@ class RepairJob:
             gone = watch.watch(self.locked_elsewhere - held)  # taken again by yet another repair meanwhile
         self.summary.done_elsewhere.sort()
         self.summary.locked_elsewhere = sorted(self.locked_elsewhere)
+        if self.locked_elsewhere:
+            log.warning("repair: %d ledger(s) still locked by another repair after %.0fs, left marked (%s)",
+                        len(self.locked_elsewhere), self.lock_wait_s, describe_ranges(self.summary.locked_elsewhere))
         self.summary.pending += self.summary.locked_elsewhere
 
     def plan_locked(
@@ -599,8 +604,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lock-wait-s",
         type=float,
         default=DEFAULT_LOCK_WAIT_S,
-        help="seconds the run waits, after its own work, for ledgers another repair has locked; what it still holds "
-        f"then stays marked (default {DEFAULT_LOCK_WAIT_S:.0f})",
+        help="seconds the run waits, after its own work, for ledgers another repair has locked; those still locked "
+        f"then stay marked (default {DEFAULT_LOCK_WAIT_S:.0f})",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
