@@ -136,6 +136,12 @@ def spark_submit_binary() -> str:
     return str(Path(package_dir) / "bin" / "spark-submit")
 
 
+DEFAULT_LOCK_WAIT_S = 600.0
+"""How long a repair run waits, once its own work is done, for ledgers whose repair lock another repair holds (two
+lost bookies' Jobs read the same markers): bounded, so a stuck holder cannot keep a Job alive for ever. Here, not in
+the job, because the operator (no pyspark, no repair counters) sets it on its Jobs."""
+
+
 SPARK_VERSION = "4.3.0"
 """The Spark of the repair image (its pinned pyspark, constraints.txt; a test keeps the two equal). The operator
 names it in SparkApplications without pyspark installed: its image has neither pyspark nor a JRE."""
@@ -157,6 +163,7 @@ def spark_submit_options(
     throttle_mb_s: float | None = None,
     image: str | None = None,
     job: str = "spark_repair",
+    lock_wait_s: float | None = None,
 ) -> list[str]:
     """spark-submit's arguments for a repair (or audit) job: the operator's Job and the local runner both use them.
     Pure settings: the operator builds its Jobs from them where pyspark is not installed."""
@@ -181,6 +188,8 @@ def spark_submit_options(
         command += ["--ledger", str(ledger_id)]
     if throttle_mb_s:
         command += ["--throttle-mb-s", str(throttle_mb_s)]
+    if lock_wait_s is not None:
+        command += ["--lock-wait-s", str(lock_wait_s)]
     return command
 
 

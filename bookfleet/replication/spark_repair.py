@@ -72,10 +72,7 @@ ZK_THREADS = 16
 """ZooKeeper calls in flight while planning and committing: each ledger costs a few round trips and fsyncs."""
 ZK_SESSION_TIMEOUT = 4.0
 """Short, so the ledger locks of a killed driver expire soon and a rerun can take them."""
-DEFAULT_LOCK_WAIT_S = 600.0
-"""How long a run waits, once its own work is done, for ledgers whose repair lock another repair holds (two lost
-bookies' Jobs read the same markers). Bounded, so a stuck holder cannot keep a Job alive for ever; well under a
-repair Job's default activeDeadlineSeconds (3600)."""
+DEFAULT_LOCK_WAIT_S = sparksettings.DEFAULT_LOCK_WAIT_S
 
 REPAIRED_ENTRIES = Counter("bookfleet_repair_entries", "Entries copied to replacement bookies by repair")
 REPAIRED_BYTES = Counter("bookfleet_repair_bytes", "Bytes copied to replacement bookies by repair")

@@ -279,10 +279,27 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert not application.startswith("local://"), "client mode reads the application from the driver's disk"
     app_args = command[command.index(application) + 1 :]
     assert app_args[:2] == ["--zk", "zk.storage.svc:2181"]
+    parsed = repair_flags(app_args)
+    assert (parsed.zk, list(parsed.ledgers), parsed.throttle_mb_s) == ("zk.storage.svc:2181", [7, 9], 50.0)
+    assert parsed.lock_wait_s == spark_repair.DEFAULT_LOCK_WAIT_S < job["spec"]["activeDeadlineSeconds"]
+
+
+def test_a_repair_drivers_lock_wait_ends_well_before_its_jobs_deadline(cluster: BookieCluster, bookie: Bookie) -> None:
+    """A driver waiting for another repair's locks ends by itself, Succeeded, instead of being failed by Kubernetes
+    mid-wait: its wait is at most half the Job's activeDeadlineSeconds."""
+    repair = {**cluster.spec.auto_recovery.repair.to_wire(), "activeDeadlineSeconds": 300}
+    short = overridden(cluster, autoRecovery={**cluster.spec.auto_recovery.to_wire(), "repair": repair})
+    command = resources.repair_job(short, bookie, LOST)["spec"]["template"]["spec"]["containers"][0]["command"]
+    application = next(arg for arg in command if arg.endswith("spark_repair.py"))
+    assert repair_flags(command[command.index(application) + 1 :]).lock_wait_s == 150
+    assert repair_flags(resources.spark_application(short, bookie, LOST)["spec"]["arguments"]).lock_wait_s == 150
+
+
+def repair_flags(app_args: list[str]) -> argparse.Namespace:
+    """The repair driver's flags as it parses them."""
     parser = argparse.ArgumentParser()
     spark_repair.add_arguments(parser)
-    parsed = parser.parse_args(app_args)
-    assert (parsed.zk, list(parsed.ledgers), parsed.throttle_mb_s) == ("zk.storage.svc:2181", [7, 9], 50.0)
+    return parser.parse_args(app_args)
 
 
 def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> None:

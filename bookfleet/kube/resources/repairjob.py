@@ -83,6 +83,13 @@ def _repair_image(cluster: BookieCluster) -> str:
     return cluster.spec.auto_recovery.repair.image
 
 
+def driver_lock_wait(cluster: BookieCluster) -> float:
+    """The driver's --lock-wait-s: the default, but at most half the Job's activeDeadlineSeconds, so a driver waiting
+    for another repair's locks ends by itself (the Job Succeeded, what is still locked left marked for the next
+    attempt) rather than being failed by Kubernetes mid-wait."""
+    return min(spark.DEFAULT_LOCK_WAIT_S, cluster.spec.auto_recovery.repair.active_deadline_seconds / 2)
+
+
 def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[str], str, list[str]]:
     """spark-submit's options, application file and application arguments, as the Spark module builds them."""
     repair, image = cluster.spec.auto_recovery.repair, _repair_image(cluster)
@@ -95,6 +102,7 @@ def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[
         throttle_mb_s=repair.throttle_mb_per_s or None,
         image=image,
         job=REPAIR_JOB,
+        lock_wait_s=driver_lock_wait(cluster),
     )
     app = argv.index(spark.app_path(REPAIR_JOB, image))
     return argv[:app], argv[app], argv[app + 1 :]
