@@ -60,7 +60,7 @@ def context() -> OperatorContext:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events say what happened; kopf's per-handler ones are noise
     settings.watching.server_timeout = 300
-    settings.watching.chunk_size = 500  # the start-up LIST in pages: 100,000 Ledgers are not one response
+    settings.watching.chunk_size = 500  # the start-up LIST in pages, as the informers list theirs
     settings.persistence.finalizer = teardown.FINALIZER  # named, so the chart's uninstall hook can release it
 
 
@@ -114,7 +114,8 @@ async def start_caches(**_: Any) -> None:
     """Listed then watched from here on, whether this replica acts or not (kube.informers)."""
     global _caches
     api.load_config(KUBECONFIG)
-    _caches = informers.Caches(context().api, NAMESPACES, asyncio.get_running_loop(), WAKEUPS, FEED.wake_repair)
+    _caches = informers.Caches(context().api, NAMESPACES, asyncio.get_running_loop(), WAKEUPS, FEED.wake_repair,
+                               _ledger_changed)
     _caches.start()
 
 
@@ -146,7 +147,7 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
         return None  # deleted meanwhile
     with metrics.reconciling("ledgers"):
-        sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.watch_metadata)
+        sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.watch_metadata, FEED.records)
         return ledgers.reconcile(context(), body, sources, retry=INTERVAL)
 
 
@@ -171,11 +172,9 @@ def stop_ledger_feed(**_: Any) -> None:
     FEED.stop()
 
 
-@kopf.on.event(GROUP, VERSION, "ledgers")
-def ledger_event(event: kopf.RawEvent, **_: Any) -> None:
-    """Ledgers are watched, not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed); no finalizer. A
-    deleted Ledger leaves the feed and the operator's ledger-health gauges."""
-    body, deleted = event["object"], event["type"] == "DELETED"
+def _ledger_changed(body: dict, deleted: bool) -> None:
+    """Ledgers are watched (kube.informers), not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed);
+    no finalizer. A deleted Ledger leaves the feed and the operator's ledger-health gauges."""
     if deleted:
         metrics.LEDGERS.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     elif target := _zookeeper_of(body["metadata"]["namespace"], (body.get("spec") or {}).get("cluster", "")):

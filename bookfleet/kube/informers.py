@@ -46,13 +46,17 @@ class Informer:
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
                  namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None,
-                 indexes: Mapping[str, Index] | None = None):
+                 indexes: Mapping[str, Index] | None = None, keep: Callable[[dict], dict] | None = None):
         """`changed(body)` is called from the informer's thread after the store took each change (a deleted
         object's last body included), so whoever it wakes reads the new state; a re-list calls it only for the
         objects that went or changed meanwhile. `indexes` name the keys each object is filed under, kept with the
-        store (client-go's Indexers), so `indexed(name, key)` costs no scan."""
+        store (client-go's Indexers), so `indexed(name, key)` costs no scan. `keep(body)` is what the store holds
+        of each object (client-go's transform; it must keep the metadata's namespace, name and resourceVersion):
+        `changed` still gets the whole body, and a consumer that keeps its own view of 100,000 objects does not
+        pay for a second copy of them here."""
         self._api, self._api_version, self._plural = api, api_version, plural
         self._changed = changed or (lambda body: None)
+        self._keep = keep or (lambda body: body)
         self._indexes = dict(indexes or {})
         self._filed: dict[str, dict[Hashable, dict[tuple[str, str], dict]]] = {name: {} for name in self._indexes}
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
@@ -116,8 +120,8 @@ class Informer:
         if (old := self._objects[scope].pop(_key(body), None)) is not None:
             self._unfile(old)
         if not deleted:
-            self._objects[scope][_key(body)] = body
-            self._file(body)
+            kept = self._objects[scope][_key(body)] = self._keep(body)
+            self._file(kept)
 
     def _run(self, scope: str | None) -> None:
         while not self._stopped.is_set():
@@ -148,11 +152,12 @@ class Informer:
             token = page["metadata"].get("continue", "")
             if not token:
                 break
+        kept = {key: self._keep(body) for key, body in listed.items()}
         with self._lock:
-            before, self._objects[scope] = self._objects[scope], listed
+            before, self._objects[scope] = self._objects[scope], kept
             for body in before.values():
                 self._unfile(body)
-            for body in listed.values():
+            for body in kept.values():
                 self._file(body)
         self._synced[scope].set()
         gone = [body for key, body in before.items() if key not in listed]
@@ -186,11 +191,15 @@ class Caches:
     """What the operator's passes read instead of the API server: Bookies, their pods and claims, BookieClusters, and
     the repair Jobs and SparkApplications by lost bookie. A change wakes whoever depends on it: a Bookie or its
     registration in ZooKeeper its loop, a pod or claim its Bookie's and its cluster's loops, a cluster's new spec its
-    loop, a repair the Ledgers it covers (`wake_repair`)."""
+    loop, a repair the Ledgers it covers (`wake_repair`). Ledgers are watched here too, for `ledger_changed(body,
+    deleted)` (kube.ledgerfeed keeps its own compact view of them, so their store holds only their names): kopf's
+    per-object handling of 100,000 Ledgers' events was a third of the operator's CPU, and kopf stops watching on a
+    paused peer, where these watches go on."""
 
     def __init__(self, kube: KubeApi, namespaces: Sequence[str] | None, loop: asyncio.AbstractEventLoop,
-                 loops: wakeups.Wakeups, wake_repair: Callable[[str, str, str], None]):
-        self._loop, self._loops, self._wake_repair = loop, loops, wake_repair
+                 loops: wakeups.Wakeups, wake_repair: Callable[[str, str, str], None],
+                 ledger_changed: Callable[[dict, bool], None]):
+        self._loop, self._loops, self._wake_repair, self._ledger_changed = loop, loops, wake_repair, ledger_changed
         self.bookies = Informer(kube, api.CUSTOM, "bookies", {}, namespaces, self._bookie_changed,
                                 {BY_BOOKIE_ID: lambda body: (body.get("spec") or {}).get("bookieId"),
                                  BY_CLUSTER: of_cluster})
@@ -201,7 +210,8 @@ class Caches:
         self.repairs = tuple(Informer(kube, version, plural, resources.REPAIR_SELECTOR, namespaces,
                                       self._repair_changed, {BY_LOST_BOOKIE: repairs.bookie_key})
                              for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
-        self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs)
+        self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, self._ledger_seen, keep=identity)
+        self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs, self.ledgers)
         self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
         self._registrations_lock = threading.Lock()
         self.bookie_sources = bookies.BookieSources(bookie=self.bookies.get, cluster=self.clusters.get,
@@ -263,6 +273,10 @@ class Caches:
         key = ("bookieclusters", meta["namespace"], meta["name"])
         self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), gone)
 
+    def _ledger_seen(self, ledger: dict) -> None:
+        meta = ledger["metadata"]
+        self._ledger_changed(ledger, self.ledgers.get(meta["namespace"], meta["name"]) is None)
+
     def _repair_changed(self, job: dict) -> None:
         if key := repairs.bookie_key(job):
             self._wake_repair(*key)
@@ -272,6 +286,13 @@ def of_cluster(body: dict) -> tuple[str, str] | None:
     """The BookieCluster an object belongs to, by its cluster label."""
     name = (body["metadata"].get("labels") or {}).get(resources.LABEL_CLUSTER)
     return None if name is None else (body["metadata"]["namespace"], name)
+
+
+def identity(body: dict) -> dict:
+    """Only what names an object and its version: a store for re-lists' comparisons, not for reading."""
+    meta = body["metadata"]
+    return {"metadata": {"namespace": meta["namespace"], "name": meta["name"],
+                         "resourceVersion": meta.get("resourceVersion")}}
 
 
 def _key(body: dict) -> tuple[str, str]:

@@ -156,7 +156,7 @@ class LedgerFeed:
 
     def __init__(self, reconcile: Callable[[LedgerKey, dict | None], float | None],
                  zookeeper_of: Callable[[str, str], Hashable | None], zk: Callable[[Hashable], KazooClient],
-                 resync: float, retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 4,
+                 resync: float, retry: float, debounce: float = 0.05, rate: float = 1000.0, workers: int = 8,
                  rng: random.Random | None = None) -> None:
         self.reconcile, self.zookeeper_of, self.zk = reconcile, zookeeper_of, zk
         self.resync, self.retry, self.rng = resync, retry, rng or random.Random()
@@ -167,7 +167,8 @@ class LedgerFeed:
         """Ledgers per (namespace, cluster), kept with the directory: the resync check runs before every pass, and a
         scan of 100,000 entries there took a fifth of the operator's CPU while they were first reconciled."""
         self._lock = threading.Lock()
-        self._caches: dict[str, tuple[TreeCache, TreeCache]] = {}
+        self._caches: dict[Hashable, tuple[TreeCache, TreeCache]] = {}
+        self._initialized: dict[Hashable, tuple[threading.Event, threading.Event]] = {}
         self._resync_due: dict[tuple[str, str], float] = {}
         self._acting: collections.Counter[tuple[str, str]] = collections.Counter()
         self._parked: dict[tuple[str, str], set[LedgerKey]] = {}
@@ -230,14 +231,18 @@ class LedgerFeed:
                 return
             zk = self.zk(connect)
             caches = self._caches[connect] = (TreeCache(zk, zkpaths.UR_LEDGERS), TreeCache(zk, zkpaths.UR_DATALOSS))
-        for cache, id_of in zip(caches, (zkpaths.ledger_id_from_marker, zkpaths.ledger_id_from_dataloss), strict=True):
-            cache.listen(self._tree_listener(id_of))
+            initialized = self._initialized[connect] = (threading.Event(), threading.Event())
+        for cache, id_of, ready in zip(caches, (zkpaths.ledger_id_from_marker, zkpaths.ledger_id_from_dataloss),
+                                       initialized, strict=True):
+            cache.listen(self._tree_listener(id_of, ready))
             cache.start()
         zk.add_listener(lambda state: self._session_changed(connect, state))
 
-    def _tree_listener(self, id_of: Callable[[str], int]) -> Callable[[TreeEvent], None]:
+    def _tree_listener(self, id_of: Callable[[str], int], ready: threading.Event) -> Callable[[TreeEvent], None]:
         def changed(event: TreeEvent) -> None:
-            if event.event_type in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED) \
+            if event.event_type == TreeEvent.INITIALIZED:
+                ready.set()
+            elif event.event_type in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED) \
                     and event.event_data is not None:
                 try:
                     ledger_id = id_of(event.event_data.path)
@@ -253,6 +258,17 @@ class LedgerFeed:
                 keys = [key for key, e in self._entries.items() if self.zookeeper_of(key[0], e.cluster) == connect]
             for key in keys:
                 self.queue.wake(key)
+
+    def records(self, connect: Hashable, ledger_id: int) -> tuple[bool, bool] | None:
+        """Whether the ledger has a marker and a DATA_LOSS record, from the trees' caches once they were first filled
+        (None before: read them). A pass reads only the records that exist: a healthy ledger's pass makes two
+        ZooKeeper requests, not four; a record the cache has not seen yet wakes the Ledger again when it arrives."""
+        self.watch_zookeeper(connect)
+        if not all(ready.is_set() for ready in self._initialized[connect]):
+            return None
+        markers, losses = self._caches[connect]
+        return (markers.get_data(zkpaths.underreplicated(ledger_id)) is not None,
+                losses.get_data(zkpaths.dataloss(ledger_id)) is not None)
 
     def marked(self, connect: Hashable) -> tuple[set[int], set[int]]:
         """Ids with a marker and with a DATA_LOSS record, from the trees' caches (no ZooKeeper read)."""

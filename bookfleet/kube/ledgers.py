@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
 from bookfleet.kube import metrics, repairs, resources
-from bookfleet.kube.actions import Action, Decision, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Action, Decision, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
 from bookfleet.kube.models import (
@@ -37,6 +37,7 @@ from bookfleet.kube.models import (
     validity_condition,
     zone_of,
 )
+from bookfleet.kube.teardown import finalizer_release
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, Segment, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import DataLoss, Marker, UnderReplication
@@ -135,8 +136,16 @@ def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources, retry: f
         body = ctx.api.get(CUSTOM, "ledgers", meta["namespace"], meta["name"]) or body
     moment = now()
     decision = decide(observe(ctx, body, sources), moment)
-    act(ctx, body, decision.actions)
+    act(ctx, body, (*older_finalizer_released(body), *decision.actions))
     return decision.due(moment, retry)
+
+
+def older_finalizer_released(body: dict) -> tuple[Action, ...]:
+    """Older operators ran Ledgers through kopf, which put its finalizer on each; this one watches them itself (kube.
+    informers), so nothing else would ever drop it and deleting such a Ledger would wait for ever."""
+    if (patch := finalizer_release(body)) is None:
+        return ()
+    return (Patch(CUSTOM, "ledgers", body["metadata"]["namespace"], body["metadata"]["name"], patch),)
 
 
 def waits_for_creation(conditions: Iterable[dict]) -> bool:
@@ -154,6 +163,8 @@ class LedgerSources:
     cluster: Callable[[str, str], dict | None]
     repairs_of: RepairsOf
     watch_metadata: Callable[[KazooClient, int], None] | None = None
+    records: Callable[[ZooKeeperTarget, int], tuple[bool, bool] | None] = lambda target, ledger_id: None
+    """whether the ledger has a marker and a DATA_LOSS record, as cached (None: not known, read both)"""
 
 
 # --- observe ------------------------------------------------------------------------------------------------------
@@ -172,7 +183,8 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
                        cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
     if observed.cluster is None:
         return observed
-    zk = ctx.zk(ZooKeeperTarget.of(observed.cluster))
+    target = ZooKeeperTarget.of(observed.cluster)
+    zk = ctx.zk(target)
     ledger_id = observed.ledger_id
     if ledger_id is not None:
         if sources.watch_metadata is not None:
@@ -183,10 +195,12 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
             pass
         else:
             under_replication = UnderReplication(zk)
-            marker = under_replication.marker(ledger_id)
+            marked, lost = sources.records(target, ledger_id) or (True, True)
+            marker = under_replication.marker(ledger_id) if marked else None
             keys = [(namespace, observed.cluster.metadata.name, bookie) for bookie in repaired_bookies(
                 marker, observed.status.get("repair"))]
-            return replace(observed, metadata=metadata, marker=marker, loss=under_replication.data_loss(ledger_id),
+            return replace(observed, metadata=metadata, marker=marker,
+                           loss=under_replication.data_loss(ledger_id) if lost else None,
                            repairs=tuple(job for key in keys for job in sources.repairs_of(key)))
     if not observed.creatable:
         return observed

@@ -2,7 +2,7 @@
 
 kopf holds a finalizer on every object it runs a loop for, so a BookieCluster and its Bookies go only once an
 operator has stopped those (Ledgers have none: kube.ledgerfeed; one made by an older operator keeps kopf's until an
-operator sees it again). `helm uninstall` removes the operator's Deployment and RBAC
+operator passes it again). `helm uninstall` removes the operator's Deployment and RBAC
 before custom resources; a cluster or Ledger deleted after that would stay Terminating for good (and its namespace
 with it). So the hook deletes the cluster and its Ledgers first, while the operator still runs, and waits for them
 and the Bookies to go. If no operator releases them in time (scaled to zero, crash-looping), it removes that
@@ -48,10 +48,16 @@ def remaining(api: KubeApi, namespace: str, name: str) -> list[tuple[str, dict]]
 
 def release(api: KubeApi, plural: str, body: dict) -> None:
     """Drop kopf's finalizer (others, if any, stay)."""
+    if (patch := finalizer_release(body)) is not None:
+        api.patch(CUSTOM, plural, body["metadata"]["namespace"], body["metadata"]["name"], patch)
+
+
+def finalizer_release(body: dict) -> dict | None:
+    """The merge patch that drops kopf's finalizer from the object, None if it has none."""
     finalizers = body["metadata"].get("finalizers") or []
-    if FINALIZER in finalizers:
-        api.patch(CUSTOM, plural, body["metadata"]["namespace"], body["metadata"]["name"],
-                  {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER]}})
+    if FINALIZER not in finalizers:
+        return None
+    return {"metadata": {"finalizers": [f for f in finalizers if f != FINALIZER]}}
 
 
 def delete_cluster(api: KubeApi, namespace: str, name: str, timeout: float, interval: float = 1.0,

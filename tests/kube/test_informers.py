@@ -66,6 +66,35 @@ def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_cha
         informer.stop()
 
 
+def test_a_store_that_keeps_only_identities_still_hands_whole_bodies_on_and_forgets_deletions_in_a_relist(
+        kube: EmulatorThread):
+    """Ledgers' informer keeps only names and versions (the feed keeps its own view of 100,000 of them): whoever is
+    woken still gets the whole object, and a re-list still tells a deletion made while no watch ran."""
+    api.load_config(str(kube.kubeconfig))
+    for name in ("kept", "deleted"):
+        kube.create("pods", pod(name), NS)
+
+    def meanwhile() -> None:
+        kube.delete("pods", NS, "deleted")
+    seen: list[tuple[str, bool, bool]] = []
+    informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS], lambda body: seen.append(
+        (body["metadata"]["name"], "spec" in body, informer.get(NS, body["metadata"]["name"]) is None)),
+        keep=informers.identity)
+    informer.start()
+    try:
+        wait_for(lambda: len(seen) >= 3)  # the first list's two, then the re-list's deletion
+        assert sorted(seen[:2]) == [("deleted", True, False), ("kept", True, False)]
+        assert seen[2] == ("deleted", False, True)  # gone from the store: its kept identity is what is handed on
+        kept = informer.get(NS, "kept")
+        version = kept["metadata"]["resourceVersion"]
+        assert kept == {"metadata": {"namespace": NS, "name": "kept", "resourceVersion": version}}
+        kube.patch("pods", NS, "kept", {"metadata": {"annotations": {"touched": "yes"}}})
+        wait_for(lambda: len(seen) >= 4)
+        assert seen[3] == ("kept", True, False)
+    finally:
+        informer.stop()
+
+
 def test_a_kind_the_server_does_not_serve_is_empty_at_once(kube: EmulatorThread):
     api.load_config(str(kube.kubeconfig))
     informer = informers.Informer(api.KubeApi(), api.SPARK, "sparkapplications", LABELS, [NS],

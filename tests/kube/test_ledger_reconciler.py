@@ -13,6 +13,7 @@ import pytest
 from bookfleet import polling
 from bookfleet.kube import ledgerfeed, ledgers
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
+from bookfleet.kube.teardown import FINALIZER
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieInfo
@@ -38,6 +39,9 @@ class FakeApi:
         stored = self.objects[plural]
         stored["status"] = {**(stored.get("status") or {}), **status}
 
+    def patch(self, api_version: str, plural: str, namespace: str, name: str, patch: dict) -> None:
+        self.objects[plural]["metadata"].update(patch["metadata"])
+
     def post_event(self, involved: dict, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(reason)
 
@@ -45,6 +49,23 @@ class FakeApi:
 def sources(api: FakeApi) -> ledgers.LedgerSources:
     return ledgers.LedgerSources(cluster=lambda namespace, name: api.get("", "bookieclusters", namespace, name),
                                  repairs_of=lambda key: ())
+
+
+def test_kopfs_finalizer_left_by_an_older_operator_is_released_at_the_first_pass(zk_connect, zk):
+    """Older operators ran Ledgers through kopf, which finalized each; nothing else drops that finalizer now, and
+    deleting such a Ledger would wait for ever."""
+    store = MetadataStore(zk)
+    ledger_id = store.create(new_metadata(["b1:3181"], 1, 1))
+    api = FakeApi(zk_connect)
+    api.objects["ledgers"]["spec"]["ledgerId"] = ledger_id
+    api.objects["ledgers"]["metadata"]["finalizers"] = ["example.com/keep", FINALIZER]
+    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    try:
+        ledgers.reconcile(ctx, copy.deepcopy(api.objects["ledgers"]), sources(api))
+    finally:
+        ctx.close()
+    assert api.objects["ledgers"]["metadata"]["finalizers"] == ["example.com/keep"]
+    assert stored_status(api)["state"] == "OPEN"
 
 
 def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
@@ -81,7 +102,7 @@ def running_feed(zk_connect: str, retry: float):
         passes.append(key)
         return ledgers.reconcile(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
-            feed.watch_metadata), retry=retry)
+            feed.watch_metadata, feed.records), retry=retry)
 
     feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: ZooKeeperTarget(zk_connect, namespace), ctx.zk,
                                  resync=3600, retry=retry)
@@ -108,7 +129,8 @@ def test_a_ledger_waiting_for_bookies_is_created_once_one_registers_without_wait
 
 def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
     """A marker appearing and going, a DATA_LOSS record and a close each wake the Ledger's pass through a ZooKeeper
-    watch (no timer, no resync); a Ledger nothing happened to gets no pass."""
+    watch (no timer, no resync), and each pass reads the records the feed's tree caches show; a Ledger nothing
+    happened to gets no pass."""
     api, feed, passes = feed_on
     store = MetadataStore(zk)
     ledger_id = store.create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
@@ -127,6 +149,9 @@ def test_zookeeper_changes_reach_the_ledger_status_without_a_timer(feed_on, zk):
     store.update(ledger_id, metadata.with_closed(9, 90), version)
     status = wait_for(lambda: (s := stored_status(api)).get("state") == "CLOSED" and s, 30, "the close in status")
     assert status["lastEntryId"] == 9 and api.events.count("UnderReplicated") == 1
+    under_replication = UnderReplication(zk)
+    under_replication.clear(under_replication.marker(ledger_id))
+    wait_for(lambda: not stored_status(api).get("underReplicated"), 30, "the marker gone from status")
     settled = len(passes)
     time.sleep(1)  # nothing changes: no pass (this asserts the absence of a timer, not a speed)
     assert len(passes) == settled and len(feed.queue) == 0

@@ -14,6 +14,9 @@ process runs), the ledgers' metadata is written there, one Ledger resource adopt
    zk_packets_received, likewise).
 5. Pod death: a bookie's pod and volumes deleted, its registration gone: seconds to its ledgers marked and to its
    repair Job, minus the lost-bookie delay.
+6. The operator restarted over the reconciled fleet (an upgrade, a failover): seconds until it has passed every
+   Ledger once (its own pass counter on --metrics-port), and what it asked of the API server and ZooKeeper
+   meanwhile: a Ledger whose status is current costs no write.
 
 `--operator-python` runs another checkout's operator (its virtualenv's python) against the same setup: the
 before/after figures of an operator change, measured the same way.
@@ -185,6 +188,7 @@ class Scale:
             time.sleep(self.args.settle)
             busy = self._window(operator.pid)
             death = self._pod_death(bookies, ledger_ids, registrations)
+        restart = self._restart()
         api = {key: round(max(0.0, busy["api"].get(key, 0) - idle["api"].get(key, 0)), 2) for key in busy["api"]
                if key[1] not in NOT_THE_OPERATOR}
         operator_api = sum(api.values())
@@ -203,7 +207,25 @@ class Scale:
             "zk_requests_per_s_idle": round(idle["zk"], 2),
             "load_average_1m": {"idle": idle["load_average"], "steady": busy["load_average"]},
             **death,
+            **restart,
         }
+
+    def _restart(self) -> dict[str, Any]:
+        """Seconds until a restarted operator has passed every Ledger once, its API requests by verb and resource and
+        its ZooKeeper requests meanwhile (the fleet's idle rates not taken off: a few seconds' worth)."""
+        port = free_port()
+        api, zk = self._api_counts(), self._zk_packets()
+        started = time.monotonic()
+        with self._operator("operator-3", "--metrics-port", str(port)):
+            wait_for(lambda: _ledger_passes(port) >= self.args.ledgers, 3600,
+                     f"{self.args.ledgers} Ledgers passed after a restart", interval=2)
+            seconds = time.monotonic() - started
+        api_after = self._api_counts()
+        return {"restart_all_ledgers_passed_s": round(seconds, 1),
+                "restart_api_requests": {f"{verb} {resource}": int(count) for (verb, resource), count in sorted(
+                    ((key, api_after[key] - api.get(key, 0)) for key in api_after), key=lambda kv: -kv[1])
+                    if count >= 10 and resource not in NOT_THE_OPERATOR},
+                "restart_zk_requests": int(self._zk_packets() - zk)}
 
     def _served(self, plural: str) -> bool:
         try:
@@ -286,9 +308,9 @@ class Scale:
     # --- the operator and what it costs ---------------------------------------------------------------------------
 
     @contextmanager
-    def _operator(self, name: str) -> Iterator[subprocess.Popen]:
+    def _operator(self, name: str, *flags: str) -> Iterator[subprocess.Popen]:
         command = [self.args.operator_python, "-m", "bookfleet", "--log-level", "WARNING", "operator", "--standalone",
-                   "--namespace", NS, "--kubeconfig", str(self.plane.kubeconfig), "--interval", "10"]
+                   "--namespace", NS, "--kubeconfig", str(self.plane.kubeconfig), "--interval", "10", *flags]
         with _process(self.state, name, command, env={**os.environ}) as process:
             yield process
 
@@ -357,6 +379,19 @@ class Scale:
             return {"pod_death": str(exc)}
         return {"pod_death_to_marked_s": round(marked - DELAY, 1), "pod_death_to_repair_job_s": round(job - DELAY, 1),
                 "lost_bookie_recovery_delay_s": DELAY, "ledgers_on_dead_bookie": len(on_victim)}
+
+
+def _ledger_passes(port: int) -> float:
+    """The operator's count of Ledger passes (0 until it serves its metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "bookfleet_operator_reconciles_total" and sample.labels.get("resource") == "ledgers")
 
 
 def _cpu_seconds(pid: int | None) -> float:
