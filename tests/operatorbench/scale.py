@@ -182,7 +182,12 @@ class Scale:
         creation = time.monotonic() - started
         idle = self._window(None)
         started = time.monotonic()
-        with self._operator("operator-2") as operator:
+        port = free_port()
+        with self._operator("operator-2", "--metrics-port", str(port)) as operator:
+            # The operator's own pass counter first: a LIST of 100,000 Ledgers every few seconds made the API
+            # server and this bench busier than the operator; then the LIST that proves it.
+            wait_for(lambda: _ledger_passes(port) >= self.args.ledgers, 3600,
+                     f"{self.args.ledgers} Ledger passes", interval=1)
             wait_for(self._all_ledgers_reconciled, 3600, f"{self.args.ledgers} Ledgers reconciled", interval=5)
             startup = time.monotonic() - started
             time.sleep(self.args.settle)
