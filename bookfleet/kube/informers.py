@@ -39,24 +39,29 @@ log = logging.getLogger(__name__)
 
 Index = Callable[[dict], Hashable | None]
 """The key an object is filed under (None: not filed)."""
+Changed = Callable[[dict, bool], None]
+"""Told of each change: the object's body, and whether it was deleted."""
 
 
 class Informer:
     """The objects of one kind matching a label selector, in the given namespaces (None: the whole cluster)."""
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
-                 namespaces: Sequence[str] | None = None, changed: Callable[[dict], None] | None = None,
+                 namespaces: Sequence[str] | None = None, changed: Changed | None = None,
                  indexes: Mapping[str, Index] | None = None, keep: Callable[[dict], dict] | None = None):
-        """`changed(body)` is called from the informer's thread after the store took each change (a deleted
-        object's last body included), so whoever it wakes reads the new state; a re-list calls it only for the
-        objects that went or changed meanwhile. `indexes` name the keys each object is filed under, kept with the
-        store (client-go's Indexers), so `indexed(name, key)` costs no scan. `keep(body)` is what the store holds
-        of each object (client-go's transform; it must keep the metadata's namespace, name and resourceVersion):
-        `changed` still gets the whole body, and a consumer that keeps its own view of 100,000 objects does not
-        pay for a second copy of them here."""
+        """`changed(body, deleted)` is called from the informer's thread after the store took each change (a
+        deleted object's last body included), so whoever it wakes reads the new state; a re-list calls it only for
+        the objects that went or changed meanwhile. `indexes` name the keys each object is filed under, kept with
+        the store (client-go's Indexers), so `indexed(name, key)` costs no scan.
+
+        `keep(body)`: the store holds only that of each object (it must keep the metadata's namespace, name and
+        resourceVersion), for a consumer that keeps its own view and never reads the store: `changed` gets whole
+        bodies, a list's as each page arrives (before the store took the list), so 100,000 objects are never all
+        held at once, here or there."""
         self._api, self._api_version, self._plural = api, api_version, plural
-        self._changed = changed or (lambda body: None)
+        self._changed = changed or (lambda body, deleted: None)
         self._keep = keep or (lambda body: body)
+        self._hand_on_per_page = keep is not None
         self._indexes = dict(indexes or {})
         self._filed: dict[str, dict[Hashable, dict[tuple[str, str], dict]]] = {name: {} for name in self._indexes}
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
@@ -144,25 +149,35 @@ class Informer:
 
     def _list(self, scope: str | None) -> str:
         """Replace the store with a fresh list; returns the list's resourceVersion."""
-        listed: dict[tuple[str, str], dict] = {}
+        with self._lock:
+            before = self._objects[scope]
+        kept: dict[tuple[str, str], dict] = {}
+        changed: list[dict] = []
         token = ""
         while True:
             page = self._api.list_page(self._api_version, self._plural, scope, self._selector, token)
-            listed.update({_key(item): item for item in page.get("items", [])})
+            for item in page.get("items", []):
+                kept[_key(item)] = self._keep(item)
+                if _version(before.get(_key(item))) != _version(item):
+                    if self._hand_on_per_page:
+                        self._changed(item, False)
+                    else:
+                        changed.append(item)
             token = page["metadata"].get("continue", "")
             if not token:
                 break
-        kept = {key: self._keep(body) for key, body in listed.items()}
         with self._lock:
-            before, self._objects[scope] = self._objects[scope], kept
+            self._objects[scope] = kept
             for body in before.values():
                 self._unfile(body)
             for body in kept.values():
                 self._file(body)
         self._synced[scope].set()
-        gone = [body for key, body in before.items() if key not in listed]
-        for body in [*gone, *(body for key, body in listed.items() if _version(before.get(key)) != _version(body))]:
-            self._changed(body)
+        for body in before.values():
+            if _key(body) not in kept:
+                self._changed(body, True)
+        for body in changed:
+            self._changed(body, False)
         return page["metadata"]["resourceVersion"]
 
     def _watch(self, scope: str | None, version: str) -> None:
@@ -182,9 +197,10 @@ class Informer:
                 version = body["metadata"].get("resourceVersion") or version
                 if event["type"] == "BOOKMARK":
                     continue
+                deleted = event["type"] == "DELETED"
                 with self._lock:
-                    self._put(scope, body, deleted=event["type"] == "DELETED")
-                self._changed(body)
+                    self._put(scope, body, deleted)
+                self._changed(body, deleted)
 
 
 class Caches:
@@ -199,7 +215,7 @@ class Caches:
     def __init__(self, kube: KubeApi, namespaces: Sequence[str] | None, loop: asyncio.AbstractEventLoop,
                  loops: wakeups.Wakeups, wake_repair: Callable[[str, str, str], None],
                  ledger_changed: Callable[[dict, bool], None]):
-        self._loop, self._loops, self._wake_repair, self._ledger_changed = loop, loops, wake_repair, ledger_changed
+        self._loop, self._loops, self._wake_repair = loop, loops, wake_repair
         self.bookies = Informer(kube, api.CUSTOM, "bookies", {}, namespaces, self._bookie_changed,
                                 {BY_BOOKIE_ID: lambda body: (body.get("spec") or {}).get("bookieId"),
                                  BY_CLUSTER: of_cluster})
@@ -210,7 +226,7 @@ class Caches:
         self.repairs = tuple(Informer(kube, version, plural, resources.REPAIR_SELECTOR, namespaces,
                                       self._repair_changed, {BY_LOST_BOOKIE: repairs.bookie_key})
                              for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
-        self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, self._ledger_seen, keep=identity)
+        self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, ledger_changed, keep=identity)
         self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs, self.ledgers)
         self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
         self._registrations_lock = threading.Lock()
@@ -252,32 +268,27 @@ class Caches:
             for bookie in self.bookies.indexed(BY_BOOKIE_ID, bookie_id):
                 self._wake("bookies", bookie)
 
-    def _bookie_changed(self, bookie: dict) -> None:
+    def _bookie_changed(self, bookie: dict, deleted: bool) -> None:
         self._wake("bookies", bookie)
 
     def _wake(self, plural: str, body: dict) -> None:
         self._loop.call_soon_threadsafe(self._loops.wake, (plural, body["metadata"]["namespace"],
                                                            body["metadata"]["name"]))
 
-    def _workload_changed(self, body: dict) -> None:
+    def _workload_changed(self, body: dict, deleted: bool) -> None:
         """A bookie's pod or claim: its Bookie's and its cluster's loops."""
         labels, namespace = body["metadata"].get("labels") or {}, body["metadata"]["namespace"]
         for plural, label in (("bookies", resources.LABEL_BOOKIE), ("bookieclusters", resources.LABEL_CLUSTER)):
             if name := labels.get(label):
                 self._loop.call_soon_threadsafe(self._loops.wake, (plural, namespace, name))
 
-    def _cluster_changed(self, cluster: dict) -> None:
+    def _cluster_changed(self, cluster: dict, deleted: bool) -> None:
         """Only a new spec (generation) wakes the loop: its own status patches do not."""
         meta = cluster["metadata"]
-        gone = self.clusters.get(meta["namespace"], meta["name"]) is None
         key = ("bookieclusters", meta["namespace"], meta["name"])
-        self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), gone)
+        self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), deleted)
 
-    def _ledger_seen(self, ledger: dict) -> None:
-        meta = ledger["metadata"]
-        self._ledger_changed(ledger, self.ledgers.get(meta["namespace"], meta["name"]) is None)
-
-    def _repair_changed(self, job: dict) -> None:
+    def _repair_changed(self, job: dict, deleted: bool) -> None:
         if key := repairs.bookie_key(job):
             self._wake_repair(*key)
 

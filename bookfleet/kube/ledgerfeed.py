@@ -2,7 +2,7 @@
 
 A Ledger resource mirrors ZooKeeper, so its pass is needed only when something it mirrors changed:
 - its own spec (the Ledger's watch event, by generation) or its first sighting (start-up);
-- its metadata (a ZooKeeper watch armed by every pass: `watch_metadata`, one `exists` with a watch);
+- its metadata (a ZooKeeper watch set by every pass's read of it: `metadata_watch`);
 - its under-replication marker or DATA_LOSS record (one `TreeCache` per ZooKeeper on each of those two trees);
 - a repair Job or SparkApplication covering it (the repair informers' events);
 - a ZooKeeper session lost (its one-shot watches went with it: every Ledger on that ZooKeeper).
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.protocol.states import WatchedEvent
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from bookfleet.kube.models import RepairState
@@ -219,10 +220,10 @@ class LedgerFeed:
 
     # --- ZooKeeper ------------------------------------------------------------------------------------------------
 
-    def watch_metadata(self, zk: KazooClient, ledger_id: int) -> None:
-        """Arm a one-shot watch on the ledger's metadata (set or re-set by each pass): a close, an ensemble change,
-        a repair's replacement or a deletion wakes the Ledgers showing it."""
-        zk.exists(zkpaths.ledger(ledger_id), watch=lambda _event: self.wake_ledger_id(ledger_id))
+    def metadata_watch(self, ledger_id: int) -> MetadataWatch:
+        """The one-shot watch each pass sets on the ledger's metadata: a close, an ensemble change, a repair's
+        replacement or a deletion wakes the Ledgers showing it."""
+        return MetadataWatch(self, ledger_id)
 
     def watch_zookeeper(self, connect: Hashable) -> None:
         """The marker and DATA_LOSS trees of a cluster's ZooKeeper, watched once per ZooKeeper as the operator
@@ -380,6 +381,18 @@ class LedgerFeed:
                 self.queue.wake(key, delay=self.retry)
             finally:
                 self.queue.done(key)
+
+
+@dataclass(frozen=True)
+class MetadataWatch:
+    """Equal for one ledger, so kazoo, which keeps a path's watchers in a set, holds one per ledger however many
+    passes set it before it fires (a new lambda each pass piled up until the next change)."""
+
+    feed: LedgerFeed
+    ledger_id: int
+
+    def __call__(self, _event: WatchedEvent) -> None:
+        self.feed.wake_ledger_id(self.ledger_id)
 
 
 def packed(body: dict[str, Any]) -> bytes:

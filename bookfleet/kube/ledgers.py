@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kazoo.client import KazooClient
+from kazoo.protocol.states import WatchedEvent
 from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
@@ -38,6 +38,7 @@ from bookfleet.kube.models import (
     zone_of,
 )
 from bookfleet.kube.teardown import finalizer_release
+from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, Segment, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import DataLoss, Marker, UnderReplication
@@ -157,12 +158,12 @@ def waits_for_creation(conditions: Iterable[dict]) -> bool:
 @dataclass(frozen=True)
 class LedgerSources:
     """Where a pass looks things up without asking the API server: its cluster (from the operator's watch), the
-    repair Jobs covering a ledger (the repair informers), and the watch it arms on the metadata it reads (so the next
-    change to it wakes the Ledger; None: no watch)."""
+    repair Jobs covering a ledger (the repair informers), and the watch it sets with its read of the ledger's metadata
+    (so the next change to it wakes the Ledger; None: no watch)."""
 
     cluster: Callable[[str, str], dict | None]
     repairs_of: RepairsOf
-    watch_metadata: Callable[[KazooClient, int], None] | None = None
+    metadata_watch: Callable[[int], Callable[[WatchedEvent], None]] | None = None
     records: Callable[[ZooKeeperTarget, int], tuple[bool, bool] | None] = lambda target, ledger_id: None
     """whether the ledger has a marker and a DATA_LOSS record, as cached (None: not known, read both)"""
 
@@ -187,12 +188,12 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
     zk = ctx.zk(target)
     ledger_id = observed.ledger_id
     if ledger_id is not None:
-        if sources.watch_metadata is not None:
-            sources.watch_metadata(zk, ledger_id)  # armed before the read: no change slips in between
+        watch = None if sources.metadata_watch is None else sources.metadata_watch(ledger_id)
         try:
-            metadata, _ = MetadataStore(zk).read(ledger_id)
+            metadata, _ = MetadataStore(zk).read(ledger_id, watch)  # the watch set by the read: nothing slips by
         except NoSuchLedgerError:
-            pass
+            if watch is not None:
+                zk.exists(zkpaths.ledger(ledger_id), watch=watch)  # its creation, then
         else:
             under_replication = UnderReplication(zk)
             marked, lost = sources.records(target, ledger_id) or (True, True)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.protocol.states import WatchedEvent
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bookfleet import wire
@@ -241,10 +242,11 @@ class MetadataStore:
         self._raise_failure(ledger_id, 0, results)
         return ledger_id
 
-    def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
-        """(metadata, znode version) of a ledger."""
+    def read(self, ledger_id: int, watch: Callable[[WatchedEvent], None] | None = None) -> tuple[LedgerMetadata, int]:
+        """(metadata, znode version) of a ledger; `watch` is called at its next change or deletion (ZooKeeper's
+        one-shot data watch, set by the same request)."""
         try:
-            data, stat = self.zk.retry(self.zk.get, zkpaths.ledger(ledger_id))
+            data, stat = self.zk.retry(self.zk.get, zkpaths.ledger(ledger_id), watch=watch)
         except NoNodeError:
             raise NoSuchLedgerError(ledger_id) from None
         return LedgerMetadata.from_json(data), stat.version

@@ -52,7 +52,7 @@ def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_cha
         kube.patch("pods", NS, "changed", {"metadata": {"annotations": {"touched": "yes"}}})
     woken: list[str] = []
     informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS],
-                                  lambda body: woken.append(body["metadata"]["name"]))
+                                  lambda body, deleted: woken.append(body["metadata"]["name"]))
     informer.start()
     try:
         wait_for(lambda: len(woken) >= 5)  # the first list's 3, the re-list's 2
@@ -69,7 +69,7 @@ def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_cha
 def test_a_store_that_keeps_only_identities_still_hands_whole_bodies_on_and_forgets_deletions_in_a_relist(
         kube: EmulatorThread):
     """Ledgers' informer keeps only names and versions (the feed keeps its own view of 100,000 of them): whoever is
-    woken still gets the whole object, and a re-list still tells a deletion made while no watch ran."""
+    told still gets the whole object, and a re-list still tells a deletion made while no watch ran."""
     api.load_config(str(kube.kubeconfig))
     for name in ("kept", "deleted"):
         kube.create("pods", pod(name), NS)
@@ -77,14 +77,14 @@ def test_a_store_that_keeps_only_identities_still_hands_whole_bodies_on_and_forg
     def meanwhile() -> None:
         kube.delete("pods", NS, "deleted")
     seen: list[tuple[str, bool, bool]] = []
-    informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS], lambda body: seen.append(
-        (body["metadata"]["name"], "spec" in body, informer.get(NS, body["metadata"]["name"]) is None)),
-        keep=informers.identity)
+    informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS], lambda body, deleted: (
+        seen.append((body["metadata"]["name"], "spec" in body, deleted))), keep=informers.identity)
     informer.start()
     try:
         wait_for(lambda: len(seen) >= 3)  # the first list's two, then the re-list's deletion
         assert sorted(seen[:2]) == [("deleted", True, False), ("kept", True, False)]
-        assert seen[2] == ("deleted", False, True)  # gone from the store: its kept identity is what is handed on
+        assert seen[2] == ("deleted", False, True)  # its kept identity is what is handed on
+        assert informer.get(NS, "deleted") is None
         kept = informer.get(NS, "kept")
         version = kept["metadata"]["resourceVersion"]
         assert kept == {"metadata": {"namespace": NS, "name": "kept", "resourceVersion": version}}

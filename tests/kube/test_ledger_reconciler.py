@@ -102,7 +102,7 @@ def running_feed(zk_connect: str, retry: float):
         passes.append(key)
         return ledgers.reconcile(ctx, body or api.get("", "ledgers", *key), ledgers.LedgerSources(
             lambda namespace, name: api.get("", "bookieclusters", namespace, name), lambda key: (),
-            feed.watch_metadata, feed.records), retry=retry)
+            feed.metadata_watch, feed.records), retry=retry)
 
     feed = ledgerfeed.LedgerFeed(reconcile, lambda namespace, cluster: ZooKeeperTarget(zk_connect, namespace), ctx.zk,
                                  resync=3600, retry=retry)

@@ -219,3 +219,12 @@ def test_a_woken_ledgers_pass_gets_its_body_without_the_managed_fields_it_was_ke
     finally:
         feed.stop()
     assert bodies == [{**body, "metadata": {"namespace": "ns", "name": "a", "generation": 1, "finalizers": ["f"]}}]
+
+
+def test_the_metadata_watches_of_one_ledger_are_one_watcher_to_zookeepers_client():
+    """kazoo keeps a path's watchers in a set: each pass sets the watch again, and only equal watches do not pile up
+    until the next change (100,000 Ledgers resynced or woken by repairs, each pass adding one)."""
+    feed = ledgerfeed.LedgerFeed(lambda key, body: None, lambda ns, cluster: None, lambda connect: None,
+                                 resync=3600, retry=3600)
+    assert len({feed.metadata_watch(7), feed.metadata_watch(7)}) == 1
+    assert feed.metadata_watch(7) != feed.metadata_watch(8)
