@@ -27,14 +27,20 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def zone_loss(request: pytest.FixtureRequest) -> Iterator[tuple[ZoneLoss, dict]]:
-    """The scenario run once on its own cluster, its outcome and figures (kept logs if it or a test failed)."""
+    """The scenario run once on its own cluster, its outcome and figures (the cluster's logs kept if it or a test
+    failed)."""
     if shutil.which("go") is None:
         pytest.skip("cluster tier: no Go toolchain on PATH to build Kubernetes from its modules")
     baseline = localcluster.machine_baseline()
-    failed_before = request.session.testsfailed
-    with walkthrough.running_cluster(keep_logs=lambda: request.session.testsfailed > failed_before) as cluster:
-        walkthrough.install(cluster)
-        outcome = zoneloss.zone_loss(cluster)
+    failed_before, scenario_failed = request.session.testsfailed, []
+    with walkthrough.running_cluster(keep_logs=lambda: bool(scenario_failed)
+                                     or request.session.testsfailed > failed_before) as cluster:
+        try:
+            walkthrough.install(cluster)
+            outcome = zoneloss.zone_loss(cluster)
+        except BaseException:
+            scenario_failed.append(True)
+            raise
         figures = outcome.figures()
         print(json.dumps(localcluster.zone_loss_report(figures, baseline)), flush=True)  # make chaos runs with -s
         yield outcome, figures
