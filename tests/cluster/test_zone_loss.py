@@ -70,10 +70,12 @@ def test_exactly_the_ledgers_with_a_replica_in_the_zone_are_marked_and_back_at_q
 
 
 def test_the_return_starts_no_repair_and_its_bookies_rejoin_on_their_volumes(zone_loss):
+    """The cut bookies ran on, cut off from ZooKeeper for minutes, and rejoin without a restart."""
     outcome, figures = zone_loss
     assert figures["repairs_started_by_return"] == 0, outcome.repairs_after_return
     assert figures["volumes_kept_through_return"], (outcome.claims_before, outcome.claims_after)
     assert figures["bookies_rejoined"] == sorted(outcome.returned), outcome.returned
+    assert set(outcome.restarts.values()) == {0}, outcome.restarts
 
 
 def test_the_returning_bookies_copies_of_ledgers_repaired_away_are_garbage_collected(zone_loss):

@@ -161,6 +161,8 @@ class ZoneLoss:
     stale_left: dict[str, set[int]] = field(default_factory=dict)
     """Of those, the copies each bookie held when last asked (empty once reclaimed)."""
     seconds_after_return: dict[str, float] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    """The cut zone's bookie pods -> restarts of their bookie container, seen after the return."""
 
     def acknowledged(self) -> dict[int, int]:
         """Ledger id -> entries acknowledged to its writer."""
@@ -192,6 +194,7 @@ class ZoneLoss:
                 "stale_copies": sum(map(len, self.stale.values())),
                 "stale_copies_held_at_return": sum(map(len, self.stale_at_return.values())),
                 "stale_copies_left": sum(map(len, self.stale_left.values())),
+                "returning_bookie_restarts": self.restarts,
                 "volumes_kept_through_return": self.claims_after == self.claims_before,
                 "bookies_rejoined": sorted(bookie for bookie, reasons in self.returned.items()
                                            if "BookieReturned" in reasons and "BookieReplaced" not in reasons),
@@ -302,6 +305,8 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
              what=f"{BOOKIES} Running Bookies after the return, the stale copies reclaimed", interval=2.0)
     outcome.claims_after = zone_claims(cluster, zone_bookies)
     outcome.returned = {bookie: event_reasons(cluster, bookie) for bookie in zone_bookies}
+    outcome.restarts = {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get(
+        "containerStatuses", [])) for pod in bookie_pods(cluster) if pod["metadata"]["name"] in zone_bookies}
     run_client(cluster, "zone-loss-stop", f"bookfleet ledger close {stop_id} --zk {zk}")
     log = client_log(cluster, WRITER, timeout=900)
     outcome.writer_rounds = writer_rounds(cluster)
