@@ -56,9 +56,9 @@ bookkeeper-reference:
 	@bash scripts/build-bookkeeper.sh >/dev/null
 
 # The cluster tier with its long forms (BOOKFLEET_CLUSTER_LONG: scenarios of minutes each that `make test` skips,
-# among them a bookie image on the real node).
+# among them a bookie image on the real node). The zone loss, on a cluster of its own, is in `make chaos`.
 test-cluster: setup kube-binaries
-	BOOKFLEET_CLUSTER_LONG=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m cluster
+	BOOKFLEET_CLUSTER_LONG=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m "cluster and not chaos"
 
 cluster: setup
 	$(PY) -m tests.cluster
@@ -74,9 +74,10 @@ cluster-node-failure: setup kube-binaries
 cluster-zone-loss: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --zone-loss --json
 
-# The history run (tests/chaos/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos.
-chaos: setup
-	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_DIR=build/chaos \
+# The history run (tests/chaos/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos;
+# the zone loss (tests/cluster/test_zone_loss.py) runs the cluster tier's long form on a local cluster of its own.
+chaos: setup kube-binaries
+	BOOKFLEET_CHAOS=long BOOKFLEET_CHAOS_DIR=build/chaos BOOKFLEET_CLUSTER_LONG=1 \
 		$(VENV)/bin/pytest -q -s -p no:cacheprovider -m chaos --timeout 36000
 
 floors: setup

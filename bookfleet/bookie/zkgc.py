@@ -3,8 +3,10 @@ collected from this bookie.
 
 A ledger's metadata is created before any entry reaches a bookie, so a ledger the bookie holds but ZooKeeper lacks
 was deleted. To stay safe against any ordering surprise, a ledger is only collected once this process has known it
-for longer than a grace period; a failed ZooKeeper walk, or one in a namespace without this bookie's cookie, skips
-the pass instead of collecting anything.
+for longer than a grace period: what the storage holds when the loop starts is known from then on (counted from the
+first pass instead, a bookie restarted when its zone returned kept its stale copies a second interval), a ledger
+added later from the pass that first sees it; a failed ZooKeeper walk, or one in a namespace without this bookie's
+cookie, skips the pass instead of collecting anything.
 
 A bookie that comes back after its ledgers were repaired elsewhere (a zone outage, a partition) holds copies the
 metadata no longer names: over-replicated, as BookKeeper calls them. Such a copy is collected only when the ledger is
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from kazoo.client import KazooClient
 
@@ -30,7 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class LedgerCollector:
-    def __init__(self, storage, zk: KazooClient, bookie_id: str, interval: float, grace: float):
+    def __init__(self, storage, zk: KazooClient, bookie_id: str, interval: float, grace: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.storage = storage
         self.zk = zk
         self.bookie_id = bookie_id
@@ -38,10 +42,14 @@ class LedgerCollector:
         self.under_replication = UnderReplication(zk)
         self.interval = interval
         self.grace = grace
+        self.clock = clock
         self.first_seen: dict[int, float] = {}
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        """Start the loop over the started storage: the grace of what it holds counts from now."""
+        now = self.clock()
+        self.first_seen = dict.fromkeys(self.storage.ledger_ids(), now)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -50,7 +58,7 @@ class LedgerCollector:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def collect_once(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         held = self.storage.ledger_ids()
         for ledger_id in held:
             self.first_seen.setdefault(ledger_id, now)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+from bookfleet import wire
+from bookfleet.bookie.gc import GcReport
+from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError
-from bookfleet.meta.metadata import MetadataStore, Segment
+from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, Segment
 from bookfleet.meta.underreplication import UnderReplication
 
 
@@ -60,3 +64,40 @@ async def test_a_copy_no_metadata_names_any_more_is_collected_only_when_nothing_
             if bookie != spare.bookie_id:
                 assert await holds(address[bookie], ledger_id), (case, bookie)
     assert not under_replication.is_locked(ledger["moved"]) and under_replication.is_locked(ledger["locked"])
+
+
+class HeldCopies:
+    """A bookie's storage as the collector sees it: the ledgers it holds, and a collection that keeps `live`."""
+
+    def __init__(self, ledger_ids: set[int]):
+        self.held = set(ledger_ids)
+
+    def ledger_ids(self) -> set[int]:
+        return set(self.held)
+
+    async def collect_garbage(self, live: set[int]) -> GcReport:
+        deleted, self.held = self.held - live, self.held & live
+        return GcReport(ledgers_deleted=sorted(deleted))
+
+
+async def test_a_restarted_bookie_counts_the_grace_of_what_it_holds_from_its_start_not_from_its_first_pass(zk):
+    """A bookie whose pod is started again when its zone returns holds copies repaired away meanwhile: with the
+    grace equal to the interval (the operator's defaults) its first pass, one interval after the start, collects them;
+    counted from that first pass, only the second did (two intervals after the return, on the local cluster)."""
+    bookie, interval = "returning-bookie:3181", 60.0
+    zk.create(zkpaths.cookie(bookie), b"{}", makepath=True)
+    store = MetadataStore(zk)
+    repaired_away = store.create(LedgerMetadata(
+        ensemble_size=3, write_quorum=3, ack_quorum=2, state=LedgerState.CLOSED, last_entry_id=4, length=50,
+        segments=(Segment(first_entry_id=0, bookies=("b1:3181", "b2:3181", "b3:3181")),),
+        password_hash=wire.password_hash(b"")))
+    storage, now = HeldCopies({repaired_away}), [1000.0]
+    collector = LedgerCollector(storage, zk, bookie, interval, grace=interval, clock=lambda: now[0])
+    collector.start()
+    try:
+        now[0] += interval  # the loop's first pass
+        await collector.collect_once()
+    finally:
+        await collector.stop()
+    assert storage.held == set()
+    assert not UnderReplication(zk).is_locked(repaired_away)  # the lock it took to collect is released

@@ -125,11 +125,15 @@ class Kubelet:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
 
+    def cut_off(self, worker: PodWorker) -> bool:
+        """Whether the worker's node is in a cut zone."""
+        return worker.spec.get("nodeName") in self.cut_nodes
+
     def report_status(self, worker: PodWorker, status: dict[str, Any]) -> bool:
         """Patch the status of the worker's own pod: with its uid in the patch (as the kubelet's status manager sends
         it) the API server refuses the patch for any other pod of that name, so a pod recreated under the same name
         never gets the status of the one it replaced."""
-        if worker.spec.get("nodeName") in self.cut_nodes:
+        if self.cut_off(worker):
             return False  # cut off from the API server: reported once the cut heals
         try:
             self.api.patch_namespaced_pod_status(worker.name, worker.namespace,
@@ -229,6 +233,10 @@ class Kubelet:
         for worker in workers:
             if worker.netns:
                 self.bridge.heal(worker.netns)
+            # Its whole status again, as a kubelet's status manager sends it once it reaches the API server: the node
+            # controller set the pod's Ready to False meanwhile, and a worker whose own view did not change (its
+            # processes ran on) would never say otherwise (the zone's Bookies stayed Lost).
+            worker.last_status = None
         self._changed.set()
 
     def evict(self, namespace: str, name: str) -> None:

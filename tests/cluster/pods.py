@@ -450,7 +450,9 @@ class PodWorker:
             self._on_exit(container)
         if container.process is None and container.exit is None and time.monotonic() >= container.restart_at:
             self._start(container)
-        if container.running:
+        # Not while its zone is cut: the kubelet of a cut zone still reaches its own pods, but these probes go from
+        # the host over the pod's link the cut took down (they restarted the zone's bookies mid-cut).
+        if container.running and not self.kubelet.cut_off(self):
             self._probe(container)
 
     # --- probes -------------------------------------------------------------------------------------------------

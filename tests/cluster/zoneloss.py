@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from bookfleet.client.connection import BookieError
+from bookfleet.kube import resources
 from bookfleet.polling import wait_for
+from tests.cluster.stalecopies import FleetAccess, fleet_access
 from tests.cluster.walkthrough import (
     CLUSTER,
     NAMESPACE,
@@ -34,6 +37,7 @@ from tests.cluster.walkthrough import (
     run_client,
     say,
     scale,
+    server_seconds,
     start_client,
 )
 
@@ -144,19 +148,53 @@ class ZoneLoss:
     """Writer ledger id -> entries acknowledged."""
     cut_at: float = 0.0
     repairs_after_return: list[str] = field(default_factory=list)
+    repairs: list[dict[str, Any]] = field(default_factory=list)
+    """The repair Jobs created after the cut (`repair_timeline`)."""
     read_back: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    gc_interval: int = 0
+    """The bookies' --gc-interval (BookieCluster spec.bookie.gcIntervalSeconds)."""
+    stale: dict[str, set[int]] = field(default_factory=dict)
+    """Cut bookie id -> ledgers whose metadata named it before the cut and, closed, names it no more after the return
+    (repaired away): its copies of them are stale."""
+    stale_at_return: dict[str, set[int]] = field(default_factory=dict)
+    """Of those, the copies each bookie still held when first reached after the return."""
+    stale_left: dict[str, set[int]] = field(default_factory=dict)
+    """Of those, the copies each bookie held when last asked (empty once reclaimed)."""
+    seconds_after_return: dict[str, float] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    """The cut zone's bookie pods -> restarts of their bookie container, seen after the return."""
+
+    def acknowledged(self) -> dict[int, int]:
+        """Ledger id -> entries acknowledged to its writer."""
+        return {**{i: ENTRIES for i in (*self.spread.values(), *self.kept.values())}, **self.writer_acked}
+
+    def entries_not_as_written(self) -> int:
+        """Entries read back that are not what was written at their place (every writer wrote entry i as i,
+        zero-padded to SIZE bytes): an old copy read as current, or entries read past what was acknowledged."""
+        acked = self.acknowledged()
+        return sum(entry["entry_id"] >= acked.get(ledger_id, 0) or entry["payload"] != f"{entry['entry_id']:0{SIZE}d}"
+                   for ledger_id, entries in self.read_back.items() for entry in entries)
 
     def figures(self) -> dict[str, Any]:
-        acked = len(self.spread) * ENTRIES + len(self.kept) * ENTRIES + sum(self.writer_acked.values())
+        acked = sum(self.acknowledged().values())
         read = sum(map(len, self.read_back.values()))
         return {"lost_bookie_recovery_delay_seconds": DELAY, "zone": self.zone, "bookies": BOOKIES,
                 "affected_ledgers": len(self.spread), "affected_bytes": len(self.spread) * ENTRIES * SIZE,
                 "seconds_after_cut": {name: round(value, 1) for name, value in self.seconds.items()},
+                "write_sets_sharing_a_zone_after_repairs": self.sharing_after,
+                "repair_jobs": self.repairs,
                 "writer_rounds": len(self.writer_rounds),
                 "writer_rounds_during_cut": sum(self.cut_at < at < self.cut_at + self.seconds["zone_returned"]
                                                 for at, _ in self.writer_rounds),
                 "acknowledged_entries": acked, "entries_read_back": read, "entries_lost": acked - read,
+                "entries_not_as_written": self.entries_not_as_written(),
                 "repairs_started_by_return": len(self.repairs_after_return),
+                "gc_interval_seconds": self.gc_interval,
+                "seconds_after_return": {name: round(value, 1) for name, value in self.seconds_after_return.items()},
+                "stale_copies": sum(map(len, self.stale.values())),
+                "stale_copies_held_at_return": sum(map(len, self.stale_at_return.values())),
+                "stale_copies_left": sum(map(len, self.stale_left.values())),
+                "returning_bookie_restarts": self.restarts,
                 "volumes_kept_through_return": self.claims_after == self.claims_before,
                 "bookies_rejoined": sorted(bookie for bookie, reasons in self.returned.items()
                                            if "BookieReturned" in reasons and "BookieReplaced" not in reasons),
@@ -208,6 +246,9 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     wait_for(lambda: len(writer_rounds(cluster)) >= 2, timeout=600, what="two writer rounds", interval=2.0)
     jobs_before = {job["metadata"]["name"] for job in repair_jobs(cluster)}
     outcome.claims_before = zone_claims(cluster, zone_bookies)
+    outcome.gc_interval = bookie_cluster(cluster).spec.bookie.gc_interval_seconds
+    access = fleet_access(cluster, cluster.state / "zone-loss-client-tls")
+    named_before = access.ledgers_on(list(zone_bookies.values()))
 
     say(f"cutting zone {zone}: bookies {', '.join(sorted(zone_bookies))}")
     outcome.cut_at = cut_at = cluster.cut_zone(zone)
@@ -231,6 +272,7 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
         note("zone_bookies_lost", all((cluster.get("bookie", "-n", NAMESPACE, b).get("status") or {}).get("lostSince")
                                       for b in zone_bookies))
         note("affected_ledgers_at_qw", all([back_at_qw(name) for name in spread]))  # each looked at: marks seen
+        note("affected_ledgers_marked", outcome.marked >= spread.keys())
         rounds = writer_rounds(cluster)
         note("writer_round_after_repairs", "affected_ledgers_at_qw" in outcome.seconds and any(
             at - cut_at > outcome.seconds["affected_ledgers_at_qw"] for at, _ in rounds))
@@ -257,12 +299,14 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     say(f"zone {zone} returns")
     returned_at = cluster.heal_zone(zone)
     outcome.seconds["zone_returned"] = returned_at - cut_at
-    wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
-             == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster))), timeout=900,
-             what=f"{BOOKIES} Running Bookies after the return", interval=2.0)
-    note("bookies_running_after_return", True)
+    outcome.stale = access.named_no_more(named_before)
+    say(f"stale copies on the returning bookies: {({b: sorted(s) for b, s in outcome.stale.items()})}")
+    wait_for(lambda: returned(cluster, outcome, access, zone_bookies, returned_at), timeout=900,
+             what=f"{BOOKIES} Running Bookies after the return, the stale copies reclaimed", interval=2.0)
     outcome.claims_after = zone_claims(cluster, zone_bookies)
     outcome.returned = {bookie: event_reasons(cluster, bookie) for bookie in zone_bookies}
+    outcome.restarts = {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get(
+        "containerStatuses", [])) for pod in bookie_pods(cluster) if pod["metadata"]["name"] in zone_bookies}
     run_client(cluster, "zone-loss-stop", f"bookfleet ledger close {stop_id} --zk {zk}")
     log = client_log(cluster, WRITER, timeout=900)
     outcome.writer_rounds = writer_rounds(cluster)
@@ -272,8 +316,74 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
             outcome.writer_acked[written["ledger_id"]] = written["entries"]
     say("reading every acknowledged entry back")
     outcome.read_back = read_all(cluster, [*spread.values(), *kept.values(), *outcome.writer_acked])
+    outcome.repairs = repair_timeline(cluster, jobs_before, cut_at)
     outcome.repairs_after_return = [job["metadata"]["name"] for job in repair_jobs(cluster)
                                     if job["metadata"]["name"] not in jobs_before
                                     and job["metadata"]["creationTimestamp"] >= time.strftime(
                                         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(returned_at))]
     return outcome
+
+
+def returned(cluster: LocalCluster, outcome: ZoneLoss, access: FleetAccess, zone_bookies: dict[str, str],
+             returned_at: float) -> bool:
+    """One look after the return: are all bookies Running again, do the returning ones answer, are their stale copies
+    gone? Notes when each first held (seconds after the cut, resp. after the return)."""
+    def note(milestone: str, reached: bool) -> None:
+        if reached and milestone not in outcome.seconds_after_return:
+            outcome.seconds_after_return[milestone] = time.time() - returned_at
+            say(f"{milestone} {outcome.seconds_after_return[milestone]:.0f} s after the return")
+
+    if "bookies_running_after_return" not in outcome.seconds and [
+            b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+    ] == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster))):
+        outcome.seconds["bookies_running_after_return"] = time.time() - outcome.cut_at
+    pod_ips = {pod["metadata"]["name"]: pod["status"].get("podIP") for pod in bookie_pods(cluster)}
+    for name, bookie_id in zone_bookies.items():
+        asked = outcome.stale_left.get(bookie_id, outcome.stale.get(bookie_id, set()))
+        if (bookie_id in outcome.stale_left and not asked) or not pod_ips.get(name):
+            continue
+        try:
+            held = access.still_held(pod_ips[name], bookie_id, asked)
+        except (OSError, TimeoutError, BookieError):  # not reachable yet (its pod may be starting again)
+            continue
+        outcome.stale_at_return.setdefault(bookie_id, held)
+        outcome.stale_left[bookie_id] = held
+    note("returning_bookies_answered", outcome.stale_left.keys() == set(zone_bookies.values()))
+    note("stale_copies_reclaimed", "returning_bookies_answered" in outcome.seconds_after_return
+         and not any(outcome.stale_left.values()))
+    return "bookies_running_after_return" in outcome.seconds and "stale_copies_reclaimed" in \
+        outcome.seconds_after_return
+
+
+def repair_timeline(cluster: LocalCluster, earlier: set[str], cut_at: float) -> list[dict[str, Any]]:
+    """The repair Jobs not among `earlier`, oldest first: their bookie, when each was created, started and finished
+    (seconds after the cut, whole seconds as the API keeps them), how it ended, how many driver pods it ran, and the
+    drivers' summaries ("repaired N ledger(s) ...; M still marked ...")."""
+    timeline = []
+    for job in sorted(repair_jobs(cluster), key=lambda job: job["metadata"]["creationTimestamp"]):
+        name, status = job["metadata"]["name"], job.get("status") or {}
+        if name in earlier:
+            continue
+        ended = next((c for c in status.get("conditions", []) if c["type"] in ("Complete", "Failed")
+                      and c["status"] == "True"), {})
+        drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
+        summaries = [line.strip() for pod in drivers for line in driver_log(cluster, pod).splitlines()
+                     if "still marked" in line or line.startswith("failure:")]
+
+        def after_cut(stamp: str | None) -> float | None:
+            return None if stamp is None else round(server_seconds(stamp, cut_at), 1)
+
+        timeline.append({"job": name, "bookie": job["metadata"]["labels"].get(resources.LABEL_BOOKIE),
+                         "created": after_cut(job["metadata"]["creationTimestamp"]),
+                         "started": after_cut(status.get("startTime")),
+                         "ended": after_cut(ended.get("lastTransitionTime")), "outcome": ended.get("type"),
+                         "driver_pods": len(drivers), "summaries": summaries})
+    return timeline
+
+
+def driver_log(cluster: LocalCluster, pod: dict[str, Any]) -> str:
+    """A repair driver pod's output ("" if it never started)."""
+    try:
+        return cluster.container_log(NAMESPACE, pod["metadata"]["name"], "driver")
+    except FileNotFoundError:
+        return ""
