@@ -93,7 +93,9 @@ def check_repair_specs(stdout: str) -> None:
     assert driver["image"] == application["image"] == repair_image
     assert driver["command"][0] == "spark-submit"
     assert f"spark.kubernetes.container.image={repair_image}" in driver["command"]
-    assert driver["command"][-2:] == ["--ledger", "7"]
+    command = driver["command"]
+    assert command[command.index("--ledger") + 1] == "7"
+    assert float(command[command.index("--lock-wait-s") + 1]) > 0  # a driver waits for another repair's locks
     assert application["sparkVersion"] == spark.SPARK_VERSION
     assert specs["pyspark"] is False
 
