@@ -263,8 +263,8 @@ class LedgerFeed:
 
     def records(self, connect: Hashable, ledger_id: int) -> tuple[bool, bool] | None:
         """Whether the ledger has a marker and a DATA_LOSS record, from the trees' caches once they were first filled
-        (None before: read them). A pass reads only the records that exist: a healthy ledger's pass makes two
-        ZooKeeper requests, not four; a record the cache has not seen yet wakes the Ledger again when it arrives."""
+        (None before: read them). A pass reads only the records that exist, so a healthy ledger's pass makes one
+        ZooKeeper request (its metadata); a record the cache has not seen yet wakes the Ledger again when it arrives."""
         self.watch_zookeeper(connect)
         if not all(ready.is_set() for ready in self._initialized[connect]):
             return None

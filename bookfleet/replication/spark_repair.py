@@ -72,7 +72,6 @@ ZK_THREADS = 16
 """ZooKeeper calls in flight while planning and committing: each ledger costs a few round trips and fsyncs."""
 ZK_SESSION_TIMEOUT = 4.0
 """Short, so the ledger locks of a killed driver expire soon and a rerun can take them."""
-DEFAULT_LOCK_WAIT_S = sparksettings.DEFAULT_LOCK_WAIT_S
 
 REPAIRED_ENTRIES = Counter("bookfleet_repair_entries", "Entries copied to replacement bookies by repair")
 REPAIRED_BYTES = Counter("bookfleet_repair_bytes", "Bytes copied to replacement bookies by repair")
@@ -181,7 +180,7 @@ class RepairJob:
         throttle_mb_s: float | None = None,
         open_grace_s: float = DEFAULT_OPEN_GRACE_S,
         policy: PlacementPolicy | str = PlacementPolicy.ZONE_AWARE,
-        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+        lock_wait_s: float = sparksettings.DEFAULT_LOCK_WAIT_S,
     ):
         self.zk = zk
         self.metadata = MetadataStore(zk)
@@ -576,7 +575,7 @@ def run_repair(
     password: bytes | None = None,
     open_grace_s: float = DEFAULT_OPEN_GRACE_S,
     progress: ProgressCallback | None = None,
-    lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    lock_wait_s: float = sparksettings.DEFAULT_LOCK_WAIT_S,
 ) -> RepairSummary:
     """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`."""
     if password is None:
@@ -600,9 +599,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lock-wait-s",
         type=float,
-        default=DEFAULT_LOCK_WAIT_S,
+        default=sparksettings.DEFAULT_LOCK_WAIT_S,
         help="seconds the run waits, after its own work, for ledgers another repair has locked; those still locked "
-        f"then stay marked (default {DEFAULT_LOCK_WAIT_S:.0f})",
+        f"then stay marked (default {sparksettings.DEFAULT_LOCK_WAIT_S:.0f})",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bookfleet import spark
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, Ledger, Retention
@@ -281,7 +282,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert app_args[:2] == ["--zk", "zk.storage.svc:2181"]
     parsed = repair_flags(app_args)
     assert (parsed.zk, list(parsed.ledgers), parsed.throttle_mb_s) == ("zk.storage.svc:2181", [7, 9], 50.0)
-    assert parsed.lock_wait_s == spark_repair.DEFAULT_LOCK_WAIT_S < job["spec"]["activeDeadlineSeconds"]
+    assert parsed.lock_wait_s == spark.DEFAULT_LOCK_WAIT_S < job["spec"]["activeDeadlineSeconds"]
 
 
 def test_a_repair_drivers_lock_wait_ends_well_before_its_jobs_deadline(cluster: BookieCluster, bookie: Bookie) -> None:
