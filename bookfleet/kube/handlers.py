@@ -78,7 +78,13 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.cleanup()
-def close(**_: Any) -> None:
+async def close(**_: Any) -> None:
+    """A loop stopped during a pass left it running (kube.wakeups): it ends before what it uses is closed."""
+    await WAKEUPS.passes_ended(timeout=INTERVAL)
+    await asyncio.to_thread(_close)
+
+
+def _close() -> None:
     if _context is not None:
         _context.close()
     if _caches is not None:

@@ -12,11 +12,13 @@ from typing import Protocol
 
 
 class Wakeups:
-    """One asyncio.Event per key, made by the loop that waits on it and dropped when that loop ends."""
+    """One asyncio.Event per key, made by the loop that waits on it and dropped when that loop ends; and each key's
+    pass in flight, which may outlive a loop stopped during it."""
 
     def __init__(self) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
         self._generations: dict[Hashable, int | None] = {}
+        self._passes: dict[Hashable, asyncio.Future] = {}
 
     @contextlib.contextmanager
     def registered(self, key: Hashable) -> Iterator[asyncio.Event]:
@@ -42,9 +44,26 @@ class Wakeups:
         if event is not None:
             event.set()
 
+    def start_pass(self, key: Hashable, one_pass: Callable[[], float | None]) -> asyncio.Future:
+        """Run `one_pass` in a worker thread, noted as `key`'s pass in flight until it ends."""
+        running = self._passes[key] = asyncio.ensure_future(asyncio.to_thread(one_pass))
+        running.add_done_callback(lambda done: self._passes.pop(key) if self._passes.get(key) is done else None)
+        return running
 
-async def first_of(*waits: Awaitable[object], timeout: float) -> None:
-    """Return when any of `waits` completes or `timeout` seconds pass, and cancel the others."""
+    async def pass_ended(self, key: Hashable) -> None:
+        """Return once `key` has no pass in flight (one left by a loop stopped during it), so that one object never
+        has two passes at once."""
+        if (running := self._passes.get(key)) is not None:
+            await asyncio.wait([running])
+
+    async def passes_ended(self, timeout: float) -> None:
+        """Wait, at most `timeout` seconds, for every pass in flight (before the operator closes what they use)."""
+        if self._passes:
+            await asyncio.wait(list(self._passes.values()), timeout=timeout)
+
+
+async def first_of(*waits: Awaitable[object], timeout: float | None) -> None:
+    """Return when any of `waits` completes or `timeout` seconds pass (None: no limit), and cancel the others."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
     try:
         await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -65,10 +84,19 @@ async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float
                    interval: float, jitter: float = 0.0) -> None:
     """Run `one_pass` in a worker thread until `stopped`: again after the seconds it returns (at most the interval;
     None: the interval), or as soon as `key` is woken. `jitter`: each interval is drawn anew from interval * [1 -
-    jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start) spread out at once."""
+    jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start) spread out at once.
+
+    A loop told to stop during a pass ends at once and leaves the pass to finish on its own: kopf releases a deleted
+    object's finalizer straight away only if its daemon ends within a few event-loop cycles, else it waits out the
+    daemon's whole cancellation backoff (and a pass is often in flight then, woken by the deletion itself)."""
     with wakeups.registered(key) as wake:
+        await wakeups.pass_ended(key)
         while not stopped:
             wake.clear()  # before the pass: a wake-up during it runs another right after
-            due = await asyncio.to_thread(one_pass)
+            running = wakeups.start_pass(key, one_pass)
+            await first_of(asyncio.shield(running), stopped.wait(), timeout=None)
+            if not running.done():
+                return
+            due = running.result()
             wait = interval * random.uniform(1 - jitter, 1 + jitter) if jitter else interval
             await first_of(wake.wait(), stopped.wait(), timeout=wait if due is None else min(due, wait))

@@ -167,7 +167,7 @@ def test_invalid_spec_upgrade_one_at_a_time_and_safe_scale_down(kube, podrunner,
     # Deleting the cluster keeps every bookie's volumes (whenDeleted: Retain, the default).
     kube.delete("bookieclusters", NS, "bk")
     wait_for("bookies and pods gone", lambda: not kube.list("bookies", NS, "bookfleet.io/cluster=bk")
-             and not kube.list("pods", NS, "bookfleet.io/cluster=bk"))
+             and not kube.list("pods", NS, "bookfleet.io/cluster=bk"), timeout=30)  # not kopf's 60 s daemon backoff
     assert {c["metadata"]["name"] for c in kube.list("persistentvolumeclaims", NS, "bookfleet.io/cluster=bk")} == {
         f"bk-{i}-{v}" for i in range(3) for v in ("journal", "ledgers")}
 

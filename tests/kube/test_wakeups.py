@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import threading
 import time
 
 from bookfleet import polling
@@ -80,6 +81,37 @@ def test_a_stopped_loop_ends_without_waiting_out_its_pause_and_forgets_its_key()
     started = time.monotonic()
     assert len(run(scenario, due=None)) == 1
     assert time.monotonic() - started < 5 and KEY not in registries[0]._events
+
+
+def test_a_loop_stopped_during_a_pass_ends_within_kopfs_instant_exit_and_its_next_loop_waits_for_that_pass():
+    """kopf releases a deleted object's finalizer at once only if its daemon ends within ten zero-time cycles of being
+    told to stop (kopf's instant exit), else after the daemon's whole cancellation backoff (60 s)."""
+    passing, release = threading.Event(), threading.Event()
+    second_loop_passes = []
+
+    def slow_pass() -> None:
+        passing.set()
+        release.wait(10)
+
+    async def main() -> None:
+        registry, stopped = wakeups.Wakeups(), Stopped()
+        first = asyncio.create_task(wakeups.run_loop(registry, KEY, slow_pass, stopped, 60.0))
+        await asyncio.to_thread(passing.wait, 5)
+        stopped.event.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert first.done()  # the pass is still in flight
+        second = asyncio.create_task(wakeups.run_loop(
+            registry, KEY, lambda: second_loop_passes.append(release.is_set()), Stopped(), 60.0))
+        await asyncio.sleep(0.1)
+        assert second_loop_passes == []  # never two passes of one object at once
+        release.set()
+        await asyncio.wait_for(registry.passes_ended(5), 5)
+        await asyncio.wait_for(until(second_loop_passes, 1), 5)
+        assert second_loop_passes == [True]
+        second.cancel()
+
+    asyncio.run(main())
 
 
 def test_only_a_new_generation_wakes_a_loop_and_a_deleted_object_is_forgotten():
