@@ -153,7 +153,8 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
         return None  # deleted meanwhile
     with metrics.reconciling("ledgers"):
-        sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.metadata_watch, FEED.records)
+        sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.metadata_watch, FEED.records,
+                                        FEED.read_ahead)
         return ledgers.reconcile(context(), body, sources, retry=INTERVAL)
 
 

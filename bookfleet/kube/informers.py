@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
@@ -302,7 +303,7 @@ def of_cluster(body: dict) -> tuple[str, str] | None:
 def identity(body: dict) -> dict:
     """Only what names an object and its version: a store for re-lists' comparisons, not for reading."""
     meta = body["metadata"]
-    return {"metadata": {"namespace": meta["namespace"], "name": meta["name"],
+    return {"metadata": {"namespace": sys.intern(meta["namespace"]), "name": meta["name"],
                          "resourceVersion": meta.get("resourceVersion")}}
 
 

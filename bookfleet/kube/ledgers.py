@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kazoo.client import KazooClient
 from kazoo.protocol.states import WatchedEvent
 from pydantic import ValidationError
 
@@ -39,7 +40,14 @@ from bookfleet.kube.models import (
 )
 from bookfleet.kube.teardown import finalizer_release
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, NoSuchLedgerError, Segment, new_metadata
+from bookfleet.meta.metadata import (
+    LedgerMetadata,
+    MetadataStore,
+    NoSuchLedgerError,
+    PendingRead,
+    Segment,
+    new_metadata,
+)
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import DataLoss, Marker, UnderReplication
 
@@ -166,6 +174,8 @@ class LedgerSources:
     metadata_watch: Callable[[int], Callable[[WatchedEvent], None]] | None = None
     records: Callable[[ZooKeeperTarget, int], tuple[bool, bool] | None] = lambda target, ledger_id: None
     """whether the ledger has a marker and a DATA_LOSS record, as cached (None: not known, read both)"""
+    read_ahead: Callable[[KazooClient, int], PendingRead | None] = lambda zk, ledger_id: None
+    """the metadata read sent ahead for this pass with the others of its batch (None: the pass reads it)"""
 
 
 # --- observe ------------------------------------------------------------------------------------------------------
@@ -190,7 +200,8 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
     if ledger_id is not None:
         watch = None if sources.metadata_watch is None else sources.metadata_watch(ledger_id)
         try:
-            metadata, _ = MetadataStore(zk).read(ledger_id, watch)  # the watch set by the read: nothing slips by
+            pending = sources.read_ahead(zk, ledger_id)  # the watch set by the read: nothing slips by
+            metadata, _ = pending.get() if pending is not None else MetadataStore(zk).read(ledger_id, watch)
         except NoSuchLedgerError:
             if watch is not None:
                 zk.exists(zkpaths.ledger(ledger_id), watch=watch)  # its creation, then

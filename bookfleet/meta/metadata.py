@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient, TransactionRequest
-from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -251,6 +252,11 @@ class MetadataStore:
             raise NoSuchLedgerError(ledger_id) from None
         return LedgerMetadata.from_json(data), stat.version
 
+    def read_ahead(self, ledger_id: int, watch: Callable[[WatchedEvent], None] | None = None) -> PendingRead:
+        """read(), sent now and answered later: many of them are in flight together (one wait instead of one per
+        ledger), each setting its watch as read() does."""
+        return PendingRead(self, ledger_id, watch, self.zk.get_async(zkpaths.ledger(ledger_id), watch=watch))
+
     def read_all(self, ledger_ids: Iterable[int]) -> dict[int, tuple[LedgerMetadata, int] | None]:
         """read() of many ledgers in one pipeline of asynchronous gets; None for a ledger that does not exist."""
         reads = pipelined(ledger_ids, lambda ledger_id: self.zk.get_async(zkpaths.ledger(ledger_id)))
@@ -362,3 +368,23 @@ class MetadataStore:
             raise NoSuchLedgerError(ledger_id)
         first = next(e for e in errors if type(e).__name__ != "RolledBackError")
         raise MetadataError(f"ledger {ledger_id}: ZooKeeper transaction failed: {type(first).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRead:
+    """One MetadataStore.read_ahead in flight."""
+
+    store: MetadataStore
+    ledger_id: int
+    watch: Callable[[WatchedEvent], None] | None
+    answer: IAsyncResult
+
+    def get(self) -> tuple[LedgerMetadata, int]:
+        """As read() answers; a read lost with its connection is made again as read() makes it (with retries)."""
+        try:
+            data, stat = self.answer.get()
+        except NoNodeError:
+            raise NoSuchLedgerError(self.ledger_id) from None
+        except (ConnectionLoss, SessionExpiredError):
+            return self.store.read(self.ledger_id, self.watch)
+        return LedgerMetadata.from_json(data), stat.version

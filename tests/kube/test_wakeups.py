@@ -11,6 +11,7 @@ import time
 
 from bookfleet import polling
 from bookfleet.kube import ledgerfeed, wakeups
+from bookfleet.meta.metadata import MetadataStore, new_metadata
 
 KEY = ("bookies", "default", "bk-0")
 
@@ -260,3 +261,35 @@ def test_the_metadata_watches_of_one_ledger_are_one_watcher_to_zookeepers_client
                                  resync=3600, retry=3600)
     assert len({feed.metadata_watch(7), feed.metadata_watch(7)}) == 1
     assert feed.metadata_watch(7) != feed.metadata_watch(8)
+
+
+def test_a_workers_batch_of_ledgers_gets_their_metadata_read_ahead_each_with_the_watch_its_pass_would_set(zk):
+    """At a restart over 100,000 current Ledgers a pass is little more than its metadata read: a worker takes a
+    batch and sends their reads together, each pass takes its own (one request per Ledger, as before), and a change
+    after the read wakes the Ledger again through the watch that read set."""
+    store = MetadataStore(zk)
+    ledger_ids = [store.create(new_metadata(["b1:3181", "b2:3181"], 2, 2)) for _ in range(3)]
+    seen: dict[int, list] = {ledger_id: [] for ledger_id in ledger_ids}
+
+    def reconcile(key, body):
+        ledger_id = int(key[1][1:])  # a pass the watch woke has no body
+        pending = feed.read_ahead(zk, ledger_id)
+        seen[ledger_id].append(None if pending is None else pending.get()[1])  # the znode version it read
+
+    feed = ledgerfeed.LedgerFeed(reconcile, lambda ns, cluster: "zk", lambda target: zk, resync=3600, retry=3600,
+                                 workers=1)
+    with feed.acting("ns", "bk"):
+        for ledger_id in ledger_ids:  # woken before the worker starts: one batch
+            feed.ledger_changed({"metadata": {"namespace": "ns", "name": f"l{ledger_id}", "generation": 1},
+                                 "spec": {"cluster": "bk", "ledgerId": ledger_id}})
+        feed.start()
+        try:
+            polling.wait_for(lambda: all(seen.values()), 10, "the three passes")
+            changed = ledger_ids[1]
+            metadata, version = store.read(changed)
+            store.update(changed, metadata.model_copy(update={"custom": {"k": "v"}}), version)
+            polling.wait_for(lambda: len(seen[changed]) == 2, 10, "the pass the change woke")
+        finally:
+            feed.stop()
+    assert {ledger_id: versions[0] for ledger_id, versions in seen.items()} == dict.fromkeys(ledger_ids, 0)
+    assert seen[changed] == [0, 1] and all(len(seen[i]) == 1 for i in ledger_ids if i != changed)

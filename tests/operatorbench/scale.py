@@ -16,7 +16,8 @@ process runs), the ledgers' metadata is written there, one Ledger resource adopt
    repair Job, minus the lost-bookie delay.
 6. The operator restarted over the reconciled fleet (an upgrade, a failover): seconds until it has passed every
    Ledger once (its own pass counter on --metrics-port), and what it asked of the API server and ZooKeeper
-   meanwhile: a Ledger whose status is current costs no write.
+   meanwhile: a Ledger whose status is current costs no write. Its floor, measured just before: one paged LIST of
+   every Ledger (the informer's pages of 500), which the restart's passes follow page by page.
 
 `--operator-python` runs another checkout's operator (its virtualenv's python) against the same setup: the
 before/after figures of an operator change, measured the same way.
@@ -218,6 +219,7 @@ class Scale:
     def _restart(self) -> dict[str, Any]:
         """Seconds until a restarted operator has passed every Ledger once, its API requests by verb and resource and
         its ZooKeeper requests meanwhile (the fleet's idle rates not taken off: a few seconds' worth)."""
+        listing = self._list_seconds()
         port = free_port()
         api, zk = self._api_counts(), self._zk_packets()
         started = time.monotonic()
@@ -227,6 +229,7 @@ class Scale:
             seconds = time.monotonic() - started
         api_after = self._api_counts()
         return {"restart_all_ledgers_passed_s": round(seconds, 1),
+                "restart_floor_list_ledgers_s": round(listing, 1),
                 "restart_api_requests": {f"{verb} {resource}": int(count) for (verb, resource), count in sorted(
                     ((key, api_after[key] - api.get(key, 0)) for key in api_after), key=lambda kv: -kv[1])
                     if count >= 10 and resource not in NOT_THE_OPERATOR},
@@ -298,6 +301,17 @@ class Scale:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(create, ledger_ids))
         return ledger_ids
+
+    def _list_seconds(self) -> float:
+        """Seconds to LIST every Ledger in pages of 500, as the operator's informer does (JSON decoded, nothing else):
+        the floor under a restart, which passes each Ledger as its page arrives."""
+        started, token = time.monotonic(), None
+        while True:
+            response = self.custom.list_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "ledgers", limit=500,
+                                                                 _continue=token, _preload_content=False)
+            token = json.loads(response.data)["metadata"].get("continue")
+            if not token:
+                return time.monotonic() - started
 
     def _all_ledgers_reconciled(self) -> bool:
         """Every Ledger shows a state (paged LIST, as a client at this scale must)."""
