@@ -46,7 +46,7 @@ from bookfleet.kube.actions import (
 )
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
-from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState
+from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState, validated_cluster
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
@@ -257,7 +257,7 @@ def load(body: dict, cluster_of: Lookup) -> tuple[Bookie, BookieCluster] | None:
     if cluster_body is None:
         return None
     try:
-        return bookie, BookieCluster.model_validate(cluster_body)
+        return bookie, validated_cluster(cluster_body)
     except ValueError:
         return None  # the cluster's own handler reports why
 

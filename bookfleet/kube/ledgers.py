@@ -35,6 +35,7 @@ from bookfleet.kube.models import (
     RepairState,
     ledger_problems,
     set_condition,
+    validated_cluster,
     validity_condition,
     zone_of,
 )
@@ -191,7 +192,7 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
     namespace = ledger.metadata.namespace
     cluster_body = sources.cluster(namespace, ledger.spec.cluster)
     observed = replace(observed, ledger=ledger,
-                       cluster=None if cluster_body is None else BookieCluster.model_validate(cluster_body))
+                       cluster=None if cluster_body is None else validated_cluster(cluster_body))
     if observed.cluster is None:
         return observed
     target = ZooKeeperTarget.of(observed.cluster)

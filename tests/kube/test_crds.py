@@ -27,6 +27,7 @@ from bookfleet.kube.models import (
     cluster_problems,
     ledger_problems,
     set_condition,
+    validated_cluster,
     validity_condition,
 )
 
@@ -294,3 +295,17 @@ def without_empty(value: Any) -> Any:
         kept = {key: without_empty(item) for key, item in value.items()}
         return {key: item for key, item in kept.items() if item not in ([], {})}
     return value
+
+
+def test_a_cluster_is_validated_once_per_version_and_anew_when_it_changes() -> None:
+    """Every pass of 100,000 Ledgers reads their cluster: one validation per version of it, shared."""
+    body = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+            "metadata": {"name": "bk", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"},
+            "spec": {"replicas": 3, "zookeeper": "zk:2181"}}
+    first = validated_cluster(body)
+    assert validated_cluster({**body, "metadata": dict(body["metadata"])}) is first
+    changed = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"},
+               "spec": {**body["spec"], "replicas": 5}}
+    assert validated_cluster(changed).spec.replicas == 5 and first.spec.replicas == 3
+    unversioned = {**body, "metadata": {"name": "bk", "namespace": "ns"}}
+    assert validated_cluster(unversioned) is not validated_cluster(unversioned)  # nothing to key it by
