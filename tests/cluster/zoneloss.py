@@ -276,6 +276,7 @@ def back_at_qw(cluster: LocalCluster, name: str, marked: set[str], zone_bookie_i
 
 
 def all_bookies_running(cluster: LocalCluster) -> bool:
+    """Whether all BOOKIES Bookies are Running and their pods Ready (the zone back)."""
     return [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
             ] == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster)))
 
