@@ -1,6 +1,7 @@
 """`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator; with
 `--node-failure`, a bookie's node failing on the local Kubernetes cluster; with `--zone-loss`, a whole zone of it cut
-off and returned; with `--scale`, the operator over a fleet of simulated nodes (kwok).
+off and returned (`--partition`: partitioned off, a writer inside it, and healed); with `--scale`, the operator over
+a fleet of simulated nodes (kwok).
 
 A development command: what the benchmark runs on (the emulator, the local cluster, kwok) is test tooling, so the
 benchmark is too and stays out of the wheel (tests/operatorbench/). This module declares and checks its options,
@@ -38,6 +39,10 @@ def register(subparsers) -> None:
                         help="instead: cut a whole zone of the local Kubernetes cluster off for longer than the"
                              " lost-bookie delay, then return it; report the seconds to every ledger back at Qw and the"
                              " repairs the return started")
+    parser.add_argument("--partition", action="store_true",
+                        help="with --zone-loss: partition the zone off instead (its pods run on, a writer inside it),"
+                             " then heal it; report the fence, the acknowledgements the inside writer got, the"
+                             " repairs the heal started and the history checker's verdict")
     parser.add_argument("--scale", action="store_true",
                         help="instead: the operator over --bookies bookies and --ledgers Ledgers on the local control"
                              " plane with kwok nodes (needs Go; builds kwok the first time)")
@@ -59,6 +64,8 @@ def register(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     if args.replicas < 1 or args.large_bookies < 3 or args.large_ledgers < 0 or args.delay < 0:
         raise CommandError("--replicas must be >= 1, --large-bookies >= 3, --large-ledgers and --delay >= 0")
+    if args.partition and not args.zone_loss:
+        raise CommandError("--partition is a variant of --zone-loss: pass both")
     if args.scale and (args.bookies < 3 or args.ledgers < 1 or args.window <= 0):
         raise CommandError("--bookies must be >= 3, --ledgers >= 1, --window > 0")
     if not (CHECKOUT / HARNESS.replace(".", "/") / "__main__.py").is_file():

@@ -23,12 +23,10 @@ from pathlib import Path
 import pytest
 
 from bookfleet.bench.baseline import percentile
-from bookfleet.client.bookkeeper import BookKeeper
-from bookfleet.client.reader import EntryUnavailable, LedgerReader
-from bookfleet.client.recovery import RecoveryError
 from tests.chaos import checker
 from tests.chaos.faults import Fleet
-from tests.chaos.history import History, digest
+from tests.chaos.history import History
+from tests.chaos.readback import close_and_read_everything
 
 pytestmark = pytest.mark.chaos
 
@@ -44,41 +42,6 @@ def quantiles(seconds: list[float]) -> dict:
     if not ordered:
         return {}
     return {"count": len(ordered), "p50": round(percentile(ordered, 0.5), 2), "max": round(ordered[-1], 2)}
-
-
-async def recover(bk: BookKeeper, ledger_id: int):
-    """Recovery of a healed fleet: a retry may be needed while bookies re-register after the last fault."""
-    for _ in range(60):
-        try:
-            return await bk.recover_ledger(ledger_id)
-        except RecoveryError:
-            await asyncio.sleep(1.0)
-    return await bk.recover_ledger(ledger_id)
-
-
-async def read_one(reader: LedgerReader, history: History, entry_id: int) -> None:
-    op = history.invoke("read", reader.ledger_id, entry=entry_id)
-    try:
-        entry = await reader.read(entry_id)
-    except EntryUnavailable:
-        history.ok(op, missing=True)
-        return
-    history.ok(op, digest=digest(entry.payload))
-
-
-async def close_and_read_everything(zk: str, history: History) -> None:
-    """The end of the run: every ledger closed (recovery for the open ones) and every entry up to its end read."""
-    async with BookKeeper(zk) as bk:
-        for ledger_id in bk.list_ledgers():
-            metadata = bk.ledger_metadata(ledger_id)
-            if not metadata.is_closed:
-                op = history.invoke("close", ledger_id)
-                metadata = await recover(bk, ledger_id)
-                history.ok(op, last=metadata.last_entry_id)
-            reader = await bk.open_ledger(ledger_id)
-            for first in range(0, metadata.last_entry_id + 1, 64):
-                batch = range(first, min(first + 64, metadata.last_entry_id + 1))
-                await asyncio.gather(*(read_one(reader, history, entry_id) for entry_id in batch))
 
 
 async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkeypatch):

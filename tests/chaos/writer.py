@@ -1,10 +1,10 @@
 """One chaos writer process (`python -m tests.chaos.writer ...`): its own process, so the harness can SIGSTOP it.
 
-It writes ledgers one after another (pipelined, random E/Qw/Qa), reads back confirmed entries of the ledger it is
-writing at random moments, and records every operation in its history file. With `--take-over LEDGER` it first
-takes a ledger over the way users do: `reopen_ledger` once the old writer's lease is gone, or `recover_ledger`
-when entries past the LAC need recovery's decision. A writer that gives a ledger up writes one line in
-`<name>.giveups.jsonl` (the harness judges whether Qa bookies of each write set were reachable), and its current
+It writes ledgers one after another (pipelined, random E/Qw/Qa or the one `--config`), reads back confirmed entries
+of the ledger it is writing at random moments, and records every operation in its history file. With `--take-over
+LEDGER` it first takes a ledger over the way users do: `reopen_ledger` once the old writer's lease is gone, or
+`recover_ledger` when entries past the LAC need recovery's decision. A writer that gives a ledger up writes one line
+in `<name>.giveups.jsonl` (the harness judges whether Qa bookies of each write set were reachable), and its current
 ledger id is kept in `<name>.ledger` for whoever takes it over. It stops when the file `stop` appears in its
 directory.
 """
@@ -17,6 +17,7 @@ import contextlib
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from kazoo.exceptions import KazooException
@@ -47,6 +48,9 @@ class ChaosWriter:
         self.giveups = open(self.dir / f"{self.name}.giveups.jsonl", "a", buffering=1)  # noqa: SIM115
         self.take_over = args.take_over
         self.entries = (args.min_entries, args.max_entries)
+        self.configs = [args.config] if args.config else CONFIGS
+        self.add_interval = args.add_interval
+        self.settings = replace(SETTINGS, add_timeout=args.add_timeout) if args.add_timeout else SETTINGS
 
     @property
     def stopping(self) -> bool:
@@ -71,13 +75,13 @@ class ChaosWriter:
         writer may be, would otherwise exit at once)."""
         while True:
             try:
-                return BookKeeper(zk, SETTINGS)  # blocks this writer only: it has nothing else to do yet
+                return BookKeeper(zk, self.settings)  # blocks this writer only: it has nothing else to do yet
             except ZooKeeperUnreachable:
                 await asyncio.sleep(0.5)
 
     async def _create(self, bk: BookKeeper) -> LedgerWriter | None:
         try:
-            return await bk.create_ledger(*self.rng.choice(CONFIGS))
+            return await bk.create_ledger(*self.rng.choice(self.configs))
         except TRANSIENT:
             await asyncio.sleep(0.5)
             return None
@@ -145,6 +149,8 @@ class ChaosWriter:
                 in_flight.append(self._append(writer))
                 if len(in_flight) >= window:
                     await in_flight.pop(0)
+                if self.add_interval:
+                    await asyncio.sleep(self.add_interval)
             await asyncio.gather(*in_flight)
             op = self.history.invoke("close", writer.ledger_id)
             try:
@@ -199,6 +205,12 @@ def main() -> None:
     parser.add_argument("--take-over", type=int, default=None)
     parser.add_argument("--min-entries", type=int, default=200)
     parser.add_argument("--max-entries", type=int, default=2000)
+    parser.add_argument("--config", type=lambda text: tuple(map(int, text.split(","))), default=None,
+                        help="E,Qw,Qa of every ledger (default: one of CONFIGS at random)")
+    parser.add_argument("--add-timeout", type=float, default=None,
+                        help="seconds an add waits for a bookie before replacing it (default SETTINGS')")
+    parser.add_argument("--add-interval", type=float, default=0.0,
+                        help="seconds between two appends (default 0: as fast as the window allows)")
     args = parser.parse_args()
     asyncio.run(ChaosWriter(args).run(args.zk))
 

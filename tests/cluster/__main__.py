@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             for request in sorted(control.glob("cut-zone-*")):
                 kubelet.cut_zone(request.name.removeprefix("cut-zone-"))
                 request.unlink()
+            for request in sorted(control.glob("partition-zone-*")):
+                kubelet.cut_zone(request.name.removeprefix("partition-zone-"), links_down=False)
+                request.unlink()
             for request in sorted(control.glob("heal-zone-*")):
                 kubelet.heal_zone(request.name.removeprefix("heal-zone-"))
                 request.unlink()

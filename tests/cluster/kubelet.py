@@ -214,22 +214,30 @@ class Kubelet:
         for worker in workers:
             worker.kill_now()
 
-    def cut_zone(self, zone: str) -> None:
+    def cut_zone(self, zone: str, links_down: bool = True) -> None:
         """A zone outage: its nodes stop heartbeating and their pods' network links go down (processes keep running
-        with their data, unreachable); the kubelets neither see nor report API changes of those pods meanwhile."""
+        with their data, unreachable); the kubelets neither see nor report API changes of those pods meanwhile.
+        Without `links_down`, a partition: the links stay up and the zone's pods reach each other, but nothing outside
+        the zone, the API server on the host included (the bridge drops the rest), so its kubelets are cut off the
+        same way."""
         with self._lock:
-            self.cut_nodes |= {node for node, node_zone in self.nodes.items() if node_zone == zone}
-            workers = [w for w in self.workers.values() if w.spec.get("nodeName") in self.cut_nodes]
-        for worker in workers:
-            if worker.netns:
-                self.bridge.cut(worker.netns)
+            zone_nodes = {node for node, node_zone in self.nodes.items() if node_zone == zone}
+            self.cut_nodes |= zone_nodes
+            namespaces = [w.netns for w in self.workers.values() if w.spec.get("nodeName") in zone_nodes and w.netns]
+        if not links_down:
+            self.bridge.isolate(zone, namespaces)
+            return
+        for namespace in namespaces:
+            self.bridge.cut(namespace)
 
     def heal_zone(self, zone: str) -> None:
-        """The zone returns: links up, heartbeats and pod syncing resume (pods deleted meanwhile are stopped then)."""
+        """The zone returns: links up or the partition ended, heartbeats and pod syncing resume (pods deleted meanwhile
+        are stopped then)."""
         with self._lock:
             healed = {node for node, node_zone in self.nodes.items() if node_zone == zone}
             workers = [w for w in self.workers.values() if w.spec.get("nodeName") in healed]
             self.cut_nodes -= healed
+        self.bridge.rejoin(zone)
         for worker in workers:
             if worker.netns:
                 self.bridge.heal(worker.netns)

@@ -1,13 +1,14 @@
 """Pod networking without containers: a host-only Linux bridge and one network namespace per pod.
 
 The bridge has no uplink and pods get no default route: they reach each other and the API server on the bridge's
-host address, nothing else. Every namespace and link made here is named with the bridge's prefix so that
-`Bridge.remove` can delete all of them, also after a crash of the process that made them.
+host address, nothing else. Every namespace, link and nftables table made here is named with the bridge's prefix so
+that `Bridge.remove` can delete all of them, also after a crash of the process that made them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import shutil
 import subprocess
 import threading
@@ -21,6 +22,10 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def _links() -> str:
     return ip("-o", "link", "show").stdout
+
+
+def nft(script: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["nft", "-f", "-"], input=script, check=check, capture_output=True, text=True)
 
 
 @dataclass
@@ -82,14 +87,44 @@ class Bridge:
 
     def cut(self, namespace: str) -> None:
         """A partition: the pod's link goes down, its processes keep running."""
-        ip("link", "set", f"{self.prefix}v{namespace.rsplit('-', 1)[1]}", "down")
+        ip("link", "set", self._veth(namespace), "down")
 
     def heal(self, namespace: str) -> None:
         """The partition ends: the pod's link comes back up."""
-        ip("link", "set", f"{self.prefix}v{namespace.rsplit('-', 1)[1]}", "up")
+        ip("link", "set", self._veth(namespace), "up")
+
+    def _veth(self, namespace: str) -> str:
+        return f"{self.prefix}v{namespace.rsplit('-', 1)[1]}"
+
+    def _group_table(self, group: str) -> str:
+        return f"{self.prefix}_isolated_{re.sub(r'[^A-Za-z0-9]', '_', group)}"
+
+    def isolate(self, group: str, namespaces: list[str]) -> None:
+        """A partition that leaves links up: the pods of `namespaces` reach each other on the bridge and nothing
+        else (no other pod, not the host's address); an nftables table of the bridge family drops the rest, at the
+        bridge's forward, input and output hooks. `rejoin(group)` deletes the table: the heal is exact."""
+        inside = ", ".join(f'"{self._veth(namespace)}"' for namespace in namespaces)
+        table = self._group_table(group)
+        nft(f"""table bridge {table} {{
+  set inside {{ type ifname; {f"elements = {{ {inside} }};" if inside else ""} }}
+  chain forward {{ type filter hook forward priority 0; policy accept;
+    iifname @inside oifname @inside accept
+    iifname @inside drop
+    oifname @inside drop; }}
+  chain input {{ type filter hook input priority 0; policy accept; iifname @inside drop; }}
+  chain output {{ type filter hook output priority 0; policy accept; oifname @inside drop; }}
+}}
+""")
+
+    def rejoin(self, group: str) -> None:
+        """The partition of `isolate(group, ...)` ends (nothing happens if there is none)."""
+        nft(f"delete table bridge {self._group_table(group)}\n", check=False)
 
     def remove(self) -> None:
-        """Every namespace and link with this prefix, then the bridge itself."""
+        """Every namespace, link and nftables table with this prefix, then the bridge itself."""
+        for line in nft("list tables bridge\n", check=False).stdout.splitlines():
+            if (table := line.split()[-1]).startswith(f"{self.prefix}_"):
+                nft(f"delete table bridge {table}\n", check=False)
         for namespace in ip("netns", "list", check=False).stdout.split("\n"):
             name = namespace.split(" ")[0]
             if name.startswith(f"{self.prefix}-"):

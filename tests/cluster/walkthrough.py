@@ -76,8 +76,14 @@ class LocalCluster:
         self._control(f"cut-zone-{zone}")
         return time.time()
 
+    def partition_zone(self, zone: str) -> float:
+        """A zone partitioned off: its nodes stop heartbeating (the API server is outside it), its pods run on with
+        their links up, reaching each other but nothing outside the zone; the wall-clock time it happened."""
+        self._control(f"partition-zone-{zone}")
+        return time.time()
+
     def heal_zone(self, zone: str) -> float:
-        """The cut zone returns as it was; the wall-clock time it did."""
+        """The cut or partitioned zone returns as it was; the wall-clock time it did."""
         self._control(f"heal-zone-{zone}")
         return time.time()
 

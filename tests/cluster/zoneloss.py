@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,11 +170,7 @@ class ZoneLoss:
         return {**{i: ENTRIES for i in (*self.spread.values(), *self.kept.values())}, **self.writer_acked}
 
     def entries_not_as_written(self) -> int:
-        """Entries read back that are not what was written at their place (every writer wrote entry i as i,
-        zero-padded to SIZE bytes): an old copy read as current, or entries read past what was acknowledged."""
-        acked = self.acknowledged()
-        return sum(entry["entry_id"] >= acked.get(ledger_id, 0) or entry["payload"] != f"{entry['entry_id']:0{SIZE}d}"
-                   for ledger_id, entries in self.read_back.items() for entry in entries)
+        return entries_not_as_written(self.read_back, self.acknowledged())
 
     def figures(self) -> dict[str, Any]:
         acked = sum(self.acknowledged().values())
@@ -207,9 +204,26 @@ def zone_claims(cluster: LocalCluster, bookies: dict[str, str]) -> dict[str, str
             if claim["metadata"]["name"].rsplit("-", 1)[0] in bookies}
 
 
-def zone_loss(cluster: LocalCluster) -> ZoneLoss:
-    """Cut a zone until every ledger with a replica there is back at Qw on the zones left and its bookies' fate is
-    settled, then return it and read everything back."""
+@dataclass(frozen=True)
+class ZoneSetUp:
+    """What the zone scenarios (this cut, and the partition of zonepartition.py) start from."""
+
+    zone: str
+    """The zone to cut off."""
+    others: list[str]
+    bookies: dict[str, str]
+    """The zone's Bookies: name -> bookie id."""
+    spread: dict[str, int]
+    kept: dict[str, int]
+    sharing_before: dict[str, list[int]]
+    """writeSetsSharingAZone of the spread ledgers (all 0: checked here)."""
+    zk: str
+
+
+def set_up(cluster: LocalCluster) -> ZoneSetUp:
+    """BOOKIES bookies, two per zone, the client certificate and the lost-bookie delay; the zone to cut; SPREAD
+    ledgers over all three zones and one kept off it, ENTRIES entries written to each and closed. The premise (every
+    spread write set spans three zones) is checked here, before the long part."""
     say(f"{BOOKIES} bookies, two per zone; client certificate; lost-bookie delay {DELAY} s")
     for spare in ("node-a2", "node-b2", "node-c2"):
         cluster.kubectl("uncordon", spare)
@@ -218,14 +232,12 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": DELAY}})
     zone = zone_to_cut(cluster)
     others = sorted({b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]} - {zone})
-    spread_names = [f"spread-{i}" for i in range(SPREAD)]
-    kept_names, stop_name = ["kept-0"], "writers-stop"
+    spread_names, kept_names = [f"spread-{i}" for i in range(SPREAD)], ["kept-0"]
     for name in spread_names:
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name)))
-    for name in (*kept_names, stop_name):
+    for name in kept_names:
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name, others)))
     spread, kept = ids_of(cluster, spread_names), ids_of(cluster, kept_names)
-    stop_id = ids_of(cluster, [stop_name])[stop_name]
     zk = bookie_cluster(cluster).spec.zookeeper
     say(f"writing {ENTRIES} entries of {SIZE} B to each of {len(spread) + len(kept)} ledgers, closing them")
     start_client(cluster, "zone-loss-fill", "set -e; " + " ".join(
@@ -234,13 +246,65 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     client_log(cluster, "zone-loss-fill", timeout=900)
     wait_for(lambda: all(ledger_status(cluster, n).get("state") == "CLOSED" and -1 not in sharing(cluster, n)
                          for n in (*spread, *kept)), timeout=300, what="Ledgers closed, zones in status", interval=2.0)
-    outcome = ZoneLoss(zone, spread, kept, {name: sharing(cluster, name) for name in spread})
-    if any(counts != [0] for counts in outcome.sharing_before.values()):  # the premise: checked before the long part
-        raise AssertionError(f"placement put two replicas of a write set in one zone: {outcome.sharing_before}")
-    zone_bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in cluster.get("bookies", "-n", NAMESPACE)[
+    sharing_before = {name: sharing(cluster, name) for name in spread}
+    if any(counts != [0] for counts in sharing_before.values()):
+        raise AssertionError(f"placement put two replicas of a write set in one zone: {sharing_before}")
+    bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in cluster.get("bookies", "-n", NAMESPACE)[
         "items"] if b["spec"].get("zone") == zone}
-    writer_node = next(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
-                       if n["metadata"]["labels"][ZONE_LABEL] != zone and ready(n))
+    return ZoneSetUp(zone, others, bookies, spread, kept, sharing_before, zk)
+
+
+def node_in(cluster: LocalCluster, zone: str, inside: bool) -> str:
+    """A Ready node in `zone` (inside) or in another zone."""
+    return next(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
+                if (n["metadata"]["labels"][ZONE_LABEL] == zone) == inside and ready(n))
+
+
+def bookies_lost(cluster: LocalCluster, bookies: dict[str, str]) -> bool:
+    """Whether every one of the named Bookies counts lost (status.lostSince)."""
+    return all((cluster.get("bookie", "-n", NAMESPACE, b).get("status") or {}).get("lostSince") for b in bookies)
+
+
+def back_at_qw(cluster: LocalCluster, name: str, marked: set[str], zone_bookie_ids: Collection[str]) -> bool:
+    """One look at a Ledger (added to `marked` while under-replicated): was it marked, and is it back at Qw with no
+    replica left on the zone's bookies?"""
+    status = ledger_status(cluster, name)
+    if status.get("underReplicated"):
+        marked.add(name)
+    return name in marked and not status.get("underReplicated") and all(
+        bookie not in s["bookies"] for s in status.get("segments", []) for bookie in zone_bookie_ids)
+
+
+def all_bookies_running(cluster: LocalCluster) -> bool:
+    """Whether all BOOKIES Bookies are Running and their pods Ready (the zone back)."""
+    return [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
+            ] == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster)))
+
+
+def repairs_created_since(cluster: LocalCluster, earlier: set[str], since: float) -> list[str]:
+    """The repair Jobs not among `earlier` created at or after the wall-clock time `since`."""
+    return [job["metadata"]["name"] for job in repair_jobs(cluster) if job["metadata"]["name"] not in earlier
+            and job["metadata"]["creationTimestamp"] >= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))]
+
+
+def entries_not_as_written(read_back: dict[int, list[dict[str, Any]]], acknowledged: dict[int, int]) -> int:
+    """Entries read back that are not what was written at their place (the fill and the rounds wrote entry i as i,
+    zero-padded to SIZE bytes): an old copy read as current, or entries read past what was acknowledged."""
+    return sum(entry["entry_id"] >= acknowledged.get(ledger_id, 0)
+               or entry["payload"] != f"{entry['entry_id']:0{SIZE}d}"
+               for ledger_id, entries in read_back.items() for entry in entries)
+
+
+def zone_loss(cluster: LocalCluster) -> ZoneLoss:
+    """Cut a zone until every ledger with a replica there is back at Qw on the zones left and its bookies' fate is
+    settled, then return it and read everything back."""
+    setup = set_up(cluster)
+    zone, spread, kept, zone_bookies, zk = setup.zone, setup.spread, setup.kept, setup.bookies, setup.zk
+    stop_name = "writers-stop"
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(stop_name, setup.others)))
+    stop_id = ids_of(cluster, [stop_name])[stop_name]
+    outcome = ZoneLoss(zone, spread, kept, setup.sharing_before)
+    writer_node = node_in(cluster, zone, inside=False)
     say(f"writer rounds on {writer_node}; waiting for two before the cut")
     start_client(cluster, WRITER, writer_script(zk, stop_id), writer_node)
     wait_for(lambda: len(writer_rounds(cluster)) >= 2, timeout=600, what="two writer rounds", interval=2.0)
@@ -258,20 +322,13 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
             outcome.seconds[milestone] = time.time() - cut_at
             say(f"{milestone} {outcome.seconds[milestone]:.0f} s after the cut")
 
-    def back_at_qw(name: str) -> bool:
-        status = ledger_status(cluster, name)
-        if status.get("underReplicated"):
-            outcome.marked.add(name)
-        return name in outcome.marked and not status.get("underReplicated") and all(
-            bookie not in s["bookies"] for s in status.get("segments", []) for bookie in zone_bookies.values())
-
     def settled() -> bool:
         for name in kept:
             if ledger_status(cluster, name).get("underReplicated"):
                 outcome.marked.add(name)
-        note("zone_bookies_lost", all((cluster.get("bookie", "-n", NAMESPACE, b).get("status") or {}).get("lostSince")
-                                      for b in zone_bookies))
-        note("affected_ledgers_at_qw", all([back_at_qw(name) for name in spread]))  # each looked at: marks seen
+        note("zone_bookies_lost", bookies_lost(cluster, zone_bookies))
+        note("affected_ledgers_at_qw",  # each looked at: marks seen
+             all([back_at_qw(cluster, name, outcome.marked, zone_bookies.values()) for name in spread]))
         note("affected_ledgers_marked", outcome.marked >= spread.keys())
         rounds = writer_rounds(cluster)
         note("writer_round_after_repairs", "affected_ledgers_at_qw" in outcome.seconds and any(
@@ -317,10 +374,7 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     say("reading every acknowledged entry back")
     outcome.read_back = read_all(cluster, [*spread.values(), *kept.values(), *outcome.writer_acked])
     outcome.repairs = repair_timeline(cluster, jobs_before, cut_at)
-    outcome.repairs_after_return = [job["metadata"]["name"] for job in repair_jobs(cluster)
-                                    if job["metadata"]["name"] not in jobs_before
-                                    and job["metadata"]["creationTimestamp"] >= time.strftime(
-                                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(returned_at))]
+    outcome.repairs_after_return = repairs_created_since(cluster, jobs_before, returned_at)
     return outcome
 
 
@@ -333,9 +387,7 @@ def returned(cluster: LocalCluster, outcome: ZoneLoss, access: FleetAccess, zone
             outcome.seconds_after_return[milestone] = time.time() - returned_at
             say(f"{milestone} {outcome.seconds_after_return[milestone]:.0f} s after the return")
 
-    if "bookies_running_after_return" not in outcome.seconds and [
-            b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
-    ] == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster))):
+    if "bookies_running_after_return" not in outcome.seconds and all_bookies_running(cluster):
         outcome.seconds["bookies_running_after_return"] = time.time() - outcome.cut_at
     pod_ips = {pod["metadata"]["name"]: pod["status"].get("podIP") for pod in bookie_pods(cluster)}
     for name, bookie_id in zone_bookies.items():

@@ -140,3 +140,9 @@ def test_bench_operator_outside_a_source_checkout_says_it_is_a_development_comma
     args = build_parser().parse_args(["bench", "operator", "--json"])
     with pytest.raises(CommandError, match="development command: it runs tests/operatorbench of a source checkout"):
         args.handler(args)
+
+
+def test_bench_operator_partition_is_a_variant_of_the_zone_loss():
+    args = build_parser().parse_args(["bench", "operator", "--partition", "--json"])
+    with pytest.raises(CommandError, match="--partition is a variant of --zone-loss"):
+        args.handler(args)

@@ -3,7 +3,8 @@
 
 `--node-failure` fails the node of a bookie holding a replica: seconds from the node being NotReady to the ledgers
 marked and the repair Job created, to a healthy Ledger and a fresh bookie. `--zone-loss` cuts a whole zone off for
-longer than the lost-bookie delay, then returns it (tests/cluster/zoneloss.py).
+longer than the lost-bookie delay, then returns it (tests/cluster/zoneloss.py); with `--partition`, the zone is
+partitioned off instead, a writer inside it, and heals (tests/cluster/zonepartition.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bookfleet.bench.baseline import cpu_loop, raw_fsync_bandwidth
-from tests.cluster import walkthrough, zoneloss
+from tests.cluster import walkthrough, zoneloss, zonepartition
 
 NODE_FAILURE_ENTRIES = 100
 
@@ -47,7 +48,29 @@ def zone_loss_report(figures: dict[str, Any], baseline: dict[str, float]) -> dic
                         "stale_copies_reclaimed_after_return": figures["gc_interval_seconds"]}}
 
 
+def zone_partition_report(figures: dict[str, Any], baseline: dict[str, float]) -> dict[str, Any]:
+    """The zone partition's JSON (the bench's, and the line its tier test prints)."""
+    return {"bench": "operator", "scenario": "zone-partition", **figures, "baseline": baseline,
+            "targets": {"entries_lost": 0, "inside_acks_past_fence": 0, "repairs_started_by_heal": 0,
+                        "history": "legal"}}
+
+
+def zone_partition(args: argparse.Namespace) -> int:
+    baseline = machine_baseline()
+    history_dir = Path(tempfile.mkdtemp(prefix="bookfleet-zone-partition-"))  # kept: the histories and drawings
+    with walkthrough.running_cluster() as cluster:
+        walkthrough.install(cluster)
+        outcome = zonepartition.zone_partition(cluster, history_dir)
+    figures = outcome.figures()
+    print(json.dumps(zone_partition_report(figures, baseline), indent=None if args.json else 2))
+    failed = figures["entries_lost"] or figures["inside_acks_past_fence"] or figures["repairs_started_by_heal"] \
+        or not (outcome.verdict and outcome.verdict.legal)
+    return 1 if failed else 0
+
+
 def zone_loss(args: argparse.Namespace) -> int:
+    if getattr(args, "partition", False):
+        return zone_partition(args)
     baseline = machine_baseline()
     with walkthrough.running_cluster() as cluster:
         walkthrough.install(cluster)
