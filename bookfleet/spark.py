@@ -142,6 +142,23 @@ lost bookies' Jobs read the same markers): bounded, so a stuck holder cannot kee
 the job, because the operator (no pyspark, no repair counters) sets it on its Jobs."""
 
 
+DEFAULT_LOCAL_MODE_MAX_MB = 256.0
+"""The largest repair plan (MB to copy) run in the driver alone, Spark `local[N]`, rather than on executor pods:
+asking Kubernetes for executor pods and waiting for them to start and register costs tens of seconds before the first
+byte is copied (measured on the local cluster: README, "When a whole zone is lost"), while a driver copying with the
+executors' parallelism restores a few MB/s (small entries) to over 50 MB/s (64 KiB entries); 256 MB copies in about
+the time the executors take to come up at the slowest rate. Here, not in the job: the operator sets it on its Jobs."""
+
+
+def repair_master(given: str | None, planned_bytes: int, local_max_mb: float, local_cores: int) -> str | None:
+    """The master a repair's session runs on (pure): `given` (None: spark-submit's), except that a plan of at most
+    `local_max_mb` MB on a cluster master runs in the driver alone, `local[local_cores]`, with no executor pods to
+    wait for. 0 MB keeps executors for every plan; a local master given stays as it is."""
+    if is_local(given) or local_max_mb <= 0 or planned_bytes > local_max_mb * 1e6:
+        return given
+    return f"local[{max(1, local_cores)}]"
+
+
 SPARK_VERSION = "4.3.0"
 """The Spark of the repair image (its pinned pyspark, constraints.txt; a test keeps the two equal). The operator
 names it in SparkApplications without pyspark installed: its image has neither pyspark nor a JRE."""
@@ -164,6 +181,8 @@ def spark_submit_options(
     image: str | None = None,
     job: str = "spark_repair",
     lock_wait_s: float | None = None,
+    local_max_mb: float | None = None,
+    local_cores: int | None = None,
 ) -> list[str]:
     """spark-submit's arguments for a repair (or audit) job: the operator's Job and the local runner both use them.
     Pure settings: the operator builds its Jobs from them where pyspark is not installed."""
@@ -190,6 +209,8 @@ def spark_submit_options(
         command += ["--throttle-mb-s", str(throttle_mb_s)]
     if lock_wait_s is not None:
         command += ["--lock-wait-s", str(lock_wait_s)]
+    if local_max_mb is not None:
+        command += ["--local-max-mb", str(local_max_mb), "--local-cores", str(local_cores or executors)]
     return command
 
 
