@@ -264,6 +264,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
     # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
     assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
+    assert conf["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"  # a one-run JVM: C1 only, less start CPU
     assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
     assert job["spec"]["ttlSecondsAfterFinished"] == 86400  # finished repairs do not pile up
     assert conf["spark.kubernetes.driver.service.deleteOnTermination"] == "false"  # it may not touch services
