@@ -142,6 +142,24 @@ lost bookies' Jobs read the same markers): bounded, so a stuck holder cannot kee
 the job, because the operator (no pyspark, no repair counters) sets it on its Jobs."""
 
 
+DEFAULT_LOCAL_MODE_MAX_MB = 256.0
+"""The largest repair plan (MB to copy) run in the driver alone, Spark `local[N]`, rather than on executor pods:
+asking Kubernetes for executor pods and waiting for them to start and register costs 7 s on a quiet local cluster
+and ~40 s on a loaded one before the first task (the zone loss's driver ran 66 s of repair with executors, 27 s in
+local mode: README, "When a whole zone is lost"), while a driver copying with the executors' parallelism restores 4-13
+MB/s of 1 KiB entries and 50-150 MB/s of 64 KiB ones (`bench repair`): 256 MB is about what the slowest rate copies
+while executors come up on a loaded cluster. Here, not in the job: the operator sets it on its Jobs."""
+
+
+def repair_master(given: str | None, planned_bytes: int, local_max_mb: float, local_cores: int) -> str | None:
+    """The master a repair's session runs on (pure): `given` (None: spark-submit's), except that a plan of at most
+    `local_max_mb` MB on a cluster master runs in the driver alone, `local[local_cores]`, with no executor pods to
+    wait for. 0 MB keeps executors for every plan; a local master given stays as it is."""
+    if is_local(given) or local_max_mb <= 0 or planned_bytes > local_max_mb * 1e6:
+        return given
+    return f"local[{max(1, local_cores)}]"
+
+
 SPARK_VERSION = "4.3.0"
 """The Spark of the repair image (its pinned pyspark, constraints.txt; a test keeps the two equal). The operator
 names it in SparkApplications without pyspark installed: its image has neither pyspark nor a JRE."""
@@ -154,6 +172,13 @@ def app_path(job: str, image: str | None) -> str:
     return str(Path(__file__).parent / "replication" / f"{job}.py")
 
 
+SUBMITTED_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The JVM of a driver started by spark-submit (a repair Job's, the runner's) compiles with C1 only: it lives for one
+run and passes little data (a task's plans in, its results out; Python workers copy the entries), so the optimising
+compiler's CPU at start-up is never paid back. Measured: spark-submit, a local session and one job took 12.7-14.4 s
+of CPU by default and 7.4-9.6 s with C1 only; on the local cluster the drivers start while everything else runs."""
+
+
 def spark_submit_options(
     master: str,
     zk: str,
@@ -164,6 +189,8 @@ def spark_submit_options(
     image: str | None = None,
     job: str = "spark_repair",
     lock_wait_s: float | None = None,
+    local_max_mb: float | None = None,
+    local_cores: int | None = None,
 ) -> list[str]:
     """spark-submit's arguments for a repair (or audit) job: the operator's Job and the local runner both use them.
     Pure settings: the operator builds its Jobs from them where pyspark is not installed."""
@@ -172,6 +199,7 @@ def spark_submit_options(
         "spark.ui.enabled": "false",
         "spark.executor.instances": str(executors),
         "spark.executor.memory": executor_memory,
+        "spark.driver.extraJavaOptions": SUBMITTED_DRIVER_JAVA_OPTIONS,
     }
     if image:
         command += ["--deploy-mode", "cluster"]
@@ -190,6 +218,8 @@ def spark_submit_options(
         command += ["--throttle-mb-s", str(throttle_mb_s)]
     if lock_wait_s is not None:
         command += ["--lock-wait-s", str(lock_wait_s)]
+    if local_max_mb is not None:
+        command += ["--local-max-mb", str(local_max_mb), "--local-cores", str(local_cores or executors)]
     return command
 
 

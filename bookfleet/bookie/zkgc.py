@@ -13,16 +13,22 @@ metadata no longer names: over-replicated, as BookKeeper calls them. Such a copy
 closed (recovery and ensemble changes, which write to a bookie before or without its lock, only touch open ledgers),
 neither marked under-replicated nor recorded as having lost data (then a copy no metadata names may be the last one),
 and while this bookie holds the ledger's repair lock, so that no repair is copying to it meanwhile.
+
+Such a bookie usually comes back through a new ZooKeeper session: cut off for longer than the lost-bookie delay, its
+session expired. The collector then runs a pass as soon as the new session is up, rather than up to an interval later
+(the zone-loss scenario's stale copies went a whole --gc-interval after the return): the same pass, with every check
+above and the grace, only sooner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
@@ -45,14 +51,21 @@ class LedgerCollector:
         self.clock = clock
         self.first_seen: dict[int, float] = {}
         self._task: asyncio.Task | None = None
+        self._rejoined = asyncio.Event()
+        """Set when a new ZooKeeper session replaced an expired one: the next pass runs at once."""
+        self._session_expired = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         """Start the loop over the started storage: the grace of what it holds counts from now."""
         now = self.clock()
         self.first_seen = dict.fromkeys(self.storage.ledger_ids(), now)
+        self._loop = asyncio.get_running_loop()
+        self.zk.add_listener(self._on_session_state)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        self.zk.remove_listener(self._on_session_state)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -108,9 +121,22 @@ class LedgerCollector:
             raise RuntimeError(f"ZooKeeper has no cookie for bookie {self.bookie_id}; not trusting its ledger list")
         return self.metadata.ledger_ids()
 
+    def _on_session_state(self, state: str) -> None:
+        """kazoo's thread: LOST (the session expired, the bookie's registration went with it), then CONNECTED on a
+        new session is a rejoin after a cut: wake the loop for a pass now."""
+        if state == KazooState.LOST:
+            self._session_expired = True
+        elif state == KazooState.CONNECTED and self._session_expired and self._loop is not None:
+            self._session_expired = False
+            self._loop.call_soon_threadsafe(self._rejoined.set)
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rejoined.wait(), self.interval)
+            if self._rejoined.is_set():
+                log.info("garbage collection: rejoined ZooKeeper on a new session, collecting now")
+                self._rejoined.clear()
             try:
                 await self.collect_once()
             except Exception as exc:

@@ -48,7 +48,8 @@ def run(args) -> int:
         with repair_progress(sys.stderr.isatty() and not args.json) as progress:
             summary = spark_repair.run_repair(
                 args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s,
-                progress=progress, lock_wait_s=args.lock_wait_s,
+                progress=progress, lock_wait_s=args.lock_wait_s, local_max_mb=args.local_max_mb,
+                local_cores=args.local_cores,
             )
     except ZooKeeperUnreachable as exc:
         raise CommandError(str(exc)) from None

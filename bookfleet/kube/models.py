@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from bookfleet import spark
 from bookfleet.wire import DigestType
 
 GROUP = "bookfleet.io"
@@ -239,6 +240,11 @@ class RepairSpec(KubeModel):
         3600, ge=60, description="a repair Job still running after this long is failed, and retried as a new attempt"
     )
     executor_cores: int = Field(1, ge=1, description="CPU request and limit of each executor pod")
+    local_mode_max_mb: float = Field(
+        spark.DEFAULT_LOCAL_MODE_MAX_MB, ge=0, description="a repair planned to copy at most this many MB runs in its "
+        "driver pod alone (Spark local mode, executors x executorCores cores) instead of starting executor pods; 0 "
+        "starts executors for every repair"
+    )
     ttl_seconds_after_finished: int = Field(
         86400, ge=0, description="a finished repair (Job or SparkApplication) is deleted this long after it ends; "
         "the Bookie's Repaired condition keeps its outcome"

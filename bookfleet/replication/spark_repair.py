@@ -168,6 +168,8 @@ class LedgerWork:
 
 ProgressCallback = Callable[[int, int, int], None]
 """(ledgers done, ledgers planned, bytes copied so far)."""
+SessionFactory = Callable[[int], object]
+"""The SparkSession to copy `planned bytes` on (the active one once started)."""
 
 
 class RepairJob:
@@ -199,20 +201,20 @@ class RepairJob:
 
     def run(
         self,
-        spark: Callable[[], object],
+        spark: SessionFactory,
         ledgers: Sequence[int] | None = None,
         progress: ProgressCallback | None = None,
     ) -> RepairSummary:
-        """One pass; `spark` makes the SparkSession, called only when there is something to copy. The run's own work
-        comes first, then the ledgers another repair had locked (wait_for_other_repairs)."""
+        """One pass; `spark` makes the SparkSession for the bytes planned, called only when there is something to
+        copy. The run's own work comes first, then the ledgers another repair had locked (wait_for_other_repairs)."""
         started = time.monotonic()
         try:
             if self.under_replication.is_disabled():
                 self.summary.disabled = True
                 return self.summary
             works = self.prepare(ledgers)
-            if works:
-                self.copy(spark(), works, progress)
+            log.info("repair: %d ledger(s) locked and planned in %.1fs", len(works), time.monotonic() - started)
+            self.copy(spark, works, progress)
             self.wait_for_other_repairs(spark, progress)
         finally:
             self.summary.seconds = time.monotonic() - started
@@ -244,7 +246,7 @@ class RepairJob:
         with ThreadPoolExecutor(ZK_THREADS, thread_name_prefix="repair-plan") as pool:  # recovery opens block
             return [work for work in pool.map(plan, stored) if work is not None]
 
-    def wait_for_other_repairs(self, spark: Callable[[], object], progress: ProgressCallback | None) -> None:
+    def wait_for_other_repairs(self, spark: SessionFactory, progress: ProgressCallback | None) -> None:
         """Follow up the ledgers another repair had locked, as a BookKeeper replication worker does, rather than leave
         them to a later run: as each lock goes (watched in ZooKeeper, not polled) re-read the markers of those ledgers
         (one pipeline); a marker gone was cleared by the other repair, a marker still there is locked, planned and
@@ -264,9 +266,7 @@ class RepairJob:
             done, marked = cleared_elsewhere(self.under_replication.read_markers(sorted(gone)))
             self.summary.done_elsewhere += done
             held = set(self.locked_elsewhere)
-            works = self.lock_and_plan(marked)
-            if works:
-                self.copy(spark(), works, progress)
+            self.copy(spark, self.lock_and_plan(marked), progress)
             gone = watch.watch(self.locked_elsewhere - held)  # taken again by yet another repair meanwhile
         self.summary.done_elsewhere.sort()
         self.summary.locked_elsewhere = sorted(self.locked_elsewhere)
@@ -360,9 +360,12 @@ class RepairJob:
 
     # --- copying ----------------------------------------------------------------------------------------------
 
-    def copy(self, spark, works: list[LedgerWork], progress: ProgressCallback | None) -> None:
+    def copy(self, spark: SessionFactory, works: list[LedgerWork], progress: ProgressCallback | None) -> None:
         """Run batches of ledgers as concurrent single-task Spark jobs; commit each ledger as its batch returns."""
-        context = spark.sparkContext
+        if not works:
+            return
+        started = time.monotonic()
+        context = spark(sum(work.size for work in works)).sparkContext
         parallelism = max(1, context.defaultParallelism)
         batches = self.batches(works, parallelism * TASKS_PER_CORE)
         settings = RepairSettings(
@@ -410,6 +413,7 @@ class RepairJob:
             finally:
                 for future in futures:
                     future.cancel()
+        log.info("repair: %d ledger(s) copied and committed in %.1fs", len(works), time.monotonic() - started)
 
     @staticmethod
     def batches(works: list[LedgerWork], count: int) -> list[list[LedgerWork]]:
@@ -576,13 +580,26 @@ def run_repair(
     open_grace_s: float = DEFAULT_OPEN_GRACE_S,
     progress: ProgressCallback | None = None,
     lock_wait_s: float = sparksettings.DEFAULT_LOCK_WAIT_S,
+    local_max_mb: float = 0.0,
+    local_cores: int = 2,
 ) -> RepairSummary:
-    """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`."""
+    """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`. A plan of at
+    most `local_max_mb` MB runs in this process alone, `local[local_cores]`, whatever the master (sparksettings.
+    repair_master; 0: never)."""
     if password is None:
         password = os.environ.get(PASSWORD_ENV, "").encode()
+
+    def session(planned_bytes: int):
+        chosen = sparksettings.repair_master(master, planned_bytes, local_max_mb, local_cores)
+        started = time.monotonic()
+        spark = sparksettings.session(chosen, app_name="bookfleet-repair")
+        log.info("repair: %.1f MB planned, Spark session on %s in %.1fs", planned_bytes / 1e6,
+                 chosen or spark.sparkContext.master, time.monotonic() - started)
+        return spark
+
     with zkclient.session(zk, ZK_SESSION_TIMEOUT) as client:
         job = RepairJob(client, password, throttle_mb_s, open_grace_s, lock_wait_s=lock_wait_s)
-        return job.run(lambda: sparksettings.session(master, app_name="bookfleet-repair"), ledgers, progress)
+        return job.run(session, ledgers, progress)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -603,6 +620,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the run waits, after its own work, for ledgers another repair has locked; those still locked "
         f"then stay marked (default {sparksettings.DEFAULT_LOCK_WAIT_S:.0f})",
     )
+    parser.add_argument(
+        "--local-max-mb",
+        type=float,
+        default=0.0,
+        help="a plan of at most this many MB runs in the driver alone, Spark local[--local-cores], not on the master's"
+        " executors (default 0: never)",
+    )
+    parser.add_argument("--local-cores", type=int, default=2, help="cores of that local run (default 2)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -614,6 +639,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--throttle-mb-s must be positive, got {args.throttle_mb_s}"
     if args.open_grace_s < 0:
         return f"--open-grace-s must be >= 0, got {args.open_grace_s}"
+    if not 0 <= args.local_max_mb < math.inf or args.local_cores < 1:
+        return f"--local-max-mb must be >= 0 and --local-cores >= 1, got {args.local_max_mb}, {args.local_cores}"
     if not 0 <= args.lock_wait_s < math.inf:
         return f"--lock-wait-s must be a number of seconds >= 0, got {args.lock_wait_s}"
     if any(ledger_id < 0 for ledger_id in args.ledgers or ()):
@@ -626,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, "spark_repair.py", "bookfleet repair job", add_arguments, check_arguments,
         lambda args: run_repair(
             args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s,
-            lock_wait_s=args.lock_wait_s,
+            lock_wait_s=args.lock_wait_s, local_max_mb=args.local_max_mb, local_cores=args.local_cores,
         ),
     )
 

@@ -11,9 +11,12 @@ from bookfleet.bookie.gc import GcReport
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError
+from bookfleet.fleet import BookieFleet
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, Segment
 from bookfleet.meta.underreplication import UnderReplication
+
+REPAIRED_ELSEWHERE = "elsewhere:3181"
 
 
 async def holds(address: str, ledger_id: int) -> bool:
@@ -101,3 +104,45 @@ async def test_a_restarted_bookie_counts_the_grace_of_what_it_holds_from_its_sta
         await collector.stop()
     assert storage.held == set()
     assert not UnderReplication(zk).is_locked(repaired_away)  # the lock it took to collect is released
+
+
+async def test_a_bookie_cut_from_zookeeper_collects_what_was_repaired_away_as_soon_as_it_rejoins(
+        zk_connect, zk, link_proxy, tmp_path):
+    """A bookie cut off (a zone outage) longer than its session comes back on a new session holding copies of ledgers
+    repaired elsewhere meanwhile: it collects them when it rejoins, not an interval later (here an hour: the test
+    waits a minute), with every check a pass makes (a copy still marked under-replicated stays)."""
+    hosts, chroot = zk_connect.split("/", 1)
+    to_zookeeper = await link_proxy(int(hosts.rsplit(":", 1)[1]))
+    fleet = BookieFleet(f"{to_zookeeper.address}/{chroot}", tmp_path / "cut")
+    try:
+        bookie = fleet.add(gc_interval=3600, gc_grace=0, zk_session_timeout=4).start()
+        await asyncio.to_thread(bookie.wait_ready, 60)  # off the loop: its ZooKeeper traffic goes through the proxy
+        async with BookKeeper(zk_connect) as bk:
+            writers = [await bk.create_ledger(1, 1, 1) for _ in ("moved", "marked")]
+            for writer in writers:
+                await asyncio.gather(*(writer.append(f"entry {i}".encode()) for i in range(3)))
+                await writer.close()
+        moved, marked = (writer.ledger_id for writer in writers)
+        assert zk.exists(zkpaths.available(bookie.bookie_id))
+        to_zookeeper.cut()
+        async with asyncio.timeout(60):  # its session expires: the registration goes
+            while zk.exists(zkpaths.available(bookie.bookie_id)):
+                await asyncio.sleep(0.1)
+        store = MetadataStore(zk)
+        for ledger_id in (moved, marked):  # repaired elsewhere while it was gone; one still marked
+            metadata, version = store.read(ledger_id)
+            elsewhere = (Segment(first_entry_id=0, bookies=(REPAIRED_ELSEWHERE,)),)
+            store.update(ledger_id, metadata.model_copy(update={"segments": elsewhere}), version)
+        UnderReplication(zk).mark(marked, [REPAIRED_ELSEWHERE])
+        assert await holds(bookie.address, moved) and await holds(bookie.address, marked)
+
+        await to_zookeeper.reopen()
+        async with asyncio.timeout(60):
+            while await holds(bookie.address, moved):
+                await asyncio.sleep(0.2)
+        assert await holds(bookie.address, marked)
+        async with asyncio.timeout(60):  # it rejoined: registered again on its new session
+            while not zk.exists(zkpaths.available(bookie.bookie_id)):
+                await asyncio.sleep(0.1)
+    finally:
+        await asyncio.to_thread(fleet.close)

@@ -405,7 +405,8 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     issue_client_certificate(cluster)
     say(f"writing {entries} entries to Ledger {LEDGER} from a client pod")
     ledger_id = write_entries(cluster, entries)
-    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10}})
+    # A repair this small would run in its driver alone (localModeMaxMb): this one shows Spark's executor pods.
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10, "repair": {"localModeMaxMb": 0}}})
     lost_id = ledger_status(cluster)["segments"][0]["bookies"][0]
     earlier = frozenset(job["metadata"]["name"] for job in repair_jobs(cluster, lost_id.split(".")[0]))
     started = time.monotonic()

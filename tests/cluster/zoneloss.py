@@ -409,9 +409,12 @@ def returned(cluster: LocalCluster, outcome: ZoneLoss, access: FleetAccess, zone
 
 def repair_timeline(cluster: LocalCluster, earlier: set[str], cut_at: float) -> list[dict[str, Any]]:
     """The repair Jobs not among `earlier`, oldest first: their bookie, when each was created, started and finished
-    (seconds after the cut, whole seconds as the API keeps them), how it ended, how many driver pods it ran, and the
-    drivers' summaries ("repaired N ledger(s) ...; M still marked ...")."""
+    and its driver container and executor pods started (seconds after the cut, whole seconds as the API keeps them),
+    how it ended, how many driver pods it ran, and the drivers' repair lines (timed phases, "repaired N ledger(s) ...;
+    M still marked ...")."""
     timeline = []
+    scheduled = {event["involvedObject"]["name"]: event.get("eventTime") or event.get("firstTimestamp")
+                 for event in cluster.get("events", "-n", NAMESPACE)["items"] if event.get("reason") == "Scheduled"}
     for job in sorted(repair_jobs(cluster), key=lambda job: job["metadata"]["creationTimestamp"]):
         name, status = job["metadata"]["name"], job.get("status") or {}
         if name in earlier:
@@ -420,7 +423,8 @@ def repair_timeline(cluster: LocalCluster, earlier: set[str], cut_at: float) -> 
                       and c["status"] == "True"), {})
         drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={name}")["items"]
         summaries = [line.strip() for pod in drivers for line in driver_log(cluster, pod).splitlines()
-                     if "still marked" in line or line.startswith("failure:")]
+                     if "repair: " in line or "still marked" in line or line.startswith("failure:")]
+        executors = f"{name[:resources.EXECUTOR_PREFIX_MAX].rstrip('-')}-exec-"
 
         def after_cut(stamp: str | None) -> float | None:
             return None if stamp is None else round(server_seconds(stamp, cut_at), 1)
@@ -429,7 +433,12 @@ def repair_timeline(cluster: LocalCluster, earlier: set[str], cut_at: float) -> 
                          "created": after_cut(job["metadata"]["creationTimestamp"]),
                          "started": after_cut(status.get("startTime")),
                          "ended": after_cut(ended.get("lastTransitionTime")), "outcome": ended.get("type"),
-                         "driver_pods": len(drivers), "summaries": summaries})
+                         "driver_pods": len(drivers), "summaries": summaries,
+                         "driver_started": [after_cut(state.get("startedAt")) for pod in drivers
+                                            for status in pod["status"].get("containerStatuses", [])
+                                            for state in (status.get("state") or {}).values()],
+                         "executors_scheduled": sorted(after_cut(stamp) for pod, stamp in scheduled.items()
+                                                       if pod.startswith(executors) and stamp)})
     return timeline
 
 

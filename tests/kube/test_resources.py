@@ -264,6 +264,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
     # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
     assert conf["spark.driver.bindAddress"] == "$(POD_IP)"
+    assert conf["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"  # a one-run JVM: C1 only, less start CPU
     assert job["spec"]["activeDeadlineSeconds"] == 3600 and job["spec"]["backoffLimit"] == 3
     assert job["spec"]["ttlSecondsAfterFinished"] == 86400  # finished repairs do not pile up
     assert conf["spark.kubernetes.driver.service.deleteOnTermination"] == "false"  # it may not touch services
@@ -283,6 +284,8 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     parsed = repair_flags(app_args)
     assert (parsed.zk, list(parsed.ledgers), parsed.throttle_mb_s) == ("zk.storage.svc:2181", [7, 9], 50.0)
     assert parsed.lock_wait_s == spark.DEFAULT_LOCK_WAIT_S < job["spec"]["activeDeadlineSeconds"]
+    # A plan of at most the limit runs in the driver with the executors' cores (3 x 1), a larger one on executors.
+    assert (parsed.local_max_mb, parsed.local_cores) == (spark.DEFAULT_LOCAL_MODE_MAX_MB, 3)
 
 
 def test_a_repair_drivers_lock_wait_ends_well_before_its_jobs_deadline(cluster: BookieCluster, bookie: Bookie) -> None:

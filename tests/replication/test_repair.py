@@ -58,7 +58,7 @@ def test_a_bookie_lost_during_a_repair_keeps_its_marker(spark, zk, zk_connect, b
     works = job.prepare(None)  # planned and locked against the first loss only
     lose_bookie(zk, second)  # the auditor merges the second loss into the markers meanwhile
 
-    job.copy(spark, works, None)
+    job.copy(lambda planned_bytes: spark, works, None)
 
     assert job.summary.failures == [] and job.summary.ledgers == 4  # copies read from the last survivor
     under_replication = UnderReplication(zk)

@@ -142,9 +142,9 @@ def test_the_second_of_two_runs_that_finds_every_lock_held_ends_with_them_done(s
                 second_tried.set()
 
         first.copy, second.lock_and_plan = copy_once_the_second_tried, tried
-        first_run = pool.submit(first.run, lambda: spark)
+        first_run = pool.submit(first.run, lambda planned_bytes: spark)
         wait_until(lambda: len(first.under_replication.held) == LEDGERS, RUN_ENDS, "the first run's locks")
-        second_summary = pool.submit(second.run, lambda: spark).result(RUN_ENDS)
+        second_summary = pool.submit(second.run, lambda planned_bytes: spark).result(RUN_ENDS)
         first_summary = first_run.result(RUN_ENDS)
 
     assert (first_summary.ledgers, first_summary.pending, first_summary.failures) == (LEDGERS, [], [])

@@ -53,6 +53,42 @@ def test_a_session_under_spark_submit_keeps_the_driver_host_it_was_given(tmp_pat
     assert f"driver.host={GIVEN_DRIVER_HOST}" in result.stdout.splitlines()
 
 
+def test_a_small_repair_plan_runs_in_the_driver_alone_and_a_large_one_on_the_masters_executors() -> None:
+    """A repair Job's plan of a few MB would wait longer for its executor pods than it copies: under the limit it runs
+    `local[cores]` in the driver; over it, or with the limit 0, on the master it was given."""
+    k8s, mb = "k8s://https://kubernetes.default.svc", 1_000_000
+    assert spark.repair_master(None, 2 * mb, 256, 2) == "local[2]"  # None: spark-submit's master
+    assert spark.repair_master(k8s, 256 * mb, 256, 4) == "local[4]"
+    assert spark.repair_master(k8s, 256 * mb + 1, 256, 2) == k8s
+    assert spark.repair_master(None, 300 * mb, 256, 2) is None
+    assert spark.repair_master(k8s, 1, 0, 2) == k8s  # 0: executors for every plan
+    assert spark.repair_master("local[2]", 1, 256, 8) == "local[2]"  # a local master stays as given
+    assert spark.repair_master(k8s, 0, 256, 0) == "local[1]"
+
+
+SMALL_PLAN_PROBE = """\
+from bookfleet import spark
+session = spark.session(spark.repair_master(None, 1_000_000, 256, 2))
+print("master=" + session.sparkContext.master, "sum=" + str(session.sparkContext.parallelize(range(4), 2).sum()))
+session.stop()
+"""
+
+
+@pytest.mark.spark
+def test_a_small_plan_runs_locally_under_spark_submit_whatever_master_it_was_given(tmp_path: Path) -> None:
+    """The driver of a repair Job is started by spark-submit with the cluster's master; a small plan's session runs
+    in the driver's own JVM instead. The master given here answers nobody: on it the probe would never get a core."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(SMALL_PLAN_PROBE)
+    command = [spark.spark_submit_binary(), "--master", "spark://127.0.0.1:9", "--deploy-mode", "client"]
+    for key, value in {"spark.executor.instances": "2", "spark.pyspark.python": sys.executable,
+                       "spark.pyspark.driver.python": sys.executable}.items():
+        command += ["--conf", f"{key}={value}"]
+    result = subprocess.run([*command, str(probe)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "master=local[2] sum=6" in result.stdout.splitlines()
+
+
 def test_only_the_zips_of_an_installed_pyspark_move_behind_the_package(tmp_path: Path) -> None:
     """Spark puts SPARK_HOME/python/lib/*.zip first on a worker's path; when SPARK_HOME is the pip package, its
     installed modules (with cached bytecode) are the same code and must win over the zips."""

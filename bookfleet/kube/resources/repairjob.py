@@ -103,6 +103,8 @@ def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[
         image=image,
         job=REPAIR_JOB,
         lock_wait_s=driver_lock_wait(cluster),
+        local_max_mb=repair.local_mode_max_mb,
+        local_cores=repair.executors * repair.executor_cores,
     )
     app = argv.index(spark.app_path(REPAIR_JOB, image))
     return argv[:app], argv[app], argv[app + 1 :]
