@@ -12,8 +12,9 @@ process runs), the ledgers' metadata is written there, one Ledger resource adopt
 4. After --settle seconds, a steady window: the operator's CPU and RSS, API requests/s (kube-apiserver's own
    `apiserver_request_total`, by verb/resource, minus the idle window) and ZooKeeper requests/s (`mntr`
    zk_packets_received, likewise).
-5. Pod death: a bookie's pod and volumes deleted, its registration gone: seconds to its ledgers marked and to its
-   repair Job, minus the lost-bookie delay.
+5. Pod death: a bookie's pod and volumes deleted, its registration gone: seconds to its ledgers marked, to its
+   repair Job and to every Ledger of it shown under-replicated, minus the lost-bookie delay (the restart below then
+   starts from statuses that are all current).
 6. The operator restarted over the reconciled fleet (an upgrade, a failover): seconds until it has passed every
    Ledger once (its own pass counter on --metrics-port), and what it asked of the API server and ZooKeeper
    meanwhile: a Ledger whose status is current costs no write. Its floor, measured just before: one paged LIST of
@@ -179,7 +180,7 @@ class Scale:
 
     def _with_fleet(self, bookies: dict[str, str], registrations: Any) -> dict[str, Any]:
         started = time.monotonic()
-        ledger_ids = self._ledgers(list(bookies.values()))
+        self._ledgers(list(bookies.values()))
         creation = time.monotonic() - started
         idle = self._window(None)
         started = time.monotonic()
@@ -193,7 +194,7 @@ class Scale:
             startup = time.monotonic() - started
             time.sleep(self.args.settle)
             busy = self._window(operator.pid)
-            death = self._pod_death(bookies, ledger_ids, registrations)
+            death = self._pod_death(bookies, registrations, port)
         restart = self._restart()
         api = {key: round(max(0.0, busy["api"].get(key, 0) - idle["api"].get(key, 0)), 2) for key in busy["api"]
                if key[1] not in NOT_THE_OPERATOR}
@@ -286,7 +287,7 @@ class Scale:
         items = self.custom.list_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookies")["items"]
         return not any((b.get("status") or {}).get("lostSince") for b in items)
 
-    def _ledgers(self, bookie_ids: list[str]) -> list[int]:
+    def _ledgers(self, bookie_ids: list[str]) -> None:
         """M ledgers' metadata (ensembles of 3 rotating over the bookies) and a Ledger resource adopting each."""
         with zkclient.session(self.zk_server.connect) as zk:
             store = MetadataStore(zk)
@@ -300,7 +301,6 @@ class Scale:
                 "spec": {"cluster": CLUSTER, "ledgerId": ledger_id}})
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(create, ledger_ids))
-        return ledger_ids
 
     def _list_seconds(self) -> float:
         """Seconds to LIST every Ledger in pages of 500, as the operator's informer does (JSON decoded, nothing else):
@@ -373,9 +373,10 @@ class Scale:
                 return float(value)
         raise RuntimeError("ZooKeeper's mntr has no zk_packets_received")
 
-    def _pod_death(self, bookies: dict[str, str], ledger_ids: list[int], registrations: Any) -> dict[str, Any]:
+    def _pod_death(self, bookies: dict[str, str], registrations: Any, port: int) -> dict[str, Any]:
         """The last bookie's pod and volumes go and it deregisters: seconds to a ledger of it marked and to its repair
-        Job, minus the lost-bookie delay."""
+        Job, minus the lost-bookie delay; then until every Ledger of it shows under-replicated (the operator's gauge on
+        `port`), so that the restart after it starts from a fleet whose statuses are all current."""
         victim = resources.bookie_name(CLUSTER, self.args.bookies - 1)
         victim_id = bookies[victim]
         on_victim = MetadataStore(registrations).ledgers_on_bookie(victim_id)
@@ -394,14 +395,23 @@ class Scale:
             wait_for(lambda: self.batch.list_namespaced_job(NS, label_selector=selector).items, 300,
                      "its repair Job", interval=0.2)
             job = time.monotonic() - died
+            wait_for(lambda: _operator_metric(port, "bookfleet_operator_ledgers_under_replicated") >= len(on_victim),
+                     1800, "every Ledger of the dead bookie shown under-replicated", interval=2)
+            shown = time.monotonic() - died
         except TimeoutError as exc:
             return {"pod_death": str(exc)}
         return {"pod_death_to_marked_s": round(marked - DELAY, 1), "pod_death_to_repair_job_s": round(job - DELAY, 1),
-                "lost_bookie_recovery_delay_s": DELAY, "ledgers_on_dead_bookie": len(on_victim)}
+                "pod_death_to_all_shown_s": round(shown - DELAY, 1), "lost_bookie_recovery_delay_s": DELAY,
+                "ledgers_on_dead_bookie": len(on_victim)}
 
 
 def _ledger_passes(port: int) -> float:
     """The operator's count of Ledger passes (0 until it serves its metrics)."""
+    return _operator_metric(port, "bookfleet_operator_reconciles_total", resource="ledgers")
+
+
+def _operator_metric(port: int, name: str, **labels: str) -> float:
+    """The sum of the operator's samples of `name` with those labels (0 until it serves its metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -410,7 +420,7 @@ def _ledger_passes(port: int) -> float:
     except OSError:
         return 0.0
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "bookfleet_operator_reconciles_total" and sample.labels.get("resource") == "ledgers")
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 def _cpu_seconds(pid: int | None) -> float:
