@@ -416,10 +416,13 @@ class LedgerFeed:
                       and entry.ledger_id is not None and (key[0], entry.cluster) in self._acting]
         ahead = {}
         for key, entry in wanted:
-            if (target := self.zookeeper_of(key[0], entry.cluster)) is not None:
-                zk = self.zk(target)
-                ahead[zk, entry.ledger_id] = MetadataStore(zk).read_ahead(entry.ledger_id,
-                                                                          self.metadata_watch(entry.ledger_id))
+            try:
+                if (target := self.zookeeper_of(key[0], entry.cluster)) is not None:
+                    zk = self.zk(target)
+                    ahead[zk, entry.ledger_id] = MetadataStore(zk).read_ahead(entry.ledger_id,
+                                                                              self.metadata_watch(entry.ledger_id))
+            except Exception:  # no session yet, a credential missing: the pass meets it, fails and is retried
+                log.debug("no read ahead for Ledger %s/%s", *key, exc_info=True)
         return ahead
 
     def read_ahead(self, zk: KazooClient, ledger_id: int) -> PendingRead | None:

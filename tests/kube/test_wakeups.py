@@ -293,3 +293,25 @@ def test_a_workers_batch_of_ledgers_gets_their_metadata_read_ahead_each_with_the
             feed.stop()
     assert {ledger_id: versions[0] for ledger_id, versions in seen.items()} == dict.fromkeys(ledger_ids, 0)
     assert seen[changed] == [0, 1] and all(len(seen[i]) == 1 for i in ledger_ids if i != changed)
+
+
+def test_a_zookeeper_that_cannot_be_reached_leaves_the_read_ahead_to_the_pass_and_the_worker_running():
+    """A cluster whose ZooKeeper session cannot be had (its credential's Secret missing, a closed client): the pass
+    meets the same error, fails and is retried; the worker that sent reads ahead goes on with the other Ledgers."""
+    passes: list = []
+
+    def unreachable(target):
+        raise ConnectionError(f"no session to {target}")
+
+    feed = ledgerfeed.LedgerFeed(lambda key, body: passes.append(key), lambda ns, cluster: "zk", unreachable,
+                                 resync=3600, retry=3600, workers=1)
+    with feed.acting("ns", "bk"):
+        for index in range(3):
+            feed.ledger_changed({"metadata": {"namespace": "ns", "name": f"l{index}", "generation": 1},
+                                 "spec": {"cluster": "bk", "ledgerId": index}})
+        feed.start()
+        try:
+            polling.wait_for(lambda: len(passes) == 3, 10, "the three passes")
+        finally:
+            feed.stop()
+    assert sorted(passes) == [("ns", f"l{index}") for index in range(3)]
