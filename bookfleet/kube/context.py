@@ -97,18 +97,36 @@ def timestamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def merge_patched(target: Any, patch: Any) -> Any:
+    """`target` as the API server stores it after the JSON merge patch `patch` (RFC 7386: objects merge key by key,
+    a null removes its key, anything else replaces), without changing either: the RFC's own ten-line pseudo-code, not
+    worth a pinned dependency in the operator image."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patched(merged.get(key), value)
+    return merged
+
+
 def patch_status(ctx: OperatorContext, plural: str, body: dict[str, Any], changes: dict[str, Any],
                  if_unchanged: bool = False) -> bool:
-    """The one status write of every reconciler: patch `changes` only if one of them differs from the object's status
-    (no API call otherwise); `body` is updated to match. `if_unchanged`: only on the resourceVersion `body` has (the
-    API server answers 409 Conflict to a stale one). Returns whether it patched."""
+    """The one status write of every reconciler: patch `changes` only if the status they make differs from the
+    object's (no API call otherwise), as the server merges them: a null inside a field (a repair not finished yet)
+    removes that key, so the stored status never holds it and a plain comparison would patch again at every pass of
+    a restarted operator. `body` is updated to match. `if_unchanged`: only on the resourceVersion `body` has (the API
+    server answers 409 Conflict to a stale one). Returns whether it patched."""
     current = body.get("status") or {}
-    if all(current.get(key) == value for key, value in changes.items()):
+    status = merge_patched(current, changes)
+    if status == current:
         return False
     meta = body["metadata"]
     written = ctx.api.patch_status(plural, meta["namespace"], meta["name"], changes,
                                    meta.get("resourceVersion") if if_unchanged else None)
-    body["status"] = {**current, **changes}
+    body["status"] = status
     if written is not None:
         meta["resourceVersion"] = written["metadata"].get("resourceVersion")
     return True

@@ -15,7 +15,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import kubernetes
 import pytest
 import yaml
 from kazoo.client import KazooClient
@@ -23,14 +22,15 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from bookfleet import spark
-from bookfleet.kube import crdgen, resources
-from bookfleet.kube.api import BATCH, CORE, CUSTOM, KubeApi
-from bookfleet.kube.models import Bookie, BookieCluster, Ledger
+from bookfleet.kube import resources
+from bookfleet.kube.api import BATCH, CORE, CUSTOM
+from bookfleet.kube.models import BookieCluster
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.zkserver import free_port
 from tests.cluster.controlplane import ControlPlane
+from tests.fixtures.apiserver import install_crds
 from tests.fixtures.images import BUILD_TIMEOUT_S, BuiltImage
 
 # One worker builds (or finds) the images; the first test using them waits for a cold build.
@@ -200,23 +200,6 @@ def kubeconfig_for_a_container(api_server: ControlPlane, folder: Path, inside: s
     (folder / "kubeconfig").write_text(yaml.safe_dump(config))
     (folder / "kubeconfig").chmod(0o644)
     return folder
-
-
-def install_crds(api_server: ControlPlane) -> KubeApi:
-    """bookfleet's CRDs, established; returns an admin client."""
-    client = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
-    extensions = kubernetes.client.ApiextensionsV1Api(client)
-    models = (BookieCluster, Bookie, Ledger)
-    for model in models:
-        extensions.create_custom_resource_definition(crdgen.crd(model))
-
-    def established() -> bool:
-        crds = {crd.metadata.name: crd for crd in extensions.list_custom_resource_definition().items}
-        return all(any(c.type == "Established" and c.status == "True" for c in crds[name].status.conditions or [])
-                   for name in (crdgen.crd(model)["metadata"]["name"] for model in models) if name in crds)
-
-    wait_for(established, 60, "bookfleet's CRDs established")
-    return KubeApi(client)
 
 
 def test_the_operator_image_launches_a_repair_job_on_a_real_api_server(

@@ -12,10 +12,11 @@ from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
-from bookfleet.kube.api import KubeApi
+from bookfleet.kube.api import CUSTOM, KubeApi
 from bookfleet.kube.bookies import LaunchRepair
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube.context import OperatorContext, patch_status
 from bookfleet.kube.models import Bookie, BookieCluster
+from tests.fixtures.apiserver import install_crds
 
 
 class RecordingApi:
@@ -71,6 +72,43 @@ def test_an_unchanged_status_makes_no_api_call() -> None:
     api = RecordingApi()
     act(OperatorContext(api), {**BODY}, [PatchStatus("bookies", {"phase": "Running"})])  # type: ignore[arg-type]
     assert api.calls == []
+
+
+RUNNING_REPAIR = {"job": "bk-repair-0", "bookieId": "bk-0.bk:3181", "state": "Running", "finished": None}
+"""A repair status as decided while its Job runs: `finished` null, so that a merge patch removes an older one."""
+
+
+def test_a_status_as_the_server_merged_it_makes_no_api_call() -> None:
+    """A null inside a field removes that key on the server, so the stored status lacks it: a restarted operator
+    reading it back has nothing to write (it patched every Ledger with a running repair again)."""
+    api = RecordingApi()
+    stored = {key: value for key, value in RUNNING_REPAIR.items() if value is not None}
+    body = {**BODY, "status": {"repair": stored}}
+    act(OperatorContext(api), body, [PatchStatus("ledgers", {"repair": RUNNING_REPAIR})])  # type: ignore[arg-type]
+    assert api.calls == []
+
+
+def test_a_status_patch_leaves_the_body_as_the_server_merges_it() -> None:
+    """Objects merge key by key (a repair's attempts kept while another key changes), a null removes its key."""
+    api = RecordingApi()
+    body = {**BODY, "status": {"phase": "Running", "repair": {**RUNNING_REPAIR, "finished": "2026-11-27T20:00:00Z"}}}
+    act(OperatorContext(api), body, [PatchStatus("ledgers", {"repair": {"state": "Running", "finished": None}})])  # type: ignore[arg-type]
+    assert body["status"] == {"phase": "Running", "repair": {"job": "bk-repair-0", "bookieId": "bk-0.bk:3181",
+                                                             "state": "Running"}}
+
+
+def test_a_status_the_real_api_server_stored_is_current_to_a_restarted_operator(api_server):
+    """The server's own merge of the operator's patch, read back as a restarted operator lists it: the same changes
+    again make no request (checked against kube-apiserver, not against our reading of RFC 7386)."""
+    api = install_crds(api_server)
+    body = api.create({"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                       "metadata": {"name": "ledger", "namespace": "default"}, "spec": {"cluster": "bk"}})
+    changes = {"state": "OPEN", "underReplicated": None,
+               "repair": {**RUNNING_REPAIR, "started": "2026-11-27T20:00:00Z", "attempts": 1}}
+    assert patch_status(OperatorContext(api), "ledgers", body, changes)
+    restarted = api.get(CUSTOM, "ledgers", "default", "ledger")
+    assert restarted is not None and restarted["status"] == body["status"]
+    assert not patch_status(OperatorContext(api), "ledgers", restarted, changes)
 
 
 def test_actions_compare_as_values() -> None:
