@@ -220,8 +220,11 @@ def events(cluster: LocalCluster, involved: str) -> list[dict[str, Any]]:
     return cluster.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={involved}")["items"]
 
 
-def event_reasons(cluster: LocalCluster, involved: str) -> list[str]:
-    return [event["reason"] for event in events(cluster, involved)]
+def event_reasons(cluster: LocalCluster, involved: str, since: float | None = None) -> list[str]:
+    """The reasons of the Events about `involved`; with `since` (wall-clock), of those seen last at or after it (the
+    API keeps whole seconds)."""
+    return [event["reason"] for event in events(cluster, involved) if since is None or server_seconds(
+        event.get("lastTimestamp") or event.get("eventTime") or event["metadata"]["creationTimestamp"], since) >= -1]
 
 
 def repair_jobs(cluster: LocalCluster, bookie: str | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,14 +42,34 @@ from tests.cluster.walkthrough import (
     start_client,
 )
 
-BOOKIES = 6
-"""Two per zone: E3 on the two zones left still has three bookies to repair onto."""
-DELAY = 20
-"""lostBookieRecoveryDelaySeconds: the cut lasts longer (it lasts until every affected ledger is back at Qw)."""
+
+@dataclass(frozen=True)
+class Form:
+    """How big a zone scenario is."""
+
+    bookies: int
+    """Bookies while it runs: the zone cut must leave at least three (E) to repair onto."""
+    delay: int
+    """lostBookieRecoveryDelaySeconds: the cut lasts longer (it lasts until every affected ledger is back at Qw)."""
+    entries: int
+    """Entries written to each spread and kept ledger before the cut."""
+    spares: bool
+    """Whether the cluster's cordoned spare nodes are uncordoned first (to run two bookies per zone)."""
+    collection: bool
+    """Whether the return waits until the returning bookies collected their stale copies (a ledger this young is kept
+    for the bookies' grace, 60 s, so in the short form that is one more collection interval)."""
+
+
+LONG_FORM = Form(bookies=6, delay=20, entries=200, spares=True, collection=True)
+"""On a cluster of its own (`make chaos`, `make cluster-zone-loss`): two bookies per zone, so a zone's loss leaves
+two zones of two, the repairs a choice of bookies."""
+SHORT_FORM = Form(bookies=4, delay=5, entries=50, spares=False, collection=False)
+"""The cluster tier's (`make test`), on its shared cluster as its node failure left it: four bookies, two in one
+zone; one of the other zones is cut."""
 SPREAD = 5
 """Ledgers over all three zones (a replica in the cut one each). Random placement puts all three replicas in three
 zones for 40 % of ledgers: five all spread by chance is 1 %."""
-ENTRIES, SIZE = 200, 1024
+SIZE = 1024
 ROUND_ENTRIES = 50
 """Entries a writer round adds to its fresh ledger."""
 WRITER, READER = "zone-loss-writer", "zone-loss-reader"
@@ -66,14 +86,24 @@ def ledger_manifest(name: str, zones: list[str] | None = None) -> dict[str, Any]
 
 
 def zone_to_cut(cluster: LocalCluster) -> str:
-    """A zone running neither the chart's (single) ZooKeeper server nor the acting operator replica."""
+    """A zone not running the chart's (single) ZooKeeper server whose loss leaves three bookies (E) to repair onto,
+    preferring one without the acting operator replica (its successor would wait out kopf's peering lifetime)."""
     zones = {node["metadata"]["name"]: node["metadata"]["labels"][ZONE_LABEL] for node in cluster.get("nodes")["items"]}
     acting = acting_operator(cluster)
-    busy = {zones.get(pod["spec"].get("nodeName", ""))
-            for pod in cluster.get("pods", "-n", NAMESPACE)["items"]
-            if pod["metadata"]["name"] == acting
-            or pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "zookeeper"}
-    return min(set(zones.values()) - busy)
+    pods = cluster.get("pods", "-n", NAMESPACE)["items"]
+
+    def zones_of(component: str) -> list[str]:
+        return [zones.get(pod["spec"].get("nodeName", ""), "") for pod in pods
+                if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component]
+
+    bookies = [b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
+    operator_zone = next((zones.get(pod["spec"].get("nodeName", "")) for pod in pods
+                          if pod["metadata"]["name"] == acting), None)
+    choices = [(zone == operator_zone, zone) for zone in set(zones.values()) - set(zones_of("zookeeper"))
+               if len(bookies) - bookies.count(zone) >= 3]
+    if not choices:
+        raise AssertionError(f"no zone to cut: bookies by zone {sorted(bookies)}, ZooKeeper in {zones_of('zookeeper')}")
+    return min(choices)[1]
 
 
 def ids_of(cluster: LocalCluster, names: list[str]) -> dict[str, int]:
@@ -126,6 +156,7 @@ def read_all(cluster: LocalCluster, ledger_ids: list[int]) -> dict[int, list[dic
 class ZoneLoss:
     """What the zone outage and return did; seconds are counted from the cut."""
 
+    form: Form
     zone: str
     spread: dict[str, int]
     """Ledger name -> id: a replica in every zone (so one in the cut zone)."""
@@ -167,7 +198,7 @@ class ZoneLoss:
 
     def acknowledged(self) -> dict[int, int]:
         """Ledger id -> entries acknowledged to its writer."""
-        return {**{i: ENTRIES for i in (*self.spread.values(), *self.kept.values())}, **self.writer_acked}
+        return {**{i: self.form.entries for i in (*self.spread.values(), *self.kept.values())}, **self.writer_acked}
 
     def entries_not_as_written(self) -> int:
         return entries_not_as_written(self.read_back, self.acknowledged())
@@ -175,8 +206,9 @@ class ZoneLoss:
     def figures(self) -> dict[str, Any]:
         acked = sum(self.acknowledged().values())
         read = sum(map(len, self.read_back.values()))
-        return {"lost_bookie_recovery_delay_seconds": DELAY, "zone": self.zone, "bookies": BOOKIES,
-                "affected_ledgers": len(self.spread), "affected_bytes": len(self.spread) * ENTRIES * SIZE,
+        return {"lost_bookie_recovery_delay_seconds": self.form.delay, "zone": self.zone,
+                "bookies": self.form.bookies, "affected_ledgers": len(self.spread),
+                "affected_bytes": len(self.spread) * self.form.entries * SIZE,
                 "seconds_after_cut": {name: round(value, 1) for name, value in self.seconds.items()},
                 "write_sets_sharing_a_zone_after_repairs": self.sharing_after,
                 "repair_jobs": self.repairs,
@@ -208,6 +240,7 @@ def zone_claims(cluster: LocalCluster, bookies: dict[str, str]) -> dict[str, str
 class ZoneSetUp:
     """What the zone scenarios (this cut, and the partition of zonepartition.py) start from."""
 
+    form: Form
     zone: str
     """The zone to cut off."""
     others: list[str]
@@ -220,16 +253,17 @@ class ZoneSetUp:
     zk: str
 
 
-def set_up(cluster: LocalCluster) -> ZoneSetUp:
-    """BOOKIES bookies, two per zone, the client certificate and the lost-bookie delay; the zone to cut; SPREAD
-    ledgers over all three zones and one kept off it, ENTRIES entries written to each and closed. The premise (every
-    spread write set spans three zones) is checked here, before the long part."""
-    say(f"{BOOKIES} bookies, two per zone; client certificate; lost-bookie delay {DELAY} s")
-    for spare in ("node-a2", "node-b2", "node-c2"):
-        cluster.kubectl("uncordon", spare)
-    scale(cluster, BOOKIES)
+def set_up(cluster: LocalCluster, form: Form) -> ZoneSetUp:
+    """The form's bookies, the client certificate and the lost-bookie delay; the zone to cut; SPREAD ledgers over
+    all three zones and one kept off it, the form's entries written to each and closed. The premise (every spread
+    write set spans three zones: zone-aware placement) is checked here, before the long part."""
+    say(f"{form.bookies} bookies; client certificate; lost-bookie delay {form.delay} s")
+    if form.spares:
+        for spare in ("node-a2", "node-b2", "node-c2"):
+            cluster.kubectl("uncordon", spare)
+    scale(cluster, form.bookies)
     issue_client_certificate(cluster)
-    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": DELAY}})
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": form.delay}})
     zone = zone_to_cut(cluster)
     others = sorted({b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]} - {zone})
     spread_names, kept_names = [f"spread-{i}" for i in range(SPREAD)], ["kept-0"]
@@ -239,9 +273,10 @@ def set_up(cluster: LocalCluster) -> ZoneSetUp:
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name, others)))
     spread, kept = ids_of(cluster, spread_names), ids_of(cluster, kept_names)
     zk = bookie_cluster(cluster).spec.zookeeper
-    say(f"writing {ENTRIES} entries of {SIZE} B to each of {len(spread) + len(kept)} ledgers, closing them")
+    say(f"writing {form.entries} entries of {SIZE} B to each of {len(spread) + len(kept)} ledgers, closing them")
     start_client(cluster, "zone-loss-fill", "set -e; " + " ".join(
-        f"bookfleet ledger write {i} --zk {zk} --count {ENTRIES} --size {SIZE}; bookfleet ledger close {i} --zk {zk};"
+        f"bookfleet ledger write {i} --zk {zk} --count {form.entries} --size {SIZE}; "
+        f"bookfleet ledger close {i} --zk {zk};"
         for i in (*spread.values(), *kept.values())))
     client_log(cluster, "zone-loss-fill", timeout=900)
     wait_for(lambda: all(ledger_status(cluster, n).get("state") == "CLOSED" and -1 not in sharing(cluster, n)
@@ -251,13 +286,13 @@ def set_up(cluster: LocalCluster) -> ZoneSetUp:
         raise AssertionError(f"placement put two replicas of a write set in one zone: {sharing_before}")
     bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in cluster.get("bookies", "-n", NAMESPACE)[
         "items"] if b["spec"].get("zone") == zone}
-    return ZoneSetUp(zone, others, bookies, spread, kept, sharing_before, zk)
+    return ZoneSetUp(form, zone, others, bookies, spread, kept, sharing_before, zk)
 
 
 def node_in(cluster: LocalCluster, zone: str, inside: bool) -> str:
-    """A Ready node in `zone` (inside) or in another zone."""
+    """A Ready node with no taint (neither cordoned nor the real node) in `zone` (inside) or in another zone."""
     return next(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
-                if (n["metadata"]["labels"][ZONE_LABEL] == zone) == inside and ready(n))
+                if (n["metadata"]["labels"][ZONE_LABEL] == zone) == inside and ready(n) and not n["spec"].get("taints"))
 
 
 def bookies_lost(cluster: LocalCluster, bookies: dict[str, str]) -> bool:
@@ -275,10 +310,10 @@ def back_at_qw(cluster: LocalCluster, name: str, marked: set[str], zone_bookie_i
         bookie not in s["bookies"] for s in status.get("segments", []) for bookie in zone_bookie_ids)
 
 
-def all_bookies_running(cluster: LocalCluster) -> bool:
-    """Whether all BOOKIES Bookies are Running and their pods Ready (the zone back)."""
+def all_bookies_running(cluster: LocalCluster, count: int) -> bool:
+    """Whether all `count` Bookies are Running and their pods Ready (the zone back)."""
     return [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
-            ] == ["Running"] * BOOKIES and all(map(ready, bookie_pods(cluster)))
+            ] == ["Running"] * count and all(map(ready, bookie_pods(cluster)))
 
 
 def repairs_created_since(cluster: LocalCluster, earlier: set[str], since: float) -> list[str]:
@@ -295,15 +330,15 @@ def entries_not_as_written(read_back: dict[int, list[dict[str, Any]]], acknowled
                for ledger_id, entries in read_back.items() for entry in entries)
 
 
-def zone_loss(cluster: LocalCluster) -> ZoneLoss:
+def zone_loss(cluster: LocalCluster, form: Form = LONG_FORM) -> ZoneLoss:
     """Cut a zone until every ledger with a replica there is back at Qw on the zones left and its bookies' fate is
     settled, then return it and read everything back."""
-    setup = set_up(cluster)
+    setup = set_up(cluster, form)
     zone, spread, kept, zone_bookies, zk = setup.zone, setup.spread, setup.kept, setup.bookies, setup.zk
     stop_name = "writers-stop"
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(stop_name, setup.others)))
     stop_id = ids_of(cluster, [stop_name])[stop_name]
-    outcome = ZoneLoss(zone, spread, kept, setup.sharing_before)
+    outcome = ZoneLoss(form, zone, spread, kept, setup.sharing_before)
     writer_node = node_in(cluster, zone, inside=False)
     say(f"writer rounds on {writer_node}; waiting for two before the cut")
     start_client(cluster, WRITER, writer_script(zk, stop_id), writer_node)
@@ -344,7 +379,7 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
                 "lost_message": lost.get("message"), "pod_phase": (pods[0]["status"].get("phase") if pods else None),
                 "pod_scheduling": scheduled.get("message") or scheduled.get("reason")}
         note("volumes_kept", "affected_ledgers_at_qw" in outcome.seconds and all(
-            r["lost"] == "NodeLost" and "VolumesKept" in event_reasons(cluster, bookie)
+            r["lost"] == "NodeLost" and "VolumesKept" in event_reasons(cluster, bookie, cut_at)
             for bookie, r in outcome.replacements.items()) and zone_claims(cluster, zone_bookies)
             == outcome.claims_before)
         return outcome.seconds.keys() >= SETTLED
@@ -359,9 +394,9 @@ def zone_loss(cluster: LocalCluster) -> ZoneLoss:
     outcome.stale = access.named_no_more(named_before)
     say(f"stale copies on the returning bookies: {({b: sorted(s) for b, s in outcome.stale.items()})}")
     wait_for(lambda: returned(cluster, outcome, access, zone_bookies, returned_at), timeout=900,
-             what=f"{BOOKIES} Running Bookies after the return, the stale copies reclaimed", interval=2.0)
+             what=f"{form.bookies} Running Bookies after the return, the stale copies reclaimed", interval=2.0)
     outcome.claims_after = zone_claims(cluster, zone_bookies)
-    outcome.returned = {bookie: event_reasons(cluster, bookie) for bookie in zone_bookies}
+    outcome.returned = {bookie: event_reasons(cluster, bookie, cut_at) for bookie in zone_bookies}
     outcome.restarts = {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get(
         "containerStatuses", [])) for pod in bookie_pods(cluster) if pod["metadata"]["name"] in zone_bookies}
     run_client(cluster, "zone-loss-stop", f"bookfleet ledger close {stop_id} --zk {zk}")
@@ -387,7 +422,7 @@ def returned(cluster: LocalCluster, outcome: ZoneLoss, access: FleetAccess, zone
             outcome.seconds_after_return[milestone] = time.time() - returned_at
             say(f"{milestone} {outcome.seconds_after_return[milestone]:.0f} s after the return")
 
-    if "bookies_running_after_return" not in outcome.seconds and all_bookies_running(cluster):
+    if "bookies_running_after_return" not in outcome.seconds and all_bookies_running(cluster, outcome.form.bookies):
         outcome.seconds["bookies_running_after_return"] = time.time() - outcome.cut_at
     pod_ips = {pod["metadata"]["name"]: pod["status"].get("podIP") for pod in bookie_pods(cluster)}
     for name, bookie_id in zone_bookies.items():
@@ -403,8 +438,8 @@ def returned(cluster: LocalCluster, outcome: ZoneLoss, access: FleetAccess, zone
     note("returning_bookies_answered", outcome.stale_left.keys() == set(zone_bookies.values()))
     note("stale_copies_reclaimed", "returning_bookies_answered" in outcome.seconds_after_return
          and not any(outcome.stale_left.values()))
-    return "bookies_running_after_return" in outcome.seconds and "stale_copies_reclaimed" in \
-        outcome.seconds_after_return
+    awaited = "stale_copies_reclaimed" if outcome.form.collection else "returning_bookies_answered"
+    return "bookies_running_after_return" in outcome.seconds and awaited in outcome.seconds_after_return
 
 
 def repair_timeline(cluster: LocalCluster, earlier: set[str], cut_at: float) -> list[dict[str, Any]]:
@@ -448,3 +483,53 @@ def driver_log(cluster: LocalCluster, pod: dict[str, Any]) -> str:
         return cluster.container_log(NAMESPACE, pod["metadata"]["name"], "driver")
     except FileNotFoundError:
         return ""
+
+
+# --- what a zone loss must show, in its long form (tests/cluster/test_zone_loss.py) and the tier's short one -------
+
+def no_acknowledged_entry_is_lost_and_every_entry_reads_back_as_written(outcome: ZoneLoss, figures: dict) -> None:
+    assert figures["acknowledged_entries"] > 0
+    assert figures["entries_lost"] == 0, figures
+    assert figures["entries_not_as_written"] == 0, figures
+
+
+def the_writer_kept_writing_through_the_cut_with_qa_reachable(outcome: ZoneLoss, figures: dict) -> None:
+    """Any round that failed would have ended the writer pod Failed, and the scenario with it (client_log): rounds
+    ran during the cut, and one after the repairs."""
+    assert figures["writer_rounds_during_cut"] > 0, figures
+    assert "writer_round_after_repairs" in outcome.seconds, figures
+
+
+def exactly_the_ledgers_with_a_replica_in_the_zone_are_marked_and_back_at_qw_on_the_zones_left(
+        outcome: ZoneLoss, figures: dict) -> None:
+    assert "affected_ledgers_at_qw" in outcome.seconds, figures
+    assert outcome.marked == outcome.spread.keys(), figures  # the ledgers kept off the zone were never marked
+    # Three replicas on two zones: every write set shares a zone now, and the Ledger's status says so.
+    assert all(counts and min(counts) >= 1 for counts in outcome.sharing_after.values()), outcome.sharing_after
+
+
+def the_return_starts_no_repair_and_its_bookies_rejoin_on_their_volumes(outcome: ZoneLoss, figures: dict) -> None:
+    """The cut bookies ran on, cut off from ZooKeeper for minutes, and rejoin without a restart."""
+    assert figures["repairs_started_by_return"] == 0, outcome.repairs_after_return
+    assert figures["volumes_kept_through_return"], (outcome.claims_before, outcome.claims_after)
+    assert figures["bookies_rejoined"] == sorted(outcome.returned), outcome.returned
+    assert set(outcome.restarts.values()) == {0}, outcome.restarts
+
+
+def the_returning_bookies_copies_of_ledgers_repaired_away_are_garbage_collected(outcome: ZoneLoss,
+                                                                                  figures: dict) -> None:
+    """Every affected ledger had its replica in the zone on one of its bookies: the stale copies include them all."""
+    assert set().union(*outcome.stale.values()) >= set(outcome.spread.values()), outcome.stale
+    assert "stale_copies_reclaimed" in outcome.seconds_after_return, figures
+    assert figures["stale_copies_left"] == 0, outcome.stale_left
+
+
+def checks(form: Form) -> tuple[Callable[[ZoneLoss, dict], None], ...]:
+    """What a zone loss of that form must show, each given its outcome and figures; the premise (zone-aware placement
+    spread every write set over three zones) is checked by `set_up`, so a scenario without it fails there."""
+    return (no_acknowledged_entry_is_lost_and_every_entry_reads_back_as_written,
+            the_writer_kept_writing_through_the_cut_with_qa_reachable,
+            exactly_the_ledgers_with_a_replica_in_the_zone_are_marked_and_back_at_qw_on_the_zones_left,
+            the_return_starts_no_repair_and_its_bookies_rejoin_on_their_volumes,
+            *((the_returning_bookies_copies_of_ledgers_repaired_away_are_garbage_collected,) if form.collection
+              else ()))

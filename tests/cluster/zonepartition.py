@@ -197,10 +197,11 @@ class ZonePartition:
         fill_read = sum(map(len, self.read_back.values()))
         after_heal = [op for op in inside if (op.done or 0) > self.healed_at]
         cut_off = self.inside_adds_cut_off()
+        form = self.setup.form
         return {
-            "lost_bookie_recovery_delay_seconds": zoneloss.DELAY, "zone": self.setup.zone,
-            "bookies": zoneloss.BOOKIES, "partition": True,
-            "affected_ledgers": len(self.setup.spread), "affected_bytes": len(self.setup.spread) * zoneloss.ENTRIES
+            "lost_bookie_recovery_delay_seconds": form.delay, "zone": self.setup.zone,
+            "bookies": form.bookies, "partition": True,
+            "affected_ledgers": len(self.setup.spread), "affected_bytes": len(self.setup.spread) * form.entries
             * zoneloss.SIZE,
             "inside_writer_ledger": self.ledger, "inside_writer_ledger_bookies_in_zone": self.ledger_bookies_in_zone,
             "seconds_after_partition": {name: round(value, 1) for name, value in self.seconds.items()},
@@ -216,12 +217,12 @@ class ZonePartition:
             "inside_adds_cut_off_acknowledged": sum(op.told is not None for op in cut_off),
             "inside_adds_cut_off_failed": sum(op.told is None and op.done is not None for op in cut_off),
             "taker_acks": len(taker),
-            "acknowledged_entries": len(inside) + len(taker) + filled * zoneloss.ENTRIES,
+            "acknowledged_entries": len(inside) + len(taker) + filled * form.entries,
             "inside_acks_not_read_back": self.writers_acks_not_read_back(INSIDE),
             "entries_lost": self.writers_acks_not_read_back(INSIDE) + self.writers_acks_not_read_back(TAKER)
-            + filled * zoneloss.ENTRIES - fill_read,
+            + filled * form.entries - fill_read,
             "entries_not_as_written": zoneloss.entries_not_as_written(
-                self.read_back, {ledger_id: zoneloss.ENTRIES for ledger_id in self.read_back}),
+                self.read_back, {ledger_id: form.entries for ledger_id in self.read_back}),
             "repair_jobs": self.repairs, "repairs_started_by_heal": len(self.repairs_after_heal),
             "writer_pods": self.writer_phases,
             "history": None if self.verdict is None else {
@@ -235,7 +236,7 @@ def zone_partition(cluster: LocalCluster, history_dir: Path) -> ZonePartition:
     """Partition a zone off until its writer's ledger is taken over and every ledger with a replica there is back
     at Qw (nothing marked, no repair running), then heal it, stop the writers, read every ledger of their histories
     back and check the histories; they are kept in `history_dir`."""
-    setup = zoneloss.set_up(cluster)
+    setup = zoneloss.set_up(cluster, zoneloss.LONG_FORM)
     zone, zk = setup.zone, setup.zk
     history_dir.mkdir(parents=True, exist_ok=True)
     outcome = ZonePartition(setup, history_dir)
@@ -293,8 +294,8 @@ def zone_partition(cluster: LocalCluster, history_dir: Path) -> ZonePartition:
     healed_at = cluster.heal_zone(zone)
     outcome.healed_at = time.monotonic_ns()
     outcome.seconds["healed"] = healed_at - cut_at
-    wait_for(lambda: zoneloss.all_bookies_running(cluster), timeout=900, interval=2.0,
-             what=f"{zoneloss.BOOKIES} Running Bookies after the heal")
+    wait_for(lambda: zoneloss.all_bookies_running(cluster, setup.form.bookies), timeout=900, interval=2.0,
+             what=f"{setup.form.bookies} Running Bookies after the heal")
     outcome.seconds_after_heal["bookies_running"] = time.time() - healed_at
 
     say("stopping the writers")
