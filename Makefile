@@ -46,9 +46,10 @@ test: setup $(CHECKOV_STAMP) kube-binaries bookkeeper-reference
 	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 # The local Kubernetes cluster (tests/cluster): built once per pinned version into ~/.cache/bookfleet/kube-<v>/, with
-# the kubelet of its real node (containerd; about 35 s more on a cold build, most of its modules are the API server's).
+# the kubelet and kube-proxy of its real node (containerd) and CoreDNS.
+REAL_NODE_BINARIES := kubelet kube-proxy coredns
 kube-binaries:
-	@if command -v go >/dev/null; then scripts/build-kube.sh kubelet >/dev/null; \
+	@if command -v go >/dev/null; then scripts/build-kube.sh $(REAL_NODE_BINARIES) >/dev/null; \
 	else echo "no Go toolchain: the cluster tier will be skipped"; fi
 
 # Apache BookKeeper's Java bookies and client, the reference of `bookfleet bench bookkeeper`: jars fetched with Maven

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm) from the
 # Go module proxy into ~/.cache/bookfleet/kube-<version>/, once per version: the wrapper modules under hack/kube/
-# pin every version, and a binary is rebuilt only when its pinned version changes. `build-kube.sh kubelet` adds the
-# kubelet of a real node (containerd), from the same pinned k8s.io/kubernetes.
+# pin every version, and a binary is rebuilt only when its pinned version changes. `build-kube.sh kubelet kube-proxy
+# coredns` adds what a real node (containerd) needs: its kubelet and kube-proxy from the same pinned k8s.io/kubernetes,
+# and the cluster's DNS, CoreDNS with only its kubernetes plugin (hack/kube/coredns).
 # Prints the binary directory on the last line of stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -43,9 +44,16 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     KUBE_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$MINOR"
     KUBE_LDFLAGS+=" -X $pkg.gitTreeState=clean"
 done
-for name in kube-apiserver kube-controller-manager kube-scheduler "$@"; do
+commands=()
+for name in "$@"; do
+    [[ "$name" == coredns ]] || commands+=("$name")
+done
+for name in kube-apiserver kube-controller-manager kube-scheduler "${commands[@]}"; do
     build kubernetes "$KUBE_VERSION" "$KUBE_LDFLAGS" "k8s.io/kubernetes/cmd/$name" "$name"
 done
+if [[ " $* " == *" coredns "* ]]; then
+    build coredns "$(pinned coredns github.com/coredns/coredns)" "" . coredns
+fi
 build etcd "$ETCD_VERSION" "" go.etcd.io/etcd/server/v3 etcd
 build helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm helm
 echo "$OUT"

@@ -57,7 +57,7 @@ def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: st
         node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server,
                         kubelet.bridge)
         try:
-            subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), "kubelet"], check=True,
+            subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), *realnode.BINARIES], check=True,
                            stdout=subprocess.DEVNULL)
             node.start(realnode.built_image("pause"))
             wait_for(lambda: node.check_alive() and nodes_ready(kubelet, {node.name}), timeout=120,

@@ -82,10 +82,20 @@ def create(root: Path, serving_ips: list[str], serving_names: list[str]) -> Pki:
     return pki
 
 
+def client_credentials(pki: Pki, name: str, subject: str) -> tuple[Path, Path]:
+    """A client certificate for `subject`, made once under `name`; (certificate, key)."""
+    if not (pki.root / f"{name}.crt").exists():
+        _signed(pki, name, subject, "extendedKeyUsage=clientAuth\n")
+    return pki.root / f"{name}.crt", pki.root / f"{name}.key"
+
+
 def node_credentials(pki: Pki, node: str) -> tuple[Path, Path]:
     """A kubelet's client certificate (CN system:node:<node>, O system:nodes): the Node authorizer and NodeRestriction
     let it see and change only its own Node and its pods' objects. Made once per node; (certificate, key)."""
-    name = f"node-{node}"
-    if not (pki.root / f"{name}.crt").exists():
-        _signed(pki, name, f"/O=system:nodes/CN=system:node:{node}", "extendedKeyUsage=clientAuth\n")
-    return pki.root / f"{name}.crt", pki.root / f"{name}.key"
+    return client_credentials(pki, f"node-{node}", f"/O=system:nodes/CN=system:node:{node}")
+
+
+def proxy_credentials(pki: Pki) -> tuple[Path, Path]:
+    """kube-proxy's client certificate (CN system:kube-proxy): the API server's bootstrap binding system:node-proxier
+    lets that user watch Services, EndpointSlices and Nodes, as kubeadm's kube-proxy does."""
+    return client_credentials(pki, "kube-proxy", "/CN=system:kube-proxy")

@@ -1,7 +1,9 @@
 """A real node for the local cluster: the kubelet built from the pinned k8s.io/kubernetes, on containerd and runc,
 running pods as containers of the images built from our Dockerfiles (scripts/build-images.sh).
 
-containerd and the kubelet run together in namespaces of the node's own (see ../shared/notes/real-node.md):
+containerd, the kubelet, kube-proxy (iptables mode: the Services' ClusterIPs, the API server's among them) and CoreDNS
+(cluster.local from the Services and EndpointSlices: the chart's names, a headless Service's pod names) run together
+in namespaces of the node's own (see ../shared/notes/real-node.md):
 - a network namespace on the cluster's bridge (like a process pod's), with the node's pods on a CNI bridge in a /24
   of their own behind it; the host reaches them by a route through the node, they reach the bridge masqueraded;
 - a mount namespace where the host sysctls the kubelet rewrites are files of the node's, and /run, /var/log and
@@ -42,6 +44,8 @@ TAINT = "bookfleet.test/real-node"
 TOLERATION = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
 CGROUPS = Path("/sys/fs/cgroup")
 TOOLS = ("containerd", "runc", "ctr", "buildah", "unshare", "iptables", "go")
+BINARIES = ("kubelet", "kube-proxy", "coredns")
+"""Built by scripts/build-kube.sh: the node's kubelet and kube-proxy, and the DNS server its pods ask."""
 
 
 def unavailable(binaries: Path) -> str | None:
@@ -50,8 +54,8 @@ def unavailable(binaries: Path) -> str | None:
         return "not root"
     if missing := [tool for tool in TOOLS if shutil.which(tool) is None]:
         return f"missing {', '.join(missing)}"
-    if not (binaries / "kubelet").exists():
-        return f"no kubelet in {binaries} (scripts/build-kube.sh kubelet)"
+    if missing := [binary for binary in BINARIES if not (binaries / binary).exists()]:
+        return f"no {', '.join(missing)} in {binaries} (scripts/build-kube.sh {' '.join(BINARIES)})"
     if not Path("/usr/lib/cni/bridge").exists():
         return "no CNI plugins in /usr/lib/cni"
     if (CGROUPS / "cgroup.controllers").exists() or not (CGROUPS / "memory").is_dir():
@@ -131,6 +135,11 @@ class RealNode:
         and no two local clusters (bridges bfk<i>) share it."""
         return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.1.0/24"
 
+    @property
+    def dns_address(self) -> str:
+        """The first address of the pod subnet: the CNI bridge's, the pods' gateway."""
+        return self.pod_subnet.replace(".0/24", ".1")
+
     def start(self, pause: NodeImage) -> None:
         """containerd up, the pause image imported, then the kubelet; returns once the Node is registered Ready is
         the caller's wait (the API server's view)."""
@@ -146,8 +155,8 @@ class RealNode:
         self.process = subprocess.Popen(
             # nsenter, not `ip netns exec`: that remounts /sys, and the kubelet needs the cgroup mounts under it.
             ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "--mount", "--propagation", "private", "--pid",
-             "--fork", "--mount-proc", "--kill-child", "bash", str(LAUNCHER), str(self.state),
-             str(self.binaries / "kubelet"), *self._kubelet_args()],
+             "--fork", "--mount-proc", "--kill-child", "bash", str(LAUNCHER), str(self.state), str(self.binaries),
+             *self._kubelet_args()],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_for(lambda: self.check_alive() and self.socket.is_socket(), timeout=120, what="containerd's socket",
@@ -213,14 +222,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                          "ipam": {"type": "host-local", "dataDir": str(state / "ipam"),
                                   "ranges": [[{"subnet": self.pod_subnet}]], "routes": [{"dst": "0.0.0.0/0"}]}}],
         }))
-        cert, key = pki_module.node_credentials(self.pki, self.name)
-        (state / "kubeconfig").write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "local", "cluster": {"server": self.server,
-                                                       "certificate-authority": str(self.pki.ca_cert)}}],
-            "users": [{"name": self.name, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": self.name}}],
-            "current-context": "local",
+        self._kubeconfig("kubeconfig", *pki_module.node_credentials(self.pki, self.name))
+        self._kubeconfig("kube-proxy.kubeconfig", *pki_module.proxy_credentials(self.pki))
+        # CoreDNS reads Services, EndpointSlices and Namespaces cluster-wide: the admin's credentials here (a real
+        # cluster's runs under a ServiceAccount of its own, with a role for just that).
+        self._kubeconfig("coredns.kubeconfig", self.pki.admin_cert, self.pki.admin_key)
+        (state / "Corefile").write_text(f"""cluster.local:53 {{
+    errors
+    kubernetes cluster.local {{
+        kubeconfig {state / "coredns.kubeconfig"} local
+    }}
+}}
+""")
+        (state / "kube-proxy.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "mode": "iptables",
+            "clientConnection": {"kubeconfig": str(state / "kube-proxy.kubeconfig")},
+            "hostnameOverride": self.name, "clusterCIDR": self.pod_subnet,
+            # Service traffic leaves with the node's address: a reply from a pod on the same CNI bridge would
+            # otherwise bypass the node's conntrack (no br_netfilter in its namespace) and never be un-NATed.
+            "iptables": {"masqueradeAll": True},
+            # The conntrack table's size and timeouts are the host's, not the node's to set.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         }))
         (state / "resolv.conf").write_text("options ndots:1\n")
         endpoint = f"unix://{self.socket}"
@@ -231,6 +253,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "podLogsDir": str(state / "pod-logs"), "volumePluginDir": str(state / "volume-plugins"),
             "failSwapOn": False, "makeIPTablesUtilChains": False, "oomScoreAdj": 0, "protectKernelDefaults": False,
             "resolvConf": str(state / "resolv.conf"), "clusterDomain": "cluster.local",
+            # CoreDNS listens in the node's namespace, which its pods reach as their gateway, the CNI bridge's address.
+            "clusterDNS": [self.dns_address],
             # The disk is shared with the other test clusters: no eviction or image GC for its use.
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
                              "nodefs.inodesFree": "1%"},
@@ -240,6 +264,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "authorization": {"mode": "AlwaysAllow"},
             "registerWithTaints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
             "nodeStatusReportFrequency": "10s",
+        }))
+
+    def _kubeconfig(self, name: str, cert: Path, key: Path) -> None:
+        """A kubeconfig `name` in the node's state folder for the local API server, with a client certificate."""
+        (self.state / name).write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {"server": self.server,
+                                                       "certificate-authority": str(self.pki.ca_cert)}}],
+            "users": [{"name": "user", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+            "current-context": "local",
         }))
 
     def _kubelet_args(self) -> list[str]:

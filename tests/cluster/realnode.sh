@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The first process of a real node's PID and mount namespaces (tests/cluster/realnode.py starts it inside the node's
 # network namespace): private mounts, then containerd, then - once realnode.py has imported the pause image - the
-# kubelet. When it ends, the kernel ends every process of the namespace: shims and containers too.
-# Usage: realnode.sh STATE KUBELET [kubelet arguments ...]
+# kubelet, kube-proxy (the Services' iptables rules, in the node's namespace) and CoreDNS (the pods' nameserver). When
+# it ends, the kernel ends every process of the namespace: shims and containers too.
+# Usage: realnode.sh STATE BINARIES [kubelet arguments ...]
 set -euo pipefail
-state="$1" kubelet="$2"
+state="$1" binaries="$2"
 shift 2
 
 # The kubelet sets these host sysctls (vm.overcommit_memory=1, kernel.panic=10, kernel.panic_on_oops=1): here it
@@ -37,8 +38,12 @@ until [[ -e "$state/start-kubelet" ]]; do
     kill -0 "${children[0]}" || exit 1
     sleep 0.2
 done
-"$kubelet" "$@" >"$state/logs/kubelet.log" 2>&1 &
+"$binaries/kubelet" "$@" >"$state/logs/kubelet.log" 2>&1 &
+children+=($!)
+"$binaries/kube-proxy" --config "$state/kube-proxy.yaml" >"$state/logs/kube-proxy.log" 2>&1 &
+children+=($!)
+"$binaries/coredns" -conf "$state/Corefile" >"$state/logs/coredns.log" 2>&1 &
 children+=($!)
 wait -n "${children[@]}" || true
-echo "realnode.sh: containerd or the kubelet ended; the node stops" >&2
+echo "realnode.sh: containerd, the kubelet, kube-proxy or CoreDNS ended; the node stops" >&2
 stop

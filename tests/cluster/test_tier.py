@@ -20,13 +20,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from bookfleet.kube import repairs
+from bookfleet.kube import repairs, resources
 from bookfleet.kube.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
 from bookfleet.meta import zk, zkpaths
 from bookfleet.polling import wait_for
 from tests.cluster import __main__ as cluster_main
 from tests.cluster import bigbookie, realnode, walkthrough, zoneloss
+from tests.cluster.controlplane import SERVICE_IP
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -193,6 +194,61 @@ def test_the_real_node_registers_with_node_credentials_and_runs_a_pod_as_a_conta
     cluster.kubectl("delete", "pod", "-n", "default", "real-node-check", "--timeout=120s", timeout=150)
     print(f"real node: pause pod Ready in {ready_s:.1f} s, deleted and gone in {time.monotonic() - started:.1f} s "
           f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+
+
+SERVICE_PROBE = """
+import json, os, socket
+
+def reach(host, port):
+    address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    socket.create_connection((address, port), timeout=10).close()
+    return address
+
+reached = {"zookeeper": reach("bookfleet-zookeeper.bookfleet.svc", 2181),
+           "bookie": reach("demo-0.demo-bookies.bookfleet.svc", 3181),
+           "kubernetes": reach("kubernetes.default.svc", 443),
+           "service_host": reach(os.environ["KUBERNETES_SERVICE_HOST"], int(os.environ["KUBERNETES_SERVICE_PORT"]))}
+with open("/dev/termination-log", "w") as out:
+    json.dump(reached, out)
+"""
+"""What a pod on the real node connects to, by the names the chart and the example give them; its findings (name ->
+address) in its termination message."""
+
+
+def test_a_pod_on_the_real_node_reaches_the_charts_services_by_their_names(installed: LocalCluster):
+    """Services on the real node as on any cluster: a pod there (our bookie image, restricted) resolves names through
+    CoreDNS and connects through kube-proxy's rules: ZooKeeper's ClusterIP Service as the example names it, a bookie
+    by its headless Service, and the API server by `kubernetes.default.svc` and by KUBERNETES_SERVICE_HOST, which
+    every in-cluster client (the operator's among them) uses."""
+    cluster = installed
+    real_node_or_skip(cluster)
+    image = realnode.built_image("bookie")
+    imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
+    name = "real-node-services"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.CLIENT_LABEL: "true"}},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION],
+                    "restartPolicy": "Never", "securityContext": resources.pod_security_context(),
+                    "containers": [{"name": "probe", "image": image.reference, "imagePullPolicy": "Never",
+                                    "command": ["python", "-c", SERVICE_PROBE],
+                                    "securityContext": resources.container_security_context()}]}}
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        ended = wait_for(lambda: (p := cluster.get("pod", "-n", NAMESPACE, name))["status"].get("phase") in (
+            "Succeeded", "Failed") and p, timeout=120, what="the probe pod on the real node to end", interval=0.5)
+        [status] = ended["status"]["containerStatuses"]
+        message = status["state"]["terminated"].get("message", "")
+        assert ended["status"]["phase"] == "Succeeded", status
+        reached = json.loads(message)
+        demo_0 = cluster.get("pod", "-n", NAMESPACE, "demo-0")["status"]["podIP"]
+        print(f"real node: {reached}, {time.monotonic() - started:.1f} s after the apply ({image.reference} imported"
+              f" in {imported_s:.1f} s)", flush=True)
+        assert reached["zookeeper"].startswith("10.96.")  # a ClusterIP: kube-proxy's rules took the connection
+        assert reached["bookie"] == demo_0
+        assert reached["kubernetes"] == reached["service_host"] == SERVICE_IP
+    finally:
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--ignore-not-found", "--wait=false")
 
 
 @pytest.mark.skipif(not os.environ.get(LONG),
