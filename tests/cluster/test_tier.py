@@ -400,9 +400,9 @@ def test_a_drained_bookie_whose_replacement_starts_later_than_the_loss_delay_is_
                         .get("status") == "True" and c, timeout=120, what=f"bookie {name} drained", interval=1.0)
         assert lost["reason"] == "Evicted", lost
         since = cluster.get("bookie", "-n", NAMESPACE, name)["status"]["lostSince"]
-        # Several loss delays and operator passes (10 s apart) go by with the replacement still not started.
-        wait_for(lambda: walkthrough.server_seconds(since, time.time()) < -40, timeout=120,
-                 what="40 s past the loss", interval=1.0)
+        # Four loss delays and two operator passes (10 s apart) go by with the replacement still not started.
+        wait_for(lambda: walkthrough.server_seconds(since, time.time()) < -20, timeout=120,
+                 what="20 s past the loss", interval=1.0)
         replacement = walkthrough.bookie_pods(cluster)
         assert not any(p["metadata"]["name"] == name and walkthrough.ready(p) for p in replacement)
         assert walkthrough.repair_jobs(cluster) == []

@@ -58,12 +58,15 @@ class Form:
     collection: bool
     """Whether the return waits until the returning bookies collected their stale copies (a ledger this young is kept
     for the bookies' grace, 60 s, so in the short form that is one more collection interval)."""
+    round_pause: float
+    """Seconds between the writer's rounds: each round is four CLI processes, a core's worth of Python start-up while
+    it runs, which the short form shares with the rest of `make test`."""
 
 
-LONG_FORM = Form(bookies=6, delay=20, entries=200, spares=True, collection=True)
+LONG_FORM = Form(bookies=6, delay=20, entries=200, spares=True, collection=True, round_pause=0)
 """On a cluster of its own (`make chaos`, `make cluster-zone-loss`): two bookies per zone, so a zone's loss leaves
 two zones of two, the repairs a choice of bookies."""
-SHORT_FORM = Form(bookies=4, delay=5, entries=50, spares=False, collection=False)
+SHORT_FORM = Form(bookies=4, delay=5, entries=50, spares=False, collection=False, round_pause=5)
 """The cluster tier's (`make test`), on its shared cluster as its node failure left it: four bookies, two in one
 zone; one of the other zones is cut."""
 SPREAD = 5
@@ -116,10 +119,11 @@ def sharing(cluster: LocalCluster, name: str) -> list[int]:
     return [segment.get("writeSetsSharingAZone", -1) for segment in ledger_status(cluster, name).get("segments", [])]
 
 
-def writer_script(zk: str, stop_id: int) -> str:
-    """Rounds of create (zone-aware E3/Qw3/Qa2) -> write -> close until the stop ledger is closed; any failure ends
-    the pod Failed (a writer that gave up)."""
+def writer_script(zk: str, stop_id: int, pause: float) -> str:
+    """Rounds of create (zone-aware E3/Qw3/Qa2) -> write -> close until the stop ledger is closed, `pause` seconds
+    apart; any failure ends the pod Failed (a writer that gave up)."""
     return (f"set -e; while ! bookfleet ledger info {stop_id} --zk {zk} --json | grep -q '\"state\": \"CLOSED\"'; do "
+            f"sleep {pause}; "
             f"id=$(bookfleet ledger create --zk {zk} -e 3 -w 3 -a 2 --placement zone-aware); "
             f"echo \"round $(date +%s) $id\"; "
             f"bookfleet ledger write $id --zk {zk} --count {ROUND_ENTRIES} --size {SIZE} --json; "
@@ -341,7 +345,7 @@ def zone_loss(cluster: LocalCluster, form: Form = LONG_FORM) -> ZoneLoss:
     outcome = ZoneLoss(form, zone, spread, kept, setup.sharing_before)
     writer_node = node_in(cluster, zone, inside=False)
     say(f"writer rounds on {writer_node}; waiting for two before the cut")
-    start_client(cluster, WRITER, writer_script(zk, stop_id), writer_node)
+    start_client(cluster, WRITER, writer_script(zk, stop_id, form.round_pause), writer_node)
     wait_for(lambda: len(writer_rounds(cluster)) >= 2, timeout=600, what="two writer rounds", interval=2.0)
     jobs_before = {job["metadata"]["name"] for job in repair_jobs(cluster)}
     outcome.claims_before = zone_claims(cluster, zone_bookies)
