@@ -29,6 +29,8 @@ import attrs
 import kmock
 import yaml
 
+from bookfleet.kube.context import merge_patched
+
 HISTORY_LIMIT = 50_000
 """Watch events kept for resumption; older resourceVersions get 410 Gone (the client re-lists)."""
 
@@ -148,16 +150,10 @@ def _field_selector(selector: str) -> Callable[[dict], bool]:
 # --- patches -------------------------------------------------------------------------------------------------
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (also used for strategic merge: lists are replaced, never merged by key)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+    """RFC 7386 JSON merge patch, as the operator reads the server's (also used for strategic merge: lists are
+    replaced, never merged by key); the stored object shares nothing with the request's body. The real API server
+    checks that reading (tests/kube/test_operator_actions.py)."""
+    return copy.deepcopy(merge_patched(target, patch))
 
 
 def _pointer(path: str) -> list[str]:
