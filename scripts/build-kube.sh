@@ -44,14 +44,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     KUBE_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$MINOR"
     KUBE_LDFLAGS+=" -X $pkg.gitTreeState=clean"
 done
-commands=()
+commands=() coredns=""
 for name in "$@"; do
-    [[ "$name" == coredns ]] || commands+=("$name")
+    if [[ "$name" == coredns ]]; then coredns=1; else commands+=("$name"); fi
 done
 for name in kube-apiserver kube-controller-manager kube-scheduler "${commands[@]}"; do
     build kubernetes "$KUBE_VERSION" "$KUBE_LDFLAGS" "k8s.io/kubernetes/cmd/$name" "$name"
 done
-if [[ " $* " == *" coredns "* ]]; then
+if [[ -n "$coredns" ]]; then
     build coredns "$(pinned coredns github.com/coredns/coredns)" "" . coredns
 fi
 build etcd "$ETCD_VERSION" "" go.etcd.io/etcd/server/v3 etcd

@@ -17,6 +17,7 @@ Development and test tooling only: it lives under tests/ and is never part of th
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -138,7 +139,7 @@ class RealNode:
     @property
     def dns_address(self) -> str:
         """The first address of the pod subnet: the CNI bridge's, the pods' gateway."""
-        return self.pod_subnet.replace(".0/24", ".1")
+        return str(next(ipaddress.ip_network(self.pod_subnet).hosts()))
 
     def start(self, pause: NodeImage) -> None:
         """containerd up, the pause image imported, then the kubelet; returns once the Node is registered Ready is

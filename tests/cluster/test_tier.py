@@ -665,7 +665,7 @@ def test_bookie_on_a_failed_node_is_repaired_kept_until_the_node_is_deleted_then
     assert "disruption budget" in outcome.drain_refusal  # while its bookie was down, a drain evicted no other
 
 
-def test_a_zone_cut_off_longer_than_the_delay_is_repaired_around_then_rejoins_and_its_stale_copies_go(
+def test_a_zone_cut_off_longer_than_the_delay_is_repaired_around_then_rejoins_without_a_repair(
         installed: LocalCluster):
     """The short form of the zone loss (`make chaos` runs the long one on a cluster of its own): on the four bookies
     the node failure left, zone-aware ledgers over the three zones; a zone holding one of them is cut off (its
