@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from bookfleet.polling import wait_for
+from tests.cluster import pki as pki_module
 from tests.cluster.pki import Pki
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -86,6 +87,7 @@ class ControlPlane:
 
     def start(self, timeout: float = 180.0) -> None:
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        kubelet_client = pki_module.kubelet_client_credentials(self.pki)
         etcd_port, peer_port = free_port(), free_port()
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
         self._start(
@@ -106,6 +108,11 @@ class ControlPlane:
             "--authorization-mode", "Node,RBAC",
             "--enable-admission-plugins", "NodeRestriction,PodSecurity,DefaultStorageClass,ServiceAccount",
             "--service-cluster-ip-range", SERVICE_CIDR, "--allow-privileged=false",
+            # `kubectl logs` of a real node's pod: the API server calls its kubelet at the node's address, checks the
+            # kubelet's serving certificate against the cluster's CA and presents a client certificate of its own.
+            "--kubelet-client-certificate", str(kubelet_client[0]), "--kubelet-client-key", str(kubelet_client[1]),
+            "--kubelet-certificate-authority", str(self.pki.ca_cert),
+            "--kubelet-preferred-address-types", "InternalIP",
         )
         self._wait_healthy(timeout)
         admin = self.state / "admin.kubeconfig"

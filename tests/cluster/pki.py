@@ -95,6 +95,23 @@ def node_credentials(pki: Pki, node: str) -> tuple[Path, Path]:
     return client_credentials(pki, f"node-{node}", f"/O=system:nodes/CN=system:node:{node}")
 
 
+def kubelet_client_credentials(pki: Pki) -> tuple[Path, Path]:
+    """The API server's client certificate towards kubelets (`kubectl logs`, `exec`): a kubelet whose client CA is the
+    cluster's accepts it, as kubeadm's apiserver-kubelet-client. Made once; (certificate, key)."""
+    return client_credentials(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+
+
+def kubelet_serving_credentials(pki: Pki, node: str, address: str) -> tuple[Path, Path]:
+    """A kubelet's serving certificate for its node address, signed by the cluster's CA, which the API server checks
+    (`--kubelet-certificate-authority`) when it forwards logs. Made once per node and address; (certificate, key)."""
+    name = f"kubelet-{node}-{address}"
+    if not (pki.root / f"{name}.crt").exists():
+        _signed(pki, name, f"/O=system:nodes/CN=system:node:{node}",
+                f"subjectAltName=IP:{address},DNS:{node}\nextendedKeyUsage=serverAuth\n"
+                "keyUsage=digitalSignature,keyEncipherment\n")
+    return pki.root / f"{name}.crt", pki.root / f"{name}.key"
+
+
 def proxy_credentials(pki: Pki) -> tuple[Path, Path]:
     """kube-proxy's client certificate (CN system:kube-proxy): the API server's bootstrap binding system:node-proxier
     lets that user watch Services, EndpointSlices and Nodes, as kubeadm's kube-proxy does."""

@@ -246,6 +246,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         }))
         (state / "resolv.conf").write_text("options ndots:1\n")
+        serving = pki_module.kubelet_serving_credentials(self.pki, self.name, self.address)
         endpoint = f"unix://{self.socket}"
         (state / "kubelet.yaml").write_text(yaml.safe_dump({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -263,6 +264,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {"clientCAFile": str(self.pki.ca_cert)}},
             "authorization": {"mode": "AlwaysAllow"},
+            # The API server checks this certificate against the cluster's CA when it forwards `kubectl logs`.
+            "tlsCertFile": str(serving[0]), "tlsPrivateKeyFile": str(serving[1]),
             "registerWithTaints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
             "nodeStatusReportFrequency": "10s",
         }))

@@ -53,9 +53,16 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     operator = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     assert operator and {pod["spec"]["serviceAccountName"] for pod in operator} == {"bookfleet"}
     assert any(map(walkthrough.ready, operator))
-    # Its ServiceAccount is refused nothing it asks for (kopf scans no namespaces when it serves named ones).
+    if cluster.real_node():  # as users run it: the image from operator/Dockerfile in containers on a kubelet
+        assert {pod["spec"]["nodeName"] for pod in operator} == {realnode.NAME}
+        statuses = [status for pod in operator for status in pod["status"]["containerStatuses"]]
+        assert all(s["containerID"].startswith("containerd://") and "/bookfleet/operator:" in s["image"]
+                   for s in statuses), statuses
+    # Its ServiceAccount is refused nothing it asks for (kopf scans no namespaces when it serves named ones); on the
+    # real node its log comes through `kubectl logs` (the API server to the kubelet's serving certificate).
     for pod in operator:
-        assert "Forbidden" not in cluster.container_log(NAMESPACE, pod["metadata"]["name"], "operator")
+        log = cluster.container_log(NAMESPACE, pod["metadata"]["name"], "operator")
+        assert "Activity 'start_caches' succeeded" in log and "Forbidden" not in log, log[-3000:]
     bookies = cluster.get("bookies", "-n", NAMESPACE)["items"]
     assert sorted(b.get("status", {}).get("phase") for b in bookies) == ["Running"] * 3
     # Defaults come from the CRD's schema on the server, not from the example file.

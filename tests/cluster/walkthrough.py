@@ -26,6 +26,7 @@ from bookfleet.kube.models import BookieCluster
 from bookfleet.polling import wait_for
 from bookfleet.security.certs import CertificateAuthority
 from bookfleet.security.roles import Role
+from tests.cluster import realnode
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "bookfleet"
@@ -98,9 +99,16 @@ class LocalCluster:
         wait_for(lambda: not request.exists(), timeout=30, what=f"{request_name} done", interval=0.1)
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """A container's output, from the process kubelet's log file: it serves no logs API for `kubectl logs`."""
-        uid = self.get("pod", "-n", namespace, pod)["metadata"]["uid"]
-        return (self.state / "pods" / uid / f"{container}.log").read_text(errors="replace")
+        """A container's output: `kubectl logs` where the real node's kubelet runs the pod, else the process kubelet's
+        log file (it serves no logs API)."""
+        body = self.get("pod", "-n", namespace, pod)
+        if body["spec"].get("nodeName") == realnode.NAME:
+            return self.kubectl("logs", "-n", namespace, pod, "-c", container)
+        return (self.state / "pods" / body["metadata"]["uid"] / f"{container}.log").read_text(errors="replace")
+
+    def real_node(self) -> bool:
+        """Whether the cluster runs the real node (a kubelet on containerd) beside the process kubelet."""
+        return any(node["metadata"]["name"] == realnode.NAME for node in self.get("nodes")["items"])
 
 
 @contextlib.contextmanager
@@ -162,13 +170,33 @@ def bookie_claims(cluster: LocalCluster) -> list[dict[str, Any]]:
     return cluster.get("pvc", "-n", NAMESPACE, "-l", BOOKIE_SELECTOR)["items"]
 
 
+def operator_placement(cluster: LocalCluster) -> tuple[str, ...]:
+    """Chart values that run the operator as users get it where the cluster has a real node: the image built from
+    operator/Dockerfile (imported into the node's containerd, never pulled), on that node; else none (the process
+    kubelet runs it from the dev venv). One line says which."""
+    if not cluster.real_node():
+        say("the operator on the process kubelet, from the dev venv (no real node)")
+        return ()
+    image = realnode.built_image("operator")
+    imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
+    say(f"the operator on {realnode.NAME} (containerd), image {image.reference} (imported in {imported_s:.1f} s)")
+    repository, tag = image.reference.rsplit(":", 1)
+    toleration = realnode.TOLERATION
+    return ("--set", f"image.operator.repository={repository}", "--set", f"image.operator.tag={tag}",
+            "--set", "image.operator.pullPolicy=Never",
+            "--set", f"operator.nodeSelector.kubernetes\\.io/hostname={realnode.NAME}",
+            "--set", f"operator.tolerations[0].key={toleration['key']}",
+            "--set", f"operator.tolerations[0].operator={toleration['operator']}",
+            "--set", f"operator.tolerations[0].effect={toleration['effect']}")
+
+
 def install(cluster: LocalCluster) -> None:
     """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper, the examples, 3 Ready bookies."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
     cluster.helm("install", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
-                 "--wait", "--timeout", "10m")
+                 *operator_placement(cluster), "--wait", "--timeout", "10m")
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", str(ROOT / "examples"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
              timeout=600, what="three Ready bookie pods", interval=2.0)
