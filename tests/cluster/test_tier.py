@@ -601,6 +601,10 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     [container] = cluster.get("job", "-n", NAMESPACE, repair.job)["spec"]["template"]["spec"]["containers"]
     command = container.get("command", []) + container.get("args", [])
     assert command[command.index("--master") + 1].startswith("k8s://")
+    if cluster.real_node():  # the repair image from repair-image/Dockerfile, driver and executors as containers
+        ran = [repair.driver_container, *repair.executors.values()]
+        assert all(r["node"] == realnode.NAME and r["container_id"].startswith("containerd://")
+                   and "/bookfleet/repair:" in r["image"] for r in ran), ran
     assert [e["entry_id"] for e in outcome.read_back] == list(range(ENTRIES))
     assert [e["payload"] for e in outcome.read_back] == [f"{i:032d}" for i in range(ENTRIES)]
     assert walkthrough.acting_operator(cluster) not in ("", killed)

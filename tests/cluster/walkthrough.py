@@ -4,6 +4,7 @@ chart into a restricted namespace, apply the examples, wait for the bookies."""
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import datetime as dt
 import json
@@ -170,17 +171,41 @@ def bookie_claims(cluster: LocalCluster) -> list[dict[str, Any]]:
     return cluster.get("pvc", "-n", NAMESPACE, "-l", BOOKIE_SELECTOR)["items"]
 
 
+_NODE_IMAGES: dict[tuple[Path, str], concurrent.futures.Future[str]] = {}
+"""Images imported into a cluster's real node, by (cluster state, image name): each at most once."""
+
+
+def real_node_image(cluster: LocalCluster, name: str) -> concurrent.futures.Future[str]:
+    """The reference of image `name`, built from our Dockerfile and imported into the real node's containerd (never
+    pulled), once per cluster. The import starts at the first ask and runs in the background, so that the repair
+    image (a JRE and pyspark: its archive and import take ~1 min) arrives while earlier steps run."""
+    key = (cluster.state, name)
+    if key not in _NODE_IMAGES:
+        def imported() -> str:
+            image = realnode.built_image(name)
+            seconds = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
+            say(f"image {image.reference} imported into {realnode.NAME} in {seconds:.1f} s")
+            return image.reference
+
+        _NODE_IMAGES[key] = concurrent.futures.ThreadPoolExecutor(1).submit(imported)
+    return _NODE_IMAGES[key]
+
+
+ON_THE_REAL_NODE = {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION]}
+"""Pod settings that put a pod on the real node (it is tainted: only pods that tolerate it land there)."""
+
+
 def operator_placement(cluster: LocalCluster) -> tuple[str, ...]:
     """Chart values that run the operator as users get it where the cluster has a real node: the image built from
-    operator/Dockerfile (imported into the node's containerd, never pulled), on that node; else none (the process
-    kubelet runs it from the dev venv). One line says which."""
+    operator/Dockerfile, on that node; else none (the process kubelet runs it from the dev venv). One line says
+    which. The repair image's import starts here too (`repair_placement` waits for it)."""
     if not cluster.real_node():
-        say("the operator on the process kubelet, from the dev venv (no real node)")
+        say("the operator and repairs on the process kubelet, from the dev venv (no real node)")
         return ()
-    image = realnode.built_image("operator")
-    imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
-    say(f"the operator on {realnode.NAME} (containerd), image {image.reference} (imported in {imported_s:.1f} s)")
-    repository, tag = image.reference.rsplit(":", 1)
+    reference = real_node_image(cluster, "operator").result()
+    real_node_image(cluster, "repair")
+    say(f"the operator on {realnode.NAME} (containerd), image {reference}")
+    repository, tag = reference.rsplit(":", 1)
     toleration = realnode.TOLERATION
     return ("--set", f"image.operator.repository={repository}", "--set", f"image.operator.tag={tag}",
             "--set", "image.operator.pullPolicy=Never",
@@ -188,6 +213,20 @@ def operator_placement(cluster: LocalCluster) -> tuple[str, ...]:
             "--set", f"operator.tolerations[0].key={toleration['key']}",
             "--set", f"operator.tolerations[0].operator={toleration['operator']}",
             "--set", f"operator.tolerations[0].effect={toleration['effect']}")
+
+
+def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
+    """BookieCluster repair settings that run repair drivers and their Spark executors as users get them where the
+    cluster has a real node: the image built from repair-image/Dockerfile, both kinds of pod on that node; else none
+    (the process kubelet runs them from the dev venv)."""
+    if not cluster.real_node():
+        return {}
+    reference = real_node_image(cluster, "repair").result()
+    say(f"repair drivers and executors on {realnode.NAME} (containerd), image {reference}")
+    # One executor: the node has the machine's CPUs (2 here), and the operator's replicas (0.2), the driver (0.5) and
+    # one executor (1) fit; a second one would stay Pending while Spark waits up to 30 s for it to register.
+    return {"image": reference, "executors": 1, "driverPodTemplate": ON_THE_REAL_NODE,
+            "executorPodTemplate": ON_THE_REAL_NODE}
 
 
 def install(cluster: LocalCluster) -> None:
@@ -377,8 +416,18 @@ class Repair:
 
     job: str = ""
     driver_ip: str = ""
+    driver_container: dict[str, str] = field(default_factory=dict)
+    """Where the driver ran: {"node", "image", "container_id"} (a containerd:// ID on a real node)."""
     executors: dict[str, dict[str, str]] = field(default_factory=dict)
-    """executor pod name -> {"ip": its pod IP, "driver_url": the SPARK_DRIVER_URL it was given}"""
+    """executor pod name -> {"ip": its pod IP, "driver_url": the SPARK_DRIVER_URL it was given, and where it ran as
+    `driver_container` says}"""
+
+
+def where_it_ran(pod: dict[str, Any]) -> dict[str, str]:
+    """A running pod's node, and its first container's image and container ID."""
+    [status, *_] = pod["status"].get("containerStatuses") or [{}]
+    return {"node": pod["spec"].get("nodeName", ""), "image": pod["spec"]["containers"][0]["image"],
+            "container_id": status.get("containerID", "")}
 
 
 def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection[str] = (),
@@ -394,12 +443,14 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
             say(f"repair Job {seen.job} created")
         if seen.job and not seen.driver_ip:
             drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={seen.job}")["items"]
-            seen.driver_ip = next((p["status"].get("podIP", "") for p in drivers if p["status"].get("podIP")), "")
+            if driver := next((p for p in drivers if p["status"].get("podIP") and ready(p)), None):
+                seen.driver_ip, seen.driver_container = driver["status"]["podIP"], where_it_ran(driver)
         for pod in cluster.get("pods", "-n", NAMESPACE, "-l", EXECUTOR_SELECTOR)["items"]:
             name = pod["metadata"]["name"]
-            if name not in seen.executors and pod["status"].get("podIP"):
+            if name not in seen.executors and pod["status"].get("podIP") and ready(pod):
                 env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env", [])}
-                seen.executors[name] = {"ip": pod["status"]["podIP"], "driver_url": env.get("SPARK_DRIVER_URL", "")}
+                seen.executors[name] = {"ip": pod["status"]["podIP"], "driver_url": env.get("SPARK_DRIVER_URL", ""),
+                                        **where_it_ran(pod)}
                 say(f"Spark executor pod {name} on {pod['status']['podIP']}")
         return repaired_off(ledger_status(cluster), lost_bookie_id)
 
@@ -437,7 +488,8 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     say(f"writing {entries} entries to Ledger {LEDGER} from a client pod")
     ledger_id = write_entries(cluster, entries)
     # A repair this small would run in its driver alone (localModeMaxMb): this one shows Spark's executor pods.
-    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10, "repair": {"localModeMaxMb": 0}}})
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10, "repair": {
+        "localModeMaxMb": 0, **repair_placement(cluster)}}})
     lost_id = ledger_status(cluster)["segments"][0]["bookies"][0]
     earlier = frozenset(job["metadata"]["name"] for job in repair_jobs(cluster, lost_id.split(".")[0]))
     started = time.monotonic()
