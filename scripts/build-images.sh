@@ -3,8 +3,9 @@
 # debootstrap (no registry needed), into ~/.cache/bookfleet/images/ (buildah's private storage). Each image is
 # built once per content hash (Dockerfile, sources, pins, base); buildah's layer cache keeps a source-only change
 # to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see README).
-# Usage: scripts/build-images.sh [bookie|operator|repair|pause ...]   (default: bookie, operator, repair)
-# `pause` is the pod sandbox image of the local cluster's real nodes: hack/pause built static, FROM scratch.
+# Usage: scripts/build-images.sh [bookie|operator|repair|pause|zookeeper ...]   (default: bookie, operator, repair)
+# `pause` is the pod sandbox image of the local cluster's real nodes: hack/pause built static, FROM scratch;
+# `zookeeper` the local cluster's stand-in for the official image the chart names (tests/cluster/images/).
 # Prints one line per image, "<name> <reference>", on stdout; progress goes to stderr. With BOOKFLEET_IMAGE_ARCHIVES=1
 # the line ends with the image's OCI archive (for `ctr images import`), written under the build lock: another
 # worktree's build of the same image may remove this reference from buildah's storage right after.
@@ -65,7 +66,12 @@ CA=/etc/ssl/certs/ca-certificates.crt
 lend_ca=()
 [[ -f "$CA" ]] && lend_ca=(--volume "$CA:/run/bookfleet-ca.crt:ro" --build-arg PIP_CERT=/run/bookfleet-ca.crt)
 
-declare -A DOCKERFILE=([bookie]=bookie-image/Dockerfile [operator]=operator/Dockerfile [repair]=repair-image/Dockerfile)
+declare -A DOCKERFILE=([bookie]=bookie-image/Dockerfile [operator]=operator/Dockerfile [repair]=repair-image/Dockerfile
+                       [zookeeper]=tests/cluster/images/zookeeper.Dockerfile)
+# What each build context's COPY lines read (the product images: the package; the local ZooKeeper: its two scripts).
+PRODUCT_INPUTS="pyproject.toml README.md constraints.txt bookfleet repair-image/entrypoint.sh"
+declare -A INPUTS=([bookie]=$PRODUCT_INPUTS [operator]=$PRODUCT_INPUTS [repair]=$PRODUCT_INPUTS
+                   [zookeeper]="tests/cluster/images/zookeeper-entrypoint.sh tests/cluster/images/zookeeper-bin")
 names=("$@")
 [[ ${#names[@]} -gt 0 ]] || names=(bookie operator repair)
 cd "$ROOT"
@@ -89,8 +95,7 @@ for name in "${names[@]}"; do
     fi
     dockerfile="${DOCKERFILE[$name]:?unknown image $name}"
     # What the build context sends (.dockerignore) and the Dockerfile: tracked and untracked, never ignored files.
-    mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" pyproject.toml README.md \
-        constraints.txt bookfleet repair-image/entrypoint.sh | sort)
+    mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" ${INPUTS[$name]} | sort)
     hash="$( (echo "$BASE"; sha256sum "${inputs[@]}") | digest)"
     image="localhost/bookfleet/$name:$hash"
     if exists "$image"; then

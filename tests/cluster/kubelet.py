@@ -413,7 +413,8 @@ class Kubelet:
                 names.append(name)
             not_ready_too = service["spec"].get("publishNotReadyAddresses", False)
             for pod in self._pods:
-                ip = ips.get(pod["metadata"]["uid"])
+                # A pod this kubelet runs has its IP before the API server hears of it; one on a real node, from there.
+                ip = ips.get(pod["metadata"]["uid"]) or pod.get("status", {}).get("podIP")
                 labels = pod["metadata"].get("labels", {})
                 if not ip or pod["metadata"]["namespace"] != namespace or pod["metadata"].get("deletionTimestamp"):
                     continue

@@ -1,8 +1,9 @@
 """Pod networking without containers: a host-only Linux bridge and one network namespace per pod.
 
-The bridge has no uplink and pods get no default route: they reach each other and the API server on the bridge's
-host address, nothing else. Every namespace, link and nftables table made here is named with the bridge's prefix so
-that `Bridge.remove` can delete all of them, also after a crash of the process that made them.
+The bridge has no uplink and pods get no default route: they reach each other, the API server on the bridge's host
+address and a real node's pods through that node (`route_to`), nothing else. Every namespace, link and nftables
+table made here is named with the bridge's prefix so that `Bridge.remove` can delete all of them, also after a crash
+of the process that made them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Bridge:
     _next_host: int = 2
     _free: list[int] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    routes: dict[str, str] = field(default_factory=dict)
+    """Subnets behind a namespace on the bridge (a real node's pods): subnet -> that namespace's address."""
 
     @classmethod
     def choose(cls) -> Bridge:
@@ -75,7 +78,21 @@ class Bridge:
         ip("-n", namespace, "addr", "add", f"{address}/{self.network.prefixlen}", "dev", "eth0")
         ip("-n", namespace, "link", "set", "eth0", "up")
         ip("-n", namespace, "link", "set", "lo", "up")
+        for subnet, via in list(self.routes.items()):
+            ip("-n", namespace, "route", "add", subnet, "via", via)
         return namespace, address
+
+    def route_to(self, subnet: str, via: str) -> None:
+        """Every namespace on the bridge but `via`'s own, attached before or after, reaches `subnet` through the
+        namespace whose address is `via` (a real node, its pods behind it)."""
+        self.routes[subnet] = via
+        for line in ip("netns", "list").stdout.splitlines():
+            namespace = line.split(" ")[0]
+            if namespace.startswith(f"{self.prefix}-") and self._address(namespace) != via:
+                ip("-n", namespace, "route", "replace", subnet, "via", via)
+
+    def _address(self, namespace: str) -> str:
+        return str(self.network.network_address + int(namespace.rsplit("-", 1)[1]))
 
     def detach(self, namespace: str) -> None:
         """Delete a pod's namespace (its veth goes with it) and return its address to the pool."""

@@ -5,7 +5,8 @@ containerd, the kubelet, kube-proxy (iptables mode: the Services' ClusterIPs, th
 (cluster.local from the Services and EndpointSlices: the chart's names, a headless Service's pod names) run together
 in namespaces of the node's own (see ../shared/notes/real-node.md):
 - a network namespace on the cluster's bridge (like a process pod's), with the node's pods on a CNI bridge in a /24
-  of their own behind it; the host reaches them by a route through the node, they reach the bridge masqueraded;
+  of their own behind it; the host and the process kubelet's pods reach them by a route through the node, they
+  reach the bridge masqueraded;
 - a mount namespace where the host sysctls the kubelet rewrites are files of the node's, and /run, /var/log and
   /var/lib (kubelet and libcni hard-code paths there) are private;
 - a PID namespace: when its first process (tests/cluster/realnode.sh) ends, every shim and container ends with it.
@@ -150,6 +151,7 @@ class RealNode:
         self.netns, self.address = self.bridge.attach(f"node-{self.name}")
         ip("-n", self.netns, "route", "add", "default", "via", self.bridge.host_address)
         ip("route", "add", self.pod_subnet, "via", self.address, "dev", self.bridge.name)
+        self.bridge.route_to(self.pod_subnet, self.address)  # the process kubelet's pods reach its pods too
         self._make_cgroups()
         self._write_configs(pause)
         out = (self.state / "logs" / "node.log").open("ab")

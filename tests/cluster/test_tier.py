@@ -53,11 +53,12 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     operator = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     assert operator and {pod["spec"]["serviceAccountName"] for pod in operator} == {"bookfleet"}
     assert any(map(walkthrough.ready, operator))
-    if cluster.real_node():  # as users run it: the image from operator/Dockerfile in containers on a kubelet
-        assert {pod["spec"]["nodeName"] for pod in operator} == {realnode.NAME}
-        statuses = [status for pod in operator for status in pod["status"]["containerStatuses"]]
-        assert all(s["containerID"].startswith("containerd://") and "/bookfleet/operator:" in s["image"]
-                   for s in statuses), statuses
+    if cluster.real_node():  # as users run them: images built from Dockerfiles, in containers on a kubelet
+        zookeeper = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=zookeeper")["items"]
+        ran = [walkthrough.where_it_ran(pod) for pod in operator + zookeeper]
+        assert all(r["node"] == realnode.NAME and r["container_id"].startswith("containerd://") for r in ran), ran
+        assert {r["image"].rsplit(":", 1)[0] for r in ran} == {f"localhost/bookfleet/{name}"
+                                                              for name in ("operator", "zookeeper")}
     # Its ServiceAccount is refused nothing it asks for (kopf scans no namespaces when it serves named ones); on the
     # real node its log comes through `kubectl logs` (the API server to the kubelet's serving certificate).
     for pod in operator:

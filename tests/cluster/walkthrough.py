@@ -195,24 +195,24 @@ ON_THE_REAL_NODE = {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "
 """Pod settings that put a pod on the real node (it is tainted: only pods that tolerate it land there)."""
 
 
-def operator_placement(cluster: LocalCluster) -> tuple[str, ...]:
-    """Chart values that run the operator as users get it where the cluster has a real node: the image built from
-    operator/Dockerfile, on that node; else none (the process kubelet runs it from the dev venv). One line says
+def chart_placement(cluster: LocalCluster) -> tuple[str, ...]:
+    """Chart values that run the operator and ZooKeeper as users get them where the cluster has a real node: the
+    images built from operator/Dockerfile and tests/cluster/images/zookeeper.Dockerfile (the stand-in for the official
+    image), on that node; else none (the process kubelet runs the dev venv and the host's ZooKeeper). One line says
     which. The repair image's import starts here too (`repair_placement` waits for it)."""
     if not cluster.real_node():
-        say("the operator and repairs on the process kubelet, from the dev venv (no real node)")
+        say("the operator, ZooKeeper and repairs on the process kubelet (no real node)")
         return ()
-    reference = real_node_image(cluster, "operator").result()
+    operator, zookeeper = real_node_image(cluster, "operator"), real_node_image(cluster, "zookeeper")
+    operator_repository, operator_tag = operator.result().rsplit(":", 1)
     real_node_image(cluster, "repair")
-    say(f"the operator on {realnode.NAME} (containerd), image {reference}")
-    repository, tag = reference.rsplit(":", 1)
-    toleration = realnode.TOLERATION
-    return ("--set", f"image.operator.repository={repository}", "--set", f"image.operator.tag={tag}",
-            "--set", "image.operator.pullPolicy=Never",
-            "--set", f"operator.nodeSelector.kubernetes\\.io/hostname={realnode.NAME}",
-            "--set", f"operator.tolerations[0].key={toleration['key']}",
-            "--set", f"operator.tolerations[0].operator={toleration['operator']}",
-            "--set", f"operator.tolerations[0].effect={toleration['effect']}")
+    say(f"the operator and ZooKeeper on {realnode.NAME} (containerd), images {operator.result()} and "
+        f"{zookeeper.result()}")
+    placement = [(f"{component}.{key}", json.dumps(value)) for component in ("operator", "zookeeper")
+                 for key, value in ON_THE_REAL_NODE.items()]
+    return ("--set", f"image.operator.repository={operator_repository}", "--set", f"image.operator.tag={operator_tag}",
+            "--set", "image.operator.pullPolicy=Never", "--set", f"zookeeper.image={zookeeper.result()}",
+            *(argument for key, value in placement for argument in ("--set-json", f"{key}={value}")))
 
 
 def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def install(cluster: LocalCluster) -> None:
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
     cluster.helm("install", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
-                 *operator_placement(cluster), "--wait", "--timeout", "10m")
+                 *chart_placement(cluster), "--wait", "--timeout", "10m")
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", str(ROOT / "examples"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
              timeout=600, what="three Ready bookie pods", interval=2.0)

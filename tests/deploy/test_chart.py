@@ -209,6 +209,16 @@ def test_disruption_budget_and_zone_spread_for_zookeeper() -> None:
     assert keys == {resources.ZONE_LABEL, resources.HOSTNAME_LABEL}
 
 
+def test_zookeeper_servers_go_where_their_node_settings_say() -> None:
+    dedicated = {"nodeSelector": {"pool": "zookeeper"},
+                 "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}
+    (statefulset,) = by_kind(render_chart({"zookeeper": {"enabled": True, **dedicated}}), "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
+    assert {key: pod.get(key) for key in dedicated} == dedicated
+    (default,) = by_kind(render_chart({"zookeeper": {"enabled": True}}), "StatefulSet")
+    assert not {"nodeSelector", "tolerations"} & default["spec"]["template"]["spec"].keys()
+
+
 @pytest.mark.parametrize(("replicas", "quorum"), [(3, 2), (5, 3)])
 def test_zookeeper_drains_always_leave_a_quorum(replicas: int, quorum: int) -> None:
     objects = render_chart({"zookeeper": {"enabled": True, "replicas": replicas}})
