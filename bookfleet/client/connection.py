@@ -102,6 +102,11 @@ def parse_address(address: str) -> tuple[str, int]:
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 """Callers wait while more than this is queued for the socket, so a slow bookie cannot grow memory unbounded."""
 
+FLUSH_BYTES = 64 * 1024
+"""Requests made in one event-loop turn are written together, but never more than about this much at once: a turn
+that answers a whole group commit's acks makes one new add per ack, and the bookie should start on the first of
+them while the client is still making the rest (written all at the end, client and bookie took turns idling)."""
+
 
 class _ClientProtocol(asyncio.Protocol):
     """Splits incoming frames and hands each to the client; pauses writers while the socket buffer is full."""
@@ -179,6 +184,7 @@ class BookieClient:
         self._ids = itertools.count(1)
         self._error: ConnectionError | None = None
         self._outgoing: list[bytes] = []
+        self._outgoing_bytes = 0
         self._loop = asyncio.get_running_loop()
 
     @classmethod
@@ -346,6 +352,9 @@ class BookieClient:
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing += (wire.encode_request_head(op, request_id, len(body), flags), body)
+        self._outgoing_bytes += len(body)
+        if self._outgoing_bytes >= FLUSH_BYTES:
+            self._flush()
 
     async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
         future = self._request(op, body, flags)
@@ -354,9 +363,11 @@ class BookieClient:
         return await future
 
     def _flush(self) -> None:
-        """Write every request made in this turn of the event loop with one system call (uvloop's writelines hands
-        the pieces to writev; asyncio's joins them)."""
-        outgoing, self._outgoing = self._outgoing, []
+        """Write the requests made in this turn of the event loop (up to FLUSH_BYTES) with one system call (uvloop's
+        writelines hands the pieces to writev; asyncio's joins them)."""
+        if not self._outgoing:
+            return  # written already, when they reached FLUSH_BYTES
+        outgoing, self._outgoing, self._outgoing_bytes = self._outgoing, [], 0
         if not self._transport.is_closing():
             self._transport.writelines(outgoing)
 
