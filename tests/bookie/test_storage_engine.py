@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 
 import pytest
 
@@ -334,3 +335,29 @@ async def test_journals_fed_the_same_records_roll_at_different_points_within_the
     for rolled in sizes:
         assert len(rolled) >= 5 and all(roll // 2 <= size < roll + step for size in rolled), rolled
     assert sizes[0] != sizes[1]
+
+
+async def test_the_journal_commits_while_the_event_loop_is_busy_and_resolves_the_batch_on_its_next_turn(tmp_path):
+    """The writer thread writes and fdatasyncs a record without waiting for the event loop (which, on a busy bookie,
+    is reading the next requests); only resolving the batch needs a turn of it."""
+    log = journal.Journal(tmp_path, max_wait=0, flush_bytes=1 << 20, roll_bytes=1 << 30)
+    await log.start()
+    record = b"r" * 1000
+    synced = [0]
+    real_sync = log._write_and_sync
+
+    def counted_sync(pieces: list[bytes]) -> float:
+        seconds = real_sync(pieces)
+        synced[0] += sum(map(len, pieces))
+        return seconds
+
+    log._write_and_sync = counted_sync
+    batch = log.append(journal.RecordType.ADD, record)
+    for _ in range(10_000):  # blocks this loop (no await) until the writer thread has committed
+        if synced[0]:
+            break
+        time.sleep(0.001)
+    assert synced[0] == journal.RECORD_HEADER.size + len(record) and not batch.done()
+    await batch
+    assert log.synced == journal.JournalPosition(log.current_seq, synced[0])
+    await log.close()
