@@ -342,7 +342,8 @@ class Connection(asyncio.Protocol):
             self.server.release_adds(size)
 
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
-        """Answer every add of this connection that waited for this group commit."""
+        """Answer every add of this connection that waited for this group commit, written at once: the client makes
+        its next adds from these answers (a turn of the loop later is a receive of up to 256 KiB later)."""
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
@@ -359,6 +360,7 @@ class Connection(asyncio.Protocol):
         self.add_bytes -= adds.size
         self.server.release_adds(adds.size)
         self._finished(len(adds.acks))
+        self._flush()
 
     def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
         """Drive one request's coroutine without a Task.
