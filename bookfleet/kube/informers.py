@@ -42,6 +42,8 @@ Index = Callable[[dict], Hashable | None]
 """The key an object is filed under (None: not filed)."""
 Changed = Callable[[dict, bool], None]
 """Told of each change: the object's body, and whether it was deleted."""
+Kept = dict | str
+"""What a store holds of an object: its body (as transformed), or only its resourceVersion (`versions_only`)."""
 
 
 class Informer:
@@ -49,8 +51,8 @@ class Informer:
 
     def __init__(self, api: KubeApi, api_version: str, plural: str, labels: dict[str, str],
                  namespaces: Sequence[str] | None = None, changed: Changed | None = None,
-                 indexes: Mapping[str, Index] | None = None, keep: Callable[[dict], dict] | None = None,
-                 transform: Callable[[dict], dict] | None = None):
+                 indexes: Mapping[str, Index] | None = None, transform: Callable[[dict], dict] | None = None,
+                 versions_only: bool = False):
         """`changed(body, deleted)` is called from the informer's thread after the store took each change (a
         deleted object's last body included), so whoever it wakes reads the new state; a re-list calls it only for
         the objects that went or changed meanwhile. `indexes` name the keys each object is filed under, kept with
@@ -60,19 +62,22 @@ class Informer:
         transform): the store holds it and `changed` gets it, so it must keep the metadata's namespace, name and
         resourceVersion and whatever the indexes, `changed` and the store's readers read.
 
-        `keep(body)`: the store holds only that of each object (the same rule), for a consumer that keeps its own
-        view and never reads the store: `changed` gets whole bodies, a list's as each page arrives (before the store
-        took the list), so 100,000 objects are never all held at once, here or there."""
+        `versions_only`: the store holds only each object's resourceVersion (what a re-list compares), for a consumer
+        that keeps its own view and never reads the store (`get` and a deletion a re-list finds give only the
+        object's identity: namespace, name, resourceVersion; no indexes): 100,000 Ledgers' identities as dicts took
+        ~35 MB. `changed` gets whole bodies, a list's as each page arrives (before the store took the list), so
+        100,000 objects are never all held at once, here or there."""
+        if versions_only and indexes:
+            raise ValueError("an informer that keeps only versions has no bodies to index")
         self._api, self._api_version, self._plural = api, api_version, plural
         self._changed = changed or (lambda body, deleted: None)
         self._transform = transform or (lambda body: body)
-        self._keep = keep or (lambda body: body)
-        self._hand_on_per_page = keep is not None
+        self._versions_only = self._hand_on_per_page = versions_only
         self._indexes = dict(indexes or {})
         self._filed: dict[str, dict[Hashable, dict[tuple[str, str], dict]]] = {name: {} for name in self._indexes}
         self._selector = ",".join(f"{key}={value}" for key, value in labels.items())
         self._scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
-        self._objects: dict[str | None, dict[tuple[str, str], dict]] = {scope: {} for scope in self._scopes}
+        self._objects: dict[str | None, dict[tuple[str, str], Kept]] = {scope: {} for scope in self._scopes}
         self._synced = {scope: threading.Event() for scope in self._scopes}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -99,7 +104,8 @@ class Informer:
             return None  # a namespace this operator does not watch
         self._wait_listed(scope)
         with self._lock:
-            return self._objects[scope].get((namespace, name))
+            kept = self._objects[scope].get((namespace, name))
+        return None if kept is None else self._as_body((namespace, name), kept)
 
     def indexed(self, index: str, key: Hashable) -> list[dict]:
         """The objects index `index` files under `key`, in every namespace; waits for the first list of each (an
@@ -114,12 +120,22 @@ class Informer:
         if not self._synced[scope].wait(SYNC_TIMEOUT):
             raise TimeoutError(f"{self._plural} in {scope or 'all namespaces'} not listed after {SYNC_TIMEOUT:.0f} s")
 
-    def _file(self, body: dict) -> None:
+    def _kept(self, body: dict) -> Kept:
+        """What the store holds of an object."""
+        return (body["metadata"].get("resourceVersion") or "") if self._versions_only else body
+
+    def _as_body(self, key: tuple[str, str], kept: Kept) -> dict:
+        """A stored object as its readers get it."""
+        if isinstance(kept, str):
+            return {"metadata": {"namespace": key[0], "name": key[1], "resourceVersion": kept}}
+        return kept
+
+    def _file(self, body: Kept) -> None:
         for name, index in self._indexes.items():
             if (key := index(body)) is not None:
                 self._filed[name].setdefault(key, {})[_key(body)] = body
 
-    def _unfile(self, body: dict) -> None:
+    def _unfile(self, body: Kept) -> None:
         for name, index in self._indexes.items():
             if (key := index(body)) is not None and (filed := self._filed[name].get(key)) is not None:
                 filed.pop(_key(body), None)
@@ -131,7 +147,7 @@ class Informer:
         if (old := self._objects[scope].pop(_key(body), None)) is not None:
             self._unfile(old)
         if not deleted:
-            kept = self._objects[scope][_key(body)] = self._keep(body)
+            kept = self._objects[scope][_key(body)] = self._kept(body)
             self._file(kept)
 
     def _run(self, scope: str | None) -> None:
@@ -157,14 +173,15 @@ class Informer:
         """Replace the store with a fresh list; returns the list's resourceVersion."""
         with self._lock:
             before = self._objects[scope]
-        kept: dict[tuple[str, str], dict] = {}
+        kept: dict[tuple[str, str], Kept] = {}
         changed: list[dict] = []
         token = ""
         while True:
             page = self._api.list_page(self._api_version, self._plural, scope, self._selector, token)
             for item in map(self._transform, page.get("items", [])):
-                kept[_key(item)] = self._keep(item)
-                if _version(before.get(_key(item))) != _version(item):
+                key = _key(item)
+                kept[key] = self._kept(item)
+                if _version(before.get(key)) != _version(kept[key]):
                     if self._hand_on_per_page:
                         self._changed(item, False)
                     else:
@@ -179,9 +196,9 @@ class Informer:
             for body in kept.values():
                 self._file(body)
         self._synced[scope].set()
-        for body in before.values():
-            if _key(body) not in kept:
-                self._changed(body, True)
+        for key, body in before.items():
+            if key not in kept:
+                self._changed(self._as_body(key, body), True)
         for body in changed:
             self._changed(body, False)
         return page["metadata"]["resourceVersion"]
@@ -236,7 +253,7 @@ class Caches:
                                       self._repair_changed, {BY_LOST_BOOKIE: repairs.bookie_key},
                                       transform=without_managed_fields)
                              for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
-        self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, ledger_changed, keep=identity)
+        self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, ledger_changed, versions_only=True)
         self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs, self.ledgers)
         self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
         self._registrations_lock = threading.Lock()
@@ -328,16 +345,12 @@ def bookie_pod_as_read(pod: dict) -> dict:
     return {**pod, "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}}
 
 
-def identity(body: dict) -> dict:
-    """Only what names an object and its version: a store for re-lists' comparisons, not for reading."""
-    meta = body["metadata"]
-    return {"metadata": {"namespace": sys.intern(meta["namespace"]), "name": meta["name"],
-                         "resourceVersion": meta.get("resourceVersion")}}
-
-
 def _key(body: dict) -> tuple[str, str]:
-    return body["metadata"]["namespace"], body["metadata"]["name"]
+    """(namespace, name), the namespace interned: a store's keys share one string per namespace."""
+    return sys.intern(body["metadata"]["namespace"]), body["metadata"]["name"]
 
 
-def _version(body: dict | None) -> str | None:
-    return None if body is None else body["metadata"].get("resourceVersion")
+def _version(kept: Kept | None) -> str | None:
+    if kept is None or isinstance(kept, str):
+        return kept
+    return kept["metadata"].get("resourceVersion")
