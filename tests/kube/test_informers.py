@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import api, informers
@@ -66,7 +67,7 @@ def test_a_relist_forgets_what_was_deleted_unwatched_and_wakes_only_for_what_cha
         informer.stop()
 
 
-def test_a_store_that_keeps_only_identities_still_hands_whole_bodies_on_and_forgets_deletions_in_a_relist(
+def test_a_store_that_keeps_only_versions_still_hands_whole_bodies_on_and_forgets_deletions_in_a_relist(
         kube: EmulatorThread):
     """Ledgers' informer keeps only names and versions (the feed keeps its own view of 100,000 of them): whoever is
     told still gets the whole object, and a re-list still tells a deletion made while no watch ran."""
@@ -78,7 +79,7 @@ def test_a_store_that_keeps_only_identities_still_hands_whole_bodies_on_and_forg
         kube.delete("pods", NS, "deleted")
     seen: list[tuple[str, bool, bool]] = []
     informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", LABELS, [NS], lambda body, deleted: (
-        seen.append((body["metadata"]["name"], "spec" in body, deleted))), keep=informers.identity)
+        seen.append((body["metadata"]["name"], "spec" in body, deleted))), versions_only=True)
     informer.start()
     try:
         wait_for(lambda: len(seen) >= 3)  # the first list's two, then the re-list's deletion
@@ -156,3 +157,9 @@ def test_a_lookup_by_index_before_the_first_list_waits_for_it_instead_of_finding
         assert [body["metadata"]["name"] for body in informer.indexed("name", "a-1")] == ["a-1"]
     finally:
         informer.stop()
+
+
+def test_a_store_that_keeps_only_versions_takes_no_indexes():
+    with pytest.raises(ValueError, match="no bodies to index"):
+        informers.Informer(api.KubeApi(), api.CUSTOM, "ledgers", {}, [NS], versions_only=True,
+                           indexes={"name": lambda body: body["metadata"]["name"]})

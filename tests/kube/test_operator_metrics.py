@@ -70,5 +70,5 @@ def test_ledger_health_is_summed_per_namespace_and_forgotten_with_the_ledger():
     assert sample("bookfleet_operator_ledgers_data_loss", namespace="health") == 1
     act(ctx, {"metadata": {"name": "a", "namespace": "health"}}, [RecordLedgerHealth()])  # repaired
     metrics.LEDGERS.forget("health", "b")
-    assert sample("bookfleet_operator_ledgers_under_replicated", namespace="health") == 0
-    assert sample("bookfleet_operator_ledgers_data_loss", namespace="health") == 0
+    for gauge in ("bookfleet_operator_ledgers_under_replicated", "bookfleet_operator_ledgers_data_loss"):
+        assert metrics.REGISTRY.get_sample_value(gauge, {"namespace": "health"}) == 0  # shown as 0, not left out
