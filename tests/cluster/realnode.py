@@ -44,6 +44,8 @@ NAME, ZONE = "node-real", "zone-a"
 """The local cluster's real node: a zone of its own would change where the tier's bookies spread."""
 TAINT = "bookfleet.test/real-node"
 TOLERATION = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
+PLACEMENT = {"nodeSelector": {"kubernetes.io/hostname": NAME}, "tolerations": [TOLERATION]}
+"""Pod settings that put a pod on the real node (it is tainted: only pods that tolerate it land there)."""
 CGROUPS = Path("/sys/fs/cgroup")
 TOOLS = ("containerd", "runc", "ctr", "buildah", "unshare", "iptables", "go")
 BINARIES = ("kubelet", "kube-proxy", "coredns")

@@ -188,7 +188,7 @@ def test_the_real_node_registers_with_node_credentials_and_runs_a_pod_as_a_conta
     assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
     pause = realnode.built_image("pause")
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "real-node-check", "namespace": "default"},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION],
+           "spec": {**realnode.PLACEMENT,
                     "automountServiceAccountToken": False,
                     "containers": [{"name": "pause", "image": pause.reference, "imagePullPolicy": "Never"}]}}
     started = time.monotonic()
@@ -235,7 +235,7 @@ def test_a_pod_on_the_real_node_reaches_the_charts_services_by_their_names(insta
     name = "real-node-services"
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.CLIENT_LABEL: "true"}},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION],
+           "spec": {**realnode.PLACEMENT,
                     "restartPolicy": "Never", "securityContext": resources.pod_security_context(),
                     "containers": [{"name": "probe", "image": image.reference, "imagePullPolicy": "Never",
                                     "command": ["python", "-c", SERVICE_PROBE],
@@ -271,12 +271,10 @@ def test_a_bookie_from_our_image_runs_in_a_container_on_the_real_node_and_return
     image = realnode.built_image("bookie")
     imported_s = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
     hosts = zookeeper_with_chroot(cluster, REAL)
-    on_the_real_node = {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME},
-                        "tolerations": [realnode.TOLERATION]}
     auth = f"{REAL}:{secrets.token_hex(16)}"
     manifests = one_bookie_cluster(REAL, auth, {
         "image": image.reference, "imagePullPolicy": "Never", "zookeeper": f"{hosts}/{REAL}",
-        "podTemplate": on_the_real_node})
+        "podTemplate": realnode.PLACEMENT})
 
     def running(old_uid: str = "") -> dict | None:
         pods = [pod for pod in cluster.get("pods", "-n", NAMESPACE, "-l", f"bookfleet.io/cluster={REAL}")["items"]

@@ -191,10 +191,6 @@ def real_node_image(cluster: LocalCluster, name: str) -> concurrent.futures.Futu
     return _NODE_IMAGES[key]
 
 
-ON_THE_REAL_NODE = {"nodeSelector": {"kubernetes.io/hostname": realnode.NAME}, "tolerations": [realnode.TOLERATION]}
-"""Pod settings that put a pod on the real node (it is tainted: only pods that tolerate it land there)."""
-
-
 def chart_placement(cluster: LocalCluster) -> tuple[str, ...]:
     """Chart values that run the operator and ZooKeeper as users get them where the cluster has a real node: the
     images built from operator/Dockerfile and tests/cluster/images/zookeeper.Dockerfile (the stand-in for the official
@@ -209,7 +205,7 @@ def chart_placement(cluster: LocalCluster) -> tuple[str, ...]:
     say(f"the operator and ZooKeeper on {realnode.NAME} (containerd), images {operator.result()} and "
         f"{zookeeper.result()}")
     placement = [(f"{component}.{key}", json.dumps(value)) for component in ("operator", "zookeeper")
-                 for key, value in ON_THE_REAL_NODE.items()]
+                 for key, value in realnode.PLACEMENT.items()]
     return ("--set", f"image.operator.repository={operator_repository}", "--set", f"image.operator.tag={operator_tag}",
             "--set", "image.operator.pullPolicy=Never", "--set", f"zookeeper.image={zookeeper.result()}",
             *(argument for key, value in placement for argument in ("--set-json", f"{key}={value}")))
@@ -225,8 +221,8 @@ def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
     say(f"repair drivers and executors on {realnode.NAME} (containerd), image {reference}")
     # One executor: the node has the machine's CPUs (2 here), and the operator's replicas (0.2), the driver (0.5) and
     # one executor (1) fit; a second one would stay Pending while Spark waits up to 30 s for it to register.
-    return {"image": reference, "executors": 1, "driverPodTemplate": ON_THE_REAL_NODE,
-            "executorPodTemplate": ON_THE_REAL_NODE}
+    return {"image": reference, "executors": 1, "driverPodTemplate": realnode.PLACEMENT,
+            "executorPodTemplate": realnode.PLACEMENT}
 
 
 def install(cluster: LocalCluster) -> None:
