@@ -480,3 +480,15 @@ def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() ->
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert not selector.items() <= hook["spec"]["template"]["metadata"]["labels"].items()  # not an operator replica
     assert all(o["kind"] != "Job" for o in render_chart({}))  # no cluster from the chart, nothing to delete
+
+
+def test_the_uninstall_hook_runs_where_the_operator_may_run() -> None:
+    """The hook runs the operator's image: on clusters that keep the operator on nodes of its own (a system pool, with
+    a taint), the hook goes there too, rather than to nodes that may not hold or be allowed that image."""
+    system = {"nodeSelector": {"pool": "system"},
+              "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}
+    placed = {**ALL_OPTIONAL, "operator": {**ALL_OPTIONAL["operator"], **system}}
+    for values, expected in ((placed, system), (ALL_OPTIONAL, {})):
+        (hook,) = by_kind(render_chart(values), "Job")
+        pod = hook["spec"]["template"]["spec"]
+        assert {key: pod[key] for key in system if key in pod} == expected
