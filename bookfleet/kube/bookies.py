@@ -208,6 +208,14 @@ def pod_failed(pod: dict | None) -> bool:
     return bool(pod) and (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
 
 
+def termination_reason(pod: dict) -> str:
+    """Why a pod ended, as far as its status says: its reason (Evicted, from the kubelets that set it), else its
+    phase. A bookie that exits cleanly on the SIGTERM of its kubelet's eviction ends Succeeded with no reason
+    (kubelet 1.34: only the pod's Evicted Event says it was evicted)."""
+    status = pod.get("status") or {}
+    return status.get("reason") or status.get("phase") or "unknown"
+
+
 def ready_condition(pod: dict) -> dict | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
 
@@ -346,10 +354,13 @@ def find_death(observed: ObservedBookie, at: dt.datetime) -> Death | None:
                          f"pod {name} is gone ({reason}: planned maintenance)")
         return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone")
     if pod_failed(pod):
-        why = (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase")
+        why = termination_reason(pod)
         if reason := planned_disruption(pod):
             return Death(PLANNED_DISRUPTIONS[reason], rounded_up(at), f"pod {name} stopped ({reason}: {why})")
-        return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} failed ({why})")
+        if pod["metadata"].get("deletionTimestamp"):  # it ended on its way out (a real kubelet reports that phase)
+            return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone (deleted; it ended {why})")
+        ended = "failed" if pod["status"]["phase"] == "Failed" else "ended"
+        return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} {ended} ({why})")
     condition = ready_condition(pod) or {}
     deleted_at = parse_time(pod["metadata"].get("deletionTimestamp"))
     if observed.on_dead_node and (condition.get("status") != "True" or (deleted_at and deleted_at <= at)):

@@ -102,6 +102,10 @@ def events(decision: Decision) -> list[str]:
     return [action.reason for action in decision.actions if isinstance(action, PostEvent)]
 
 
+def event_messages(decision: Decision) -> dict[str, str]:
+    return {action.reason: action.message for action in decision.actions if isinstance(action, PostEvent)}
+
+
 def of_type(decision: Decision, kind: type) -> list[Any]:
     return [action for action in decision.actions if isinstance(action, kind)]
 
@@ -140,6 +144,21 @@ def test_pod_deleted_is_lost_and_recreated_on_its_volumes_within_the_delay():
     assert_lost(decision, DeathKind.POD_DELETED, NOW)
     assert ensured(decision) == ["Pod/bk-0"]
     assert of_type(decision, LaunchRepair) == []
+
+
+def test_a_pod_that_ended_says_how_and_never_calls_a_clean_exit_a_failure():
+    """The real kubelet leaves a bookie evicted for its scratch volume's size Succeeded (it exited 0 on the SIGTERM)
+    with no reason: lost all the same, and the event says it ended; one that ended being deleted is gone."""
+    for ended, said in ((pod(ready=False, phase="Succeeded"), "pod bk-0 ended (Succeeded)"),
+                        (pod(ready=False, phase="Failed") | {"status": {"phase": "Failed", "reason": "Evicted"}},
+                         "pod bk-0 failed (Evicted)")):
+        decision = bookies.decide(observed(pod=ended), NOW)
+        assert_lost(decision, DeathKind.POD_FAILED, NOW)
+        assert said in event_messages(decision)["BookieLost"]
+    # Deleted, its bookie exited 0 on the SIGTERM: the real kubelet reports Succeeded before the object goes.
+    decision = bookies.decide(observed(pod=pod(ready=False, phase="Succeeded", deleted_at=NOW)), NOW)
+    assert_lost(decision, DeathKind.POD_DELETED, NOW)
+    assert "pod bk-0 is gone (deleted; it ended Succeeded)" in event_messages(decision)["BookieLost"]
 
 
 def test_pod_failed_is_lost_and_replaced_on_purpose_on_the_same_volumes():
