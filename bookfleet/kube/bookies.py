@@ -358,6 +358,8 @@ def find_death(observed: ObservedBookie, at: dt.datetime) -> Death | None:
         if reason := planned_disruption(pod):
             return Death(PLANNED_DISRUPTIONS[reason], rounded_up(at), f"pod {name} stopped ({reason}: {why})")
         if pod["metadata"].get("deletionTimestamp"):  # it ended on its way out (a real kubelet reports that phase)
+            if planned == pod["metadata"].get("uid"):
+                return None  # the operator's own restart (a rollout)
             return Death(DeathKind.POD_DELETED, rounded_up(at), f"pod {name} is gone (deleted; it ended {why})")
         ended = "failed" if pod["status"]["phase"] == "Failed" else "ended"
         return Death(DeathKind.POD_FAILED, rounded_up(at), f"pod {name} {ended} ({why})")

@@ -229,6 +229,10 @@ def test_a_new_bookie_waits_for_a_dying_claim_before_it_gets_a_pod():
 def test_a_planned_restart_is_not_a_loss_and_its_mark_goes_once_the_new_pod_is_ready():
     restarting = bookies.decide(observed(bookie_body(planned="u1"), pod=None), NOW)
     assert status_of(restarting)["lostSince"] is None and ensured(restarting) == ["Pod/bk-0"]
+    # On a real kubelet the old pod shows Succeeded (the bookie exits 0 on the SIGTERM) before the object goes.
+    ending = bookies.decide(observed(bookie_body(planned="u1"), pod=pod(ready=False, phase="Succeeded",
+                                                                        deleted_at=NOW)), NOW)
+    assert status_of(ending)["lostSince"] is None and events(ending) == []
     back = bookies.decide(observed(bookie_body(planned="u1"), pod=pod(uid="u2"), info=registered()), NOW)
     assert of_type(back, Patch) == [Patch(CUSTOM, "bookies", "default", "bk-0",
                                           {"metadata": {"annotations": {PLANNED: None}}})]
