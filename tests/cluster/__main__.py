@@ -1,14 +1,16 @@
 """`python -m tests.cluster`: build (once) and run a local Kubernetes cluster until Ctrl-C or SIGTERM.
 
-etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version, three process
-nodes labelled zone-a|b|c (and a cordoned spare in each zone), a pod network on a host-only bridge. Everything it
-made (processes, network namespaces, links, the state directory) is removed when it stops; bind-mount targets it had
-to create on the host stay (see `Kubelet.mount_point`).
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler from one pinned Kubernetes version; three nodes
+labelled zone-a|b|c (and a cordoned spare in each zone) and a tainted system node, as kubelets on containerd where
+the machine can run them (tests/cluster/realnode.py), else the zones' nodes as the process kubelet's; a pod network
+on a host-only bridge. Everything it made (processes, network namespaces, links, the state directory) is removed
+when it stops; bind-mount targets it had to create on the host stay (see `Kubelet.mount_point`).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import logging
 import shutil
 import signal
@@ -19,13 +21,14 @@ import threading
 import time
 from pathlib import Path
 
+import kubernetes
 from kubernetes.client.rest import ApiException
 
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
 from tests.cluster import realnode
 from tests.cluster.controlplane import SERVICE_IP, ControlPlane
-from tests.cluster.kubelet import Kubelet
+from tests.cluster.kubelet import ZONE_NODES, Kubelet
 from tests.cluster.network import Bridge
 from tests.cluster.realnode import RealNode
 
@@ -40,43 +43,116 @@ def build() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def nodes_ready(kubelet: Kubelet, names: set[str]) -> bool:
-    nodes = [node for node in kubelet.api.list_node().items if node.metadata.name in names]
+def nodes_ready(api: kubernetes.client.CoreV1Api, names: set[str]) -> bool:
+    nodes = [node for node in api.list_node().items if node.metadata.name in names]
     return {node.metadata.name for node in nodes} == names and all(
         any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) for node in nodes
     )
 
 
-def start_real_node(binaries: Path, state: Path, pki: pki_module.Pki, server: str, kubelet: Kubelet
-                    ) -> RealNode | None:
-    """The real node (kubelet on containerd), Ready, when this machine can run one, else None (a node that fails to
-    come up is stopped and cleaned away: the cluster goes on without it); one line says which."""
+def start_real_nodes(binaries: Path, state: Path, pki: pki_module.Pki, server: str, bridge: Bridge,
+                     api: kubernetes.client.CoreV1Api, zones: bool) -> list[RealNode]:
+    """The real nodes of `realnode.NODES` (the system node only, without `zones`), started side by side, spares
+    cordoned, all Ready, when this machine can run them; else none (one that fails to come up stops them all: the
+    cluster goes on with the process kubelet's nodes). One line says which."""
+    plans = [plan for plan in realnode.NODES if zones or plan.tainted]
     reason = realnode.unavailable(binaries)
-    node: RealNode | None = None
+    nodes: list[RealNode] = []
+    started = time.monotonic()
     if reason is None:
-        node = RealNode(realnode.NAME, realnode.ZONE, realnode.node_state(state), binaries, pki, server,
-                        kubelet.bridge)
+        nodes = [RealNode(plan, index, realnode.node_state(state, plan.name), binaries, pki, server, bridge)
+                 for index, plan in enumerate(plans)]
+        names = {node.name for node in nodes}
         try:
             subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), *realnode.BINARIES], check=True,
                            stdout=subprocess.DEVNULL)
-            node.start(realnode.built_image("pause"))
-            wait_for(lambda: node.check_alive() and nodes_ready(kubelet, {node.name}), timeout=120,
-                     what=f"{node.name} Ready", interval=0.5)
+            pause = realnode.built_image("pause")
+            with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+                list(pool.map(lambda node: node.start(pause), nodes))
+            wait_for(lambda: all(node.check_alive() for node in nodes) and names <= {
+                node.metadata.name for node in api.list_node().items}, timeout=120, what="the real nodes registered",
+                interval=0.5)
+            for node in nodes:
+                if node.plan.cordoned:
+                    api.patch_node(node.name, {"spec": {"unschedulable": True}})
+            wait_for(lambda: all(node.check_alive() for node in nodes) and nodes_ready(api, names), timeout=180,
+                     what="the real nodes Ready", interval=0.5)
         except (subprocess.CalledProcessError, RuntimeError, TimeoutError) as error:
-            reason = f"it did not come up: {str(error).splitlines()[0]}; logs in {node.state / 'logs'}"
-            node.stop()
-            try:
-                kubelet.api.delete_node(node.name)  # if it registered: no NotReady node left for the scheduler
-            except ApiException as gone:
-                if gone.status != 404:
-                    raise
-    if reason is not None or node is None:
-        print(f"nodes: process kubelet only (no real node: {reason})", flush=True)
-        return None
-    print(f"nodes: process kubelet and {node.name}, a kubelet on containerd (tainted {realnode.TAINT}), Ready "
-          f"{time.monotonic() - node.started:.1f} s after its start (containerd up and the pause image imported in "
-          f"{node.runtime_up_s:.1f} s)", flush=True)
-    return node
+            reason = f"they did not come up: {str(error).splitlines()[0]}; logs in {state / 'nodes'}"
+            for node in nodes:
+                node.stop()
+                try:
+                    api.delete_node(node.name)  # if it registered: no NotReady node left for the scheduler
+                except ApiException as gone:
+                    if gone.status != 404:
+                        raise
+            nodes = []
+    if not nodes:
+        print(f"nodes: process kubelet only (no real nodes: {reason})", flush=True)
+        return []
+    print(f"nodes: {', '.join(node.name for node in nodes)}: kubelets on containerd, Ready "
+          f"{time.monotonic() - started:.1f} s after their start (containerd up and the pause image imported in "
+          f"{max(node.runtime_up_s for node in nodes):.1f} s); {realnode.NAME} tainted {realnode.TAINT}"
+          + ("" if zones else "; the zones' nodes on the process kubelet"), flush=True)
+    return nodes
+
+
+IMAGE_ORDER = ("operator", "zookeeper", "bookie", "repair")
+"""The order the images reach the nodes in: what an install needs first, the repair image (1 GB) last."""
+
+
+def preload_images(nodes: list[RealNode], folder: Path) -> None:
+    """Every node's images (`NodePlan.images`) imported into its containerd, ours under their published names too,
+    as `kind load` leaves them; image by image, in `IMAGE_ORDER`. `folder/<image>` says, once every node that
+    needs it has it, its local reference (or `failed: <why>`): `LocalCluster.node_image` waits for it."""
+    folder.mkdir(exist_ok=True)
+    for name in IMAGE_ORDER:
+        holders = [node for node in nodes if name in node.plan.images]
+        if not holders:
+            continue
+        try:
+            image = realnode.built_image(name)
+            names = [realnode.fully_qualified(realnode.published_reference(name))] if name in realnode.PUBLISHED else []
+            with concurrent.futures.ThreadPoolExecutor(len(holders)) as pool:
+                seconds = list(pool.map(lambda node, image=image, names=names: node.import_image(image, *names),
+                                        holders))
+            outcome = image.reference
+            print(f"image {image.reference}{f' as {names[0]}' if names else ''} imported into "
+                  f"{', '.join(node.name for node in holders)} in {max(seconds):.1f} s", flush=True)
+        except (subprocess.CalledProcessError, ValueError) as error:
+            outcome = f"failed: {error}"
+            print(f"image {name} not imported: {error}", flush=True)
+        (folder / f".{name}").write_text(outcome)
+        (folder / f".{name}").rename(folder / name)
+
+
+CONTROL_VERBS = ("fail-node", "cut-zone", "partition-zone", "heal-zone", "evict-pod")
+"""The requests `LocalCluster` (walkthrough.py) makes as files `<verb>-<subject>` in the control folder."""
+
+
+def dispatch(request: str, real_nodes: list[RealNode], kubelet: Kubelet) -> None:
+    """One control request: a node failure, a zone cut off or partitioned, its heal, an eviction, on the real nodes
+    where they are, else on the process kubelet's. A zone's real nodes are its bookie nodes: the system node (the
+    operator, ZooKeeper) stays up, as the control plane's own nodes would."""
+    verb = next(verb for verb in CONTROL_VERBS if request.startswith(f"{verb}-"))
+    subject = request.removeprefix(f"{verb}-")
+    zone_nodes = [node for node in real_nodes if node.zone == subject and not node.plan.tainted]
+    if verb == "fail-node":
+        real = next((node for node in real_nodes if node.name == subject), None)
+        real.fail() if real else kubelet.fail_node(subject)
+    elif verb == "cut-zone" and zone_nodes:
+        for node in zone_nodes:
+            node.cut()
+    elif verb == "partition-zone" and zone_nodes:
+        kubelet.bridge.isolate(subject, [node.netns for node in zone_nodes])
+    elif verb in ("cut-zone", "partition-zone"):
+        kubelet.cut_zone(subject, links_down=verb == "cut-zone")
+    elif verb == "heal-zone":
+        for node in zone_nodes:
+            node.heal()
+        kubelet.heal_zone(subject)  # its process nodes, if any; the partition's rules go in any case
+    else:
+        kubelet.evict(*subject.split(".", 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, help="state directory (default: a new temporary one, removed at exit)")
     parser.add_argument("--ready-file", type=Path, help="write the kubeconfig path here once the nodes are Ready")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs) at exit")
+    parser.add_argument("--process-zones", action="store_true",
+                        help="the zones' nodes on the process kubelet even where real nodes can run (for pods that "
+                             "run this checkout's test tools, which no image holds)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stopping = threading.Event()
@@ -96,17 +175,22 @@ def main(argv: list[str] | None = None) -> int:
     bridge = Bridge.choose()
     control_plane: ControlPlane | None = None
     kubelet: Kubelet | None = None
-    real_node: RealNode | None = None
+    real_nodes: list[RealNode] = []
     started = time.monotonic()
     try:
         bridge.create()
         pki = pki_module.create(state / "pki", ["127.0.0.1", bridge.host_address, SERVICE_IP], API_NAMES)
         control_plane = ControlPlane(binaries, state, pki, bridge.host_address)
         control_plane.start()
-        kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port)
+        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(control_plane.kubeconfig)))
+        real_nodes = start_real_nodes(binaries, state, pki, control_plane.server, bridge, api,
+                                      zones=not args.process_zones)
+        zones_real = any(not node.plan.tainted for node in real_nodes)
+        kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port,
+                          nodes={} if zones_real else ZONE_NODES)
         kubelet.start()
-        wait_for(lambda: nodes_ready(kubelet, set(kubelet.nodes)), timeout=120, what="every node Ready", interval=0.5)
-        real_node = start_real_node(binaries, state, pki, control_plane.server, kubelet)
+        wait_for(lambda: nodes_ready(api, set(kubelet.nodes)), timeout=120, what="every node Ready", interval=0.5)
+        threading.Thread(target=preload_images, args=(real_nodes, state / "images"), daemon=True).start()
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)
@@ -118,30 +202,18 @@ def main(argv: list[str] | None = None) -> int:
         control.mkdir(exist_ok=True)
         while not stopping.wait(0.5):
             control_plane.check_alive()
-            if real_node is not None:
-                real_node.check_alive()
-            for request in sorted(control.glob("fail-node-*")):
-                kubelet.fail_node(request.name.removeprefix("fail-node-"))
-                request.unlink()
-            for request in sorted(control.glob("cut-zone-*")):
-                kubelet.cut_zone(request.name.removeprefix("cut-zone-"))
-                request.unlink()
-            for request in sorted(control.glob("partition-zone-*")):
-                kubelet.cut_zone(request.name.removeprefix("partition-zone-"), links_down=False)
-                request.unlink()
-            for request in sorted(control.glob("heal-zone-*")):
-                kubelet.heal_zone(request.name.removeprefix("heal-zone-"))
-                request.unlink()
-            for request in sorted(control.glob("evict-pod-*")):
-                kubelet.evict(*request.name.removeprefix("evict-pod-").split(".", 1))
+            for node in real_nodes:
+                node.check_alive()
+            for request in sorted(control.iterdir()):
+                dispatch(request.name, real_nodes, kubelet)
                 request.unlink()
         return 0
     finally:
         print("stopping the local cluster ...", flush=True)
         if kubelet is not None:
             kubelet.stop()
-        if real_node is not None:
-            real_node.stop()
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(real_nodes))) as pool:
+            list(pool.map(RealNode.stop, real_nodes))
         if control_plane is not None:
             control_plane.stop()
         bridge.remove()

@@ -33,6 +33,8 @@ PROVISIONER = "bookfleet.test/local-dirs"
 SPARE_NODES = {"node-a2": "zone-a", "node-b2": "zone-b", "node-c2": "zone-c"}
 """Cordoned spare nodes (spec.unschedulable, so pods land as on three nodes): uncordoned, one gives a bookie pinned to
 its zone (BookieCluster.spec.zones) a live node to come back on when its node fails."""
+ZONE_NODES = {**{f"node-{zone[-1]}": zone for zone in ZONES}, **SPARE_NODES}
+"""The nodes bookies and clients run on: one per zone, and the spares."""
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 """Set on a claim by the scheduler once it picked the node of the claim's first pod (WaitForFirstConsumer)."""
 CLUSTER_DOMAIN = "cluster.local"
@@ -56,16 +58,16 @@ def uid_refused(error: ApiException) -> bool:
 
 
 class Kubelet:
-    """Nodes `node-a|b|c` and the cordoned spares `node-a2|b2|c2`, their heartbeats, and a PodWorker for every Pod
-    scheduled to one of them."""
+    """`nodes` (name -> zone; ZONE_NODES: `node-a|b|c` and the cordoned spares `node-a2|b2|c2`), their heartbeats,
+    and a PodWorker for every Pod scheduled to one of them; the claims' provisioner for every node."""
 
-    def __init__(self, kubeconfig: Path, bridge: Bridge, state: Path, api_port: int) -> None:
+    def __init__(self, kubeconfig: Path, bridge: Bridge, state: Path, api_port: int, nodes: dict[str, str]) -> None:
         client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         self.api = kubernetes.client.CoreV1Api(client)
         self.coordination = kubernetes.client.CoordinationV1Api(client)
         self.storage = kubernetes.client.StorageV1Api(client)
         self.bridge, self.state, self.api_port = bridge, state, api_port
-        self.nodes = {**{f"node-{zone[-1]}": zone for zone in ZONES}, **SPARE_NODES}
+        self.nodes = dict(nodes)
         self.failed_nodes: set[str] = set()
         self.cut_nodes: set[str] = set()
         """Nodes cut off (a zone outage): no heartbeats, their pods' links down, their processes left running and

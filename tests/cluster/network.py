@@ -40,6 +40,10 @@ class Bridge:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     routes: dict[str, str] = field(default_factory=dict)
     """Subnets behind a namespace on the bridge (a real node's pods): subnet -> that namespace's address."""
+    _attached: dict[str, str] = field(default_factory=dict)
+    """Namespaces attached and configured: name -> address."""
+    _routing: threading.Lock = field(default_factory=threading.Lock)
+    """Held while routes are added: every attached namespace gets every route, once (nodes start side by side)."""
 
     @classmethod
     def choose(cls) -> Bridge:
@@ -78,25 +82,27 @@ class Bridge:
         ip("-n", namespace, "addr", "add", f"{address}/{self.network.prefixlen}", "dev", "eth0")
         ip("-n", namespace, "link", "set", "eth0", "up")
         ip("-n", namespace, "link", "set", "lo", "up")
-        for subnet, via in list(self.routes.items()):
-            ip("-n", namespace, "route", "add", subnet, "via", via)
+        with self._routing:
+            for subnet, via in self.routes.items():
+                if via != address:
+                    ip("-n", namespace, "route", "add", subnet, "via", via)
+            self._attached[namespace] = address
         return namespace, address
 
     def route_to(self, subnet: str, via: str) -> None:
         """Every namespace on the bridge but `via`'s own, attached before or after, reaches `subnet` through the
         namespace whose address is `via` (a real node, its pods behind it)."""
-        self.routes[subnet] = via
-        for line in ip("netns", "list").stdout.splitlines():
-            namespace = line.split(" ")[0]
-            if namespace.startswith(f"{self.prefix}-") and self._address(namespace) != via:
-                ip("-n", namespace, "route", "replace", subnet, "via", via)
-
-    def _address(self, namespace: str) -> str:
-        return str(self.network.network_address + int(namespace.rsplit("-", 1)[1]))
+        with self._routing:
+            self.routes[subnet] = via
+            for namespace, address in self._attached.items():
+                if address != via:
+                    ip("-n", namespace, "route", "replace", subnet, "via", via)
 
     def detach(self, namespace: str) -> None:
         """Delete a pod's namespace (its veth goes with it) and return its address to the pool."""
         host = int(namespace.rsplit("-", 1)[1])
+        with self._routing:
+            self._attached.pop(namespace, None)
         ip("link", "del", f"{self.prefix}v{host}", check=False)
         ip("netns", "del", namespace, check=False)
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,10 +83,15 @@ def create(root: Path, serving_ips: list[str], serving_names: list[str]) -> Pki:
     return pki
 
 
+_MAKING = threading.Lock()
+"""Credentials are made once however many nodes start at a time and ask for the same ones (kube-proxy's)."""
+
+
 def client_credentials(pki: Pki, name: str, subject: str) -> tuple[Path, Path]:
     """A client certificate for `subject`, made once under `name`; (certificate, key)."""
-    if not (pki.root / f"{name}.crt").exists():
-        _signed(pki, name, subject, "extendedKeyUsage=clientAuth\n")
+    with _MAKING:
+        if not (pki.root / f"{name}.crt").exists():
+            _signed(pki, name, subject, "extendedKeyUsage=clientAuth\n")
     return pki.root / f"{name}.crt", pki.root / f"{name}.key"
 
 
@@ -105,10 +111,11 @@ def kubelet_serving_credentials(pki: Pki, node: str, address: str) -> tuple[Path
     """A kubelet's serving certificate for its node address, signed by the cluster's CA, which the API server checks
     (`--kubelet-certificate-authority`) when it forwards logs. Made once per node and address; (certificate, key)."""
     name = f"kubelet-{node}-{address}"
-    if not (pki.root / f"{name}.crt").exists():
-        _signed(pki, name, f"/O=system:nodes/CN=system:node:{node}",
-                f"subjectAltName=IP:{address},DNS:{node}\nextendedKeyUsage=serverAuth\n"
-                "keyUsage=digitalSignature,keyEncipherment\n")
+    with _MAKING:
+        if not (pki.root / f"{name}.crt").exists():
+            _signed(pki, name, f"/O=system:nodes/CN=system:node:{node}",
+                    f"subjectAltName=IP:{address},DNS:{node}\nextendedKeyUsage=serverAuth\n"
+                    "keyUsage=digitalSignature,keyEncipherment\n")
     return pki.root / f"{name}.crt", pki.root / f"{name}.key"
 
 

@@ -1,17 +1,21 @@
-"""A real node for the local cluster: the kubelet built from the pinned k8s.io/kubernetes, on containerd and runc,
+"""Real nodes for the local cluster: the kubelet built from the pinned k8s.io/kubernetes, on containerd and runc,
 running pods as containers of the images built from our Dockerfiles (scripts/build-images.sh).
 
 containerd, the kubelet, kube-proxy (iptables mode: the Services' ClusterIPs, the API server's among them) and CoreDNS
 (cluster.local from the Services and EndpointSlices: the chart's names, a headless Service's pod names) run together
-in namespaces of the node's own (see ../shared/notes/real-node.md):
+in namespaces of each node's own (see ../shared/notes/real-node.md):
 - a network namespace on the cluster's bridge (like a process pod's), with the node's pods on a CNI bridge in a /24
-  of their own behind it; the host and the process kubelet's pods reach them by a route through the node, they
-  reach the bridge masqueraded;
+  of their own behind it; the host and every other node (and process pod) reach them by a route through the node,
+  they reach the bridge masqueraded;
 - a mount namespace where the host sysctls the kubelet rewrites are files of the node's, and /run, /var/log and
   /var/lib (kubelet and libcni hard-code paths there) are private;
 - a PID namespace: when its first process (tests/cluster/realnode.sh) ends, every shim and container ends with it.
-Its cgroup root `/<bridge prefix>-<node>` is made in every cgroup v1 hierarchy and removed at stop. The node is
-tainted, so only pods that tolerate `bookfleet.test/real-node` land on it.
+Its cgroup root `/<bridge prefix>-<node>` is made in every cgroup v1 hierarchy and removed at stop.
+
+The cluster's nodes (`NODES`): `node-real`, tainted, for the operator, ZooKeeper and repairs; one node per zone and a
+cordoned spare in each for the bookies and clients, as the process kubelet's nodes are laid out. Each holds the
+images its pods use under the names users pull (`docker.io/bookfleet/<image>:<version>`), as `kind load` would leave
+them: the chart's and the CRDs' defaults run unchanged.
 
 Development and test tooling only: it lives under tests/ and is never part of the product wheel.
 """
@@ -31,8 +35,10 @@ from pathlib import Path
 
 import yaml
 
+from bookfleet import __version__
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
+from tests.cluster.kubelet import SPARE_NODES, ZONE_NODES
 from tests.cluster.network import Bridge, ip
 from tests.cluster.pki import Pki
 
@@ -41,11 +47,43 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LAUNCHER = HERE / "realnode.sh"
 NAME, ZONE = "node-real", "zone-a"
-"""The local cluster's real node: a zone of its own would change where the tier's bookies spread."""
+"""The system node (the operator, ZooKeeper, repairs): in zone-a, as a zone of its own would change where the tier's
+bookies spread."""
 TAINT = "bookfleet.test/real-node"
 TOLERATION = {"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}
 PLACEMENT = {"nodeSelector": {"kubernetes.io/hostname": NAME}, "tolerations": [TOLERATION]}
-"""Pod settings that put a pod on the real node (it is tainted: only pods that tolerate it land there)."""
+"""Pod settings that put a pod on the system node (it is tainted: only pods that tolerate it land there)."""
+PUBLISHED = ("bookie", "operator", "repair")
+"""The images users pull, by the names the chart and the CRDs default to (`published_reference`)."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One real node of the local cluster: where it is, whether bookies may land on it, which images it holds."""
+
+    name: str
+    zone: str
+    images: tuple[str, ...]
+    tainted: bool = False
+    cordoned: bool = False
+
+
+NODES = (
+    NodePlan(NAME, ZONE, ("operator", "zookeeper", "repair"), tainted=True),
+    *(NodePlan(name, zone, ("bookie",), cordoned=name in SPARE_NODES) for name, zone in ZONE_NODES.items()),
+)
+"""The system node, then the zone nodes as the process kubelet lays them out (bookies and clients, whose pods use
+the bookie image)."""
+
+
+def published_reference(name: str) -> str:
+    """Image `name` of this version as the chart's and the CRDs' defaults name it (on Docker Hub)."""
+    return f"bookfleet/{name}:{__version__}"
+
+
+def fully_qualified(reference: str) -> str:
+    """The reference containerd stores and the kubelet looks for: registry and all."""
+    return reference if "." in reference.split("/", 1)[0] else f"docker.io/{reference}"
 CGROUPS = Path("/sys/fs/cgroup")
 TOOLS = ("containerd", "runc", "ctr", "buildah", "unshare", "iptables", "go")
 BINARIES = ("kubelet", "kube-proxy", "coredns")
@@ -67,9 +105,9 @@ def unavailable(binaries: Path) -> str | None:
     return None
 
 
-def node_state(cluster_state: Path) -> Path:
-    """The real node's folder in the local cluster's state folder."""
-    return cluster_state / "realnode"
+def node_state(cluster_state: Path, name: str = NAME) -> Path:
+    """Real node `name`'s folder in the local cluster's state folder."""
+    return cluster_state / "nodes" / name
 
 
 def socket_of(state: Path) -> Path:
@@ -93,12 +131,33 @@ def built_image(name: str) -> NodeImage:
     return NodeImage(reference, Path(path))
 
 
-def import_image(socket: Path, image: NodeImage) -> float:
-    """`ctr images import` of the image's OCI archive into a node's containerd (its socket); the seconds it took."""
+def ctr(socket: Path, *args: str) -> str:
+    """`ctr` on a node's containerd (its socket), in the kubelet's namespace; its output."""
+    return subprocess.run(["ctr", "-a", str(socket), "-n", "k8s.io", *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def import_image(socket: Path, image: NodeImage, *names: str) -> float:
+    """`ctr images import` of the image's OCI archive into a node's containerd (its socket), tagged with `names` too
+    (never pulled: there is no registry); the seconds it took."""
     started = time.monotonic()
-    subprocess.run(["ctr", "-a", str(socket), "-n", "k8s.io", "images", "import", str(image.archive)],
-                   check=True, capture_output=True)
+    ctr(socket, "images", "import", str(image.archive))
+    for name in names:
+        ctr(socket, "images", "tag", "--force", image.reference, name)
     return time.monotonic() - started
+
+
+def kill_container(state: Path, container_id: str) -> None:
+    """SIGKILL to a container's processes on the node whose state folder is `state` (its kubelet restarts it)."""
+    ctr(socket_of(state), "tasks", "kill", "--signal", "SIGKILL", container_id.removeprefix("containerd://"))
+
+
+def fill_empty_dir(state: Path, pod_uid: str, volume: str, size: int) -> None:
+    """`size` bytes of allocated blocks (what the kubelet measures) in a pod's emptyDir `volume` on the node whose
+    state folder is `state`, written from the host as a runaway process in the pod would."""
+    folder = state / "kubelet" / "pods" / pod_uid / "volumes" / "kubernetes.io~empty-dir" / volume
+    with (folder / "filled-from-outside").open("wb") as file:
+        os.posix_fallocate(file.fileno(), 0, size)
 
 
 def _cgroup_dirs(root: str) -> list[Path]:
@@ -108,10 +167,11 @@ def _cgroup_dirs(root: str) -> list[Path]:
 
 @dataclass
 class RealNode:
-    """One node `name` in `zone`; its state (configs, containerd's root, logs) under `state`."""
+    """Node `plan`, the `index`-th real node of its cluster; its state (configs, containerd's root, logs) under
+    `state`."""
 
-    name: str
-    zone: str
+    plan: NodePlan
+    index: int
     state: Path
     binaries: Path
     pki: Pki
@@ -124,6 +184,16 @@ class RealNode:
     """time.monotonic() at `start`."""
     runtime_up_s: float = 0.0
     """From `start` to containerd serving with the pause image imported."""
+    failed: bool = False
+    """Set by `fail`: its processes are gone on purpose."""
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def zone(self) -> str:
+        return self.plan.zone
 
     @property
     def socket(self) -> Path:
@@ -135,9 +205,9 @@ class RealNode:
 
     @property
     def pod_subnet(self) -> str:
-        """10.100+i.1.0/24, outside the bridge's 10.200+i.0.0/16: the node's eth0 and its pods' bridge never overlap,
-        and no two local clusters (bridges bfk<i>) share it."""
-        return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.1.0/24"
+        """10.100+i.n.0/24 for the n-th node (from 1), outside the bridge's 10.200+i.0.0/16: a node's eth0 and its
+        pods' bridge never overlap, and no two nodes or local clusters (bridges bfk<i>) share one."""
+        return f"10.{100 + int(self.bridge.prefix.removeprefix('bfk'))}.{self.index + 1}.0/24"
 
     @property
     def dns_address(self) -> str:
@@ -171,13 +241,29 @@ class RealNode:
         self.runtime_up_s = time.monotonic() - self.started
 
     def check_alive(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
+        if not self.failed and self.process is not None and self.process.poll() is not None:
             tail = (self.state / "logs" / "node.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"real node {self.name} exited with {self.process.returncode}:\n{tail}")
         return True
 
-    def import_image(self, image: NodeImage) -> float:
-        return import_image(self.socket, image)
+    def import_image(self, image: NodeImage, *names: str) -> float:
+        return import_image(self.socket, image, *names)
+
+    def fail(self) -> None:
+        """A node failure: every process of the node (containerd, the kubelet, shims, containers) killed at once, so
+        its heartbeats stop. Its namespace, cgroups and files stay until `stop`."""
+        self.failed = True
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the launcher, the first process of the node's PID namespace
+            self.process.wait()
+
+    def cut(self) -> None:
+        """Off the network (a zone outage): the node's link to the bridge goes down; its kubelet and containers run on,
+        out of reach, and reach nothing."""
+        self.bridge.cut(self.netns)
+
+    def heal(self) -> None:
+        self.bridge.heal(self.netns)
 
     def _make_cgroups(self) -> None:
         """The kubelet's cgroup root in every hierarchy (it refuses to start on missing paths); cpuset's needs the
@@ -270,8 +356,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "authorization": {"mode": "AlwaysAllow"},
             # The API server checks this certificate against the cluster's CA when it forwards `kubectl logs`.
             "tlsCertFile": str(serving[0]), "tlsPrivateKeyFile": str(serving[1]),
-            "registerWithTaints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}],
+            "registerWithTaints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}] * self.plan.tainted,
             "nodeStatusReportFrequency": "10s",
+            # emptyDir usage, which a pod over its volume's sizeLimit is evicted for, measured every 5 s, not 1 min.
+            "volumeStatsAggPeriod": "5s",
         }))
 
     def _kubeconfig(self, name: str, cert: Path, key: Path) -> None:

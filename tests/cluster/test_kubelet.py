@@ -9,7 +9,7 @@ import kubernetes
 
 from bookfleet.polling import wait_for
 from tests.cluster.controlplane import ControlPlane
-from tests.cluster.kubelet import Kubelet
+from tests.cluster.kubelet import ZONE_NODES, Kubelet
 
 NAMESPACE = "default"
 
@@ -50,7 +50,8 @@ def test_a_status_for_a_replaced_pod_never_lands_on_its_successor_of_the_same_na
     """A pod deleted while its node was cut off, recreated under its name: the old pod's worker reports (a crash
     loop, say) when the cut heals. The report is refused by its uid and the worker stops; the new pod's status is
     untouched."""
-    kubelet = Kubelet(api_server.kubeconfig, bridge=None, state=tmp_path, api_port=api_server.port)  # type: ignore[arg-type]
+    kubelet = Kubelet(api_server.kubeconfig, bridge=None, state=tmp_path, api_port=api_server.port,  # type: ignore[arg-type]
+                      nodes=ZONE_NODES)
     old = RecordingWorker(create_pod(kubelet.api, "bk-0"))
     kubelet.api.delete_namespaced_pod("bk-0", NAMESPACE, body={"gracePeriodSeconds": 0})
     new = create_pod(kubelet.api, "bk-0")

@@ -31,7 +31,7 @@ pytestmark = [
 
 
 def on_own_cluster(request: pytest.FixtureRequest, scenario: Callable[[LocalCluster], Any],
-                   report: Callable[[dict, dict], dict]) -> Iterator[tuple[Any, dict]]:
+                   report: Callable[[dict, dict], dict], process_zones: bool = False) -> Iterator[tuple[Any, dict]]:
     """A scenario run once on a cluster of its own, its outcome and figures (the cluster's logs kept if it or a test
     failed)."""
     if shutil.which("go") is None:
@@ -39,7 +39,8 @@ def on_own_cluster(request: pytest.FixtureRequest, scenario: Callable[[LocalClus
     baseline = localcluster.machine_baseline()
     failed_before, scenario_failed = request.session.testsfailed, []
     with walkthrough.running_cluster(keep_logs=lambda: bool(scenario_failed)
-                                     or request.session.testsfailed > failed_before) as cluster:
+                                     or request.session.testsfailed > failed_before,
+                                     process_zones=process_zones) as cluster:
         try:
             walkthrough.install(cluster)
             outcome = scenario(cluster)
@@ -64,7 +65,7 @@ def zone_partition(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     kept = os.environ.get("BOOKFLEET_CHAOS_DIR")
     history_dir = Path(kept).resolve() / "zone-partition" if kept else tmp_path_factory.mktemp("zone-partition")
     yield from on_own_cluster(request, lambda cluster: zonepartition.zone_partition(cluster, history_dir),
-                              localcluster.zone_partition_report)
+                              localcluster.zone_partition_report, zonepartition.PROCESS_ZONES)
 
 
 @pytest.mark.parametrize("check", zoneloss.checks(zoneloss.LONG_FORM), ids=lambda check: check.__name__)

@@ -4,7 +4,6 @@ chart into a restricted namespace, apply the examples, wait for the bookies."""
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import contextlib
 import datetime as dt
 import json
@@ -90,37 +89,74 @@ class LocalCluster:
         return time.time()
 
     def evict(self, namespace: str, pod: str) -> None:
-        """Have the pod's kubelet evict it as under node pressure (it ends Failed, reason Evicted)."""
-        self._control(f"evict-pod-{namespace}.{pod}")
+        """Have the pod's kubelet evict it as under node pressure (it ends Failed, reason Evicted): on a real node, its
+        scratch volume filled past its sizeLimit, which the kubelet's eviction manager evicts it for."""
+        body = self.get("pod", "-n", namespace, pod)
+        if node := self.real_node_state(body):
+            size = resources.quantity_bytes(resources.SCRATCH_LIMIT) + 64 * 2**20
+            realnode.fill_empty_dir(node, body["metadata"]["uid"], resources.SCRATCH["name"], size)
+        else:
+            self._control(f"evict-pod-{namespace}.{pod}")
+
+    def kill_container(self, namespace: str, pod: str) -> None:
+        """SIGKILL to the pod's (first) container; its kubelet restarts it as its restart policy says."""
+        body = self.get("pod", "-n", namespace, pod)
+        container_id = body["status"]["containerStatuses"][0]["containerID"]
+        if node := self.real_node_state(body):
+            realnode.kill_container(node, container_id)
+        else:
+            os.kill(int(container_id.removeprefix("process://")), signal.SIGKILL)
 
     def _control(self, request_name: str) -> None:
-        """A request to the process kubelet through `python -m tests.cluster`'s control directory, once it is done."""
+        """A request to `python -m tests.cluster` through its control directory, once it is done."""
         request = self.state / "control" / request_name
         request.touch()
         wait_for(lambda: not request.exists(), timeout=30, what=f"{request_name} done", interval=0.1)
 
+    def real_node_state(self, pod: dict[str, Any]) -> Path | None:
+        """The state folder of the real node the pod runs on, or None on the process kubelet's."""
+        folder = realnode.node_state(self.state, pod["spec"].get("nodeName") or "")
+        return folder if (folder / "kubelet.yaml").exists() else None
+
     def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """A container's output: `kubectl logs` where the real node's kubelet runs the pod, else the process kubelet's
-        log file (it serves no logs API)."""
+        """A container's output ("" before it started): `kubectl logs` where a real node's kubelet runs the pod, else
+        the process kubelet's log file (it serves no logs API)."""
         body = self.get("pod", "-n", namespace, pod)
-        if body["spec"].get("nodeName") == realnode.NAME:
+        if self.real_node_state(body):
+            states = [status.get("state") or {} for status in (body.get("status") or {}).get("containerStatuses") or []
+                      if status["name"] == container]
+            if not any("running" in state or "terminated" in state for state in states):
+                return ""
             return self.kubectl("logs", "-n", namespace, pod, "-c", container)
         return (self.state / "pods" / body["metadata"]["uid"] / f"{container}.log").read_text(errors="replace")
 
     def real_node(self) -> bool:
-        """Whether the cluster runs the real node (a kubelet on containerd) beside the process kubelet."""
+        """Whether the cluster runs real nodes (kubelets on containerd): the system node at least."""
         return any(node["metadata"]["name"] == realnode.NAME for node in self.get("nodes")["items"])
+
+    def node_image(self, name: str) -> str:
+        """The local reference of image `name` once the cluster's real nodes that run it hold it (the cluster imports
+        them at its start, building any not built yet: minutes the first time)."""
+        marker = self.state / "images" / name
+        wait_for(marker.exists, timeout=START_TIMEOUT, what=f"image {name} on the real nodes", interval=1.0)
+        reference = marker.read_text()
+        if reference.startswith("failed"):
+            raise AssertionError(f"image {name}: {reference}")
+        return reference
 
 
 @contextlib.contextmanager
-def running_cluster(keep_logs: Callable[[], bool] = lambda: False) -> Iterator[LocalCluster]:
+def running_cluster(keep_logs: Callable[[], bool] = lambda: False, process_zones: bool = False
+                    ) -> Iterator[LocalCluster]:
     """`python -m tests.cluster` as a child process (so it stops and cleans up through its SIGTERM path); its logs
-    (the cluster's, every pod's) are kept if `keep_logs()` says so when it stops."""
+    (the cluster's, every pod's) are kept if `keep_logs()` says so when it stops. `process_zones`: the zones' nodes
+    on the process kubelet even where real nodes could run them."""
     work = Path(tempfile.mkdtemp(prefix="bookfleet-cluster-"))
     ready, state = work / "ready", work / "state"
     with (work / "cluster.log").open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.cluster", "--state", str(state), "--ready-file", str(ready), "--keep"],
+            [sys.executable, "-m", "tests.cluster", "--state", str(state), "--ready-file", str(ready), "--keep",
+             *(["--process-zones"] * process_zones)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -171,72 +207,55 @@ def bookie_claims(cluster: LocalCluster) -> list[dict[str, Any]]:
     return cluster.get("pvc", "-n", NAMESPACE, "-l", BOOKIE_SELECTOR)["items"]
 
 
-_NODE_IMAGES: dict[tuple[Path, str], concurrent.futures.Future[str]] = {}
-"""Images imported into a cluster's real node, by (cluster state, image name): each at most once."""
-
-
-def real_node_image(cluster: LocalCluster, name: str) -> concurrent.futures.Future[str]:
-    """The reference of image `name`, built from our Dockerfile and imported into the real node's containerd (never
-    pulled), once per cluster. The import starts at the first ask and runs in the background, so that the repair
-    image (a JRE and pyspark: its archive and import take ~1 min) arrives while earlier steps run."""
-    key = (cluster.state, name)
-    if key not in _NODE_IMAGES:
-        def imported() -> str:
-            image = realnode.built_image(name)
-            seconds = realnode.import_image(realnode.socket_of(realnode.node_state(cluster.state)), image)
-            say(f"image {image.reference} imported into {realnode.NAME} in {seconds:.1f} s")
-            return image.reference
-
-        _NODE_IMAGES[key] = concurrent.futures.ThreadPoolExecutor(1).submit(imported)
-    return _NODE_IMAGES[key]
-
-
 def chart_placement(cluster: LocalCluster) -> tuple[str, ...]:
-    """Chart values that run the operator and ZooKeeper as users get them where the cluster has a real node: the
-    images built from operator/Dockerfile and tests/cluster/images/zookeeper.Dockerfile (the stand-in for the official
-    image), on that node; else none (the process kubelet runs the dev venv and the host's ZooKeeper). One line says
-    which. The repair image's import starts here too (`repair_placement` waits for it)."""
+    """Chart values that run the operator and ZooKeeper as users get them where the cluster has real nodes: on the
+    system node, the operator from the image built from operator/Dockerfile by its published name (the chart's
+    default) and ZooKeeper from tests/cluster/images/zookeeper.Dockerfile (the stand-in for the official image); else
+    none (the process kubelet runs the dev venv and the host's ZooKeeper). One line says which."""
     if not cluster.real_node():
-        say("the operator, ZooKeeper and repairs on the process kubelet (no real node)")
+        say("the operator, ZooKeeper, bookies and repairs on the process kubelet (no real nodes)")
         return ()
-    operator, zookeeper = real_node_image(cluster, "operator"), real_node_image(cluster, "zookeeper")
-    operator_repository, operator_tag = operator.result().rsplit(":", 1)
-    real_node_image(cluster, "repair")
-    say(f"the operator and ZooKeeper on {realnode.NAME} (containerd), images {operator.result()} and "
-        f"{zookeeper.result()}")
+    cluster.node_image("operator")
+    zookeeper = cluster.node_image("zookeeper")
+    say(f"the operator and ZooKeeper on {realnode.NAME} (containerd), images "
+        f"{realnode.published_reference('operator')} and {zookeeper}")
     placement = [(f"{component}.{key}", json.dumps(value)) for component in ("operator", "zookeeper")
                  for key, value in realnode.PLACEMENT.items()]
-    return ("--set", f"image.operator.repository={operator_repository}", "--set", f"image.operator.tag={operator_tag}",
-            "--set", "image.operator.pullPolicy=Never", "--set", f"zookeeper.image={zookeeper.result()}",
+    return ("--set", f"zookeeper.image={zookeeper}",
             *(argument for key, value in placement for argument in ("--set-json", f"{key}={value}")))
 
 
 def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
-    """BookieCluster repair settings that run repair drivers and their Spark executors as users get them where the
-    cluster has a real node: the image built from repair-image/Dockerfile, both kinds of pod on that node; else none
-    (the process kubelet runs them from the dev venv)."""
+    """BookieCluster repair settings that run repair drivers and their Spark executors on the system node where the
+    cluster has real nodes (the image built from repair-image/Dockerfile, by the published name the CRD defaults
+    to); else none (the process kubelet runs them from the dev venv)."""
     if not cluster.real_node():
         return {}
-    reference = real_node_image(cluster, "repair").result()
-    say(f"repair drivers and executors on {realnode.NAME} (containerd), image {reference}")
+    cluster.node_image("repair")
+    say(f"repair drivers and executors on {realnode.NAME} (containerd), image {realnode.published_reference('repair')}")
     # One executor: the node has the machine's CPUs (2 here), and the operator's replicas (0.2), the driver (0.5) and
     # one executor (1) fit; a second one would stay Pending while Spark waits up to 30 s for it to register.
-    return {"image": reference, "executors": 1, "driverPodTemplate": realnode.PLACEMENT,
-            "executorPodTemplate": realnode.PLACEMENT}
+    return {"executors": 1, "driverPodTemplate": realnode.PLACEMENT, "executorPodTemplate": realnode.PLACEMENT}
 
 
 def install(cluster: LocalCluster) -> None:
-    """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper, the examples, 3 Ready bookies."""
+    """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper, the examples, 3 Ready bookies,
+    repairs placed on the system node where the cluster has real nodes."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
     cluster.helm("install", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
                  *chart_placement(cluster), "--wait", "--timeout", "10m")
+    if cluster.real_node():
+        say(f"bookies on the zones' nodes (containerd), image {realnode.published_reference('bookie')}")
+        cluster.node_image("bookie")
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", str(ROOT / "examples"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
              timeout=600, what="three Ready bookie pods", interval=2.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
              == ["Running"] * 3, timeout=300, what="three Running Bookies", interval=2.0)
+    if placement := repair_placement(cluster):
+        apply_settings(cluster, {"autoRecovery": {"repair": placement}})
 
 
 # --- the closed loop: client entries, a lost bookie, a Spark-on-Kubernetes repair -------------------------------
@@ -484,8 +503,7 @@ def closed_loop(cluster: LocalCluster, entries: int) -> ClosedLoop:
     say(f"writing {entries} entries to Ledger {LEDGER} from a client pod")
     ledger_id = write_entries(cluster, entries)
     # A repair this small would run in its driver alone (localModeMaxMb): this one shows Spark's executor pods.
-    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10, "repair": {
-        "localModeMaxMb": 0, **repair_placement(cluster)}}})
+    apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 10, "repair": {"localModeMaxMb": 0}}})
     lost_id = ledger_status(cluster)["segments"][0]["bookies"][0]
     earlier = frozenset(job["metadata"]["name"] for job in repair_jobs(cluster, lost_id.split(".")[0]))
     started = time.monotonic()
@@ -693,7 +711,8 @@ def uninstall(cluster: LocalCluster) -> Uninstall:
     version = json.loads(cluster.kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
     hook = cluster.helm("template", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE,
                         "--kube-version", version, "--show-only", "templates/uninstall-hook.yaml", *CHART_VALUES,
-                        "--set", "bookieCluster.enabled=true", "--set", f"bookieCluster.name={CLUSTER}")
+                        *chart_placement(cluster), "--set", "bookieCluster.enabled=true",
+                        "--set", f"bookieCluster.name={CLUSTER}")
     say(f"the chart's uninstall hook deletes BookieCluster {CLUSTER}")
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=hook)
     job = "bookfleet-delete-cluster"

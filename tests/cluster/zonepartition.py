@@ -41,6 +41,9 @@ from tests.cluster.walkthrough import (
     start_client,
 )
 
+PROCESS_ZONES = True
+"""Its cluster's zones run on the process kubelet: its writers run this checkout's tests.chaos.writer, which no image
+holds, and their histories are read from their scratch volumes on the host."""
 INSIDE, TAKER, FINAL = "inside", "taker", "final"
 """The writers' and the read-back's names in the histories; their pods are `partition-<name>`."""
 ACKS_BEFORE = 200

@@ -58,7 +58,7 @@ def zone_partition_report(figures: dict[str, Any], baseline: dict[str, float]) -
 def zone_partition(args: argparse.Namespace) -> int:
     baseline = machine_baseline()
     history_dir = Path(tempfile.mkdtemp(prefix="bookfleet-zone-partition-"))  # kept: the histories and drawings
-    with walkthrough.running_cluster() as cluster:
+    with walkthrough.running_cluster(process_zones=zonepartition.PROCESS_ZONES) as cluster:
         walkthrough.install(cluster)
         outcome = zonepartition.zone_partition(cluster, history_dir)
     figures = outcome.figures()
