@@ -2,8 +2,8 @@
 
 `fleet_status(zk)` is the one place these facts are gathered: `bookfleet status` prints them, and the operator can
 put the same ones on its BookieCluster status. It only reads, each kind of node in one pipeline of asynchronous
-calls, so its cost is one round trip per kind plus the listings of ledger ids: nothing per ledger unless the counts by
-state are asked for.
+calls, so its cost is one round trip per kind plus a request per node of the ledger layout's second level (one per
+10,000 ledger ids): nothing per ledger unless the counts by state are asked for.
 
 What ZooKeeper says about a repair in progress: the repair job takes the lock of every ledger it plans at the start
 and releases each as its commit lands, so the locks a holder still has are the ledgers it has left, and the oldest
@@ -42,9 +42,9 @@ class BookieAtAGlance(BaseModel):
 
 
 class LedgerCounts(BaseModel):
-    """How many ledgers, marked and lost: each a listing of ids, never a read per ledger. The counts by state
-    (open, in recovery, closed) are in the ledgers' own metadata, so they are None unless asked for: a fleet of
-    100,000 ledgers takes a minute to count them that way."""
+    """How many ledgers (from the metadata layout's child counts), marked and lost (listings of ids): never a read per
+    ledger. The counts by state (open, in recovery, closed) are in the ledgers' own metadata, so they are None unless
+    asked for: a fleet of 100,000 ledgers takes a minute to count them that way."""
 
     total: int = 0
     open: int | None = None
@@ -106,15 +106,15 @@ def fleet_status(zk: KazooClient, by_state: bool = False) -> FleetStatus:
     under_replication = UnderReplication(zk)
     metadata = MetadataStore(zk)
     locks = repair_locks(zk)
-    ledger_ids = metadata.ledger_ids()
     data_loss = [record.ledger_id for record in under_replication.data_losses()]
     ledgers = LedgerCounts(
-        total=len(ledger_ids),
+        total=metadata.count(),
         under_replicated=len(under_replication.ledger_ids()),
         data_loss=len(data_loss),
     )
     if by_state:
-        states = Counter(stored[0].state for stored in metadata.read_all(ledger_ids).values() if stored is not None)
+        stored = metadata.read_all(metadata.ledger_ids()).values()
+        states = Counter(found[0].state for found in stored if found is not None)
         ledgers.open, ledgers.in_recovery = states[LedgerState.OPEN], states[LedgerState.IN_RECOVERY]
         ledgers.closed = states[LedgerState.CLOSED]
     return FleetStatus(
