@@ -202,3 +202,19 @@ def test_the_bookie_table_aligns_its_columns_and_colours_only_the_state():
     ]
     coloured = {table.plain[span.start:span.end]: span.style for span in table.spans}
     assert coloured == {"read-only (forced)": "yellow", "absent            ": "red"}
+
+
+def test_a_command_registers_alone_and_anything_else_gets_every_command():
+    """`bookfleet status` imports only its own module (not aiohttp's bookie or Spark's jobs); a word that names no
+    module (`operator` lives in kube_operator, an option's value) or none registers every command."""
+    probe = ("import sys; from bookfleet import cli; parser = cli.build_parser(cli.first_word(sys.argv[1:])); "
+             "print(sorted(parser._subparsers._group_actions[0].choices), 'aiohttp' in sys.modules)")
+
+    def registered(*argv: str) -> str:
+        return subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.strip()
+    assert registered("status", "--zk", "h:1") == "['status'] False"
+    assert registered("-v", "delete-cluster") == "['delete-cluster'] False"
+    for argv in (["operator"], ["--log-level", "INFO", "status"], []):
+        every = registered(*argv)
+        assert "'operator'" in every and "'status'" in every and "'bookie'" in every, argv
