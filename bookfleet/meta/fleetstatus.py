@@ -24,7 +24,7 @@ from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.meta.zk import pipelined
+from bookfleet.meta.zk import read_many
 
 
 class BookieAtAGlance(BaseModel):
@@ -131,11 +131,9 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
     """Registered bookies and those the bookie index names but that are not registered, by id."""
     registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
     ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
-    index_stats = pipelined(ids, lambda bookie_id: zk.exists_async(zkpaths.bookie_index(bookie_id)))
     forced = bookiestate.forced_ids(zk)
     statuses = []
-    for bookie_id, stat in index_stats:
-        found = stat.get()
+    for bookie_id, index in read_many(zk, ids, zkpaths.bookie_index):
         info = registered.get(bookie_id)
         state = bookiestate.read(zk, bookie_id) if bookie_id in forced else None
         statuses.append(
@@ -145,7 +143,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
                 address=info.address if info else None,
                 zone=info.zone if info else "",
                 free_bytes=info.free_bytes if info else None,
-                ledgers=found.numChildren if found else 0,
+                ledgers=index[1].numChildren if index else 0,
                 forced_read_only=state.reason if state and state.read_only else None,
             )
         )
@@ -175,15 +173,9 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
 def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     """ledger id -> (holder, taken at) of every repair lock held now."""
     names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
-    locks = {}
-    for name, read in pipelined(names, lambda name: zk.get_async(f"{zkpaths.UR_LOCKS}/{name}")):
-        ledger_id = int(name[3:])
-        try:
-            data, stat = read.get()
-        except NoNodeError:
-            continue  # released meanwhile
-        locks[ledger_id] = (data.decode(errors="replace"), _from_ms(stat.ctime))
-    return locks
+    return {int(name[3:]): (read[0].decode(errors="replace"), _from_ms(read[1].ctime))
+            for name, read in read_many(zk, names, lambda name: f"{zkpaths.UR_LOCKS}/{name}")
+            if read is not None}  # else released meanwhile
 
 
 def repair_statuses(locks: dict[int, tuple[str, dt.datetime]]) -> list[RepairAtAGlance]:
