@@ -4,7 +4,7 @@ Measured over a ZooKeeper holding the fleet's registrations and ledgers (the one
 with `--zookeeper-only` an embedded one filled here, no Kubernetes), after one bookie is lost and its ledgers marked:
 seconds and ZooKeeper requests (its own `mntr` zk_packets_received; by kind when made in this process) of each read
 the tools make, beside raw kazoo reads of the same tree (raw_reads: the same run's baseline):
-- `bookfleet status` as users run it (its own process, text and `--json`) and its read alone (fleet_status),
+- `bookfleet status` as users run it (its own process: text, `--json`, `--by-state`) and its read alone (fleet_status),
   beside `bookfleet --help`, the command line's own start-up;
 - the auditor's pass on taking office over every marker (clear_stale_markers) and the metadata read of its replica
   check pass (the replica reads themselves go to bookies, which do not run here);
@@ -101,6 +101,7 @@ def measure(zk: Any, port: int, victim: str) -> dict[str, Any]:
         **timed("cli_help", command("--help")),
         **timed("status_cli", command("status", "--zk", connect)),
         **timed("status_cli_json", command("status", "--zk", connect, "--json")),
+        **timed("status_cli_by_state", command("status", "--zk", connect, "--json", "--by-state")),
         **timed("status", lambda: fleet_status(zk).bookies),
         **timed("auditor_taking_office", lambda: auditor.clear_stale_markers(zk)),
         **timed("auditor_check_metadata", lambda: auditor.read_checks(store, store.ledger_ids())),
