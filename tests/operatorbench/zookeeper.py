@@ -10,6 +10,7 @@ the tools make, beside raw kazoo reads of the same tree (raw_reads: the same run
   check pass (the replica reads themselves go to bookies, which do not run here);
 - a repair's planning of the lost bookie's ledgers (RepairJob.prepare: markers, locks, metadata, plans);
 - what a lost or draining bookie's pass asks for: the ledgers that still need it (kube.repairs.remaining_ledgers).
+Then a whole zone is lost (zone_lost): marking its bookies' ledgers, and `bookfleet status` over every marker.
 """
 
 from __future__ import annotations
@@ -77,40 +78,57 @@ def measure(zk: Any, port: int, victim: str) -> dict[str, Any]:
     ledgers marked; `bookfleet status` also as users run it, a process of its own end to end."""
     from bookfleet.kube.repairs import remaining_ledgers  # the [operator] extra
 
-    def timed(name: str, call: Callable[[], Any]) -> dict[str, Any]:
-        packets, started = _packets(port), time.monotonic()
-        with _requests_by_kind(zk) as kinds:
-            result = call()
-        seconds, requests = time.monotonic() - started, _packets(port) - packets - 1  # our own mntr
-        return {f"{name}_s": round(seconds, 2), f"{name}_zk_requests": int(requests),
-                f"{name}_zk_requests_by_kind": dict(kinds) or None,
-                f"{name}_items": len(result) if hasattr(result, "__len__") else None}
-
-    def command(*args: str) -> Callable[[], list[str]]:
-        def run() -> list[str]:
-            return subprocess.run([sys.executable, "-m", "bookfleet", *args], check=True, capture_output=True,
-                                  text=True, timeout=600).stdout.splitlines()
-        return run
-
     with contextlib.suppress(NoNodeError):
         zk.delete(zkpaths.available(victim))
     job, store = RepairJob(zk, open_grace_s=0), MetadataStore(zk)
     connect = f"127.0.0.1:{port}"
     figures = {
-        **timed("mark_lost_bookie", lambda: mark_lost_bookie(zk, victim)),
-        **timed("cli_help", command("--help")),
-        **timed("status_cli", command("status", "--zk", connect)),
-        **timed("status_cli_json", command("status", "--zk", connect, "--json")),
-        **timed("status_cli_by_state", command("status", "--zk", connect, "--json", "--by-state")),
-        **timed("status", lambda: fleet_status(zk).bookies),
-        **timed("auditor_taking_office", lambda: auditor.clear_stale_markers(zk)),
-        **timed("auditor_check_metadata", lambda: auditor.read_checks(store, store.ledger_ids())),
-        **timed("repair_planning", lambda: job.prepare(None)),
-        **timed("remaining_ledgers", lambda: remaining_ledgers(zk, victim)),
+        **_timed(zk, port, "mark_lost_bookie", lambda: mark_lost_bookie(zk, victim)),
+        **_timed(zk, port, "cli_help", _command("--help")),
+        **_timed(zk, port, "status_cli", _command("status", "--zk", connect)),
+        **_timed(zk, port, "status_cli_json", _command("status", "--zk", connect, "--json")),
+        **_timed(zk, port, "status_cli_by_state", _command("status", "--zk", connect, "--json", "--by-state")),
+        **_timed(zk, port, "status", lambda: fleet_status(zk).bookies),
+        **_timed(zk, port, "auditor_taking_office", lambda: auditor.clear_stale_markers(zk)),
+        **_timed(zk, port, "auditor_check_metadata", lambda: auditor.read_checks(store, store.ledger_ids())),
+        **_timed(zk, port, "repair_planning", lambda: job.prepare(None)),
+        **_timed(zk, port, "remaining_ledgers", lambda: remaining_ledgers(zk, victim)),
     }
     for ledger_id in list(job.under_replication.held):  # planned, never copied: the locks go back
         job.under_replication.release(ledger_id)
     return {key: value for key, value in figures.items() if value is not None}
+
+
+def zone_lost(zk: Any, port: int, zone: list[str]) -> dict[str, Any]:
+    """`bookfleet status` once every bookie of `zone` is lost and its ledgers marked: with ensembles across the
+    zones, every ledger carries a marker, so its count is a walk of as many markers as ledgers."""
+    for bookie_id in zone:
+        with contextlib.suppress(NoNodeError):
+            zk.delete(zkpaths.available(bookie_id))
+    figures = {
+        **_timed(zk, port, "zone_lost_marking", lambda: [mark_lost_bookie(zk, bookie_id) for bookie_id in zone]),
+        **_timed(zk, port, "zone_lost_status_cli", _command("status", "--zk", f"127.0.0.1:{port}")),
+        "zone_lost_under_replicated": fleet_status(zk).ledgers.under_replicated,
+    }
+    return {key: value for key, value in figures.items() if value is not None}
+
+
+def _timed(zk: Any, port: int, name: str, call: Callable[[], Any]) -> dict[str, Any]:
+    packets, started = _packets(port), time.monotonic()
+    with _requests_by_kind(zk) as kinds:
+        result = call()
+    seconds, requests = time.monotonic() - started, _packets(port) - packets - 1  # our own mntr
+    return {f"{name}_s": round(seconds, 2), f"{name}_zk_requests": int(requests),
+            f"{name}_zk_requests_by_kind": dict(kinds) or None,
+            f"{name}_items": len(result) if hasattr(result, "__len__") else None}
+
+
+def _command(*args: str) -> Callable[[], list[str]]:
+    """A bookfleet command as users run it, in a process of its own: the lines it printed."""
+    def run() -> list[str]:
+        return subprocess.run([sys.executable, "-m", "bookfleet", *args], check=True, capture_output=True,
+                              text=True, timeout=600).stdout.splitlines()
+    return run
 
 
 def raw_reads(zk: Any, ledgers: int) -> dict[str, Any]:
@@ -162,8 +180,8 @@ def _packets(port: int) -> float:
 
 
 def standalone(directory: Path, bookies: int, ledgers: int) -> dict[str, Any]:
-    """An embedded ZooKeeper filled with `bookies` registrations and `ledgers` closed ledgers, then the raw reads
-    and measure()."""
+    """An embedded ZooKeeper filled with `bookies` registrations and `ledgers` closed ledgers, then the raw reads,
+    measure() and zone_lost() of the first zone."""
     bookie_ids = [f"bookie-{index}.bench:3181" for index in range(bookies)]
     with ZooKeeperServer(directory / "zk", heap_mb=ZOOKEEPER_HEAP_MB) as server, \
             zkclient.session(server.connect) as zk:
@@ -171,4 +189,5 @@ def standalone(directory: Path, bookies: int, ledgers: int) -> dict[str, Any]:
         started = time.monotonic()
         create_ledgers(zk, bookie_ids, ledgers)
         return {"ledger_creation_s": round(time.monotonic() - started, 1), **raw_reads(zk, ledgers),
-                **measure(zk, server.port, bookie_ids[-1])}
+                **measure(zk, server.port, bookie_ids[-1]),
+                **zone_lost(zk, server.port, bookie_ids[::len(ZONES)])}  # register_bookies: bookie i in zone i % 3
