@@ -44,7 +44,7 @@ class BookieAtAGlance(BaseModel):
 class LedgerCounts(BaseModel):
     """How many ledgers (from the metadata layout's child counts), marked and lost (listings of ids): never a read per
     ledger. The counts by state (open, in recovery, closed) are in the ledgers' own metadata, so they are None unless
-    asked for: a fleet of 100,000 ledgers takes a minute to count them that way."""
+    asked for: a fleet of 100,000 ledgers takes seconds to count them that way."""
 
     total: int = 0
     open: int | None = None
