@@ -42,7 +42,11 @@ EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes": "operator", "yam
 """Modules the base install lacks -> the extra of pyproject.toml that brings them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command` (the first word of one) only the module of that name registers when
+    there is one (`status` or `delete-cluster`, not `operator`), so a command starts without importing all the
+    others: aiohttp, the bookie, Spark's jobs, half a second of `bookfleet status`. Any other word, or none, gets
+    every command, for help, completion and argparse's own errors."""
     parser = argparse.ArgumentParser(
         prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
     )
@@ -55,11 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more: -v INFO, -vv DEBUG")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if module.name.startswith("_"):  # helper modules, not commands
-            continue
-        importlib.import_module(f"{commands.__name__}.{module.name}").register(subparsers)
+    names = sorted(module.name for module in pkgutil.iter_modules(commands.__path__)
+                   if not module.name.startswith("_"))  # helper modules, not commands
+    named = (command or "").replace("-", "_")
+    for name in [named] if named in names else names:
+        importlib.import_module(f"{commands.__name__}.{name}").register(subparsers)
     return parser
+
+
+def first_word(argv: list[str]) -> str | None:
+    """The first argument that is not an option: the command, unless an option's value comes first (`--log-level
+    INFO status`), which only makes build_parser register every command."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def configure_logging(args: argparse.Namespace) -> None:
@@ -73,8 +84,8 @@ def configure_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(first_word(argv)).parse_args(argv)
     configure_logging(args)
     try:
         security_options.apply(args)

@@ -105,8 +105,10 @@ class ZooKeeperServer:
     the directory's CA; clients connect with `bookfleet.meta.zk.connect(..., tls_dir=...)`.
     """
 
-    def __init__(self, data_dir: Path, port: int | None = None, tls_dir: Path | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, tls_dir: Path | None = None, heap_mb: int = 256):
         self.data_dir = Path(data_dir)
+        self.heap_mb = heap_mb
+        """The JVM's heap: 256 MiB holds a test fleet; 100,000 ledgers' metadata and bookie index need more."""
         self.port = port or free_port()
         self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
         self.process: subprocess.Popen | None = None
@@ -160,7 +162,7 @@ class ZooKeeperServer:
         )
         log = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            ["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(config)],
+            ["java", f"-Xmx{self.heap_mb}m", "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -9,11 +9,10 @@ import threading
 from rich import filesize
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from bookfleet.commands._zksession import add_zk_argument, zk_session
-from bookfleet.meta.fleetstatus import FleetStatus, fleet_status
+from bookfleet.meta.fleetstatus import BookieAtAGlance, FleetStatus, fleet_status
 
 DEFAULT_WATCH_INTERVAL = 2.0
 
@@ -80,17 +79,7 @@ def render(status: FleetStatus) -> Group:
         health = Text("HEALTHY", style="bold green")
     header = Text.assemble("fleet ", health, f"  at {status.taken_at:%Y-%m-%d %H:%M:%S} UTC")
 
-    bookies = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("bookie", "state", "zone", "free", "ledgers"):
-        bookies.add_column(column, justify="right" if column in ("free", "ledgers") else "left")
-    for bookie in status.bookies:
-        state = bookie.state.replace("_", "-")
-        if bookie.forced_read_only:
-            state += " (forced)"
-        style = {"writable": "", "read_only": "yellow", "absent": "red"}[bookie.state]
-        free = "-" if bookie.free_bytes is None else filesize.decimal(bookie.free_bytes)
-        bookies.add_row(bookie.bookie_id, Text(state, style=style), bookie.zone or "-", free, str(bookie.ledgers))
-
+    bookies = bookie_table(status.bookies)
     by_state = f" ({counts.open} open, {counts.in_recovery} in recovery, {counts.closed} closed)"
     ledgers = (
         f"ledgers: {counts.total}{by_state if counts.open is not None else ''}; "
@@ -111,4 +100,34 @@ def render(status: FleetStatus) -> Group:
         for repair in status.repairs
     ] or ["repair: none running"]
     return Group(header, bookies, ledgers, auditor_line, *repairs)
+
+
+COLUMNS = ("bookie", "state", "zone", "free", "ledgers")
+RIGHT_ALIGNED = frozenset({"free", "ledgers"})
+STATE_STYLES = {"writable": "", "read_only": "yellow", "absent": "red"}
+
+
+def bookie_table(bookies: list[BookieAtAGlance]) -> Text:
+    """One line per bookie, columns aligned, as one Text: rich's Table measured every cell of 1,000 bookies for
+    0.3 s on a quiet machine and 2 s on a busy one, most of `bookfleet status` at fleet scale."""
+    rows = []
+    for bookie in bookies:
+        state = bookie.state.replace("_", "-") + (" (forced)" if bookie.forced_read_only else "")
+        free = "-" if bookie.free_bytes is None else filesize.decimal(bookie.free_bytes)
+        rows.append(((bookie.bookie_id, state, bookie.zone or "-", free, str(bookie.ledgers)),
+                     STATE_STYLES[bookie.state]))
+    widths = [max(len(cells[index]) for cells in [COLUMNS, *(cells for cells, _ in rows)])
+              for index in range(len(COLUMNS))]
+
+    def line(cells: tuple[str, ...]) -> list[str]:
+        return [cell.rjust(width) if column in RIGHT_ALIGNED else cell.ljust(width)
+                for column, cell, width in zip(COLUMNS, cells, widths, strict=True)]
+    table = Text("  ".join(line(COLUMNS)).rstrip(), style="bold")
+    for cells, style in rows:
+        bookie_id, state, *rest = line(cells)
+        table.append("\n")
+        table.append(f"{bookie_id}  ")
+        table.append(state, style=style)
+        table.append(("  " + "  ".join(rest)).rstrip())
+    return table
 

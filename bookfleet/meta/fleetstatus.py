@@ -2,8 +2,8 @@
 
 `fleet_status(zk)` is the one place these facts are gathered: `bookfleet status` prints them, and the operator can
 put the same ones on its BookieCluster status. It only reads, each kind of node in one pipeline of asynchronous
-calls, so its cost is one round trip per kind plus the listings of ledger ids: nothing per ledger unless the counts by
-state are asked for.
+calls, so its cost is one round trip per kind plus a request per node of the ledger layout's second level (one per
+10,000 ledger ids): nothing per ledger unless the counts by state are asked for.
 
 What ZooKeeper says about a repair in progress: the repair job takes the lock of every ledger it plans at the start
 and releases each as its commit lands, so the locks a holder still has are the ledgers it has left, and the oldest
@@ -24,7 +24,7 @@ from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.meta.zk import pipelined
+from bookfleet.meta.zk import read_many
 
 
 class BookieAtAGlance(BaseModel):
@@ -42,9 +42,9 @@ class BookieAtAGlance(BaseModel):
 
 
 class LedgerCounts(BaseModel):
-    """How many ledgers, marked and lost: each a listing of ids, never a read per ledger. The counts by state
-    (open, in recovery, closed) are in the ledgers' own metadata, so they are None unless asked for: a fleet of
-    100,000 ledgers takes a minute to count them that way."""
+    """How many ledgers (from the metadata layout's child counts), marked and lost (listings of ids): never a read per
+    ledger. The counts by state (open, in recovery, closed) are in the ledgers' own metadata, so they are None unless
+    asked for: a fleet of 100,000 ledgers takes seconds to count them that way."""
 
     total: int = 0
     open: int | None = None
@@ -106,15 +106,15 @@ def fleet_status(zk: KazooClient, by_state: bool = False) -> FleetStatus:
     under_replication = UnderReplication(zk)
     metadata = MetadataStore(zk)
     locks = repair_locks(zk)
-    ledger_ids = metadata.ledger_ids()
     data_loss = [record.ledger_id for record in under_replication.data_losses()]
     ledgers = LedgerCounts(
-        total=len(ledger_ids),
+        total=metadata.count(),
         under_replicated=len(under_replication.ledger_ids()),
         data_loss=len(data_loss),
     )
     if by_state:
-        states = Counter(stored[0].state for stored in metadata.read_all(ledger_ids).values() if stored is not None)
+        stored = metadata.read_all(metadata.ledger_ids()).values()
+        states = Counter(found[0].state for found in stored if found is not None)
         ledgers.open, ledgers.in_recovery = states[LedgerState.OPEN], states[LedgerState.IN_RECOVERY]
         ledgers.closed = states[LedgerState.CLOSED]
     return FleetStatus(
@@ -131,11 +131,9 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
     """Registered bookies and those the bookie index names but that are not registered, by id."""
     registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
     ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
-    index_stats = pipelined(ids, lambda bookie_id: zk.exists_async(zkpaths.bookie_index(bookie_id)))
     forced = bookiestate.forced_ids(zk)
     statuses = []
-    for bookie_id, stat in index_stats:
-        found = stat.get()
+    for bookie_id, index in read_many(zk, ids, zkpaths.bookie_index):
         info = registered.get(bookie_id)
         state = bookiestate.read(zk, bookie_id) if bookie_id in forced else None
         statuses.append(
@@ -145,7 +143,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
                 address=info.address if info else None,
                 zone=info.zone if info else "",
                 free_bytes=info.free_bytes if info else None,
-                ledgers=found.numChildren if found else 0,
+                ledgers=index[1].numChildren if index else 0,
                 forced_read_only=state.reason if state and state.read_only else None,
             )
         )
@@ -175,15 +173,9 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
 def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     """ledger id -> (holder, taken at) of every repair lock held now."""
     names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
-    locks = {}
-    for name, read in pipelined(names, lambda name: zk.get_async(f"{zkpaths.UR_LOCKS}/{name}")):
-        ledger_id = int(name[3:])
-        try:
-            data, stat = read.get()
-        except NoNodeError:
-            continue  # released meanwhile
-        locks[ledger_id] = (data.decode(errors="replace"), _from_ms(stat.ctime))
-    return locks
+    return {int(name[3:]): (read[0].decode(errors="replace"), _from_ms(read[1].ctime))
+            for name, read in read_many(zk, names, lambda name: f"{zkpaths.UR_LOCKS}/{name}")
+            if read is not None}  # else released meanwhile
 
 
 def repair_statuses(locks: dict[int, tuple[str, dt.datetime]]) -> list[RepairAtAGlance]:

@@ -15,7 +15,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from pydantic import BaseModel, ValidationError
 
 from bookfleet.meta import zkpaths
-from bookfleet.meta.zk import pipelined
+from bookfleet.meta.zk import pipelined, read_many
 
 
 class BookieMode(enum.StrEnum):
@@ -116,14 +116,11 @@ class BookieRegistry:
             names = self.zk.get_children(parent)
         except NoNodeError:
             return []
-        reads = pipelined(sorted(set(names) - skip), lambda name: self.zk.get_async(path_of(name)))
         infos = []
-        for name, read in reads:
-            try:
-                data, _ = read.get()
-            except NoNodeError:
+        for name, read in read_many(self.zk, sorted(set(names) - skip), path_of):
+            if read is None:
                 continue  # went away while we listed
-            if info := self._parse(name, data, read_only=parent == zkpaths.READONLY):
+            if info := self._parse(name, read[0], read_only=parent == zkpaths.READONLY):
                 infos.append(info)
         return infos
 

@@ -35,7 +35,7 @@ from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
 from bookfleet.meta import zkpaths
-from bookfleet.meta.zk import pipelined
+from bookfleet.meta.zk import pipelined, read_many
 
 DEFAULT_RECOVERY_DELAY = 0.0
 """lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""
@@ -213,15 +213,13 @@ class UnderReplication:
         return self.read_markers([ledger_id])[ledger_id]
 
     def read_markers(self, ledger_ids: Iterable[int]) -> dict[int, Marker | None]:
-        """The markers of these ledgers (None: not marked), read in one pipeline of asynchronous gets."""
-        reads = pipelined(ledger_ids, lambda ledger_id: self.zk.get_async(zkpaths.underreplicated(ledger_id)))
+        """The markers of these ledgers (None: not marked), read in multiRead requests (read_many)."""
         found: dict[int, Marker | None] = {}
-        for ledger_id, read in reads:
-            try:
-                data, stat = read.get()
-            except NoNodeError:
+        for ledger_id, read in read_many(self.zk, ledger_ids, zkpaths.underreplicated):
+            if read is None:
                 found[ledger_id] = None
                 continue
+            data, stat = read
             document = _decode(data, zkpaths.underreplicated(ledger_id))
             missing = frozenset(document.get("missingBookies", ()))
             found[ledger_id] = Marker(
@@ -418,21 +416,19 @@ class UnderReplication:
             return record
 
     def data_loss(self, ledger_id: int) -> DataLoss | None:
-        path = zkpaths.dataloss(ledger_id)
-        try:
-            data, _ = self.zk.get(path)
-        except NoNodeError:
-            return None
-        document = _decode(data, path)
-        return DataLoss(ledger_id, tuple(document.get("entries", ())), document.get("ctime", 0))
+        return next(iter(self._data_losses([ledger_id])), None)
 
     def data_losses(self) -> list[DataLoss]:
         """Every DATA_LOSS record, by ledger id."""
+        return self._data_losses(sorted(int(leaf[1:]) for leaf in self._children(zkpaths.UR_DATALOSS)))
+
+    def _data_losses(self, ledger_ids: list[int]) -> list[DataLoss]:
+        """The records of these ledgers that exist, read in multiRead requests (read_many)."""
         records = []
-        for leaf in sorted(self._children(zkpaths.UR_DATALOSS), key=lambda name: int(name[1:])):
-            record = self.data_loss(int(leaf[1:]))
-            if record is not None:
-                records.append(record)
+        for ledger_id, read in read_many(self.zk, ledger_ids, zkpaths.dataloss):
+            if read is not None:
+                document = _decode(read[0], zkpaths.dataloss(ledger_id))
+                records.append(DataLoss(ledger_id, tuple(document.get("entries", ())), document.get("ctime", 0)))
         return records
 
     # --- tree helpers ---------------------------------------------------------------------------------------
@@ -444,16 +440,12 @@ class UnderReplication:
             return []
 
     def _walk(self, root: str, depth: int) -> list[str]:
-        """Paths `depth` levels below `root`; each depth is listed in one pipeline of asynchronous calls."""
+        """Paths `depth` levels below `root`; each depth is listed in multiRead requests (read_many; a level cleared
+        meanwhile lists nothing)."""
         paths = [root]
         for _ in range(depth):
-            listings = pipelined(paths, self.zk.get_children_async)
-            paths = []
-            for path, listing in listings:
-                try:
-                    paths += [f"{path}/{child}" for child in sorted(listing.get())]
-                except NoNodeError:
-                    continue  # cleared meanwhile
+            paths = [f"{path}/{child}" for path, children in read_many(self.zk, paths, str, children=True)
+                     for child in sorted(children or ())]
         return paths
 
 

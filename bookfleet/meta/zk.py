@@ -17,13 +17,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import EXCEPTIONS, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import (
+    GetChildren,
+    GetData,
+    MultiHeader,
+    Transaction,
+    int_struct,
+    read_buffer,
+    read_string,
+    stat_struct,
+)
+from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, make_digest_acl
 
@@ -44,11 +57,11 @@ connection: a repair driver (4 s session) that locked and read 46,000 markers in
 T = TypeVar("T")
 
 
-def pipelined(items: Iterable[T], call: Callable[[T], Any]) -> Iterator[tuple[T, Any]]:
+def pipelined(items: Iterable[T], call: Callable[[T], Any], window: int | None = None) -> Iterator[tuple[T, Any]]:
     """(item, call(item)) for every item in order, where `call` starts an asynchronous ZooKeeper call (`get_async`,
-    `create_async`, ...): each call is made at most PIPELINE_WINDOW pairs ahead of the one the caller is taking, so a
-    caller that waits for each answer before the next pair has at most that many calls in flight."""
-    window = PIPELINE_WINDOW
+    `create_async`, ...): each call is made at most `window` (default PIPELINE_WINDOW) pairs ahead of the one the
+    caller is taking, so a caller that waits for each answer before the next pair has at most that many in flight."""
+    window = window or PIPELINE_WINDOW
     ahead: collections.deque[tuple[T, Any]] = collections.deque()
     for item in items:
         ahead.append((item, call(item)))
@@ -56,6 +69,68 @@ def pipelined(items: Iterable[T], call: Callable[[T], Any]) -> Iterator[tuple[T,
             yield ahead.popleft()
     while ahead:
         yield ahead.popleft()
+
+
+MULTI_READ_BATCH = 250
+"""Reads one multiRead request carries: a quarter of a megabyte of ledger metadata, well below the 1 MiB a
+ZooKeeper client accepts in one reply."""
+MULTI_READ_WINDOW = 4
+"""multiRead requests in flight at once: enough to keep the server busy while one reply is parsed."""
+
+
+class MultiRead(Transaction):
+    """ZooKeeper's multiRead request (3.6 and later; kazoo has no call for it): getData and getChildren operations,
+    each answered or failed on its own, serialized as a transaction's are. Its reply holds (data, stat) for a
+    getData, the names for a getChildren, and the exception for an operation that failed."""
+
+    type = 22
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list:
+        results: list = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                results.append((value, ZnodeStat._make(stat_struct.unpack_from(data, offset))))
+                offset += stat_struct.size
+            elif header.type == GetChildren.type:
+                count, offset = int_struct.unpack_from(data, offset)[0], offset + int_struct.size
+                names = []
+                for _ in range(max(count, 0)):
+                    name, offset = read_string(data, offset)
+                    names.append(name)
+                results.append(names)
+            else:
+                results.append(EXCEPTIONS[int_struct.unpack_from(data, offset)[0]]())
+                offset += int_struct.size
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
+
+
+def read_many(
+    zk: KazooClient, items: Iterable[T], path_of: Callable[[T], str], children: bool = False
+) -> Iterator[tuple[T, Any]]:
+    """(item, answer) for every item in order: the (data, stat) of the node at path_of(item), or with `children` the
+    names of its children; None where there is no such node. MULTI_READ_BATCH reads travel in one multiRead request,
+    a few requests in flight: a pipeline of single gets pays kazoo's wake-up of its I/O thread per get (~150 µs, most
+    of `bookfleet status` at 1,000 bookies and of the auditor's read of 100,000 ledgers' metadata)."""
+    operation = GetChildren if children else GetData
+
+    def send(batch: list[T]) -> Any:
+        answer = zk.handler.async_result()
+        zk._call(MultiRead([operation(zk.chroot + path_of(item), None) for item in batch]), answer)
+        return answer
+    remaining = iter(items)
+    batches = iter(lambda: list(itertools.islice(remaining, MULTI_READ_BATCH)), [])
+    for batch, answer in pipelined(batches, send, MULTI_READ_WINDOW):
+        for item, result in zip(batch, answer.get(), strict=True):
+            if isinstance(result, NoNodeError):
+                yield item, None
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                yield item, result
 
 
 RECONNECT_MAX_DELAY = 1.0

@@ -121,8 +121,9 @@ def test_a_bookie_histograms_quantile_is_the_upper_bound_of_its_bucket_in_the_ph
 
 
 def test_the_zookeeper_side_of_the_scale_bench_measures_every_read_it_names():
-    """`--scale --zookeeper-only` (no Kubernetes, no Go): status, the auditor's passes, repair planning and a lost
-    bookie's remaining ledgers, each with its ZooKeeper requests counted by the server."""
+    """`--scale --zookeeper-only` (no Kubernetes, no Go): status (also as its own command), the auditor's passes,
+    repair planning and a lost bookie's remaining ledgers, each with its ZooKeeper requests counted by the server,
+    beside raw reads of the same tree; then status once a whole zone is lost (every ledger marked)."""
     command = [sys.executable, "-m", "bookfleet", "bench", "operator", "--scale", "--zookeeper-only", "--bookies", "6",
                "--ledgers", "30", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -131,7 +132,11 @@ def test_the_zookeeper_side_of_the_scale_bench_measures_every_read_it_names():
     assert run["mark_lost_bookie_items"] == run["remaining_ledgers_items"] == run["repair_planning_items"] == 15
     assert run["auditor_check_metadata_items"] == 30
     assert run["remaining_ledgers_zk_requests"] == 1
-    assert all(run[f"{read}_zk_requests"] > 0 for read in ("status", "auditor_taking_office", "repair_planning"))
+    assert all(run[f"{read}_zk_requests"] > 0
+               for read in ("status", "status_cli", "status_cli_json", "auditor_taking_office", "repair_planning"))
+    assert run["status_zk_requests_by_kind"]["GetData"] > 0
+    assert run["raw_ledger_ids_listed"] == 30 and run["raw_pipelined_get_per_s"] > 0
+    assert run["zone_lost_under_replicated"] == 30 and run["zone_lost_status_cli_zk_requests"] > 0  # a zone lost
 
 
 def test_bench_operator_outside_a_source_checkout_says_it_is_a_development_command(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ import sys
 from importlib.metadata import version
 
 from bookfleet import cli
+from bookfleet.commands.status import bookie_table
+from bookfleet.meta.fleetstatus import BookieAtAGlance
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.replication.auditor import Auditor
@@ -180,3 +182,39 @@ def test_an_unexpected_failure_is_one_line_and_exit_1(capsys, monkeypatch):
     code, out, err = run(capsys, "autorecovery", "status", "--zk", "127.0.0.1:1")
     assert (code, out) == (1, "")
     assert err == "bookfleet autorecovery: unexpected RuntimeError: disk on fire (--log-level DEBUG shows where)\n"
+
+
+def test_the_bookie_table_aligns_its_columns_and_colours_only_the_state():
+    """The table is lines of one Text (rich's Table was most of `status` at 1,000 bookies): columns two spaces
+    apart, free space and ledgers right-aligned, a forced read-only bookie says so, the state alone coloured."""
+    bookies = [
+        BookieAtAGlance(bookie_id="bookie-10:3181", state="writable", zone="a", free_bytes=2_000_000, ledgers=120),
+        BookieAtAGlance(bookie_id="b2:3181", state="read_only", zone="b", free_bytes=0, ledgers=7,
+                        forced_read_only="draining"),
+        BookieAtAGlance(bookie_id="gone:3181", state="absent", ledgers=3),
+    ]
+    table = bookie_table(bookies)
+    assert table.plain.splitlines() == [
+        "bookie          state               zone     free  ledgers",
+        "bookie-10:3181  writable            a      2.0 MB      120",
+        "b2:3181         read-only (forced)  b     0 bytes        7",
+        "gone:3181       absent              -           -        3",
+    ]
+    coloured = {table.plain[span.start:span.end]: span.style for span in table.spans}
+    assert coloured == {"read-only (forced)": "yellow", "absent            ": "red"}
+
+
+def test_a_command_registers_alone_and_anything_else_gets_every_command():
+    """`bookfleet status` imports only its own module (not aiohttp's bookie or Spark's jobs); a word that names no
+    module (`operator` lives in kube_operator, an option's value) or none registers every command."""
+    probe = ("import sys; from bookfleet import cli; parser = cli.build_parser(cli.first_word(sys.argv[1:])); "
+             "print(sorted(parser._subparsers._group_actions[0].choices), 'aiohttp' in sys.modules)")
+
+    def registered(*argv: str) -> str:
+        return subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.strip()
+    assert registered("status", "--zk", "h:1") == "['status'] False"
+    assert registered("-v", "delete-cluster") == "['delete-cluster'] False"
+    for argv in (["operator"], ["--log-level", "INFO", "status"], []):
+        every = registered(*argv)
+        assert "'operator'" in every and "'status'" in every and "'bookie'" in every, argv

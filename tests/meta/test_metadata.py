@@ -119,6 +119,20 @@ def test_listing_walks_the_hierarchy_and_skips_other_dirs(zk):
     assert store.ledger_ids() == sorted(ids)
 
 
+def test_the_count_agrees_with_the_listing_without_listing_an_id(zk):
+    """count() adds up the second level's child counts (how `bookfleet status` counts 100,000 ledgers): the same
+    number as the walk, across levels and after a delete, and nothing outside the layout is counted."""
+    store = MetadataStore(zk)
+    assert store.count() == 0
+    ids = [12_345_678_901, 7, 8, 10_000, 20_000]
+    for ledger_id in ids:
+        store.create(metadata(), ledger_id=ledger_id)
+    zk.ensure_path(zkpaths.available("b1"))
+    zk.ensure_path(zkpaths.underreplicated(7))
+    store.delete(8)
+    assert store.count() == len(store.ledger_ids()) == 4
+
+
 def test_negative_segment_start_is_named():
     with pytest.raises(ValidationError, match="first_entry_id"):
         Segment(first_entry_id=-1, bookies=("a",))

@@ -174,7 +174,8 @@ def test_locks_of_a_fleets_first_repair_take_one_request_each(zk, monkeypatch):
 
 def test_a_repair_over_many_markers_keeps_a_bounded_number_of_zookeeper_calls_in_flight(zk, monkeypatch):
     """A repair driver read and locked 46,000 markers in one pipeline each; its heartbeat queued behind them and its
-    4 s session expired. Reading, walking and locking go in windows of PIPELINE_WINDOW calls."""
+    4 s session expired. Locking goes in windows of PIPELINE_WINDOW calls (reading and walking in a few multiRead
+    requests: zk.read_many)."""
     window = 20
     monkeypatch.setattr(zkclient, "PIPELINE_WINDOW", window)
     ur = UnderReplication(zk)

@@ -8,11 +8,14 @@ import threading
 import time
 
 import pytest
+from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl
 
 from bookfleet import zkserver
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.zkserver import four_letter_word
+from tests.fixtures.zookeeper import count_requests
 
 
 def test_zookeeper_server_answers(zk_server):
@@ -107,3 +110,24 @@ def test_a_session_rides_through_a_zookeeper_restart_longer_than_kazoos_default_
             assert client.client_id[0] == session
     finally:
         server.stop()
+
+
+def test_read_many_answers_every_path_in_order_in_few_requests(zk, monkeypatch):
+    """multiRead in batches (MULTI_READ_BATCH reads a request, here 3): data and stat of each node, children with
+    `children`, None for a missing node, through the session's chroot; a refused read raises as a get would."""
+    monkeypatch.setattr(zkclient, "MULTI_READ_BATCH", 3)
+    for index in range(7):
+        zk.create(f"/many/n{index}", str(index).encode(), makepath=True)
+    zk.create("/many/n2/child")
+    requests = count_requests(zk, monkeypatch)
+    names = ["n0", "gone", *(f"n{index}" for index in range(1, 7))]
+    answers = list(zkclient.read_many(zk, names, lambda name: f"/many/{name}"))
+    assert [(name, read and read[0]) for name, read in answers] == [
+        ("n0", b"0"), ("gone", None), *((f"n{index}", str(index).encode()) for index in range(1, 7))]
+    assert dict(answers)["n2"][1].numChildren == 1
+    assert [type(request).__name__ for request in requests] == ["MultiRead"] * 3
+    assert list(zkclient.read_many(zk, ["/many/n2", "/many/n3", "/gone"], str, children=True)) == [
+        ("/many/n2", ["child"]), ("/many/n3", []), ("/gone", None)]
+    zk.create("/locked", acl=[make_digest_acl("someone", "else", all=True)])
+    with pytest.raises(NoAuthError):
+        list(zkclient.read_many(zk, ["/locked"], str))
