@@ -444,8 +444,13 @@ class LedgerWriter(EnsembleChange):
             client = self._pool.connected(bookie)
             if client is not None and position not in self._failed:
                 calls[position] = asyncio.ensure_future(client.write_lac(self._master_key, self.ledger_id, lac))
-        if calls:
-            await asyncio.wait(calls.values(), timeout=self.settings.add_timeout)
+        try:
+            if calls:
+                await asyncio.wait(calls.values(), timeout=self.settings.add_timeout)
+        except asyncio.CancelledError:  # the writer stops: nobody will look at these answers
+            for call in calls.values():
+                _let_go(call)
+            raise
         for position, call in calls.items():
             if not call.done():
                 call.cancel()
@@ -522,6 +527,13 @@ def _call(add: _Add, error: BaseException | None) -> None:
         add.on_done(add.entry_id, error)
     except Exception:
         log.exception("the completion callback of entry %d raised", add.entry_id)
+
+
+def _let_go(call: asyncio.Future) -> None:
+    """Cancel a call whose answer nobody waits for any more, or mark its failure seen if it already has one: else
+    asyncio logs 'Task exception was never retrieved' once the connection closes under it."""
+    if not call.cancel() and not call.cancelled():
+        call.exception()
 
 
 def _apply(metadata: LedgerMetadata, change: Callable[[LedgerMetadata], LedgerMetadata]) -> LedgerMetadata:
