@@ -3,8 +3,9 @@ connection and LedgerStorage (journal fdatasync, memtable flush, index) through 
 
 `instructions.sh` runs it under callgrind, whose instruction counts do not move with the machine's load, at two add
 counts; their difference divides out start-up. `--client-only` answers every add from a canned ack instead (no
-bookie), for the client's share alone. The journal's group commits depend on thread timing, so the full figure
-varies by about 2% between runs; the client's does not.
+bookie), for the client's share alone; `--bookies 3` writes E3/Qw3/Qa2 to three of them. The journal's group
+commits depend on thread timing, so the full figure varies by about 2% between runs; the client's does not. The
+event loop is uvloop when installed, as in the benches.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _canned_acks(client_protocol: _ClientProtocol):
 
 
 async def _bookie(root: Path, client_protocol: _ClientProtocol) -> tuple[LedgerStorage, Connection]:
-    (root / "journal").mkdir()
+    (root / "journal").mkdir(parents=True)
     (root / "ledgers").mkdir()
     storage = LedgerStorage(root / "journal", root / "ledgers", StorageSettings())
     await storage.start()
@@ -90,19 +91,23 @@ async def _bookie(root: Path, client_protocol: _ClientProtocol) -> tuple[LedgerS
     return storage, connection
 
 
-async def run(adds: int, client_only: bool, root: Path) -> None:
-    protocol = _ClientProtocol("bookie:3181")
-    storage = None
-    if client_only:
-        receive = _canned_acks(protocol)
-    else:
-        storage, connection = await _bookie(root, protocol)
-        receive = connection.data_received
-    client = BookieClient("bookie:3181", MemoryTransport(receive), protocol)
-    protocol.client = client
-    pool = BookiePool({"bookie:3181": "bookie:3181"})
-    pool._clients["bookie:3181"] = client  # connected already, through the memory transport
-    writer = LedgerWriter(LEDGER_ID, new_metadata(["bookie:3181"], 1, 1), 0, b"", SimpleNamespace(zk=None), pool)
+async def run(adds: int, client_only: bool, bookies: int, root: Path) -> None:
+    pool = BookiePool({})
+    storages = []
+    for index in range(bookies):
+        address = f"bookie-{index}:3181"
+        protocol = _ClientProtocol(address)
+        if client_only:
+            receive = _canned_acks(protocol)
+        else:
+            storage, connection = await _bookie(root / address, protocol)
+            storages.append(storage)
+            receive = connection.data_received
+        client = BookieClient(address, MemoryTransport(receive), protocol)
+        protocol.client = client
+        pool._clients[address] = client  # connected already, through the memory transport
+    metadata = new_metadata(list(pool._clients), bookies, min(bookies, 2))  # E3/Qw3/Qa2 as bench's e3 scenario
+    writer = LedgerWriter(LEDGER_ID, metadata, 0, b"", SimpleNamespace(zk=None), pool)
     payload = bytes(1024)
     done = asyncio.get_running_loop().create_future()
     issued = 0
@@ -121,7 +126,7 @@ async def run(adds: int, client_only: bool, root: Path) -> None:
         issued += 1
         writer.append_callback(payload, completed)
     await done
-    if storage is not None:
+    for storage in storages:
         await storage.flush()
         await storage.close()
 
@@ -130,9 +135,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("adds", type=int)
     parser.add_argument("--client-only", action="store_true")
+    parser.add_argument("--bookies", type=int, default=1, help="1: E=Qw=Qa=1; 3: E3/Qw3/Qa2")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="add-path-cost-") as tmp:
-        eventloop.run(run(args.adds, args.client_only, Path(tmp)))  # uvloop when installed, as the benches
+        eventloop.run(run(args.adds, args.client_only, args.bookies, Path(tmp)))
 
 
 if __name__ == "__main__":
