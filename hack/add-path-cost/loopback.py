@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bookfleet import eventloop, wire
+from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import Connection
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.bookie.server import BookieServer
@@ -85,7 +86,9 @@ async def _bookie(root: Path, client_protocol: _ClientProtocol) -> tuple[LedgerS
     (root / "ledgers").mkdir()
     storage = LedgerStorage(root / "journal", root / "ledgers", StorageSettings())
     await storage.start()
-    server = BookieServer(storage, BookieMetrics(), lambda: (1 << 40, 1 << 40))
+    await storage.raise_writer_epoch(LEDGER_ID, 0, wire.master_key(b""))  # held: admitted without ZooKeeper
+    admission = LedgerAdmission(None, storage.has_ledger)  # type: ignore[arg-type]  # as `bookfleet bookie` checks
+    server = BookieServer(storage, BookieMetrics(), lambda: (1 << 40, 1 << 40), admission=admission)
     connection = Connection(server)
     connection.connection_made(MemoryTransport(client_protocol.data_received))
     return storage, connection
