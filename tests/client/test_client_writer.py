@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -311,13 +312,24 @@ class ScriptedBookies:
 
     def __init__(self) -> None:
         self._adds: dict[tuple[str, int], tuple[Callable, object]] = {}
+        self.lac_writes: dict[str, asyncio.Future[None]] = {}
+        """Per bookie, its WRITE_LAC in flight: the test answers it (or fails it) by hand."""
 
     def connected(self, bookie: str) -> SimpleNamespace:
         def add_entry_callback(body: bytes, on_answer: Callable, arg: object, recovery: bool = False) -> None:
             entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.ADD_PREFIX_SIZE :])
             self._adds[bookie, entry.entry_id] = on_answer, arg
 
-        return SimpleNamespace(add_entry_callback=add_entry_callback, closed=False, backed_up=False)
+        async def write_lac(master_key: bytes, ledger_id: int, lac: int) -> None:
+            self.lac_writes[bookie] = asyncio.get_running_loop().create_future()
+            await self.lac_writes[bookie]
+
+        return SimpleNamespace(
+            add_entry_callback=add_entry_callback, write_lac=write_lac, closed=False, backed_up=False
+        )
+
+    async def get(self, bookie: str) -> SimpleNamespace:
+        return self.connected(bookie)
 
     def ack(self, bookie: str, entry_id: int) -> None:
         on_answer, arg = self._adds.pop((bookie, entry_id))
@@ -339,6 +351,31 @@ async def test_an_add_behind_the_head_completes_only_at_its_own_ack_quorum():
     assert not behind.done()
     bookies.ack("z", 1)
     assert behind.result() == 1 and writer.last_add_confirmed == 1
+
+
+async def test_a_lac_write_in_flight_when_the_writer_stops_leaves_no_unretrieved_exception():
+    """A writer stopped while its idle LAC write waits: the bookie's late failure (its connection closed with the
+    client) used to be a 'Task exception was never retrieved' at the end of every bench."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    bookies = ScriptedBookies()
+    metadata = new_metadata(["x", "y"], write_quorum=2, ack_quorum=2)
+    settings = WriterSettings(idle_lac_delay=0.01)
+    writer = LedgerWriter(1, metadata, 0, b"", SimpleNamespace(zk=None), bookies, settings)  # type: ignore[arg-type]
+    await writer.start()
+    added = writer.append(b"0")
+    bookies.ack("x", 0)
+    bookies.ack("y", 0)
+    assert await added == 0
+    await eventually(lambda: _has(list(bookies.lac_writes), 2))
+    await writer.detach()
+    for lac_write in bookies.lac_writes.values():
+        if not lac_write.done():
+            lac_write.set_exception(ConnectionError("connection to bookie closed by this client"))
+    await asyncio.sleep(0.05)
+    gc.collect()
+    assert not unhandled
 
 
 async def _segments_are(writer, count: int) -> bool:
