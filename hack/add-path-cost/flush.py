@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("entries", type=int)
     args = parser.parse_args()
-    entry = wire.Digester(wire.DigestType.CRC32C).encode(1, 0, -1, 0, bytes(1024))
+    entry = wire.encode_entry(wire.Digester(wire.DigestType.CRC32C), 1, 0, -1, 0, bytes(1024))
     memtable = Memtable()
     for ledger_id in range(1, LEDGERS + 1):  # filled in C: the count is the flush's alone, nearly
         memtable.ledgers[ledger_id] = dict.fromkeys(range(args.entries // LEDGERS), entry)
