@@ -89,8 +89,9 @@ class LocalCluster:
         return time.time()
 
     def evict(self, namespace: str, pod: str) -> None:
-        """Have the pod's kubelet evict it as under node pressure (it ends Failed, reason Evicted): on a real node, its
-        scratch volume filled past its sizeLimit, which the kubelet's eviction manager evicts it for."""
+        """Have the pod's kubelet evict it: on a real node, its scratch volume filled past its sizeLimit, which the
+        kubelet's eviction manager evicts it for (a bookie that exits 0 on the SIGTERM ends Succeeded, the pod's
+        Evicted Event says why); the process kubelet ends it Failed, reason Evicted, as under node pressure."""
         body = self.get("pod", "-n", namespace, pod)
         if node := self.real_node_state(body):
             size = resources.quantity_bytes(resources.SCRATCH_LIMIT) + 64 * 2**20
