@@ -23,6 +23,7 @@ from bookfleet.bench.baseline import (
     add_event_loop_argument,
     chosen_event_loop,
     in_loop_iterations,
+    latency_samples,
     load_summary,
     print_report,
     same_run_baselines,
@@ -76,7 +77,7 @@ async def _load(
     digester = wire.Digester(wire.DigestType.CRC32C)
     prefix = wire.add_prefix(wire.master_key(b"bench"), 0)
     payload = os.urandom(entry_size)
-    latencies: list[float] = []
+    latencies = latency_samples()
     record = latencies.append
     clock = time.perf_counter
     clients = [await BookieClient.connect(address, tls=tls) for _ in ledger_ids]

@@ -14,6 +14,7 @@ import asyncio
 import os
 import tempfile
 import time
+from array import array
 from functools import partial
 from pathlib import Path
 
@@ -47,10 +48,10 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=handle)
 
 
-async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> list[float]:
+async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_flight: int) -> array[float]:
     """Keep `in_flight` adds outstanding: each completion issues the next one (callbacks: no future, no task)."""
     clock = time.perf_counter
-    latencies: list[float] = []
+    latencies = baseline.latency_samples()
     finished = asyncio.get_running_loop().create_future()
     deadline = clock() + seconds
     outstanding = 0
@@ -82,13 +83,12 @@ async def _full_load(writer: LedgerWriter, payload: bytes, seconds: float, in_fl
 
 async def _paced_load(
     writer: LedgerWriter, payload: bytes, seconds: float, rate: float
-) -> tuple[list[float], list[float]]:
+) -> tuple[array[float], array[float]]:
     """Issue adds at `rate` per second, those due at each millisecond tick, and time each one; also how late each
     tick woke (the client's event-loop lag). Only a count of the outstanding adds is kept (holding every add would
     make the garbage collector's pauses part of the figure)."""
     clock = time.perf_counter
-    latencies: list[float] = []
-    tick_lags: list[float] = []
+    latencies, tick_lags = baseline.latency_samples(), baseline.latency_samples()
     finished = asyncio.get_running_loop().create_future()
     outstanding = 0
     start = clock()

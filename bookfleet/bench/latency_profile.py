@@ -17,6 +17,7 @@ import gc
 import os
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,11 +125,11 @@ class LatencyProfile:
         self.gc.__enter__()
         self.watch.start()
 
-    def report(self, tick_lags: list[float]) -> dict:
+    def report(self, lags: Sequence[float]) -> dict:
         processes = self.watch.stop()
         self.gc.__exit__()
         histograms_after = [bucket_counts(bookie) for bookie in self.bookies]
-        tick_lags.sort()
+        tick_lags = sorted(lags)
         report: dict = {
             "client_loop_lag_p50_ms": percentile(tick_lags, 0.50) * 1000,
             "client_loop_lag_p99_ms": percentile(tick_lags, 0.99) * 1000,
