@@ -139,6 +139,7 @@ class BookieNode:
         monitor.start()
         self.registration.start()
         collector.start()
+        eventloop.freeze_start_up_heap()
         log.info(
             "bookie %s serving on %s:%d (advertised %s), http on %d, event loop %s",
             config.bookie_id, config.listen_host, config.port, config.advertised_address, self.health.port,
