@@ -19,7 +19,8 @@ from bookfleet.commanderror import CommandError
 
 
 def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) -> dict[str, float]:
-    """Write `block_size` blocks with fdatasync after each, in `directory`, for about `seconds`."""
+    """Write `block_size` blocks with fdatasync after each, in `directory`, for about `seconds`: the rate, and the
+    disk's own tail (p99, max), the floor under any add's p99."""
     block = os.urandom(block_size)
     fd, path = tempfile.mkstemp(prefix="baseline-", dir=directory)
     latencies = []
@@ -38,6 +39,8 @@ def raw_fsync_bandwidth(directory: Path, block_size: int, seconds: float = 2.0) 
         "raw_fsync_ops_per_s": len(latencies) / elapsed,
         "raw_fsync_mb_per_s": len(latencies) * block_size / elapsed / 1e6,
         "raw_fsync_p50_ms": latencies[len(latencies) // 2] * 1000,
+        "raw_fsync_p99_ms": percentile(latencies, 0.99) * 1000,
+        "raw_fsync_max_ms": latencies[-1] * 1000,
     }
 
 
