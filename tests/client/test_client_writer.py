@@ -248,11 +248,17 @@ async def test_writer_rides_through_a_bookie_loss_until_a_replacement_registers(
         assert held == set(range(new.first_entry_id, 300))
 
 
-async def test_a_bookie_that_failed_once_replaces_another_when_no_other_bookie_is_left(bookie_fleet, zk_connect):
+@pytest.mark.parametrize("order", ["acks-first", "change-first"])
+async def test_a_bookie_that_failed_once_replaces_another_when_no_other_bookie_is_left(bookie_fleet, zk_connect, order):
     """BookKeeper's quarantine: a bookie that failed this writer is passed over while others can take a failed
     position, and chosen when none can. E=Qw=3, Qa=2 on four bookies: the first loss moves to the spare; the first
     victim comes back writable; when the spare fails too, the first victim is all that is left and takes its place
-    (the writer kept every failed bookie out for good: the ledger stayed on two replicas)."""
+    (the writer kept every failed bookie out for good: the ledger stayed on two replicas).
+
+    The second change lands after entry 11 was confirmed (a third segment from entry 12) or, when the replacer read
+    the LAC before entry 11's acks came, at entry 11 itself, where it changes the spare's segment in place (it held
+    no confirmed entry). Both are right; the test once assumed the first and flaked under load ("change-first" makes
+    that order certain by holding entry 11's acks back until the change is stored)."""
     by_id = {b.bookie_id: b for b in bookie_fleet.start(4)}
     async with BookKeeper(zk_connect, WriterSettings(replacement_retry=0.2)) as bk:
         writer = await bk.create_ledger(3, 3, 2)
@@ -268,10 +274,41 @@ async def test_a_bookie_that_failed_once_replaces_another_when_no_other_bookie_i
         spare = writer.metadata.segments[1].bookies[1]
         assert spare not in writer.metadata.segments[0].bookies
         by_id[first_victim].start().wait_ready()
+
+        async def first_victim_back() -> bool:
+            return writer.metadata.segments[-1].bookies[1] == first_victim
+
+        if order == "change-first":
+            held: list | None = []
+            on_answer = writer._on_answer
+
+            def hold_entry_11(position, bookie, add, error):
+                if add.entry_id == 11 and error is None and held is not None:
+                    held.append((position, bookie, add, error))
+                else:
+                    on_answer(position, bookie, add, error)
+
+            writer._on_answer = hold_entry_11
+            writer._set_ensemble(list(writer._ensemble))
+
+            async def release_after_the_change() -> None:
+                nonlocal held
+                await eventually(first_victim_back, timeout=30)
+                answers, held = held, None
+                for answer in answers:
+                    on_answer(*answer)
+
+            releasing = asyncio.ensure_future(release_after_the_change())
         by_id[spare].kill9()
-        await writer.append(b"11")
-        await eventually(lambda: segments(3), timeout=30)
-        assert writer.metadata.segments[2].bookies[1] == first_victim
+        appended = writer.append(b"11")
+        if order == "change-first":
+            await releasing
+        assert await appended == 11
+        await eventually(first_victim_back, timeout=30)
+        changed = writer.metadata.segments[-1]
+        assert changed.bookies[1] == first_victim and spare not in changed.bookies
+        assert changed.first_entry_id in (11, 12) and len(writer.metadata.segments) == changed.first_entry_id - 9
+        assert order == "acks-first" or changed.first_entry_id == 11
         assert await asyncio.gather(*(writer.append(b"%d" % i) for i in range(12, 20))) == list(range(12, 20))
         metadata = await writer.close()
         reader = await bk.open_ledger(writer.ledger_id)
