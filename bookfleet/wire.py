@@ -351,6 +351,16 @@ class Digester:
         mac.update(payload)
         return mac.digest()
 
+    def encode(
+        self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
+    ) -> bytes:
+        """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): the payload is copied once. The
+        writer's per-add call, so a CRC32C digest is computed here rather than through `digest`."""
+        header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
+        if self._crc:
+            return b"".join((prefix, header, _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header))), payload))
+        return b"".join((prefix, header, self.digest(header, payload), payload))
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
@@ -368,9 +378,8 @@ class DigestMismatch(ProtocolError):
 def encode_entry(
     digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
 ) -> bytes:
-    """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): the payload is copied once."""
-    header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
-    return b"".join((prefix, header, digester.digest(header, payload), payload))
+    """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): see Digester.encode."""
+    return digester.encode(ledger_id, entry_id, lac, length, payload, prefix)
 
 
 def entry_ids(entry: bytes | memoryview) -> tuple[int, int, int]:

@@ -145,9 +145,13 @@ class _ClientProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.can_write.clear()
+        if self.client is not None:
+            self.client.backed_up = True
 
     def resume_writing(self) -> None:
         self.can_write.set()
+        if self.client is not None:
+            self.client.backed_up = False
         waiting, self.on_writable = self.on_writable, []
         for callback in waiting:
             callback()
@@ -162,6 +166,8 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 _OK, _ADD_ENTRY, _RECOVERY_ADD = int(Status.OK), int(Op.ADD_ENTRY), int(wire.Flag.RECOVERY_ADD)
 """Plain ints for the per-add work (an enum attribute costs a lookup each time)."""
 _ACK_BODY_SIZE = wire.LEDGER_ENTRY.size
+_pack_frame_head, _HEADER_SIZE, _VERSION = wire.FRAME_HEAD.pack, wire.HEADER_SIZE, wire.PROTOCOL_VERSION
+"""wire.encode_request_head without its Python call, for every request."""
 _MAX_BODY_SIZE = wire.MAX_FRAME_SIZE - wire.HEADER_SIZE
 
 
@@ -183,6 +189,11 @@ class BookieClient:
         self._pending: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
         self._error: ConnectionError | None = None
+        self.closed = False
+        """Whether the connection failed or was closed. This and `backed_up` are plain attributes, not properties:
+        the ledger writer reads them for every add it sends."""
+        self.backed_up = not protocol.can_write.is_set()
+        """Whether more than WRITE_BUFFER_HIGH waits for the socket: a sender that respects backpressure waits."""
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
         self._loop = asyncio.get_running_loop()
@@ -222,15 +233,6 @@ class BookieClient:
         client = cls(address, transport, protocol)
         protocol.client = client
         return client
-
-    @property
-    def closed(self) -> bool:
-        return self._error is not None
-
-    @property
-    def backed_up(self) -> bool:
-        """Whether more than WRITE_BUFFER_HIGH waits for the socket: a sender that respects backpressure waits."""
-        return not self._protocol.can_write.is_set()
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Call `callback()` once the socket's buffer has drained or the connection is lost (on the next turn of the
@@ -351,7 +353,7 @@ class BookieClient:
         self._pending[request_id] = waiter
         if not self._outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing += (wire.encode_request_head(op, request_id, len(body), flags), body)
+        self._outgoing += (_pack_frame_head(_HEADER_SIZE + len(body), _VERSION, op, flags, request_id), body)
         self._outgoing_bytes += len(body)
         if self._outgoing_bytes >= FLUSH_BYTES:
             self._flush()
@@ -402,6 +404,7 @@ class BookieClient:
     def _fail(self, error: ConnectionError) -> None:
         if self._error is None:
             self._error = error
+            self.closed = True
         if not self._transport.is_closing():
             self._transport.close()
         pending, self._pending = self._pending, {}
