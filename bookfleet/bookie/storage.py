@@ -293,7 +293,9 @@ class LedgerStorage:
         if writer_epoch != state.writer_epoch:
             if writer_epoch > state.writer_epoch:
                 self._raise_epoch(state, ledger_id, writer_epoch)
-            elif not recovery:
+            elif not recovery or self._holds_other_copy(state, ledger_id, entry_id, entry):
+                # A recovery add or repair copy may fill in an entry and repeat one, never replace a newer
+                # writer's copy with an older writer's view of the ledger.
                 raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
         self._put(state, ledger_id, entry_id, lac, entry)
         synced = self._journal.append(RecordType.ADD, entry)
@@ -369,6 +371,13 @@ class LedgerStorage:
         self._check_open()
         if ledger_id not in self._ledgers:
             raise NoSuchLedger(ledger_id)
+        entry = self._stored(ledger_id, entry_id)
+        if entry is None:
+            raise NoSuchEntry(ledger_id, entry_id)
+        return entry
+
+    def _stored(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The newest copy of an entry: memtables first, then the entry log through the index."""
         entry = self._active.get(ledger_id, entry_id)
         if entry is None and self._flushing is not None:
             entry = self._flushing.get(ledger_id, entry_id)
@@ -380,10 +389,17 @@ class LedgerStorage:
             except sqlite3.Error as exc:
                 self._check_index(exc)
                 raise
-            if location is None:
-                raise NoSuchEntry(ledger_id, entry_id)
-            entry = self._entry_logger.read(*location)
+            if location is not None:
+                entry = self._entry_logger.read(*location)
         return entry
+
+    def _holds_other_copy(self, state: IndexedLedger, ledger_id: int, entry_id: int, entry: bytes) -> bool:
+        """Whether this bookie holds a copy of the entry that differs from `entry` (the rare case of a recovery
+        add of an older writer epoch: most fill in entries past the last one held and look nothing up)."""
+        if entry_id > state.last_entry:
+            return False
+        stored = self._stored(ledger_id, entry_id)
+        return stored is not None and stored != entry
 
     async def read_range(
         self, ledger_id: int, first: int, last: int, max_bytes: int, max_entries: int | None = None

@@ -11,22 +11,16 @@ import asyncio
 from kazoo.client import KazooClient
 
 from bookfleet import wire
-from bookfleet.client.connection import FencedError
-from bookfleet.client.errors import LedgerClosedError, LedgerFencedError, LedgerHeldError, LedgerWriteError
+from bookfleet.client.errors import LedgerHeldError
 from bookfleet.client.placement import PlacementPolicy, choose_ensemble
 from bookfleet.client.pool import BookiePool
-from bookfleet.client.reader import LedgerReader, LedgerReadError
+from bookfleet.client.reader import LedgerReader
 from bookfleet.client.recovery import recover_ledger
+from bookfleet.client.reopen import LedgerReopen
 from bookfleet.client.writer import LedgerWriter, WriterSettings
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.lease import WriterLease
-from bookfleet.meta.metadata import (
-    LedgerMetadata,
-    LedgerState,
-    MetadataStore,
-    MetadataVersionConflict,
-    new_metadata,
-)
+from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 
 
@@ -79,62 +73,16 @@ class BookKeeper:
         unconfirmed left behind), e.g. one `bookfleet ledger write` after another. One writer per ledger: refused
         with LedgerHeldError while another writer holds the ledger's lease (close or recover it to fence that
         writer). A ledger with entries past its LAC needs `recover_ledger` instead: only recovery may decide about
-        those.
-
-        The lease only keeps live writers apart; the fence is the writer epoch. The new writer takes the next one
-        by compare-and-set (so every change the previous writer tries on the metadata fails) and raises it on
-        enough of the last segment's bookies that no write set can give an older writer Qa acks any more, before
-        it looks at what the ledger holds: a previous writer that was paused or cut off past its lease gets FENCED
-        answers, never an acknowledgement for an entry id this writer is acknowledged for."""
-        metadata, version = self.metadata.read(ledger_id)
+        those. The lease only keeps live writers apart; what fences an earlier writer, paused or cut off past its
+        lease, and what keeps its unacknowledged entries away from this writer's is `LedgerReopen`'s."""
+        metadata, _ = self.metadata.read(ledger_id)
         check_password(ledger_id, metadata, password)
         lease = await self._lease(ledger_id)
         try:
-            metadata, version = await asyncio.to_thread(self._take_writer_epoch, ledger_id)
-            reader = LedgerReader(ledger_id, metadata, password, self.metadata, self.pool)
-            try:
-                lac, last = await reader.bookie_view(writer_epoch=metadata.writer_epoch)
-            except FencedError as exc:
-                raise LedgerFencedError(f"ledger {ledger_id} cannot be reopened: {exc.message}") from None
-            except LedgerReadError as exc:
-                raise LedgerWriteError(str(exc)) from None
-            if last > lac:
-                raise LedgerWriteError(
-                    f"ledger {ledger_id} has entries after its last confirmed entry {lac} from an earlier writer: "
-                    f"recover it instead"
-                )
-            length = (await reader.read(lac)).length if lac >= 0 else 0
+            return await LedgerReopen(ledger_id, password, self.metadata, self.pool, self.writer_settings).run(lease)
         except BaseException:
             await asyncio.to_thread(lease.release)
             raise
-        writer = LedgerWriter(
-            ledger_id,
-            metadata,
-            version,
-            password,
-            self.metadata,
-            self.pool,
-            self.writer_settings,
-            lac,
-            length,
-            lease=lease,
-        )
-        return await writer.start()
-
-    def _take_writer_epoch(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
-        """Store the open ledger's next writer epoch (compare-and-set, re-read on a conflict); returns the metadata
-        and version holding it."""
-        while True:
-            metadata, version = self.metadata.read(ledger_id)
-            if metadata.state == LedgerState.CLOSED:
-                raise LedgerClosedError(f"ledger {ledger_id} is closed")
-            if metadata.state == LedgerState.IN_RECOVERY:
-                raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
-            taken = metadata.with_next_writer_epoch()
-            try:
-                return taken, self.metadata.update(ledger_id, taken, version)
-            except MetadataVersionConflict:
-                continue
 
     async def _lease(self, ledger_id: int) -> WriterLease:
         lease = WriterLease(self.zk, ledger_id)

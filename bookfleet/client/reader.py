@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from bookfleet import wire
-from bookfleet.client.connection import BookieError, FencedError, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.client.pool import BookiePool
 from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
@@ -63,21 +63,12 @@ class LedgerReader:
             self.last_add_confirmed = self.metadata.last_entry_id
         return self.last_add_confirmed
 
-    async def bookie_view(self, writer_epoch: int | None = None) -> tuple[int, int]:
+    async def bookie_view(self) -> tuple[int, int]:
         """(highest LAC, highest last entry id) of the last segment's bookies, once their answers cover every
-        write quorum (or, when some stay silent for `timeout`, of those that answered).
-
-        With `writer_epoch` (a reopening writer's), each bookie first raises the ledger's writer epoch to it, and
-        the answers must cover every write quorum (else LedgerReadError): then no add of an older writer can reach
-        Qa any more, so the view holds every entry such a writer was ever acknowledged for. FencedError when a
-        bookie knows a newer epoch or the ledger is fenced."""
+        write quorum (or, when some stay silent for `timeout`, of those that answered)."""
         metadata = self.metadata
         bookies = metadata.segments[-1].bookies
-        asks = [
-            asyncio.ensure_future(self._bookie_view(position, bookie, writer_epoch))
-            for position, bookie in enumerate(bookies)
-        ]
-        covered = False
+        asks = [asyncio.ensure_future(self._bookie_view(position, bookie)) for position, bookie in enumerate(bookies)]
         answered: dict[int, tuple[int, int]] = {}
         errors: list[str] = []
         try:
@@ -85,13 +76,10 @@ class LedgerReader:
                 try:
                     position, view = await finished
                 except (BookieError, ConnectionError) as exc:
-                    if writer_epoch is not None and isinstance(exc, FencedError):
-                        raise  # another writer took the ledger since, or recovery did: nothing to wait for
                     errors.append(str(exc))
                     continue
                 answered[position] = view
-                covered = quorum_covered(set(answered), len(bookies), metadata.write_quorum, metadata.ack_quorum)
-                if covered:
+                if quorum_covered(set(answered), len(bookies), metadata.write_quorum, metadata.ack_quorum):
                     break
         except TimeoutError:
             pass
@@ -100,19 +88,10 @@ class LedgerReader:
                 ask.cancel()
         if not answered:
             raise LedgerReadError(f"no bookie of ledger {self.ledger_id} answered for its LAC ({'; '.join(errors)})")
-        if writer_epoch is not None and not covered:
-            raise LedgerReadError(
-                f"cannot raise the writer epoch of ledger {self.ledger_id} to {writer_epoch}: too few bookies of "
-                f"every write quorum answered ({'; '.join(errors) or 'the others were silent'})"
-            )
         return max(lac for lac, _ in answered.values()), max(last for _, last in answered.values())
 
-    async def _bookie_view(
-        self, position: int, bookie: str, writer_epoch: int | None
-    ) -> tuple[int, tuple[int, int]]:
+    async def _bookie_view(self, position: int, bookie: str) -> tuple[int, tuple[int, int]]:
         client = await self._pool.get(bookie)
-        if writer_epoch is not None:
-            return position, await client.raise_writer_epoch(self._master_key, self.ledger_id, writer_epoch)
         try:
             view = await client.read_lac_and_last(self.ledger_id)
         except NoSuchLedgerOnBookieError:

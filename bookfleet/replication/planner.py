@@ -38,6 +38,9 @@ class FragmentPlan:
     """Bookies of the fragment the lost-bookie rule declared lost (the marker's `lost_bookies`): the only ones
     repair may give up on. The other missing ones (a writer's missed entries, a replica check) may well answer."""
     digest_type: str = "crc32c"
+    writer_epoch: int = 0
+    """The ledger's writer epoch when planned, carried by the copies: a bookie that knows a newer one never lets them
+    replace a copy of its own (see `Storage.add_unpacked`)."""
     entry_size_hint: int = 1024
     """The ledger's average entry size, so a task sizes its reads without asking a bookie first."""
 
@@ -144,6 +147,7 @@ def plan_ledger(
                 replacements=replacements,
                 declared_lost=frozenset(fragment.bookies) & frozenset(declared_lost),
                 digest_type=str(metadata.digest_type),
+                writer_epoch=metadata.writer_epoch,
                 entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )
         )

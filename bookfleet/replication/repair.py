@@ -185,8 +185,9 @@ class FragmentCopier:
         self.connections = connections
         self.bucket = bucket
         self.digester = wire.Digester(plan.digest_type, settings.password)
-        self.add_prefix = wire.add_prefix(wire.master_key(settings.password), 0)
-        """Copies are recovery adds: a bookie neither checks their writer epoch nor raises its own with it."""
+        self.add_prefix = wire.add_prefix(wire.master_key(settings.password), plan.writer_epoch)
+        """Copies are recovery adds, accepted on a fenced ledger; their writer epoch keeps them from replacing a copy
+        that a newer writer made."""
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)
         # write sets repeat every E entries: look targets and replicas up by entry_id % E
         self.targets = [plan.targets(residue) for residue in range(plan.ensemble_size)]

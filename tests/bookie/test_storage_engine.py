@@ -21,8 +21,8 @@ from bookfleet.bookie.errors import (
     Unauthorized,
 )
 from bookfleet.bookie.storage import StorageSettings
-from bookfleet.wire import InvalidField, Status, master_key
-from tests.fixtures.storage import KEY, make_entry
+from bookfleet.wire import InvalidField, Status, encode_entry, master_key
+from tests.fixtures.storage import DIGESTER, KEY, make_entry
 
 OTHER_KEY = master_key(b"another password")
 
@@ -123,6 +123,25 @@ async def test_fencing_and_master_key_survive_restarts(open_storage):
     storage = await open_storage()  # now from the index
     with pytest.raises(LedgerFenced):
         await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+
+
+async def test_a_recovery_add_of_an_older_epoch_never_replaces_a_newer_writers_copy(open_storage):
+    """A recovery add or repair copy of an older writer epoch may fill in a missing entry or repeat a held one; it
+    must not overwrite what a newer writer stored under the same id, in the memtable or in the entry log."""
+    storage = await open_storage()
+    await add_all(storage, 1, range(2))
+    newer = encode_entry(DIGESTER, 1, 2, 1, 0, b"the newer writer's acknowledged entry 2")
+    await storage.add_entry(1, 2, newer, KEY, writer_epoch=3)
+    older = encode_entry(DIGESTER, 1, 2, 1, 0, b"an older writer's unacknowledged entry 2")
+    for where in ("the memtable", "the entry log"):
+        with pytest.raises(StaleWriterEpoch, match="writer epoch 2 is older than 3"):
+            await storage.add_entry(1, 2, older, KEY, recovery=True, writer_epoch=2)
+        assert await storage.read_entry(1, 2) == newer, where
+        await storage.add_entry(1, 2, newer, KEY, recovery=True, writer_epoch=2)  # the same copy again: accepted
+        await storage.flush()
+    await storage.add_entry(1, 3, make_entry(1, 3), KEY, recovery=True, writer_epoch=2)  # a missing one: filled in
+    await storage.add_entry(1, 2, older, KEY, recovery=True, writer_epoch=3)  # the ledger's own epoch may replace
+    assert await storage.read_entry(1, 2) == older
 
 
 async def test_writer_epoch_refuses_older_writers_and_survives_restarts(open_storage):

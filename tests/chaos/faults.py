@@ -9,6 +9,7 @@ be restarted; writers are `tests.chaos.writer` processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,11 +20,15 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
+from bookfleet import wire
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchLedgerOnBookieError
 from bookfleet.client.writeset import write_set
 from bookfleet.fleet import BookieProcess
 from bookfleet.meta import zk as zkclient
+from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.zkserver import ZooKeeperServer, free_port
+from tests.chaos.history import History, digest
 from tests.fixtures.netfault import LinkProxy
 
 BOOKIE_SESSION = 4.0
@@ -37,11 +42,18 @@ GRACE = 7.0
 """Seconds a bookie must have been reachable before a writer gives up for it to count against the writer: the add
 timeout plus slack (the writer cannot know of a bookie back for less than that)."""
 REJOIN_TIMEOUT = 120.0
+PASSWORD = b""
+"""The chaos writers' ledger password (create_ledger's default)."""
 """How long a healed bookie may take to register as writable again before the run fails."""
 
 
 class FaultyBookie(BookieProcess):
     """A bookie whose disk fails on SIGUSR1 (tests.chaos.faultybookie)."""
+
+    @property
+    def direct_address(self) -> str:
+        """Its own port, past its proxy: the harness's own calls are never partitioned."""
+        return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         args = super().command()
@@ -67,6 +79,8 @@ class Fleet:
         self.history_dir.mkdir(parents=True)
         self.injected: Counter[str] = Counter()
         self.takeovers = 0
+        self.stranded = History(self.history_dir / "stranded.history.jsonl", "stranded")
+        """The adds `_strand_next_entry` made: invoked, never answered (they may or may not take effect)."""
         self.registry: BookieRegistry | None = None
         """The harness's own view of the registrations (its own ZooKeeper session)."""
         self.rejoin_seconds: list[float] = []
@@ -187,6 +201,66 @@ class Fleet:
         self.paused_writers[name] = (paused_at, time.monotonic())
         await asyncio.sleep(rng.uniform(3, 6))  # it writes on, or tries to
         process.terminate()
+
+    async def take_over_past_a_down_bookie(self, rng) -> None:
+        """A writer change while a bookie of the write set is down holding an unacknowledged entry: the writer is
+        paused past its session, one bookie of its ledger's last segment alone takes an add of the next entry (an
+        add that reached only it, recorded as invoked and never answered), that bookie is killed, a new writer takes
+        the ledger over while it is down, and it comes back with its copy. The takeover writer's entry of that id is
+        acknowledged; the checker then sees whether a reader, the final recovery or a repair ever served the other."""
+        running = [name for name, process in self.writers.items() if process.poll() is None]
+        ledger_files = [self.history_dir / f"{name}.ledger" for name in running]
+        candidates = [(name, path) for name, path in zip(running, ledger_files, strict=True) if path.exists()]
+        if not candidates:
+            return
+        name, ledger_file = rng.choice(candidates)
+        ledger_id, process = int(ledger_file.read_text()), self.writers[name]
+        paused_at = time.monotonic()
+        os.kill(process.pid, signal.SIGSTOP)
+        await asyncio.sleep(0.5)  # what it sent is taken or not by now
+        holder = await self._strand_next_entry(ledger_id)
+        if holder is not None:
+            self._down(holder.bookie_id)
+            holder.kill9()
+        self.start_writer(take_over=ledger_id)
+        self.takeovers += 1
+        await asyncio.sleep(CLIENT_SESSION + rng.uniform(2, 4))  # the old lease expires; the new writer reopens
+        if holder is not None:
+            await self._restart(holder)
+        os.kill(process.pid, signal.SIGCONT)
+        self.paused_writers[name] = (paused_at, time.monotonic())
+        await asyncio.sleep(rng.uniform(3, 6))
+        process.terminate()
+
+    async def _strand_next_entry(self, ledger_id: int) -> FaultyBookie | None:
+        """Add the ledger's next entry to the first bookie of its write set alone (the ledger's own password, digest
+        and writer epoch) and return that bookie; None when the ledger is closed or a bookie of its last segment is
+        down (one of them might hold a later entry, and the stranded one must lie past every entry there is)."""
+        metadata, _ = await asyncio.to_thread(MetadataStore(self.registry.zk).read, ledger_id)
+        segment = metadata.segments[-1]
+        if metadata.is_closed or any(self._is_down(bookie) for bookie in segment.bookies):
+            return None
+        views = []
+        for bookie in segment.bookies:
+            async with await BookieClient.connect(self.bookies[bookie].direct_address) as client:
+                with contextlib.suppress(NoSuchLedgerOnBookieError):
+                    views.append(await client.read_lac_and_last(ledger_id))
+        lac = max((lac for lac, _ in views), default=-1)
+        last = max((last for _, last in views), default=-1)
+        entry_id = last + 1
+        holder = self.bookies[segment.bookies[write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)[0]]]
+        digester = wire.Digester(metadata.digest_type, PASSWORD)
+        async with await BookieClient.connect(holder.direct_address) as client:
+            length = wire.decode_entry(digester, await client.read_entry(ledger_id, last)).length if last >= 0 else 0
+            payload = b"stranded:%d:%d" % (ledger_id, entry_id)
+            op = self.stranded.invoke("add", ledger_id, entry=entry_id, digest=digest(payload))
+            entry = wire.encode_entry(digester, ledger_id, entry_id, lac, length + len(payload), payload)
+            try:
+                await client.add_entry(wire.master_key(PASSWORD), entry, writer_epoch=metadata.writer_epoch)
+            except BookieError as exc:  # fenced or reopened meanwhile: nothing stranded
+                self.stranded.fail(op, exc)
+                return None
+        return holder
 
     def up(self) -> list[str]:
         return [bookie for bookie in self.bookies if not self._is_down(bookie)]

@@ -2,7 +2,8 @@
 read ledgers while faults mixed at random from a logged seed hit the fleet — kill -9 and restart of bookies,
 SIGSTOP/SIGCONT of bookies past their ZooKeeper session, partitions between the clients and some bookies (blackhole
 or reset), ZooKeeper restarts, a full disk (read-only) and a failing disk (read-only on error), and, behind
-BOOKFLEET_CHAOS_WRITER_TAKEOVER, writers paused past their session whose ledger a new writer takes over. Every
+BOOKFLEET_CHAOS_WRITER_TAKEOVER, writers paused past their session whose ledger a new writer takes over (also while
+a bookie that alone holds an unacknowledged add of the old writer is down). Every
 operation is recorded with its invocation and completion; at the end every ledger is closed (recovered if open) and
 read back whole, and the porcupine checker (hack/history-checker) decides whether the history is legal for a
 single-writer append-only log. A run prints one JSON line; its histories (and, on a violation, porcupine's
@@ -53,7 +54,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
     started = time.monotonic()
     monkeypatch.setenv("PYTHONPATH", str(checker.ROOT))  # the bookie and writer processes import tests.chaos
     rounds = int(os.environ.get("BOOKFLEET_CHAOS_ROUNDS", 0)) or chaos_scale.pick(short=8, long=1000)
-    kinds = FAULTS + (["pause_writer"] if WRITER_TAKEOVER else [])
+    kinds = FAULTS + (["pause_writer", "take_over_past_a_down_bookie"] if WRITER_TAKEOVER else [])
     fleet = Fleet(tmp_path, seed)
     try:
         await fleet.start(

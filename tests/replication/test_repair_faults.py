@@ -16,12 +16,14 @@ from bookfleet import wire
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient
+from bookfleet.client.writeset import write_set
 from bookfleet.meta.metadata import LedgerState, MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.replication.auditor import mark_lost_bookie
 from bookfleet.replication.spark_repair import RepairJob, RepairSummary, run_repair
+from tests.fixtures.strandedentry import PASSWORD, copies_of, ledger_with_a_stranded_entry
 
 pytestmark = pytest.mark.spark
 
@@ -252,3 +254,33 @@ def test_a_bookie_a_writer_went_on_without_is_repaired_although_it_answers(spark
     assert MetadataStore(zk).read(ledger_id)[0].segments[0].bookies == (kept.bookie_id, spare.bookie_id)
     assert asyncio.run(entries_held(spare, ledger_id, 9)) == list(range(10))
     assert UnderReplication(zk).ledger_ids() == []
+
+
+def test_a_repair_after_a_reopen_copies_the_new_writers_entries_only(spark, zk, zk_connect, bookie_fleet):
+    """Writer B reopened a ledger while the bookie holding writer A's unacknowledged entry 11 was paused; later a
+    bookie of both segments is lost. Every copy the repair makes (one onto that very bookie, the only one left to
+    take a place in B's segment) is B's, and no replica anywhere in the metadata holds A's."""
+    bookies = {bookie.bookie_id: bookie for bookie in bookie_fleet.start(4)}
+    ledger_id, holder = asyncio.run(ledger_with_a_stranded_entry(zk_connect, bookies))
+
+    async def reopen_and_close() -> None:
+        async with BookKeeper(zk_connect) as bk:
+            writer = await bk.reopen_ledger(ledger_id, PASSWORD)
+            for entry_id in range(11, 16):
+                await writer.add(b"B-%d" % entry_id)
+            await writer.close()
+
+    with frozen(holder):
+        asyncio.run(reopen_and_close())
+    store = MetadataStore(zk)
+    lost = bookies[store.read(ledger_id)[0].segments[0].bookies[0]]
+    lost.kill9()
+    assert mark_lost_bookie(zk, lost.bookie_id) == [ledger_id]
+    summary = run_repair(zk_connect, password=PASSWORD)
+    assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {}), summary
+    repaired = store.read(ledger_id)[0]
+    assert lost.bookie_id not in {bookie for segment in repaired.segments for bookie in segment.bookies}
+    expected = [b"A-%d" % e for e in range(11)] + [b"B-%d" % e for e in range(11, 16)]
+    for entry_id, payload in enumerate(expected):
+        replicas = [repaired.segment_for(entry_id).bookies[p] for p in write_set(entry_id, 3, 3)]
+        assert asyncio.run(copies_of(bookies, ledger_id, entry_id, replicas)) == [payload] * 3, entry_id
