@@ -8,6 +8,11 @@ costs one read; before a miss is believed, the ZooKeeper session is synced and t
 talking to a lagging server never refuses a ledger its writer has just created. Whether a ledger is closed, which
 only the replicator may still add to (see `bookfleet.security.roles`), is read after a sync: a lagging server must
 not make a closed ledger look open.
+
+A read-only bookie takes a recovery add only if the ledger's stored metadata names it in the ensemble that stores the
+entry (`in_ensemble`): recovery re-adds a tail to the ensemble's own bookies and a repair fills in entries a bookie of
+the segment missed, but a new home for data (a recovery writer's or a repair's replacement, stored in the metadata only
+once its copies are in) must be writable. That is read after a sync too, and the entry ranges found are remembered.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ DEFAULT_CACHE_LEDGERS = 100_000
 class LedgerAdmission:
     """Checks ledger ids this bookie does not hold yet against ZooKeeper metadata."""
 
-    def __init__(self, zk: KazooClient, holds: Callable[[int], bool], cache_ledgers: int = DEFAULT_CACHE_LEDGERS):
+    def __init__(
+        self,
+        zk: KazooClient,
+        holds: Callable[[int], bool],
+        cache_ledgers: int = DEFAULT_CACHE_LEDGERS,
+        bookie_id: str | None = None,
+    ):
         if cache_ledgers <= 0:
             raise ValueError(f"the admission cache must hold at least one ledger, got {cache_ledgers}")
         self.zk = zk
@@ -38,6 +49,10 @@ class LedgerAdmission:
         """Whether storage already has the ledger (then it was admitted before, or replayed from the journal)."""
         self._existing: LRUCache[int, bool] = LRUCache(cache_ledgers)
         self._closed: LRUCache[int, bool] = LRUCache(cache_ledgers)
+        self.bookie_id = bookie_id
+        """This bookie's id, as segments name it (None: `in_ensemble` is never true)."""
+        self._spans: LRUCache[int, tuple[tuple[int, int | None], ...]] = LRUCache(cache_ledgers)
+        """Per ledger, the entry ranges (first, last or None: open-ended) of the segments that name this bookie."""
         self._lookups: dict[tuple[int, bool], asyncio.Future[LedgerMetadata | None]] = {}
 
     def admitted(self, ledger_id: int) -> bool:
@@ -55,6 +70,18 @@ class LedgerAdmission:
             return True
         metadata = await self._lookup(ledger_id, sync_first=True)
         return metadata is not None and metadata.is_closed
+
+    async def in_ensemble(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the ledger's stored metadata names this bookie in the ensemble that stores `entry_id`. Ranges are
+        remembered once found: a remembered one outlived only by a later ensemble change or repair can let in a copy
+        of an entry this bookie's segment once held, never make it a new home; a miss is asked again."""
+        spans = self._spans.get(ledger_id, ())
+        if not _covers(spans, entry_id):
+            metadata = await self._lookup(ledger_id, sync_first=True)
+            spans = () if metadata is None else _spans_naming(metadata, self.bookie_id)
+            if spans:
+                self._spans[ledger_id] = spans
+        return _covers(spans, entry_id)
 
     def _lookup(self, ledger_id: int, sync_first: bool) -> asyncio.Future[LedgerMetadata | None]:
         """One ZooKeeper lookup per ledger id (and kind) at a time, shared by every request that waits for it."""
@@ -92,6 +119,18 @@ class LedgerAdmission:
         else:
             self.zk.get_async(path).rawlink(first_read)
         return pending
+
+
+def _spans_naming(metadata: LedgerMetadata, bookie_id: str | None) -> tuple[tuple[int, int | None], ...]:
+    return tuple(
+        (fragment.first_entry_id, fragment.last_entry_id)
+        for fragment in metadata.fragments()
+        if bookie_id in fragment.bookies
+    )
+
+
+def _covers(spans: tuple[tuple[int, int | None], ...], entry_id: int) -> bool:
+    return any(first <= entry_id and (last is None or entry_id <= last) for first, last in spans)
 
 
 def _parse(answer) -> LedgerMetadata | BaseException | None:

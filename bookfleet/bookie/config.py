@@ -28,6 +28,9 @@ class BookieConfig:
     disk_quota: int | None = None
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
+    disk_usage_recovery_limit: float | None = None
+    """Past the threshold, recovery adds of the bookie's own ledgers still go in up to this usage (the reserve the
+    threshold keeps for them); None: halfway between the threshold and a full disk."""
     disk_check_interval: float = 2.0
     gc_interval: float = 60.0
     gc_grace: float = 60.0
@@ -54,6 +57,13 @@ class BookieConfig:
             raise ValueError(
                 f"need 0 < --disk-usage-lwm ({self.disk_usage_lwm}) <= --disk-usage-threshold "
                 f"({self.disk_usage_threshold}) <= 1"
+            )
+        if self.disk_usage_recovery_limit is None:
+            self.disk_usage_recovery_limit = (self.disk_usage_threshold + 1) / 2
+        if not self.disk_usage_threshold <= self.disk_usage_recovery_limit <= 1:
+            raise ValueError(
+                f"need --disk-usage-threshold ({self.disk_usage_threshold}) <= --disk-usage-recovery-limit "
+                f"({self.disk_usage_recovery_limit}) <= 1"
             )
         if self.disk_quota is not None and self.disk_quota <= 0:
             raise ValueError(f"--disk-quota must be a positive number of bytes, not {self.disk_quota}")
@@ -90,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _tunable(parser, "disk_quota", "bytes of ledger storage allowed (usage = used / quota)", int)
     _tunable(parser, "disk_usage_threshold", "turn read-only above this usage")
     _tunable(parser, "disk_usage_lwm", "turn writable again below this usage")
+    _tunable(
+        parser, "disk_usage_recovery_limit",
+        "read-only past the threshold, still take recovery adds of its own ledgers up to this usage "
+        "(default: halfway between the threshold and 1)", float,
+    )
     _tunable(parser, "disk_check_interval", "seconds between disk checks")
     _tunable(parser, "gc_interval", "seconds between garbage collections")
     _tunable(parser, "gc_grace", "never collect a ledger this process has known for less (seconds)")

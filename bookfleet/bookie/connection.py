@@ -292,7 +292,8 @@ class Connection(asyncio.Protocol):
         """Apply the ADD_ENTRY request framed in buffer[start:end] at once and answer it with its group commit (the
         adds of one commit together). Every field comes from one unpack and the entry is copied once, straight out
         of the receive buffer. Unless `checked` (by _dispatch), a request that needs more than that (another
-        protocol version, TLS roles, an admission lookup, a bookie shutting down, too short) goes to _dispatch."""
+        protocol version, TLS roles, an admission lookup, a bookie shutting down or read-only, too short) goes to
+        _dispatch."""
         server = self.server
         if end - start < _ENTRY_OFFSET + wire.ENTRY_HEADER.size:
             if not checked:
@@ -308,6 +309,7 @@ class Connection(asyncio.Protocol):
             version != _VERSION
             or self.principal is not None
             or server.stopping
+            or server.read_only is not None
             or (server.admission is not None and not server.admission.admitted(ledger_id))
         ):
             self._dispatch(buffer, start, end)

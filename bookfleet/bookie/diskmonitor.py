@@ -2,6 +2,10 @@
 
 Usage is the filesystem usage of the ledger dir, or, with a quota, the storage's own bytes over the quota: that is
 what a PVC size means on Kubernetes, and it lets tests fill a "disk" in a few kilobytes.
+
+Between the threshold and `recovery_limit` lies the reserve for recovery adds (BookKeeper's high-priority writes on a
+read-only bookie): each check measures how many bytes of it are left, and every recovery add taken since is charged
+against that at once, so a burst of them between two checks cannot pass the limit together.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+RESERVED_COPIES = 2
+"""A recovery add is charged twice its size until the next check measures it: its journal record and, once the
+memtable is flushed, its entry-log copy."""
+
 
 class DiskMonitor:
     """Polls usage every `interval` seconds and calls `on_change(read_only, free, total)` when anything moved."""
@@ -25,6 +33,7 @@ class DiskMonitor:
         on_change: Callable[[bool, int, int], None],
         threshold: float,
         low_water_mark: float,
+        recovery_limit: float,
         quota: int | None = None,
         interval: float = 2.0,
     ):
@@ -33,11 +42,15 @@ class DiskMonitor:
         self.on_change = on_change
         self.threshold = threshold
         self.low_water_mark = low_water_mark
+        self.recovery_limit = recovery_limit
         self.quota = quota
         self.interval = interval
         self.read_only = False
         self.free_bytes = 0
         self.total_bytes = 0
+        self.reserve_left = 0
+        """Bytes recovery adds may still take before usage reaches `recovery_limit` (as of the last check, less
+        what they took since)."""
         self._task: asyncio.Task | None = None
 
     def space(self) -> tuple[int, int]:
@@ -54,6 +67,7 @@ class DiskMonitor:
             total = stat.f_blocks * stat.f_frsize
             free = stat.f_bavail * stat.f_frsize
         usage = 1 - free / total if total else 1.0
+        self.reserve_left = max(0, int(total * self.recovery_limit) - (total - free))
         read_only = self.read_only
         if not read_only and usage > self.threshold:
             log.warning("disk usage %.1f%% above %.1f%%: turning read-only", usage * 100, self.threshold * 100)
@@ -65,6 +79,14 @@ class DiskMonitor:
         if read_only != self.read_only or moved or total != self.total_bytes:
             self.read_only, self.free_bytes, self.total_bytes = read_only, free, total
             self.on_change(read_only, free, total)
+
+    def take_reserve(self, entry_bytes: int) -> bool:
+        """Whether a recovery add of `entry_bytes` still fits under `recovery_limit`; if so its room is taken."""
+        charge = entry_bytes * RESERVED_COPIES
+        if charge > self.reserve_left:
+            return False
+        self.reserve_left -= charge
+        return True
 
     def start(self) -> None:
         self.check()

@@ -116,6 +116,7 @@ class BookieNode:
             self._on_disk_change,
             config.disk_usage_threshold,
             config.disk_usage_lwm,
+            config.disk_usage_recovery_limit,
             config.disk_quota,
             config.disk_check_interval,
         )
@@ -126,10 +127,11 @@ class BookieNode:
             config.limits,
             tls=_tls_context(config),
             admission=(
-                LedgerAdmission(zk, self.storage.has_ledger, config.admission_cache_ledgers)
+                LedgerAdmission(zk, self.storage.has_ledger, config.admission_cache_ledgers, config.bookie_id)
                 if config.verify_ledgers
                 else None
             ),
+            reserve=monitor.take_reserve,
         )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
         self.read_only.set_storage_failure(self.storage.failure)
@@ -166,10 +168,12 @@ class BookieNode:
             self.read_only.set_storage_failure(reason)
 
     def _on_read_only_change(self, reason: str | None) -> None:
-        """The disk monitor or ZooKeeper switched the bookie: adds, GET_BOOKIE_INFO and registration follow."""
+        """The disk monitor, ZooKeeper or a storage failure switched the bookie: adds (recovery adds by the kind of
+        read-only), GET_BOOKIE_INFO and registration follow."""
         self.metrics.read_only.set(int(reason is not None))
         if self.server is not None:
             self.server.read_only = reason
+            self.server.takes_recovery_adds = self.read_only.takes_recovery_adds()
         if self.registration is not None:
             self.registration.update(read_only=reason is not None)
 

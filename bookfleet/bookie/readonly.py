@@ -3,6 +3,11 @@ its storage failed (a journal write or sync error).
 
 The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
+
+Read-only is not the same for every reason. A full disk or a forced switch (an operator, a drain) leaves the storage
+sound, so the bookie still takes recovery adds of its own ledgers within the disk's reserve (bookie/server.py), as
+BookKeeper's read-only bookies take high-priority adds: else a ledger whose ensemble has no writable spare could never
+be closed. Storage that failed takes none: nothing it acknowledged could be trusted.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class ReadOnlyState:
         if self.forced is not None:
             reasons.append(f"forced read-only in ZooKeeper ({self.forced or 'no reason given'})")
         return "; ".join(reasons) or None
+
+    def takes_recovery_adds(self) -> bool:
+        """Whether recovery adds may go into the disk's reserve while the bookie is read-only (see the module)."""
+        return self.storage_failure is None
 
     async def start(self) -> None:
         """Read the switch and watch it. Its first value is applied before this returns: the watch's first callback

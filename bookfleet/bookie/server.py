@@ -15,6 +15,9 @@ A frame that breaks the format gets one error answer and closes that connection 
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
 every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
 not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
+A read-only bookie refuses adds, but a recovery add (RECOVERY_ADD) of an entry whose stored ensemble names it goes into
+the disk's reserve while there is room (`reserve`) and the kind of read-only allows it (`takes_recovery_adds`: not a
+failed storage; bookie/readonly.py): such an add waits for that lookup like one waiting for admission.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class BookieServer:
         limits: ServerLimits | None = None,
         tls: ReloadingContext | None = None,
         admission: LedgerAdmission | None = None,
+        reserve: Callable[[int], bool] | None = None,
     ):
         self.storage = storage
         self.metrics = metrics
@@ -87,6 +91,11 @@ class BookieServer:
         self.tls = tls
         self.admission = admission
         self.read_only: str | None = None
+        self.takes_recovery_adds = True
+        """While read-only, whether recovery adds may use the disk's reserve (ReadOnlyState.takes_recovery_adds)."""
+        self.reserve = reserve
+        """`reserve(entry_bytes)`: whether a recovery add fits the disk's reserve, taking its room (DiskMonitor's
+        take_reserve); None: a read-only bookie takes no recovery add."""
         self.stopping = False
         self._long_polls = 0
         self.connections: set[Connection] = set()
@@ -167,12 +176,13 @@ class BookieServer:
 
     def apply_add(
         self, request: bytearray, start: int, end: int, master_key: bytes, flags: int, writer_epoch: int,
-        ledger_id: int, entry_id: int, lac: int,
+        ledger_id: int, entry_id: int, lac: int, reserved: bool = False,
     ) -> asyncio.Future[None]:
         """The one way an add reaches storage: the ADD_ENTRY request in request[start:end] (from its header on),
         whose fields the caller unpacked in one go, applied at once; returns the future of its group commit. The
-        entry is copied once, straight out of the receive buffer."""
-        if self.read_only is not None:
+        entry is copied once, straight out of the receive buffer. `reserved`: a recovery add granted room in the
+        disk's reserve (`_reserve_room`), taken even while read-only."""
+        if self.read_only is not None and not reserved:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
         with memoryview(request) as view:
             entry = bytes(view[start + _ENTRY_OFFSET : end])
@@ -181,13 +191,18 @@ class BookieServer:
         )
 
     def _add_needs_check(self, ledger_id: int, flags: int, principal: roles.Principal | None) -> bool:
-        """Whether an add must wait for ZooKeeper: a ledger not admitted yet, or a client's recovery add (allowed
-        only while the ledger is not closed)."""
+        """Whether an add must wait for ZooKeeper: a ledger not admitted yet, a client's recovery add (allowed
+        only while the ledger is not closed), or a recovery add to a read-only bookie (allowed only to the ensemble's
+        own bookies)."""
         if self.admission is None:
             return False
         if not self.admission.admitted(ledger_id):
             return True
-        return bool(flags & _RECOVERY_ADD) and principal is not None and not principal.has(*roles.CLOSED_LEDGER_WRITERS)
+        if not flags & _RECOVERY_ADD:
+            return False
+        return self.read_only is not None or (
+            principal is not None and not principal.has(*roles.CLOSED_LEDGER_WRITERS)
+        )
 
     async def _checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
         """An add that waits for the admission lookup first (`request`: its frame from the header on, copied out of
@@ -199,8 +214,25 @@ class BookieServer:
                 roles.authorize_closed_ledger_add(principal, ledger_id)
             except roles.Forbidden as exc:
                 raise errors.RoleForbidden(str(exc)) from None
-        await self.apply_add(request, 0, len(request), key, flags, epoch, ledger_id, entry_id, lac)
+        reserved = self.read_only is not None and await self._reserve_room(flags, ledger_id, entry_id, request)
+        await self.apply_add(request, 0, len(request), key, flags, epoch, ledger_id, entry_id, lac, reserved)
         return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
+
+    async def _reserve_room(self, flags: int, ledger_id: int, entry_id: int, request: bytearray) -> bool:
+        """Room in the disk's reserve for a recovery add to this read-only bookie, or ReadOnly saying why not: not a
+        recovery add, failed storage, an entry whose stored ensemble does not name this bookie (a new home must be
+        writable), or the reserve used up (its hard limit keeps the disk from filling up)."""
+        refused = f"bookie is read-only: {self.read_only}"
+        if not flags & _RECOVERY_ADD or not self.takes_recovery_adds or self.reserve is None:
+            raise errors.ReadOnly(refused)
+        if not await self.admission.in_ensemble(ledger_id, entry_id):
+            raise errors.ReadOnly(
+                f"{refused}; it takes recovery adds only of entries whose stored ensemble names it, and ledger "
+                f"{ledger_id}'s does not name it for entry {entry_id}"
+            )
+        if not self.reserve(len(request) - _ENTRY_OFFSET):
+            raise errors.ReadOnly(f"{refused}; its disk reserve for recovery adds is used up")
+        return True
 
     async def _read_entry(self, frame: wire.Frame, conn: Connection) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")

@@ -19,7 +19,9 @@ def register(subparsers) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
     readonly = actions.add_parser(
-        "readonly", help="force a bookie read-only (adds refused, reads served) or lift it with --clear"
+        "readonly",
+        help="force a bookie read-only (new adds refused; recovery adds of its own ledgers and reads served) or lift "
+        "it with --clear",
     )
     add_zk_argument(readonly)
     readonly.add_argument("bookie_id", metavar="ID", help="the bookie's id")

@@ -94,3 +94,19 @@ def test_what_admission_remembers_is_bounded_least_recently_used_first():
 
     asyncio.run(ask(admission.closed, 1, 2, 1, 3))
     assert asyncio.run(ask(admission.closed, 1, 2)) == [("sync", zkpaths.ledger(2)), ("get", zkpaths.ledger(2))]
+
+
+def test_ensemble_membership_is_read_after_a_sync_per_segment_and_its_ranges_remembered():
+    """What a read-only bookie asks before a recovery add: b2 stores entries 0-4 only (b4 took its place from 5)."""
+    changed = METADATA.with_ensemble_change(5, 1, "b4")
+    zk = LaggingZooKeeper(changed.to_json(), lagging=True)
+    admission = LedgerAdmission(zk, holds=lambda ledger_id: True, bookie_id="b2")
+
+    async def ask(entry_id: int) -> tuple[bool, list[str]]:
+        zk.calls.clear()
+        return await admission.in_ensemble(LEDGER, entry_id), [call for call, _ in zk.calls]
+
+    assert asyncio.run(ask(3)) == (True, ["sync", "get"])  # a lagging server cannot hide the newest segment
+    assert asyncio.run(ask(4)) == (True, [])  # remembered
+    assert asyncio.run(ask(5)) == (False, ["sync", "get"])  # a new home: asked again, and refused
+    assert not asyncio.run(LedgerAdmission(zk, holds=lambda ledger_id: True).in_ensemble(LEDGER, 0))  # no own id

@@ -19,6 +19,7 @@ from bookfleet.bookie.registration import Registration
 from bookfleet.client.connection import BookieClient, ReadOnlyError
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
+from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.zkserver import free_port
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 from tests.fixtures.storage import corrupt_index
@@ -68,6 +69,25 @@ async def test_a_journal_write_error_turns_the_bookie_read_only_at_once_and_says
         # One transaction moved it: the writable node went at the zxid that created the read-only one.
         assert zk.exists(zkpaths.AVAILABLE).pzxid == zk.exists(zkpaths.readonly(config.bookie_id)).czxid
         assert await client.read_entry(1, 0) == encode_test_entry(1, 0, b"before")  # reads go on
+        monkeypatch.undo()  # before the bookie's own stop
+
+
+async def test_a_bookie_whose_storage_failed_takes_no_recovery_add(zk_connect, zk, tmp_path, monkeypatch):
+    """Unlike a full disk or a forced switch, failed storage keeps no reserve for recovery adds (bookie/readonly.py):
+    refused as read-only, even for a ledger whose ensemble names the bookie."""
+    config = BookieConfig("failed-bookie", free_port(), tmp_path / "journal", tmp_path / "ledgers", zk_connect)
+    ledger_id = MetadataStore(zk).create(new_metadata([config.bookie_id], 1, 1))
+    async with registered_bookie(config, zk), await BookieClient.connect(config.advertised_address) as client:
+        assert await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 0, b"before")) == (ledger_id, 0)
+
+        def broken_disk(fd: int) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "fdatasync", broken_disk)
+        with pytest.raises(Exception, match="journal write failed"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 1, b"lost disk"))
+        with pytest.raises(ReadOnlyError, match=r"storage failed \(journal write or sync failed"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(ledger_id, 1, b"recovered"), recovery=True)
         monkeypatch.undo()  # before the bookie's own stop
 
 
