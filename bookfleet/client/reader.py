@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from bookfleet import wire
@@ -20,7 +21,10 @@ from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 5.0
-"""How long a replica may stay silent before a read fails over to the next one."""
+"""How long a replica may stay silent before a read fails over to the next one (a reader's `timeout`)."""
+SILENT_FOR = 60.0
+"""How long a replica that let a read time out is asked last by the same reader (BookKeeper keeps its bookie failure
+history as long): a silent bookie then costs a reader one read timeout, not one for every entry it is first for."""
 READ_BATCH = 256
 """Entries read concurrently by `entries()`: enough to pipeline, little enough to bound memory."""
 
@@ -52,6 +56,8 @@ class LedgerReader:
         self._master_key = wire.master_key(password)
         self.last_add_confirmed = metadata.last_entry_id if metadata.is_closed else wire.INVALID_ENTRY_ID
         self.timeout = READ_TIMEOUT
+        self._silent: dict[str, float] = {}
+        """Replicas that let a read time out, asked last for a while (see `read_entry`)."""
 
     async def read_lac(self) -> int:
         """The LAC now: lastEntryId of a closed ledger, else the highest one the last segment's bookies know."""
@@ -113,12 +119,17 @@ class LedgerReader:
                 f"{self.last_add_confirmed}"
             )
         try:
-            return await read_entry(self._pool, self._digester, self.ledger_id, self.metadata, entry_id)
+            return await self._read_entry(entry_id)
         except EntryUnavailable:
             if self.metadata.is_closed:
                 raise
             await self.refresh()  # a newer segment may hold it
-            return await read_entry(self._pool, self._digester, self.ledger_id, self.metadata, entry_id)
+            return await self._read_entry(entry_id)
+
+    async def _read_entry(self, entry_id: int) -> wire.Entry:
+        return await read_entry(
+            self._pool, self._digester, self.ledger_id, self.metadata, entry_id, self.timeout, silent=self._silent
+        )
 
     async def entries(self, first: int = 0, last: int | None = None) -> AsyncIterator[wire.Entry]:
         """Entries first..last in order (last defaults to the LAC; beyond it is an error)."""
@@ -145,26 +156,42 @@ class LedgerReader:
                 return
             await self._wait_for_lac(poll_timeout)
 
-    async def _wait_for_lac(self, timeout: float) -> None:
+    async def _wait_for_lac(self, poll_timeout: float) -> None:
+        """Long-poll the last segment's bookies for a LAC past the known one. A poll gets `poll_timeout` plus the
+        read timeout to answer, and unmoved answers that cover every write quorum are enough (`bookie_view`'s rule):
+        a silent bookie (stopped, a stalled VM: connected, answering nothing) holds up no loop of `tail`."""
+        metadata = self.metadata
         previous = self.last_add_confirmed
-        bookies = self.metadata.segments[-1].bookies
-        polls = [asyncio.ensure_future(self._poll(bookie, previous, timeout)) for bookie in bookies]
+        bookies = metadata.segments[-1].bookies
+        polls = [
+            asyncio.ensure_future(self._poll(position, bookie, previous, poll_timeout))
+            for position, bookie in enumerate(bookies)
+        ]
+        answered: set[int] = set()
         try:
-            for finished in asyncio.as_completed(polls):
-                lac = await finished
+            for finished in asyncio.as_completed(polls, timeout=poll_timeout + self.timeout):
+                position, lac = await finished
+                if lac is None:
+                    continue
                 if lac > previous:
                     self.last_add_confirmed = lac
                     return
+                answered.add(position)
+                if quorum_covered(answered, len(bookies), metadata.write_quorum, metadata.ack_quorum):
+                    break
+        except TimeoutError:
+            pass
         finally:
             for poll in polls:
                 poll.cancel()
         await self.read_lac()  # nothing moved: the writer may have changed ensemble or closed the ledger
 
-    async def _poll(self, bookie: str, previous: int, timeout: float) -> int:
+    async def _poll(self, position: int, bookie: str, previous: int, timeout: float) -> tuple[int, int | None]:
+        """(position, the bookie's LAC once past `previous` or `timeout` is over; None if it failed)."""
         try:
-            return await (await self._pool.get(bookie)).read_lac(self.ledger_id, previous, timeout)
+            return position, await (await self._pool.get(bookie)).read_lac(self.ledger_id, previous, timeout)
         except (BookieError, ConnectionError):
-            return wire.INVALID_ENTRY_ID
+            return position, None
 
 
 async def read_entry(
@@ -175,13 +202,21 @@ async def read_entry(
     entry_id: int,
     timeout: float = READ_TIMEOUT,
     fence_key: bytes | None = None,
+    silent: dict[str, float] | None = None,
 ) -> wire.Entry:
     """Entry `entry_id` from the first replica of its write set that has it intact; recovery shares this and
-    passes `fence_key`, so every replica it asks is fenced before it answers (see `BookieClient.read_entry`)."""
+    passes `fence_key`, so every replica it asks is fenced before it answers (see `BookieClient.read_entry`).
+
+    `silent` (bookie -> until when, in time.monotonic()) is the caller's memory of replicas that let a read time
+    out: they are asked last, and one that does it again is added."""
     bookies = metadata.segment_for(entry_id).bookies
     reasons: dict[str, str] = {}
     missing = 0
-    for position in write_set(entry_id, metadata.ensemble_size, metadata.write_quorum):
+    positions = write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)
+    if silent:
+        now = time.monotonic()
+        positions.sort(key=lambda position: silent.get(bookies[position], 0.0) > now)
+    for position in positions:
         bookie = bookies[position]
         try:
             client = await pool.get(bookie)
@@ -191,8 +226,13 @@ async def read_entry(
             missing += 1
             reasons[bookie] = exc.message
             continue
-        except (BookieError, ConnectionError, wire.ProtocolError, TimeoutError) as exc:
-            reasons[bookie] = str(exc) or f"no answer within {timeout:.0f}s"
+        except TimeoutError:
+            reasons[bookie] = f"no answer within {timeout:g}s"
+            if silent is not None:
+                silent[bookie] = time.monotonic() + SILENT_FOR
+            continue
+        except (BookieError, ConnectionError, wire.ProtocolError) as exc:
+            reasons[bookie] = str(exc)
             continue
         if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
             reasons[bookie] = f"answered with ledger {entry.ledger_id} entry {entry.entry_id}"

@@ -26,6 +26,7 @@ writer's copies, never a segment that only a failed recovery wrote to.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from bookfleet import wire
@@ -70,9 +71,11 @@ async def recover_ledger(
     # Entries before the last segment were confirmed when the writer opened that segment (at its LAC + 1).
     fenced_lac = await _fence(ledger_id, metadata, master_key, digester, pool, fence_timeout)
     lac = max(fenced_lac, metadata.segments[-1].first_entry_id - 1)
+    # one memory of silent replicas for every read: a bookie that lets one time out is asked last by the rest
+    read = functools.partial(read_entry, pool, digester, ledger_id, metadata, fence_key=master_key, silent={})
     length = 0
     if lac >= 0:
-        length = (await read_entry(pool, digester, ledger_id, metadata, lac, fence_key=master_key)).length
+        length = (await read(lac)).length
     settings = settings or WriterSettings()
     writer = LedgerWriter(ledger_id, metadata, version, password, store, pool, settings, lac, length, recovery=True)
     quorum_missing = metadata.write_quorum - metadata.ack_quorum + 1
@@ -80,7 +83,7 @@ async def recover_ledger(
         while True:
             entry_id = writer.last_add_confirmed + 1
             try:
-                entry = await read_entry(pool, digester, ledger_id, metadata, entry_id, fence_key=master_key)
+                entry = await read(entry_id)
             except EntryUnavailable as exc:
                 if exc.missing >= quorum_missing:
                     break

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import os
 import re
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -26,20 +24,8 @@ from bookfleet.meta import bookiestate
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import LedgerState, NoSuchLedgerError, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
-from tests.fixtures.bookies import http_get, stored_entries
+from tests.fixtures.bookies import http_get, paused, stored_entries
 from tests.fixtures.waiting import eventually
-
-
-@contextlib.contextmanager
-def paused(*bookies) -> Iterator[None]:
-    """SIGSTOP: the bookie keeps its connections but answers nothing until SIGCONT."""
-    for bookie in bookies:
-        os.kill(bookie.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for bookie in bookies:
-            os.kill(bookie.process.pid, signal.SIGCONT)
 
 
 async def test_entries_are_striped_over_the_ensemble(bookie_fleet, zk_connect):
