@@ -1,5 +1,6 @@
 """Whether the bookie takes adds: read-only while its disk is too full, while ZooKeeper forces it, and for good once
-its storage failed (a journal write or sync error).
+its storage failed (a journal write or sync error) or its journal lost synced records (it cannot vouch for anything
+it lacks, a new ledger's entries included, so no writer should place a ledger on it).
 
 The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
@@ -36,6 +37,7 @@ class ReadOnlyState:
         self.on_change = on_change
         self.disk_full = False
         self.storage_failure: str | None = None
+        self.journal_damage: str | None = None
         self.forced: str | None = None
         """The switch's reason while ZooKeeper forces the bookie read-only."""
         self._loop = asyncio.get_running_loop()
@@ -45,6 +47,8 @@ class ReadOnlyState:
         reasons = [DISK_FULL] if self.disk_full else []
         if self.storage_failure is not None:
             reasons.append(f"its storage failed ({self.storage_failure})")
+        if self.journal_damage is not None:
+            reasons.append(f"its journal lost synced records ({self.journal_damage})")
         if self.forced is not None:
             reasons.append(f"forced read-only in ZooKeeper ({self.forced or 'no reason given'})")
         return "; ".join(reasons) or None
@@ -65,6 +69,10 @@ class ReadOnlyState:
         if reason is not None and self.storage_failure is None:
             before, self.storage_failure = self.reason(), reason
             self._changed(before)
+
+    def set_journal_damage(self, damage: str | None) -> None:
+        before, self.journal_damage = self.reason(), damage
+        self._changed(before)
 
     def set_disk_full(self, full: bool) -> None:
         before, self.disk_full = self.reason(), full
