@@ -64,15 +64,20 @@ async def test_stop_under_pipelined_load_loses_no_acknowledged_entry(bookie_flee
             assert not missing, f"ledger {ledger_id}: acknowledged entries lost or changed: {missing[:10]}"
 
 
-async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
-    # No timed flush: every entry lives only in the journal when the process dies.
+async def killed_with_entries_in_its_journal(bookie_fleet):
+    """A bookie without timed flushes given entries 0-19 of ledger 4, then killed -9: every entry lives only in its
+    journal, nothing checkpointed. Returns the bookie and the entries."""
     (bookie,) = bookie_fleet.start(1, flush_interval=3600)
     entries = [encode_test_entry(4, i, os.urandom(500)) for i in range(20)]
     async with await BookieClient.connect(bookie.address) as client:
         for entry in entries:
             await client.add_entry(MASTER_KEY, entry)
     bookie.kill9()
+    return bookie, entries
 
+
+async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
+    bookie, entries = await killed_with_entries_in_its_journal(bookie_fleet)
     newest = journal_path(bookie.journal_dir, journal_seqs(bookie.journal_dir)[-1])
     size = newest.stat().st_size
     with open(newest, "r+b") as journal:
@@ -96,12 +101,7 @@ async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
 async def test_a_damaged_journal_is_loud_and_never_answers_no_such_entry(bookie_fleet, zk):
     """A flipped byte amid a synced journal file of a stopped bookie, before any checkpoint: it restarts read-only,
     serves what it kept and answers UNKNOWN_LEDGER_STATE for what it lacks, never NO_SUCH_ENTRY."""
-    (bookie,) = bookie_fleet.start(1, flush_interval=3600)
-    entries = [encode_test_entry(4, i, os.urandom(500)) for i in range(20)]
-    async with await BookieClient.connect(bookie.address) as client:
-        for entry in entries:
-            await client.add_entry(MASTER_KEY, entry)
-    bookie.kill9()
+    bookie, entries = await killed_with_entries_in_its_journal(bookie_fleet)
     damage_journal_record(bookie.journal_dir, 4, 7)
 
     bookie.start().wait_ready()
