@@ -5,10 +5,11 @@ it lacks, a new ledger's entries included, so no writer should place a ledger on
 The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
 
-Read-only is not the same for every reason. A full disk or a forced switch (an operator, a drain) leaves the storage
-sound, so the bookie still takes recovery adds of its own ledgers within the disk's reserve (bookie/server.py), as
-BookKeeper's read-only bookies take high-priority adds: else a ledger whose ensemble has no writable spare could never
-be closed. Storage that failed takes none: nothing it acknowledged could be trusted.
+Read-only is not the same for every reason. A full disk, a forced switch (an operator, a drain) or a journal that
+lost old records leaves the storage sound, so the bookie still takes recovery adds of its own ledgers within the
+disk's reserve (bookie/server.py), as BookKeeper's read-only bookies take high-priority adds: else a ledger whose
+ensemble has no writable spare could never be closed. Storage that failed takes none: nothing it acknowledged could
+be trusted.
 """
 
 from __future__ import annotations
