@@ -8,11 +8,12 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from bookfleet import wire
+from bookfleet import bkwire, wire
 from bookfleet.bookie import errors
+from bookfleet.bookie.bkprocessors import V2Session, V3Session
 from bookfleet.security import roles
 from bookfleet.wire import Op, Status
 
@@ -83,6 +84,10 @@ class Connection(asyncio.Protocol):
         """Bytes of this connection's adds waiting for their commit."""
         self.principal: roles.Principal | None = None
         """The authenticated peer (TLS only); None on a plain connection."""
+        self.protocol: bkwire.Protocol | None = None
+        """What the first frame spoke; None until it arrives."""
+        self._session: V2Session | V3Session | None = None
+        """The BookKeeper protocol's session (a V2 or V3 connection); None on bookfleet's own."""
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
@@ -201,6 +206,15 @@ class Connection(asyncio.Protocol):
                     partial = True
                     break
                 (length,) = unpack_length(buffer, pos)
+                if self.protocol is None and not self._choose_protocol(buffer, pos, end):
+                    partial = True
+                    break
+                if self._session is not None:
+                    if not self._take_bookkeeper(buffer, pos, end, length):
+                        partial = not self._rejected and not self._admission_blocked
+                        break
+                    pos += wire.LENGTH_PREFIX.size + length
+                    continue
                 if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
                     try:
                         wire.check_frame_length(length)
@@ -224,6 +238,8 @@ class Connection(asyncio.Protocol):
                     self._dispatch(buffer, start, pos)
                 if self._rejected:
                     return
+            if self._rejected:
+                return
             del buffer[:pos]
         finally:
             self._processing = False
@@ -233,6 +249,45 @@ class Connection(asyncio.Protocol):
                 self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
             elif not buffer and not self.in_flight:
                 self._loop.call_soon(self.close_after_flush)
+
+    def _choose_protocol(self, buffer: bytearray, pos: int, end: int) -> bool:
+        """Decide the connection's protocol from the byte after its first length prefix (False: not here yet)."""
+        if end - pos <= wire.LENGTH_PREFIX.size:
+            return False
+        self.protocol = bkwire.frame_protocol(buffer[pos + wire.LENGTH_PREFIX.size])
+        if self.protocol == bkwire.Protocol.V2:
+            self._session = V2Session(self)
+        elif self.protocol == bkwire.Protocol.V3:
+            self._session = V3Session(self)
+        return True
+
+    def _take_bookkeeper(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
+        """Decode and start the BookKeeper frame at buffer[pos:] (False: it is not whole yet, it waits for room for
+        its add, or it cannot be read and the connection is closed). An add counts toward the same add-byte limits
+        as bookfleet's own, from the moment it starts until it is answered."""
+        session = self._session
+        if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
+            self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
+            return False
+        start = pos + wire.LENGTH_PREFIX.size
+        if end - start < length:
+            return False
+        try:
+            request = session.decode(bytes(buffer[start : start + length]))  # a copy: the buffer is never pinned
+        except wire.ProtocolError as exc:
+            self.close_unreadable(str(exc))
+            return False
+        if session.is_add(request):
+            server, limits = self.server, self.server.limits
+            short_of_room = (
+                length > limits.max_connection_add_bytes - self.add_bytes
+                or length > limits.max_add_bytes - server.add_bytes
+            )
+            if short_of_room and not server.admit_adds(self, length):
+                self._admission_blocked = True
+                return False
+        session.start(request, length)
+        return True
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -274,17 +329,17 @@ class Connection(asyncio.Protocol):
                 return
         if handler is None and end - start >= _MIN_ADD_BODY:
             (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
-            if self.server._add_needs_check(ledger_id, flags, self.principal):
+            if self.server._add_needs_check(ledger_id, flags & _RECOVERY_ADD != 0, self.principal):
                 request = buffer[start - wire.HEADER_SIZE : end]  # copied: it waits for ZooKeeper
                 frame = wire.Frame(op, flags, request_id, memoryview(request)[wire.HEADER_SIZE :])
                 checked_add = self.server._checked_add(request, self.principal)
                 self.in_flight += 1
-                self._step(self._holding_add_bytes(checked_add, end - start), frame)
+                self._step(self._holding_add_bytes(checked_add, end - start), functools.partial(self._answer, frame))
                 return
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1
-            self._step(handler(frame, self), frame)
+            self._step(handler(frame, self), functools.partial(self._answer, frame))
             return
         self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
 
@@ -364,8 +419,11 @@ class Connection(asyncio.Protocol):
         self._finished(len(adds.acks))
         self._flush()
 
-    def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
-        """Drive one request's coroutine without a Task.
+    def _step(
+        self, request: Coroutine[Any, Any, bytes], answer: Callable[[BaseException | None, bytes], None],
+        _: object = None,
+    ) -> None:
+        """Drive one request's coroutine without a Task, then `answer(error, result)`.
 
         A Task per request costs several event-loop callbacks; here a request that needs no I/O (most reads) is
         answered before data_received returns, and an add resumes straight from its journal future's callback.
@@ -374,17 +432,24 @@ class Connection(asyncio.Protocol):
         try:
             waiting = request.send(None)
         except StopIteration as finished:
-            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, finished.value))
+            answer(None, finished.value)
         except (Exception, asyncio.CancelledError) as exc:
-            self._failed(frame, exc)
+            answer(exc, b"")
         else:
             if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
-                self._loop.call_soon(self._step, request, frame)
+                self._loop.call_soon(self._step, request, answer)
             else:
                 waiting._asyncio_future_blocking = False
-                waiting.add_done_callback(functools.partial(self._step, request, frame))
+                waiting.add_done_callback(functools.partial(self._step, request, answer))
             return
         self._finished()
+
+    def _answer(self, frame: wire.Frame, exc: BaseException | None, body: bytes) -> None:
+        """Answer a bookfleet request with its body, or with what it raised."""
+        if exc is None:
+            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
+        else:
+            self._failed(frame, exc)
 
     def _failed(self, frame: wire.Frame, exc: BaseException) -> None:
         """Answer a request that raised; a malformed body closes the connection."""
@@ -466,10 +531,24 @@ class Connection(asyncio.Protocol):
         """Answer a broken frame once and close this connection; other connections never notice."""
         if self._rejected:
             return
+        if self._session is not None:
+            self.close_unreadable(message)
+            return
         self._rejected = True
         log.warning("closing connection from %s: %s", self.peer, message)
         self.server.metrics.count_error(op, status)
         self._send(wire.encode_error(op, request_id, status, message))
+        self.buffer.clear()
+        self._loop.call_soon(self.close_after_flush)
+
+    def close_unreadable(self, message: str) -> None:
+        """Close a connection whose frame cannot be read, after the answers already due; nothing answers the frame
+        itself (a BookKeeper client has no answer to match it with), as a BookKeeper bookie's decoder does."""
+        if self._rejected:
+            return
+        self._rejected = True
+        log.warning("closing connection from %s: %s", self.peer, message)
+        self.server.metrics.count_error(0, Status.BAD_REQUEST)
         self.buffer.clear()
         self._loop.call_soon(self.close_after_flush)
 
