@@ -41,6 +41,7 @@ class StatusCode(enum.IntEnum):
     EFENCED = 504
     EREADONLY = 505
     ETOOMANYREQUESTS = 506
+    EUNKNOWNLEDGERSTATE = 507
 
 
 class OperationType(enum.IntEnum):

@@ -102,12 +102,14 @@ _STATUS_CODES: dict[Status, tuple[V2Status, StatusCode]] = {
     Status.TOO_LARGE: (V2Status.EBADREQ, StatusCode.EBADREQ),
     Status.INTERNAL_ERROR: (V2Status.EIO, StatusCode.EIO),
     Status.SHUTTING_DOWN: (V2Status.EIO, StatusCode.EIO),
+    Status.UNKNOWN_LEDGER_STATE: (V2Status.EIO, StatusCode.EUNKNOWNLEDGERSTATE),
 }
 
 
 def status_codes(status: Status) -> tuple[V2Status, StatusCode]:
     """The V2 rc and the V3 status of one of the bookie's statuses (a shutting-down bookie is EIO: the client
-    tries another bookie)."""
+    tries another bookie; so is a bookie that cannot vouch for what it lacks, to a V2 client, which knows no rc
+    for it: an error, never "no such entry")."""
     return _STATUS_CODES[status]
 
 

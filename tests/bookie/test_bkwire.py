@@ -103,6 +103,7 @@ def test_v3_round_trip_and_refusal():
     assert (refusal.status, refusal.addResponse.status) == (504, 504)
     assert (refusal.addResponse.ledgerId, refusal.addResponse.entryId) == (9, 0)
     assert bkwire.status_codes(Status.NO_SUCH_ENTRY) == (V2Status.ENOENTRY, StatusCode.ENOENTRY)
+    assert bkwire.status_codes(Status.UNKNOWN_LEDGER_STATE) == (V2Status.EIO, StatusCode.EUNKNOWNLEDGERSTATE)
     assert all(v2 <= 106 for v2, _ in map(bkwire.status_codes, Status))  # all a V2 client can map
 
 
