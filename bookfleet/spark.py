@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from bookfleet import childprocess
+
 DEFAULT_MASTER = "local[2]"
 LOCAL_IP = "127.0.0.1"
 IMAGE_APP_DIR = "/opt/bookfleet"
@@ -237,7 +239,9 @@ def job_main(
     run: Callable[[argparse.Namespace], object],
 ) -> int:
     """The spark-submit entry point of a job (repair, audit): flags, one summary printed, exit 1 on failures.
-    The master comes from spark-submit unless --master is given."""
+    The master comes from spark-submit unless --master is given. The driver ends with spark-submit's JVM, its parent:
+    a run the standalone fleet started (`childprocess.popen`) ends whole when the fleet's parent dies."""
+    childprocess.end_with_parent()
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
     parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")
