@@ -4,7 +4,7 @@ A connection that opens with a V2 or V3 frame (`bkwire.frame_protocol`) gets a s
 (`V2Session`, `V3Session`); the `Connection` keeps doing what is common to every protocol (framing, limits,
 backpressure, answers in completion order), the session decodes each frame, checks every field
 (`bkwire.check_v2_request` / `check_v3_request`) and starts the operation's processor, which calls the storage
-calls every protocol shares (`BookieServer.add_entry`, `fence`, `write_lac`, `wait_for_lac`, the storage's reads).
+calls every protocol shares (`serving.Server.add_entry`, `fence`, `write_lac`, `wait_for_lac`, the storage's reads).
 A processor raises the bookie's own errors; the session turns them into the protocol's status (`bkwire.status_codes`),
 answered with the request's ids (V2) or txnId (V3). A frame that cannot be read closes the connection, as a
 BookKeeper bookie's decoder does.
@@ -24,17 +24,15 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bookfleet import bkwire, wire
 from bookfleet.bkprotocol import AddFlag, BookieInfoWanted, OperationType, ReadFlag, StatusCode
 from bookfleet.bkwire import V2Flag, V2Op, V2Request, V2Status, V3Request
 from bookfleet.bookie import errors
+from bookfleet.bookie.serving import Peer, Server
 from bookfleet.security import roles
 from bookfleet.wire import Op, Status
-
-if TYPE_CHECKING:
-    from bookfleet.bookie.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +43,25 @@ BATCH_READ_MAX_ENTRIES = 10_000
 """Entries one BATCH_READ answer may carry, whatever count it asked for (0 asks for no limit)."""
 _V2_ANSWER_HEAD = bkwire.V2_RESPONSE.size + 8
 """A BATCH_READ answer's frame before its entries: length prefix, header, rc, ids, request id."""
+
+
+class SessionConnection(Peer, Protocol):
+    """What a session uses of its connection (bookie/connection.py's Connection, which makes the session): its
+    server, its peer, and the running, holding and answering of requests common to every protocol."""
+
+    server: Server
+    principal: roles.Principal | None
+    peer: str
+    in_flight: int
+
+    def holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> Coroutine[Any, Any, bytes]: ...
+
+    def step(self, request: Coroutine[Any, Any, bytes], answer: Callable[[BaseException | None, bytes], None]) -> None:
+        ...
+
+    def send(self, response: bytes) -> None: ...
+
+    def close_unreadable(self, message: str) -> None: ...
 
 
 def status_of(exc: BaseException) -> Status:
@@ -58,7 +75,7 @@ def status_of(exc: BaseException) -> Status:
     return Status.INTERNAL_ERROR
 
 
-def _authorize(conn: Connection, op: Op, special_flag: int = 0) -> None:
+def _authorize(conn: SessionConnection, op: Op, special_flag: int = 0) -> None:
     """The role check of a TLS peer, with bookfleet's permission table (the same rights, whatever the protocol)."""
     if conn.principal is not None:
         try:
@@ -68,20 +85,20 @@ def _authorize(conn: Connection, op: Op, special_flag: int = 0) -> None:
 
 
 async def _add(
-    conn: Connection, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int
+    conn: SessionConnection, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int
 ) -> None:
     """An add of either protocol: roles, the admission lookups when it needs them (a read-only bookie's reserve for
     a recovery add among them), then the shared add path; returns once the entry is durable."""
     _authorize(conn, Op.ADD_ENTRY, wire.Flag.RECOVERY_ADD if recovery else 0)
     server = conn.server
     reserved = False
-    if server._add_needs_check(ledger_id, recovery, conn.principal):
+    if server.add_needs_check(ledger_id, recovery, conn.principal):
         reserved = await server.admit_add(ledger_id, entry_id, len(entry), recovery, conn.principal)
     lac = wire.entry_ids(entry)[2]
     await server.add_entry(entry, master_key, recovery, ledger_id, entry_id, lac, reserved)
 
 
-async def _read(conn: Connection, ledger_id: int, entry_id: int, fence_key: bytes | None) -> bytes:
+async def _read(conn: SessionConnection, ledger_id: int, entry_id: int, fence_key: bytes | None) -> bytes:
     """A read of either protocol, fencing first with `fence_key`; entry -1 is the last entry stored here."""
     _authorize(conn, Op.READ_ENTRY, wire.Flag.FENCE if fence_key is not None else 0)
     server = conn.server
@@ -102,7 +119,7 @@ class _Session:
     _BOOKFLEET_OP: dict[int, Op]
     """Each operation's bookfleet equivalent, for the error metrics."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: SessionConnection):
         self.conn = conn
 
     def _start(self, processor: Coroutine[Any, Any, bytes], answer: Callable[[Status], bytes], op: int,
@@ -113,9 +130,9 @@ class _Session:
             processor.close()
             processor = self._refuse(errors.ShuttingDown("bookie is shutting down"))
         elif add_size:
-            processor = conn._holding_add_bytes(processor, add_size)
+            processor = conn.holding_add_bytes(processor, add_size)
         conn.in_flight += 1
-        conn._step(processor, functools.partial(self._answered, answer, op))
+        conn.step(processor, functools.partial(self._answered, answer, op))
 
     @staticmethod
     async def _refuse(exc: Exception) -> bytes:
@@ -124,7 +141,7 @@ class _Session:
     def _answered(self, answer: Callable[[Status], bytes], op: int, exc: BaseException | None, frame: bytes) -> None:
         conn = self.conn
         if exc is None:
-            conn._send(frame)
+            conn.send(frame)
             return
         if isinstance(exc, wire.ProtocolError):
             conn.close_unreadable(str(exc))
@@ -135,7 +152,7 @@ class _Session:
         elif status == Status.INTERNAL_ERROR:
             log.error("BookKeeper request from %s failed: %s", conn.peer, exc)
         conn.server.metrics.count_error(self._BOOKFLEET_OP.get(op, 0), status)
-        conn._send(answer(status))
+        conn.send(answer(status))
 
 
 class V2Session(_Session):
@@ -151,7 +168,7 @@ class V2Session(_Session):
 
     def start(self, request: V2Request, size: int) -> None:
         if request.op == V2Op.AUTH:
-            self.conn._send(bkwire.encode_v2_auth_response(bkwire.auth_disabled_answer()))
+            self.conn.send(bkwire.encode_v2_auth_response(bkwire.auth_disabled_answer()))
             return
         processor = {V2Op.ADD: self._add, V2Op.READ: self._read, V2Op.BATCH_READ: self._batch_read}[request.op]
         self._start(
@@ -214,7 +231,7 @@ class V3Session(_Session):
     min_frame = 1
     decode = staticmethod(bkwire.decode_v3_request)
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: SessionConnection):
         super().__init__(conn)
         self._processors = {
             OperationType.ADD_ENTRY: self._add,

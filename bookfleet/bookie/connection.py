@@ -1,6 +1,8 @@
 """One client connection of the bookie's server (`bookfleet.bookie.server`, which holds the limits and the
 protocol rules): frames split out of the byte stream, requests started in order within the server's limits, adds
-applied at once and answered together per group commit, answers written in completion order."""
+applied at once and answered together per group commit, answers written in completion order. The connection knows
+its server only as a `serving.Server` (the add path's admission, apply and release among it); a BookKeeper protocol
+session (bookie/bkprocessors.py) uses the connection through `step`, `send` and `holding_add_bytes`."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from bookfleet.security import roles
 from bookfleet.wire import Op, Status
 
 if TYPE_CHECKING:
-    from bookfleet.bookie.server import BookieServer
+    from bookfleet.bookie.serving import Server
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ class _WaitingAdds:
 class Connection(asyncio.Protocol):
     """One client connection: frame splitting, requests started in order, bounded in-flight work and write buffer."""
 
-    def __init__(self, server: BookieServer):
+    def __init__(self, server: Server):
         self.server = server
         self.buffer = bytearray()
         self.in_flight = 0
@@ -313,12 +315,12 @@ class Connection(asyncio.Protocol):
             _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
             self._reject(op, request_id, Status.BAD_REQUEST, str(exc))
             return
-        handler = self.server._handlers.get(op)
+        handler = self.server.handlers.get(op)
         if handler is None and op != Op.ADD_ENTRY:
             self._reject(op, request_id, Status.BAD_REQUEST, f"unknown op {op}")
             return
         if self.server.stopping:
-            self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            self.send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
         start += wire.HEADER_SIZE
         if self.principal is not None:
@@ -329,17 +331,17 @@ class Connection(asyncio.Protocol):
                 return
         if handler is None and end - start >= _MIN_ADD_BODY:
             (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
-            if self.server._add_needs_check(ledger_id, flags & _RECOVERY_ADD != 0, self.principal):
+            if self.server.add_needs_check(ledger_id, flags & _RECOVERY_ADD != 0, self.principal):
                 request = buffer[start - wire.HEADER_SIZE : end]  # copied: it waits for ZooKeeper
                 frame = wire.Frame(op, flags, request_id, memoryview(request)[wire.HEADER_SIZE :])
-                checked_add = self.server._checked_add(request, self.principal)
+                checked_add = self.server.checked_add(request, self.principal)
                 self.in_flight += 1
-                self._step(self._holding_add_bytes(checked_add, end - start), functools.partial(self._answer, frame))
+                self.step(self.holding_add_bytes(checked_add, end - start), functools.partial(self._answer, frame))
                 return
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1
-            self._step(handler(frame, self), functools.partial(self._answer, frame))
+            self.step(handler(frame, self), functools.partial(self._answer, frame))
             return
         self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
 
@@ -387,7 +389,7 @@ class Connection(asyncio.Protocol):
         self.add_bytes += size
         server.add_bytes += size
 
-    async def _holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
+    async def holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
         """An add that waits for its ledger's admission lookup counts, all the while, toward the same add-byte
         limits as one waiting for its commit: it holds its body just the same."""
         self.add_bytes += size
@@ -404,7 +406,7 @@ class Connection(asyncio.Protocol):
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
-            self._send(b"".join(adds.acks))
+            self.send(b"".join(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
             status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
@@ -413,13 +415,13 @@ class Connection(asyncio.Protocol):
                 request_id, ledger_id = wire.ADD_RESPONSE.unpack(ack)[4:6]
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
                 message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
-                self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+                self.send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
         self.add_bytes -= adds.size
         self.server.release_adds(adds.size)
         self._finished(len(adds.acks))
         self._flush()
 
-    def _step(
+    def step(
         self, request: Coroutine[Any, Any, bytes], answer: Callable[[BaseException | None, bytes], None],
         _: object = None,
     ) -> None:
@@ -437,17 +439,17 @@ class Connection(asyncio.Protocol):
             answer(exc, b"")
         else:
             if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
-                self._loop.call_soon(self._step, request, answer)
+                self._loop.call_soon(self.step, request, answer)
             else:
                 waiting._asyncio_future_blocking = False
-                waiting.add_done_callback(functools.partial(self._step, request, answer))
+                waiting.add_done_callback(functools.partial(self.step, request, answer))
             return
         self._finished()
 
     def _answer(self, frame: wire.Frame, exc: BaseException | None, body: bytes) -> None:
         """Answer a bookfleet request with its body, or with what it raised."""
         if exc is None:
-            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
+            self.send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
         else:
             self._failed(frame, exc)
 
@@ -469,7 +471,7 @@ class Connection(asyncio.Protocol):
 
     def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
         self.server.metrics.count_error(frame.op, status)
-        self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
+        self.send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
     def _finished(self, count: int = 1) -> None:
         self.in_flight -= count
@@ -497,7 +499,7 @@ class Connection(asyncio.Protocol):
 
     # --- answers ----------------------------------------------------------------------------------------------
 
-    def _send(self, response: bytes) -> None:
+    def send(self, response: bytes) -> None:
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(response)
@@ -537,7 +539,7 @@ class Connection(asyncio.Protocol):
         self._rejected = True
         log.warning("closing connection from %s: %s", self.peer, message)
         self.server.metrics.count_error(op, status)
-        self._send(wire.encode_error(op, request_id, status, message))
+        self.send(wire.encode_error(op, request_id, status, message))
         self.buffer.clear()
         self._loop.call_soon(self.close_after_flush)
 

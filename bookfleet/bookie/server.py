@@ -26,7 +26,6 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, fields
 from typing import Any
 
 from bookfleet import wire
@@ -34,6 +33,7 @@ from bookfleet.bookie import errors
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import _ADD_HEAD, _ENTRY_OFFSET, _FENCE, _RECOVERY_ADD, Connection
 from bookfleet.bookie.http import BookieMetrics
+from bookfleet.bookie.serving import ServerLimits
 from bookfleet.security import roles
 from bookfleet.security.tls import ReloadingContext, TlsConfigError
 from bookfleet.wire import Op
@@ -51,27 +51,9 @@ READ_RANGE_MAX_ENTRIES = 10_000
 max_bytes, and the reader asks again from the entry after the last one it got."""
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one client, or all of them, may make the bookie hold (see the module docstring)."""
-
-    max_in_flight: int = 2000
-    max_pending_response_bytes: int = 16 * 1024 * 1024
-    max_long_polls: int = 256
-    max_connection_add_bytes: int = 64 * 1024 * 1024
-    max_add_bytes: int = 512 * 1024 * 1024
-    max_connections: int = 1024
-    idle_timeout: float = 600.0
-    """Seconds without a request and with nothing in flight before a connection is closed."""
-
-    def __post_init__(self) -> None:
-        for limit in fields(self):
-            if getattr(self, limit.name) <= 0:
-                raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
-
 class BookieServer:
     """Serves `storage` (a LedgerStorage) over TCP. `read_only` (why adds are refused; None: writable) is switched
-    by the bookie's ReadOnlyState."""
+    by the bookie's ReadOnlyState. Each connection gets this server as a `serving.Server`, its only view of it."""
 
     def __init__(
         self,
@@ -105,7 +87,7 @@ class BookieServer:
         self._admission_waiters: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._idle_sweeper: asyncio.Task[None] | None = None
-        self._handlers: dict[int, Callable[[wire.Frame, Connection], Coroutine[Any, Any, bytes]]] = {
+        self.handlers: dict[int, Callable[[wire.Frame, Connection], Coroutine[Any, Any, bytes]]] = {
             Op.READ_ENTRY: self._read_entry,
             Op.READ_LAC: self._read_lac,
             Op.WRITE_LAC: self._write_lac,
@@ -200,7 +182,7 @@ class BookieServer:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
         return self.storage.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery)
 
-    def _add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
+    def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper: a ledger not admitted yet, a client's recovery add (allowed
         only while the ledger is not closed), or a recovery add to a read-only bookie (allowed only to the ensemble's
         own bookies)."""
@@ -217,7 +199,7 @@ class BookieServer:
     async def admit_add(
         self, ledger_id: int, entry_id: int, entry_size: int, recovery: bool, principal: roles.Principal | None
     ) -> bool:
-        """The lookups of an add that needs them (`_add_needs_check`), of any protocol: the ledger's metadata must
+        """The lookups of an add that needs them (`add_needs_check`), of any protocol: the ledger's metadata must
         exist, a client's recovery add on a closed ledger needs a role that may write closed ledgers, and a read-only
         bookie takes a recovery add only into its reserve. Returns whether the add was granted reserve room."""
         await self.admission.admit(ledger_id)
@@ -228,7 +210,7 @@ class BookieServer:
                 raise errors.RoleForbidden(str(exc)) from None
         return self.read_only is not None and await self._reserve_room(recovery, ledger_id, entry_id, entry_size)
 
-    async def _checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
+    async def checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
         """An add that waits for the admission lookup first (`request`: its frame from the header on, copied out of
         the receive buffer), then takes the one add path."""
         _, _, flags, _, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(request)
