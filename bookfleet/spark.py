@@ -148,9 +148,10 @@ DEFAULT_LOCAL_MODE_MAX_MB = 256.0
 """The largest repair plan (MB to copy) run in the driver alone, Spark `local[N]`, rather than on executor pods:
 asking Kubernetes for executor pods and waiting for them to start and register costs 7 s on a quiet local cluster
 and ~40 s on a loaded one before the first task (the zone loss's driver ran 66 s of repair with executors, 27 s in
-local mode: README, "When a whole zone is lost"), while a driver copying with the executors' parallelism restores 4-13
-MB/s of 1 KiB entries and 50-150 MB/s of 64 KiB ones (`bench repair`): 256 MB is about what the slowest rate copies
-while executors come up on a loaded cluster. Here, not in the job: the operator sets it on its Jobs."""
+local mode: docs/chaos.md, "Zone loss and zone partition"), while a driver copying with the executors' parallelism
+restores 4-13 MB/s of 1 KiB entries and 50-150 MB/s of 64 KiB ones (`bench repair`): 256 MB is about what the
+slowest rate copies while executors come up on a loaded cluster. Here, not in the job: the operator sets it on its
+Jobs."""
 
 
 def repair_master(given: str | None, planned_bytes: int, local_max_mb: float, local_cores: int) -> str | None:

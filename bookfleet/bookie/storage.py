@@ -22,7 +22,7 @@ logs through an index that still answers).
 A journal whose synced records were lost (journal.Replay's `damage`: not a torn tail) leaves the bookie unable to
 vouch that an entry it lacks was never written here: any ledger's records may have been in the lost span. That is
 recorded for good (checkpoint.JournalDamage) and every read of something absent answers CannotVouch instead of
-NoSuchLedger / NoSuchEntry, which recovery and repair would count as proof of absence (see DESIGN.md).
+NoSuchLedger / NoSuchEntry, which recovery and repair would count as proof of absence (see docs/design.md).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class StorageSettings:
 
 
 class LedgerStorage:
-    """A bookie's ledgers on disk; see DESIGN.md for the contract. Every acknowledging call returns after fdatasync."""
+    """A bookie's ledgers on disk; see docs/design.md for the contract. Every acknowledging call returns after
+    fdatasync."""
 
     def __init__(
         self,
