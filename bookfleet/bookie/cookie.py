@@ -8,12 +8,11 @@ refuses to start with a message that says which case it is. Fresh disks and no Z
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from bookfleet.meta import cookies
+from bookfleet.meta import cookies, layout
 from bookfleet.meta.cookies import Cookie, CookieMismatch
 
 COOKIE_FILE = "COOKIE"
@@ -22,7 +21,7 @@ COOKIE_FILE = "COOKIE"
 def _read_disk(directory: Path) -> Cookie | None:
     path = directory / COOKIE_FILE
     try:
-        return Cookie.from_json(path.read_bytes(), str(path))
+        return Cookie.decode(path.read_bytes(), str(path))
     except FileNotFoundError:
         return None
 
@@ -31,7 +30,7 @@ def _write_disk(directory: Path, cookie: Cookie) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f"{COOKIE_FILE}.tmp"
     with open(tmp, "wb") as file:
-        file.write(cookie.to_json())
+        file.write(cookie.encode())
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, directory / COOKIE_FILE)
@@ -52,6 +51,7 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
                 f"{name} {dirs[name]} belongs to bookie {cookie.bookieId}, not {bookie_id}: "
                 "was the disk moved to another bookie?"
             )
+    cluster = layout.initialize(zk)
     registered = cookies.read(zk, bookie_id)
 
     if registered is None:
@@ -61,7 +61,7 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
                 f"{' and '.join(present)} hold a cookie for bookie {bookie_id} but ZooKeeper has none: "
                 "the bookie was decommissioned or ZooKeeper was reset; wipe the disks to rejoin as a new bookie"
             )
-        return _create(zk, bookie_id, dirs)
+        return _create(zk, bookie_id, dirs, cluster)
 
     for name, cookie in on_disk.items():
         if cookie is None:
@@ -72,14 +72,14 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
         if cookie.instanceId != registered.instanceId:
             raise CookieMismatch(
                 f"{name} {dirs[name]} has instance {cookie.instanceId} but ZooKeeper's cookie for bookie "
-                f"{bookie_id} has instance {registered.instanceId}: the disk is from another incarnation of it"
+                f"{bookie_id} has instance {registered.instanceId}: the disk is from another cluster"
             )
     return registered
 
 
-def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path]) -> Cookie:
+def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path], cluster: str) -> Cookie:
     journal_dir, ledger_dir = dirs["journal dir"], dirs["ledger dir"]
-    cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), uuid.uuid4().hex)
+    cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), cluster)
     for directory in dirs.values():
         _write_disk(directory, cookie)
     cookies.create(zk, cookie)

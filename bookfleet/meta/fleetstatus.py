@@ -23,7 +23,7 @@ from pydantic import BaseModel, computed_field
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import LedgerState, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.underreplication import UnderReplication, auditor_of_vote, lock_holder
 from bookfleet.meta.zk import read_many
 
 
@@ -160,7 +160,7 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
             data, _ = zk.get(f"{zkpaths.AUDITOR_ELECTION}/{name}")
         except NoNodeError:
             continue
-        active = data.decode(errors="replace")
+        active = auditor_of_vote(data)
         break
     return AuditorStatus(
         active=active,
@@ -173,7 +173,7 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
 def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     """ledger id -> (holder, taken at) of every repair lock held now."""
     names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
-    return {int(name[3:]): (read[0].decode(errors="replace"), _from_ms(read[1].ctime))
+    return {int(name[3:]): (lock_holder(read[0]), _from_ms(read[1].ctime))
             for name, read in read_many(zk, names, lambda name: f"{zkpaths.UR_LOCKS}/{name}")
             if read is not None}  # else released meanwhile
 

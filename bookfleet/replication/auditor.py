@@ -41,7 +41,7 @@ from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
+from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication, auditor_vote
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
 from bookfleet.replication.replicacheck import ENDS, ReplicaRange, copy_digester, entries_to_check, verdict
@@ -321,8 +321,8 @@ class Auditor:
         """
         if self._node is None or self.zk.exists(self._node) is None:
             self._node = self.zk.create(
-                f"{zkpaths.AUDITOR_ELECTION}/auditor-",
-                self.auditor_id.encode(),
+                zkpaths.AUDITOR_VOTE_PREFIX,
+                auditor_vote(self.auditor_id),
                 ephemeral=True,
                 sequence=True,
                 makepath=True,

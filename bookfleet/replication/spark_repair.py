@@ -37,7 +37,6 @@ from kazoo.client import KazooClient
 from prometheus_client import Counter
 
 from bookfleet import spark as sparksettings
-from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.meta import zk as zkclient
@@ -320,7 +319,7 @@ class RepairJob:
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
-        if wire.password_hash(self.password) != metadata.password_hash:
+        if not metadata.password_matches(self.password):
             self.fail(ledger_id, f"ledger {ledger_id}: the recovery password does not match (set ${PASSWORD_ENV})")
             return None
         if not plans:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-from bookfleet import wire
 from bookfleet.bookie.gc import GcReport
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.client.bookkeeper import BookKeeper
@@ -95,8 +94,7 @@ async def test_a_restarted_bookie_counts_the_grace_of_what_it_holds_from_its_sta
     store = MetadataStore(zk)
     repaired_away = store.create(LedgerMetadata(
         ensemble_size=3, write_quorum=3, ack_quorum=2, state=LedgerState.CLOSED, last_entry_id=4, length=50,
-        segments=(Segment(first_entry_id=0, bookies=("b1:3181", "b2:3181", "b3:3181")),),
-        password_hash=wire.password_hash(b"")))
+        segments=(Segment(first_entry_id=0, bookies=("b1:3181", "b2:3181", "b3:3181")),)))
     storage, now = HeldCopies({repaired_away}), [1000.0]
     collector = LedgerCollector(storage, zk, bookie, interval, grace=interval, clock=lambda: now[0])
     collector.start()

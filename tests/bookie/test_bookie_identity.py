@@ -4,7 +4,6 @@ processes and a real ZooKeeper."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 
@@ -15,7 +14,7 @@ from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, ReadOnlyError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.fleet import BookieProcess
-from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta import bookiestate, cookies, layout, zkpaths
 from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
@@ -29,8 +28,9 @@ def refusal(bookie: BookieProcess) -> str:
 def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
     (first,) = bookie_fleet.start(1)
     first.stop()
-    cookie = json.loads(zk.get(zkpaths.cookie(first.bookie_id))[0])
-    assert cookie["bookieId"] == first.bookie_id and cookie["ledgerDir"] == str(first.ledger_dir)
+    cookie = cookies.read(zk, first.bookie_id)
+    assert (cookie.bookieId, cookie.ledgerDir) == (first.bookie_id, str(first.ledger_dir))
+    assert cookie.instanceId == layout.instance_id(zk)  # BookKeeper's: the cluster's INSTANCEID
 
     moved = BookieProcess("bookie-b.example", bookie_fleet.zk, first.data_dir, port=first.port)
     assert f"belongs to bookie {first.bookie_id}, not bookie-b.example" in refusal(moved)

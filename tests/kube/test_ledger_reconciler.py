@@ -122,7 +122,7 @@ def test_a_ledger_waiting_for_bookies_is_created_once_one_registers_without_wait
         feed.ledger_changed(copy.deepcopy(api.objects["ledgers"]))
         wait_for(lambda: any(c["reason"] == "NotEnoughBookies" for c in stored_status(api).get("conditions") or []),
                  30, "the Ledger refused for want of bookies")
-        zk.create(zkpaths.available("b1"), BookieInfo(bookie_id="b1", address="127.0.0.1:3181").to_json(),
+        zk.create(zkpaths.available("b1"), BookieInfo(bookie_id="b1", address="127.0.0.1:3181").encode(),
                   makepath=True, ephemeral=True)
         wait_for(lambda: stored_status(api).get("state") == "OPEN", 30, "the Ledger created")
 

@@ -109,7 +109,7 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
     assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
-    assert create.metadata.password_hash == new_metadata(ensemble, 2, 2, password=b"pw").password_hash
+    assert create.metadata.password == new_metadata(ensemble, 2, 2, password=b"pw").password
     status = status_of(actions)
     assert "ledgerId" not in status  # the reservation writes it, before the metadata is created under it
     assert (status["state"], status["segments"]) == ("OPEN", [{"firstEntryId": 0, "bookies": list(ensemble)}])

@@ -50,7 +50,7 @@ def register_bookies(zk: Any, bookie_ids: list[str]) -> None:
     for index, bookie_id in enumerate(bookie_ids):
         info = BookieInfo(bookie_id=bookie_id, address=f"10.0.{index // 250}.{index % 250}:3181",
                           zone=ZONES[index % 3])
-        zk.create(zkpaths.available(bookie_id), info.to_json(), makepath=True, ephemeral=True)
+        zk.create(zkpaths.available(bookie_id), info.encode(), makepath=True, ephemeral=True)
 
 
 def create_ledgers(zk: Any, bookie_ids: list[str], count: int) -> list[int]:
@@ -146,9 +146,9 @@ def raw_reads(zk: Any, ledgers: int) -> dict[str, Any]:
     in_flight = time.monotonic() - started
     started = time.monotonic()
     levels = [zkpaths.ROOT]
-    for _ in range(3):
+    for depth in range(3):  # the short ids' layout, the only one the load creates: two levels, then the ledgers
         levels = [f"{parent}/{child}" for parent, listing in pipelined(levels, zk.get_children_async)
-                  for child in listing.get() if child not in zkpaths.NOT_LEDGER_DIRS]
+                  for child in listing.get() if depth == 2 or zkpaths.is_ledger_level(child, depth)]
     return {"raw_sequential_get_per_s": round(len(sample[:RAW_SAMPLE // 10]) / sequential),
             "raw_pipelined_get_per_s": round(len(sample) / in_flight),
             "raw_list_ledger_ids_s": round(time.monotonic() - started, 2), "raw_ledger_ids_listed": len(levels)}
