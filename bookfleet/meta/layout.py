@@ -25,7 +25,7 @@ LAYOUT = f"2\n{LEDGER_MANAGER}:1".encode()
 """Layout format 2, then the ledger manager factory and its version: BookKeeper's hierarchical ledger manager, whose
 paths zkpaths.ledger() names."""
 UNDERREPLICATION_LAYOUT = text_format.MessageToString(
-    LedgerRereplicationLayoutFormat(type="org.apache.bookkeeper.meta.ZkLedgerUnderreplicationManager", version=1)
+    LedgerRereplicationLayoutFormat(type="BASIC", version=1)
 ).encode()
 
 

@@ -132,7 +132,7 @@ def test_layout_is_created_once_and_kept(zk):
     instance = layout.initialize(zk)
     assert zk.get(zkpaths.LAYOUT)[0] == b"2\norg.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory:1"
     assert zk.get(zkpaths.UR_LAYOUT)[0] == (
-        b'type: "org.apache.bookkeeper.meta.ZkLedgerUnderreplicationManager"\nversion: 1\n')
+        b'type: "BASIC"\nversion: 1\n')
     assert layout.initialize(zk) == instance == layout.instance_id(zk)
     assert zk.exists(zkpaths.READONLY)
 
