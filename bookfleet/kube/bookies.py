@@ -26,10 +26,12 @@ import datetime as dt
 import enum
 import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cachetools
 from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
@@ -68,6 +70,19 @@ AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NODE_GONE = "Gone"
 """The Ready status `observe` gives a node that no longer exists."""
+
+
+LEDGER_COUNT_MAX_AGE = 60.0
+"""How stale a Bookie status's ledger count may be: counting scans every ledger's metadata (BookKeeper keeps no index
+by bookie), so one scan per ZooKeeper session serves all the Bookie passes of its cluster for this long. Only the
+status shows the count; what a repair still has to do (repairs.remaining_ledgers) is always read afresh."""
+
+
+@cachetools.cached(cachetools.TTLCache(maxsize=256, ttl=LEDGER_COUNT_MAX_AGE), key=lambda zk: zk.client_id,
+                   lock=threading.Lock())
+def ledger_counts(zk: KazooClient) -> dict[str, int]:
+    """bookie id -> how many ledgers its metadata names it in, per session (its id: one per cluster credential)."""
+    return {bookie: len(ledgers) for bookie, ledgers in MetadataStore(zk).ledgers_by_bookie().items()}
 
 
 class DeathKind(enum.StrEnum):
@@ -331,7 +346,7 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
         claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
                      for claim in resources.claim_names(bookie.metadata.name)),
         registration=registration(zk, bookie.spec.bookie_id),
-        ledgers=len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
+        ledgers=ledger_counts(zk).get(bookie.spec.bookie_id, 0),
         recovery_delay=under_replication.recovery_delay(), recovery_disabled=disabled,
         repair=repairs.observe_repair(ctx, cluster, bookie, lost_since) if tracks_repair else repairs.RepairObserved(),
     )

@@ -106,7 +106,7 @@ def bookie_key(job: dict) -> BookieKey | None:
 
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
-    """Ledgers that still need `bookie_id`: those whose metadata names it, from the bookie index (one read).
+    """Ledgers that still need `bookie_id`: those whose metadata names it (a scan of the metadata).
 
     The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
     repair swaps it out of the metadata and the index in one transaction. A marker still naming it on a ledger it was

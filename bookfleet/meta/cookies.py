@@ -10,7 +10,7 @@ journalDir, ledgerDirs as `<count>\t<dir>...`, instanceId: the cluster's INSTANC
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from google.protobuf import text_format
 from kazoo.client import KazooClient
@@ -33,6 +33,10 @@ class Cookie:
     journalDir: str
     ledgerDir: str
     instanceId: str
+    incarnation: int = 0
+    """The creation (czxid) of the ZooKeeper cookie: each registration of the bookie has its own, so disks of an
+    earlier one are told apart. Not in BookKeeper's format (whose instanceId is the cluster's): the bookie keeps it
+    on its disks beside the cookie; 0 where unknown."""
 
     def encode(self) -> bytes:
         record = CookieFormat(
@@ -60,20 +64,22 @@ class Cookie:
 def read(zk: KazooClient, bookie_id: str) -> Cookie | None:
     """The cookie ZooKeeper holds for `bookie_id`, or None when it has none."""
     try:
-        data, _ = zk.get(zkpaths.cookie(bookie_id))
+        data, stat = zk.get(zkpaths.cookie(bookie_id))
     except NoNodeError:
         return None
-    return Cookie.decode(data, f"ZooKeeper {zkpaths.cookie(bookie_id)}")
+    return replace(Cookie.decode(data, f"ZooKeeper {zkpaths.cookie(bookie_id)}"), incarnation=stat.czxid)
 
 
 def exists(zk: KazooClient, bookie_id: str) -> bool:
     return zk.exists(zkpaths.cookie(bookie_id)) is not None
 
 
-def create(zk: KazooClient, cookie: Cookie) -> None:
-    """Register a new bookie's cookie; CookieMismatch if another process registered one first."""
+def create(zk: KazooClient, cookie: Cookie) -> Cookie:
+    """Register a new bookie's cookie, returned with its incarnation; CookieMismatch if another process registered
+    one first."""
     try:
-        zk.create(zkpaths.cookie(cookie.bookieId), cookie.encode(), makepath=True)
+        _, stat = zk.create(zkpaths.cookie(cookie.bookieId), cookie.encode(), makepath=True, include_data=True)
+        return replace(cookie, incarnation=stat.czxid)
     except NodeExistsError:
         raise CookieMismatch(
             f"another process registered a cookie for bookie {cookie.bookieId} while this one was starting"

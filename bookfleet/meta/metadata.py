@@ -5,14 +5,15 @@ A record is the line `BookieMetadataFormatVersion\t3\n` and a varint-length-deli
 BookKeeper's does (ZooKeeper's ACL guards it). What bookfleet adds, the writer epoch, rides in customMetadata under
 `bookfleet.` keys, which a Java client keeps when it rewrites the record and never interprets.
 
-The bookie index (`/ledgers/bookieindex/<bookie>/<ledger>`) is written in the same ZooKeeper transaction as the
-metadata, so "which ledgers live on this bookie" never disagrees with the segments and costs O(those ledgers).
+There is no index of ledgers by bookie beside the metadata (a Java client would not keep one): "which ledgers live
+on this bookie" is a scan of every ledger's metadata (`ledgers_by_bookie`), as BookKeeper's auditor does it.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from bookfleet import wire
 from bookfleet.meta import zkpaths
 from bookfleet.meta.formats import LedgerMetadataFormat
 from bookfleet.meta.zk import read_many
+
+log = logging.getLogger(__name__)
 
 FORMAT_HEADER = b"BookieMetadataFormatVersion\t"
 FORMAT_VERSION = 3
@@ -169,7 +172,7 @@ class LedgerMetadata(BaseModel):
         return found
 
     def bookies(self) -> set[str]:
-        """Every bookie named by any segment: the ledger's entries in the bookie index."""
+        """Every bookie named by any segment."""
         return {bookie for segment in self.segments for bookie in segment.bookies}
 
     def fragments(self) -> list[Fragment]:
@@ -333,10 +336,9 @@ class MetadataStore:
         return int(path[len(zkpaths.IDGEN_PREFIX) :])
 
     def create(self, metadata: LedgerMetadata, ledger_id: int | None = None) -> int:
-        """Store a new ledger's metadata (version 0) and index it on its bookies; returns the ledger id."""
+        """Store a new ledger's metadata (version 0); returns the ledger id."""
         ledger_id = self.new_ledger_id() if ledger_id is None else ledger_id
-        path = zkpaths.ledger(ledger_id)
-        self._ensure_parents([path, *(zkpaths.bookie_index_entry(b, ledger_id) for b in metadata.bookies())])
+        self.zk.ensure_path(zkpaths.ledger(ledger_id).rsplit("/", 1)[0])
         txn = self.zk.transaction()
         self.create_in(txn, ledger_id, metadata)
         results = txn.commit()
@@ -350,8 +352,6 @@ class MetadataStore:
         """create() as the caller's transaction, whose parents exist: a loader of many ledgers commits these
         asynchronously, many in flight, instead of one round trip after another."""
         txn.create(zkpaths.ledger(ledger_id), metadata.encode())
-        for bookie in sorted(metadata.bookies()):
-            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
 
     def read(self, ledger_id: int, watch: Callable[[WatchedEvent], None] | None = None) -> tuple[LedgerMetadata, int]:
         """(metadata, znode version) of a ledger; `watch` is called at its next change or deletion (ZooKeeper's
@@ -374,12 +374,14 @@ class MetadataStore:
 
     def update(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
         """Compare-and-set: write `metadata` if the znode is still at `version` (-1: any); returns the new version."""
-        old, current = self.read(ledger_id)
+        stat = self.zk.retry(self.zk.exists, zkpaths.ledger(ledger_id))
+        if stat is None:
+            raise NoSuchLedgerError(ledger_id)
+        current = stat.version
         if version not in (-1, current):
             raise MetadataVersionConflict(ledger_id, version)
-        self._ensure_parents([zkpaths.bookie_index_entry(b, ledger_id) for b in metadata.bookies() - old.bookies()])
         txn = self.zk.transaction()
-        self.update_in(txn, ledger_id, old, metadata, current)
+        self.update_in(txn, ledger_id, metadata, current)
         try:
             results = txn.commit()
         except ConnectionLoss:
@@ -397,26 +399,15 @@ class MetadataStore:
         raise MetadataVersionConflict(ledger_id, version)
 
     @staticmethod
-    def update_in(
-        txn: TransactionRequest, ledger_id: int, old: LedgerMetadata, metadata: LedgerMetadata, version: int
-    ) -> None:
-        """update() as the first operations of the caller's transaction: `old` is the metadata read at `version`.
-        The transaction fails on the version, and on a bookie whose index parent does not exist yet (update()
-        creates those)."""
+    def update_in(txn: TransactionRequest, ledger_id: int, metadata: LedgerMetadata, version: int) -> None:
+        """update() as the first operation of the caller's transaction, which fails on the version."""
         txn.set_data(zkpaths.ledger(ledger_id), metadata.encode(), version=version)
-        for bookie in sorted(metadata.bookies() - old.bookies()):
-            txn.create(zkpaths.bookie_index_entry(bookie, ledger_id))
-        for bookie in sorted(old.bookies() - metadata.bookies()):
-            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
 
     def delete(self, ledger_id: int, version: int = -1) -> None:
-        """Remove the metadata and its index entries (version -1: whatever version it has)."""
-        metadata, current = self.read(ledger_id)
+        """Remove the metadata (version -1: whatever version it has)."""
         txn = self.zk.transaction()
         txn.delete(zkpaths.ledger(ledger_id), version=version)
-        for bookie in sorted(metadata.bookies()):
-            txn.delete(zkpaths.bookie_index_entry(bookie, ledger_id))
-        self._raise_failure(ledger_id, current if version == -1 else version, txn.commit())
+        self._raise_failure(ledger_id, version, txn.commit())
 
     def ledger_ids(self) -> list[int]:
         """Every ledger id, sorted, by walking the hierarchical layout."""
@@ -427,19 +418,37 @@ class MetadataStore:
         listed, so 100,000 ledgers cost a few requests, not 100,000 names to receive, parse and sort."""
         return sum(read[1].numChildren for _, read in read_many(self.zk, self._leaf_levels(), str) if read is not None)
 
+    def scan(self) -> dict[int, LedgerMetadata]:
+        """Every ledger's metadata, read in multiRead requests; a record that does not parse is left out with a
+        warning (nothing may conclude from it that a bookie holds none of that ledger: bookie GC re-reads a ledger
+        before it drops a copy and keeps it when the record does not parse)."""
+        found = {}
+        for ledger_id, read in read_many(self.zk, self.ledger_ids(), zkpaths.ledger):
+            if read is None:
+                continue  # deleted since the listing
+            try:
+                found[ledger_id] = LedgerMetadata.decode(read[0], ledger_id)
+            except MetadataError as exc:
+                log.warning("left out of the scan: %s", exc)
+        return found
+
+    def ledgers_by_bookie(self) -> dict[str, list[int]]:
+        """bookie id -> the ledgers whose metadata names it in any segment, by id. Built by scanning every ledger's
+        metadata, as BookKeeper's auditor builds its bookie-to-ledger index: a Java client writes no index of its own,
+        so no index kept beside the metadata could be trusted for the ledgers it creates."""
+        index: dict[str, list[int]] = {}
+        for ledger_id, metadata in self.scan().items():
+            for bookie in metadata.bookies():
+                index.setdefault(bookie, []).append(ledger_id)
+        return index
+
     def ledgers_on_bookie(self, bookie_id: str) -> list[int]:
-        """Ledgers that have any segment on `bookie_id`, from the bookie index."""
-        try:
-            return sorted(int(name) for name in self.zk.get_children(zkpaths.bookie_index(bookie_id)))
-        except NoNodeError:
-            return []
+        """Ledgers that have any segment on `bookie_id` (a scan: ledgers_by_bookie)."""
+        return self.ledgers_by_bookie().get(bookie_id, [])
 
     def bookies_with_ledgers(self) -> list[str]:
-        """Bookies the index knows of (some may be gone from the fleet: that is what the auditor looks for)."""
-        try:
-            return sorted(self.zk.get_children(zkpaths.BOOKIE_INDEX))
-        except NoNodeError:
-            return []
+        """Bookies some ledger's metadata names (some may have left the fleet: what the auditor looks for)."""
+        return sorted(self.ledgers_by_bookie())
 
     def _walk_ids(self) -> Iterator[int]:
         for level, leaves in read_many(self.zk, self._leaf_levels(), str, children=True):
@@ -465,9 +474,6 @@ class MetadataStore:
         except NoNodeError:
             return []
 
-    def _ensure_parents(self, paths: Iterable[str]) -> None:
-        for parent in {path.rsplit("/", 1)[0] for path in paths}:
-            self.zk.ensure_path(parent)
 
     @staticmethod
     def _raise_failure(ledger_id: int, version: int, results: list) -> None:

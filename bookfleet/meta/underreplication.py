@@ -133,26 +133,30 @@ def _write_in(txn: TransactionRequest, marker: Marker, version: int | None, reas
 
 def lock_record(holder: str) -> bytes:
     """A repair lock's data as BookKeeper writes it: LockDataFormat text naming the holder."""
-    return text_format.MessageToString(LockDataFormat(bookieId=holder)).encode()
+    return _naming(LockDataFormat, holder)
 
 
 def lock_holder(data: bytes) -> str:
     """The holder a lock names (a lock BookKeeper's replication worker took names its bookie)."""
-    record = LockDataFormat()
-    try:
-        text_format.Parse(data.decode(errors="replace"), record)
-    except text_format.ParseError:
-        return data.decode(errors="replace")
-    return record.bookieId
+    return _named(LockDataFormat, data)
 
 
 def auditor_vote(auditor_id: str) -> bytes:
     """An auditor candidate's node data, BookKeeper's AuditorVoteFormat text (what `whoisauditor` reads)."""
-    return text_format.MessageToString(AuditorVoteFormat(bookieId=auditor_id)).encode()
+    return _naming(AuditorVoteFormat, auditor_id)
 
 
 def auditor_of_vote(data: bytes) -> str:
-    record = AuditorVoteFormat()
+    return _named(AuditorVoteFormat, data)
+
+
+def _naming(kind, bookie_id: str) -> bytes:
+    return text_format.MessageToString(kind(bookieId=bookie_id)).encode()
+
+
+def _named(kind, data: bytes) -> str:
+    """The bookieId of a LockDataFormat or AuditorVoteFormat text (the data itself when it is not one)."""
+    record = kind()
     try:
         text_format.Parse(data.decode(errors="replace"), record)
     except text_format.ParseError:

@@ -11,7 +11,6 @@ bookfleet's own nodes beside it where a BookKeeper peer never looks.
     /ledgers/idgen/ID-<seq>                   sequential nodes that hand out ledger ids
     /ledgers/00/0000/L0001                    ledger metadata, ids below 2^31 - 1: 10 digits split 2/4/4
     /ledgers/000/0000/0000/0000/L0001         ledger metadata, larger ids: 19 digits split 3/4/4/4/4
-    /ledgers/bookieindex/<bookieId>/<ledgerId> which ledgers have a segment on a bookie
     /ledgers/underreplication/...             markers (urL%010d), locks, LAYOUT, switches, the auditor election
     /ledgers/underreplication/bookfleetreasons/urL%010d   bookfleet's reasons of a marker (JSON)
     /ledgers/topics/<topic>/<partition>       a partition's ordered ledger list
@@ -30,7 +29,6 @@ ADDRESSES = f"{ROOT}/addresses"
 BOOKIE_STATE = f"{ROOT}/bookiestate"
 IDGEN = f"{ROOT}/idgen"
 IDGEN_PREFIX = f"{IDGEN}/ID-"
-BOOKIE_INDEX = f"{ROOT}/bookieindex"
 TOPICS = f"{ROOT}/topics"
 WRITERS = f"{ROOT}/writers"
 
@@ -102,14 +100,6 @@ def is_ledger_level(name: str, depth: int = 0) -> bool:
     if depth == 0:
         return name.isdigit() and len(name) in (SHORT_TOP_DIGITS, LONG_TOP_DIGITS)
     return name.isdigit() and len(name) == 4
-
-
-def bookie_index(bookie_id: str) -> str:
-    return f"{BOOKIE_INDEX}/{bookie_id}"
-
-
-def bookie_index_entry(bookie_id: str, ledger_id: int) -> str:
-    return f"{BOOKIE_INDEX}/{bookie_id}/{ledger_id}"
 
 
 def _hex_levels(ledger_id: int) -> str:

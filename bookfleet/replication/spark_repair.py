@@ -494,7 +494,7 @@ class RepairJob:
         Returns (clears the marker, releases the lock, the transaction's asynchronous result)."""
         updated = self.replaced(work, work.metadata)
         txn = self.zk.transaction()
-        self.metadata.update_in(txn, work.ledger_id, work.metadata, updated, work.version)
+        self.metadata.update_in(txn, work.ledger_id, updated, work.version)
         clears = work.marker is not None and self.clearable(work.marker, updated)
         if clears:
             self.under_replication.clear_in(txn, work.marker)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 
 import pytest
@@ -25,7 +26,7 @@ def refusal(bookie: BookieProcess) -> str:
     return bookie.log_tail(3)
 
 
-def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
+def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk, tmp_path):
     (first,) = bookie_fleet.start(1)
     first.stop()
     cookie = cookies.read(zk, first.bookie_id)
@@ -35,6 +36,8 @@ def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
     moved = BookieProcess("bookie-b.example", bookie_fleet.zk, first.data_dir, port=first.port)
     assert f"belongs to bookie {first.bookie_id}, not bookie-b.example" in refusal(moved)
 
+    first_registration = tmp_path / "first-registration"
+    shutil.copytree(first.data_dir, first_registration)
     first.wipe()
     complaint = refusal(first)
     assert f"ZooKeeper has a cookie for bookie {first.bookie_id} but its journal dir" in complaint
@@ -44,6 +47,10 @@ def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
     zk.delete(zkpaths.cookie(first.bookie_id))
     first.start().wait_ready()
     first.stop()
+    # The disks of its first registration, back: same bookie, same cluster, but not the disks ZooKeeper knows now.
+    shutil.rmtree(first.data_dir)
+    shutil.copytree(first_registration, first.data_dir)
+    assert "the disk is from another incarnation of it" in refusal(first)
     zk.delete(zkpaths.cookie(first.bookie_id))
     assert "ZooKeeper has none" in refusal(first)
 

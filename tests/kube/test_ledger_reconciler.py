@@ -71,8 +71,8 @@ def test_kopfs_finalizer_left_by_an_older_operator_is_released_at_the_first_pass
 def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
     """A timer may hand over a copy older than the last pass's status patch: creation reads the Ledger afresh, or it
     would reserve a second id and create a second ledger."""
-    zk.create(zkpaths.available("b1:3181"), b'{"bookie_id": "b1:3181", "address": "127.0.0.1:1"}', makepath=True,
-              ephemeral=True)
+    zk.create(zkpaths.available("b1:3181"), BookieInfo(bookie_id="b1:3181", address="127.0.0.1:1").encode(),
+              makepath=True, ephemeral=True)
     api = FakeApi(zk_connect)
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     try:

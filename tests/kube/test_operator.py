@@ -13,7 +13,7 @@ import pytest
 
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
-from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
@@ -211,7 +211,7 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
                             "spec": {"cluster": "bk", "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}})
     created = wait_for("ledger created", lambda: condition(status(kube, "ledgers", "fresh"), "Created"))
     assert created["status"] == "False" and "NotEnoughBookies" in created["reason"]  # no bookie runs here
-    zk.create(zkpaths.available("solo:3181"), b'{"bookie_id": "solo:3181", "address": "127.0.0.1:1"}',
+    zk.create(zkpaths.available("solo:3181"), BookieInfo(bookie_id="solo:3181", address="127.0.0.1:1").encode(),
               makepath=True, ephemeral=True)
     fresh = wait_for("ledger state", lambda: (s := status(kube, "ledgers", "fresh")).get("state") and s)
     assert fresh["state"] == "OPEN" and fresh["segments"] == [{"firstEntryId": 0, "bookies": ["solo:3181"]}]

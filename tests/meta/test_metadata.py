@@ -1,4 +1,4 @@
-"""Ledger metadata against a real ZooKeeper: validation, compare-and-set, bookie index, listing."""
+"""Ledger metadata against a real ZooKeeper: validation, compare-and-set, ledgers by bookie, listing."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_segments_fragments_and_ensemble_change():
         meta.with_ensemble_change(5, 1, "b3")
 
 
-def test_create_read_update_delete_keep_the_bookie_index(zk):
+def test_create_read_update_delete_and_ledgers_by_bookie(zk):
     store = MetadataStore(zk)
     first = store.create(metadata())
     second = store.create(metadata(("b2", "b3", "b4")))
@@ -106,7 +106,7 @@ def test_compare_and_set_rejects_a_stale_version(zk):
         store.update(ledger_id, meta.with_ensemble_change(0, 0, "b7"), version)
     current, _ = store.read(ledger_id)
     assert current.state == LedgerState.IN_RECOVERY
-    assert store.ledgers_on_bookie("b7") == []  # the failed transaction left no index entry behind
+    assert store.ledgers_on_bookie("b7") == []
 
 
 def test_listing_walks_the_hierarchy_and_skips_other_dirs(zk):
