@@ -11,6 +11,7 @@ on this bookie" is a scan of every ledger's metadata (`ledgers_by_bookie`), as B
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hmac
 import logging
@@ -330,10 +331,31 @@ class MetadataStore:
         self.zk = zk
 
     def new_ledger_id(self) -> int:
-        """A cluster-unique id from a sequential znode (deleted right away: the counter lives in the parent)."""
-        path = self.zk.create(zkpaths.IDGEN_PREFIX, sequence=True, makepath=True)
+        """A cluster-unique id, handed out as BookKeeper's client does, so bookfleet and Java clients share one
+        counter: a sequential znode under /ledgers/idgen while its 31 bits last; once its sequence overflows,
+        /ledgers/idgen-long exists for good and an id is the newest HOB level's number (high 32 bits) and a sequence
+        under it (low 32 bits), a new level begun each time one runs out."""
+        if self.zk.exists(zkpaths.IDGEN_LONG) is None:
+            short = self._sequence(zkpaths.IDGEN_PREFIX)
+            if 0 <= short < zkpaths.SHORT_ID_LIMIT:
+                return short
+            self.zk.ensure_path(zkpaths.IDGEN_LONG)
+        while True:
+            levels = [name.removeprefix(zkpaths.HIGH_BITS_PREFIX) for name in self._children(zkpaths.IDGEN_LONG)]
+            high = max((int(level) for level in levels if level.isdigit()), default=0)
+            if high:
+                low = self._sequence(f"{zkpaths.high_bits(high)}/ID-")
+                if 0 <= low < zkpaths.SHORT_ID_LIMIT:
+                    return high << 32 | low
+            with contextlib.suppress(NodeExistsError):
+                self.zk.create(zkpaths.high_bits(high + 1))
+
+    def _sequence(self, prefix: str) -> int:
+        """The sequence number of a sequential znode made and deleted at once (the counter lives in the parent);
+        negative once the parent's 32-bit counter overflowed."""
+        path = self.zk.create(prefix, sequence=True, makepath=True)
         self.zk.delete(path)
-        return int(path[len(zkpaths.IDGEN_PREFIX) :])
+        return int(path[len(prefix) :])
 
     def create(self, metadata: LedgerMetadata, ledger_id: int | None = None) -> int:
         """Store a new ledger's metadata (version 0); returns the ledger id."""

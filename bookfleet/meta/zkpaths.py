@@ -8,7 +8,8 @@ bookfleet's own nodes beside it where a BookKeeper peer never looks.
     /ledgers/cookies/<bookieId>               the bookie's cookie (identity and data dirs, CookieFormat text)
     /ledgers/addresses/<bookieId>             persistent: the address the bookie last registered with
     /ledgers/bookiestate/<bookieId>           JSON {"readOnly": true, "reason": ...} while forced read-only
-    /ledgers/idgen/ID-<seq>                   sequential nodes that hand out ledger ids
+    /ledgers/idgen/ID-<seq>                   sequential nodes that hand out ledger ids below 2^31 - 1
+    /ledgers/idgen-long/HOB-<high>/ID-<seq>   and past them: high 32 bits from the newest HOB level, low from its seq
     /ledgers/00/0000/L0001                    ledger metadata, ids below 2^31 - 1: 10 digits split 2/4/4
     /ledgers/000/0000/0000/0000/L0001         ledger metadata, larger ids: 19 digits split 3/4/4/4/4
     /ledgers/underreplication/...             markers (urL%010d), locks, LAYOUT, switches, the auditor election
@@ -29,6 +30,8 @@ ADDRESSES = f"{ROOT}/addresses"
 BOOKIE_STATE = f"{ROOT}/bookiestate"
 IDGEN = f"{ROOT}/idgen"
 IDGEN_PREFIX = f"{IDGEN}/ID-"
+IDGEN_LONG = f"{ROOT}/idgen-long"
+HIGH_BITS_PREFIX = "HOB-"
 TOPICS = f"{ROOT}/topics"
 WRITERS = f"{ROOT}/writers"
 
@@ -117,6 +120,11 @@ def ledger_id_from_marker(path: str) -> int:
     if not leaf.startswith("urL"):
         raise ValueError(f"{path!r} is not an under-replication marker")
     return int(leaf[3:])
+
+
+def high_bits(high: int) -> str:
+    """The id generator's level of ids whose high 32 bits are `high` (once 31-bit ids ran out)."""
+    return f"{IDGEN_LONG}/{HIGH_BITS_PREFIX}{high:010d}"
 
 
 def marker_reasons(ledger_id: int) -> str:

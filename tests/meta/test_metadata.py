@@ -183,3 +183,24 @@ def test_an_update_whose_reply_is_lost_is_settled_by_reading_back(zk, monkeypatc
         with pytest.raises(MetadataVersionConflict):
             store.update(ledger_id, changed, version)
     assert store.read(ledger_id) == ((changed, 1) if applied else (meta, 0))
+
+
+def test_ids_go_on_past_31_bits_as_bookkeepers_generator_hands_them_out(zk, monkeypatch):
+    """A ZooKeeper sequence is a signed 32-bit counter: once /ledgers/idgen's overflows, ids come from the newest
+    /ledgers/idgen-long/HOB-<high> level (high 32 bits) and its own sequence (low 32 bits), a level after another."""
+    store = MetadataStore(zk)
+    assert 0 <= store.new_ledger_id() < 2**31 - 1 and not zk.exists(zkpaths.IDGEN_LONG)
+    sequence = store._sequence
+
+    def overflowing(level: str):
+        return lambda prefix: -(2**31) if prefix.startswith(level) else sequence(prefix)
+
+    monkeypatch.setattr(store, "_sequence", overflowing(zkpaths.IDGEN_PREFIX))
+    first, second = store.new_ledger_id(), store.new_ledger_id()
+    assert first >> 32 == second >> 32 == 1 and second > first and zk.exists(zkpaths.high_bits(1))
+    monkeypatch.setattr(store, "_sequence", sequence)
+    assert store.new_ledger_id() >> 32 == 1  # idgen-long exists: no short id any more
+    monkeypatch.setattr(store, "_sequence", overflowing(zkpaths.high_bits(1)))
+    assert store.new_ledger_id() >> 32 == 2 and zk.exists(zkpaths.high_bits(2))
+    store.create(metadata(), ledger_id=first)
+    assert store.ledger_ids() == [first] and zkpaths.ledger(first).startswith("/ledgers/000/0000/0042/9496/L")
