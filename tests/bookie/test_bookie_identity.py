@@ -55,6 +55,13 @@ def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk, tmp_path):
     assert "ZooKeeper has none" in refusal(first)
 
 
+def test_a_zookeeper_an_earlier_bookfleet_wrote_is_refused_in_one_line(bookie_fleet, zk):
+    zk.create(zkpaths.cookie("bookie-of-old"), b'{"bookieId": "bookie-of-old", "instanceId": "1f"}', makepath=True)
+    complaint = refusal(bookie_fleet.add())
+    assert "holds bookfleet's old JSON records; this bookfleet reads and writes only Apache BookKeeper's" in complaint
+    assert not zk.exists(zkpaths.LAYOUT)
+
+
 async def registered_as(zk, bookie: BookieProcess, where: str) -> None:
     """Wait until exactly one of the two registrations exists: `available` or `readonly`."""
     wanted, other = zkpaths.available(bookie.bookie_id), zkpaths.readonly(bookie.bookie_id)
