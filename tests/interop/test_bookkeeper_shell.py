@@ -16,6 +16,7 @@ import pytest
 from bookfleet.bench.bookkeeper import JAVA17_OPENS, built_reference
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.fleet import StandaloneCluster
+from bookfleet.meta import cookies, layout
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
@@ -101,8 +102,9 @@ def test_ledgermetadata_finds_a_long_id_where_bookkeeper_looks(zk, shell):
 
 def test_listunderreplicated_lists_a_ledger_bookfleet_marked(closed_ledger, zk, shell):
     UnderReplication(zk).mark(closed_ledger, ["bookie-9"], lost=True)
-    output = shell("listunderreplicated")
+    output = shell("listunderreplicated", "-printmissingreplica")
     assert said(output, str(closed_ledger)) and said(output, "Under replicated ledger count: 1"), output[-3000:]
+    assert "bookie-9" in output, output[-3000:]
 
 
 def test_whoisauditor_names_bookfleets_auditor(fleet, zk, shell):
@@ -112,7 +114,18 @@ def test_whoisauditor_names_bookfleets_auditor(fleet, zk, shell):
     assert said(output, f"Auditor: {fleet.fleet.bookies[0].bookie_id}"), output[-3000:]
 
 
-def test_lostbookierecoverydelay_reads_the_delay_bookfleet_set(zk, shell):
+def test_lostbookierecoverydelay_reads_the_delay_bookfleet_set_and_bookfleet_the_one_it_sets(zk, shell):
     UnderReplication(zk).set_recovery_delay(42)
     output = shell("lostbookierecoverydelay", "-get")
     assert said(output, "LostBookieRecoveryDelay value in ZK: 42"), output[-3000:]
+    shell("lostbookierecoverydelay", "-set", "7")
+    assert UnderReplication(zk).recovery_delay() == 7
+
+
+def test_cookie_get_reads_a_cookie_bookfleet_wrote(zk, shell):
+    """The shell takes only HOST:PORT bookie ids, so the cookie is one bookfleet's meta.cookies writes for such an id
+    (a bookie's start writes the same, as test_bookie_identity checks)."""
+    cookies.create(zk, cookies.Cookie("127.0.0.1:3999", "/data/journal", "/data/ledgers", layout.instance_id(zk)))
+    output = shell("cookie_get", "127.0.0.1:3999")
+    assert 'bookieHost: "127.0.0.1:3999"' in output and f'instanceId: "{layout.instance_id(zk)}"' in output, (
+        output[-3000:])
