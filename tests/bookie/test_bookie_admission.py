@@ -99,7 +99,7 @@ def test_what_admission_remembers_is_bounded_least_recently_used_first():
 def test_ensemble_membership_is_read_after_a_sync_per_segment_and_its_ranges_remembered():
     """What a read-only bookie asks before a recovery add: b2 stores entries 0-4 only (b4 took its place from 5)."""
     changed = METADATA.with_ensemble_change(5, 1, "b4")
-    zk = LaggingZooKeeper(changed.to_json(), lagging=True)
+    zk = LaggingZooKeeper(changed.encode(), lagging=True)
     admission = LedgerAdmission(zk, holds=lambda ledger_id: True, bookie_id="b2")
 
     async def ask(entry_id: int) -> tuple[bool, list[str]]:
