@@ -123,6 +123,16 @@ class KubeApi:
         query = {"labelSelector": selector, "limit": "500"} | ({"continue": continue_token} if continue_token else {})
         return self._call("GET", collection_path(api_version, plural, namespace), query=query)
 
+    def pages(self, api_version: str, plural: str, namespace: str | None, selector: str = "") -> Iterator[list[dict]]:
+        """A LIST page by page (500 objects each): a caller that handles each page as it comes never holds the whole
+        collection (100,000 Ledgers)."""
+        token = ""
+        while True:
+            page = self.list_page(api_version, plural, namespace, selector, token)
+            yield page.get("items", [])
+            if not (token := page["metadata"].get("continue", "")):
+                return
+
     def watch(self, api_version: str, plural: str, namespace: str | None, selector: str, resource_version: str,
               timeout_seconds: int) -> WatchStream:
         """The watch events after `resource_version` (bookmarks included), until the server ends the stream after

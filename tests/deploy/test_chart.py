@@ -463,8 +463,8 @@ def test_every_secret_a_pod_refers_to_is_rendered_in_its_namespace(watch: str) -
 
 
 def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() -> None:
-    """helm uninstall removes the operator before custom resources: a pre-delete hook deletes the chart's
-    BookieCluster while the operator runs (see kube/teardown.py), its volumes kept by default."""
+    """helm uninstall leaves the Ledgers users made: a pre-delete hook deletes the chart's BookieCluster and its
+    Ledgers (see kube/teardown.py), its volumes kept by default."""
     objects = render_chart(ALL_OPTIONAL)
     (cluster,) = [o for o in objects if o["kind"] == "BookieCluster"]
     assert cluster["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
