@@ -297,6 +297,12 @@ class Caches:
 
     def _bookie_changed(self, bookie: dict, deleted: bool) -> None:
         self._wake("bookies", bookie)
+        if deleted:
+            self._end_loop("bookies", bookie)
+
+    def _end_loop(self, plural: str, body: dict) -> None:
+        meta = body["metadata"]
+        self._loop.call_soon_threadsafe(self._loops.gone, (plural, meta["namespace"], meta["name"]), meta.get("uid"))
 
     def _wake(self, plural: str, body: dict) -> None:
         self._loop.call_soon_threadsafe(self._loops.wake, (plural, body["metadata"]["namespace"],
@@ -314,6 +320,8 @@ class Caches:
         meta = cluster["metadata"]
         key = ("bookieclusters", meta["namespace"], meta["name"])
         self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), deleted)
+        if deleted:
+            self._end_loop("bookieclusters", cluster)
 
     def _repair_changed(self, job: dict, deleted: bool) -> None:
         if key := repairs.bookie_key(job):

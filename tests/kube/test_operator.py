@@ -358,3 +358,15 @@ def test_a_settled_bookie_shows_a_registration_change_at_once(no_resync, kube, p
     finally:
         os.kill(process.pid, signal.SIGCONT)
     wait_for("bk-1 Running again", lambda: status(kube, "bookies", "bk-1").get("phase") == "Running", timeout=30)
+
+
+def test_a_cluster_deleted_with_its_operator_gone_goes_at_once(kube, operator_process, zk_connect):
+    """`kubectl delete namespace` and an Argo CD prune delete the operator with its BookieClusters and Bookies: none
+    may carry a finalizer that only the operator would release (kopf's kept them Terminating for ever)."""
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, replicas=1))
+    wait_for("the cluster's and its Bookie's loops passed", lambda: status(kube, "bookieclusters", "bk")
+             and status(kube, "bookies", "bk-0"))
+    operator_process.kill()
+    kube.delete("bookieclusters", NS, "bk")
+    assert kube.get("bookieclusters", NS, "bk") is None
+    assert kube.list("bookies", NS) == [] and kube.list("pods", NS) == []
