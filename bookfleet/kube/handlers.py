@@ -38,6 +38,9 @@ from bookfleet.kube.models import GROUP, VERSION
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
+API_QPS = float(os.environ.get("BOOKFLEET_OPERATOR_API_QPS", "50"))
+API_BURST = int(os.environ.get("BOOKFLEET_OPERATOR_API_BURST", "100"))
+"""The operator's client-side rate limit on its API requests (`--api-qps`, `--api-burst`; kube.api.RateLimiter)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 NAMESPACES = [ns for ns in os.environ.get("BOOKFLEET_OPERATOR_NAMESPACES", "").split(",") if ns] or None
@@ -56,7 +59,7 @@ def context() -> OperatorContext:
     """Created after login, when the kubernetes client knows where the API server is."""
     global _context
     if _context is None:
-        _context = OperatorContext(api.KubeApi(), ZK_OVERRIDE)
+        _context = OperatorContext(api.KubeApi(limiter=api.RateLimiter(API_QPS, API_BURST)), ZK_OVERRIDE)
     return _context
 
 
