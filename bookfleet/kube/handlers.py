@@ -41,6 +41,9 @@ INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 API_QPS = float(os.environ.get("BOOKFLEET_OPERATOR_API_QPS", "50"))
 API_BURST = int(os.environ.get("BOOKFLEET_OPERATOR_API_BURST", "100"))
 """The operator's client-side rate limit on its API requests (`--api-qps`, `--api-burst`; kube.api.RateLimiter)."""
+EVENT_WINDOW = 6 * INTERVAL
+"""Seconds over which a bookie loss's Ledger Events (under-replicated, repair launched and done, healed) are counted
+into one Event per reason on their BookieCluster (kube.context.EventTally)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 NAMESPACES = [ns for ns in os.environ.get("BOOKFLEET_OPERATOR_NAMESPACES", "").split(",") if ns] or None
@@ -59,7 +62,8 @@ def context() -> OperatorContext:
     """Created after login, when the kubernetes client knows where the API server is."""
     global _context
     if _context is None:
-        _context = OperatorContext(api.KubeApi(limiter=api.RateLimiter(API_QPS, API_BURST)), ZK_OVERRIDE)
+        _context = OperatorContext(api.KubeApi(limiter=api.RateLimiter(API_QPS, API_BURST)), ZK_OVERRIDE,
+                                   event_window=EVENT_WINDOW)
     return _context
 
 
