@@ -404,7 +404,8 @@ def decommission(observed: ObservedCluster, cluster: BookieCluster, bookie: Memb
                       involved=bookie.body),
         ]
     if bookie.remaining_ledgers:  # its ledgers move elsewhere first: the repair's next step, as for a lost bookie
-        step = repairs.decide_repair(observed.recovery_disabled, bookie.repair, moment)
+        step = repairs.decide_repair(observed.recovery_disabled, bookie.repair, moment,
+                                     cluster.spec.auto_recovery.repair.max_concurrent)
         return [] if step.launch is None else [LaunchRepair(cluster, bookie.model, since, step.launch)]
     actions: list[Action] = [ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
     delete_claims = cluster.spec.persistent_volume_claim_retention_policy.when_scaled == Retention.DELETE

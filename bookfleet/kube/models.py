@@ -245,6 +245,11 @@ class RepairSpec(KubeModel):
         "driver pod alone (Spark local mode, executors x executorCores cores) instead of starting executor pods; 0 "
         "starts executors for every repair"
     )
+    max_concurrent: int = Field(
+        3, ge=1, description="repairs (Jobs or SparkApplications) of this cluster running at once; the repairs of "
+        "further lost or draining bookies wait their turn (their Bookie's Repaired condition says RepairQueued), so "
+        "a lost zone repairs in waves instead of starting a driver and its executors per bookie at once"
+    )
     ttl_seconds_after_finished: int = Field(
         86400, ge=0, description="a finished repair (Job or SparkApplication) is deleted this long after it ends; "
         "the Bookie's Repaired condition keeps its outcome"
