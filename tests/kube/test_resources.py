@@ -174,7 +174,8 @@ def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieClus
     operator = {resources.LABEL_NAME: "bookfleet", resources.LABEL_COMPONENT: "operator"}
     for peer in (pod["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"], executor):
         assert admits(bookies_policy, peer, port)
-    assert admits(bookies_policy, operator, port, same_namespace=False)
+    assert not admits(bookies_policy, operator, port, same_namespace=False)  # it never connects to a bookie
+    assert not admits(bookies_policy, operator, port)
     assert admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port)
     assert not admits(bookies_policy, {"app": "curious"}, port)
     assert not admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port, same_namespace=False)
