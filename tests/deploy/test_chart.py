@@ -213,8 +213,20 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error() -> None:
     with pytest.raises(helm.HelmError, match=r"bookieCluster\.zookeeper is empty"):
         render_chart({"bookieCluster": {"enabled": True}})
-    with pytest.raises(helm.HelmError, match=r"zookeeper\.replicas must be 1, 3 or 5"):
+    with pytest.raises(helm.HelmError, match=r"/zookeeper/replicas': value must be one of 1, 3, 5"):
         render_chart({"zookeeper": {"enabled": True, "replicas": 2}})
+
+
+def test_values_are_checked_against_the_charts_schema() -> None:
+    """values.schema.json: a misspelt or misplaced setting, or one of the wrong kind, stops the install with the
+    path that is wrong, where it used to be ignored (a default silently in its place)."""
+    for values, path in (({"bookieCluster": {"replica": 3}}, "/bookieCluster"),
+                         ({"operator": {"replicas": "two"}}, "/operator/replicas"),
+                         ({"security": {"tls": "operator"}}, "/security/tls"),
+                         ({"repair": {"podAdmissionPolicy": {"enable": False}}}, "/repair/podAdmissionPolicy")):
+        with pytest.raises(helm.HelmError, match=f"at '{path}'"):
+            render_chart(values)
+    render_chart(ALL_OPTIONAL)  # every documented setting passes
 
 
 def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid() -> None:
