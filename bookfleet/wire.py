@@ -72,6 +72,9 @@ class Status(enum.IntEnum):
     TOO_LARGE = 7
     INTERNAL_ERROR = 8
     SHUTTING_DOWN = 9
+    UNKNOWN_LEDGER_STATE = 10
+    """A read of what the bookie lacks while it cannot vouch that it never had it (its journal lost synced records):
+    an error, never "no such ledger or entry". Apache BookKeeper's EUNKNOWNLEDGERSTATE (507; v2 protocol 107)."""
 
 
 class BookieState(enum.IntEnum):

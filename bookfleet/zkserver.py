@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from bookfleet import childprocess
 from bookfleet.security.tls import tls_files
 
 ZOOKEEPER_CLASSPATH = ":".join(
@@ -161,7 +162,7 @@ class ZooKeeperServer:
             "globalOutstandingLimit=10000\n"
         )
         log = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.process = subprocess.Popen(
+        self.process = childprocess.popen(
             ["java", f"-Xmx{self.heap_mb}m", "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -25,6 +25,19 @@ class NoSuchEntry(StatusError):
         super().__init__(f"ledger {ledger_id} has no entry {entry_id} on this bookie")
 
 
+class CannotVouch(StatusError):
+    """What the bookie lacks once its journal lost synced records: the lost span may have held it, so "no such ledger
+    or entry" would pass an acknowledged entry off as one never written (recovery and repair count that answer)."""
+
+    status = Status.UNKNOWN_LEDGER_STATE
+
+    def __init__(self, ledger_id: int, entry_id: int | None, damage: str):
+        what = f"ledger {ledger_id}" + ("" if entry_id is None else f" entry {entry_id}")
+        super().__init__(
+            f"this bookie cannot vouch for {what}: its journal lost synced records, which may have held it ({damage})"
+        )
+
+
 class LedgerFenced(StatusError):
     status = Status.FENCED
 

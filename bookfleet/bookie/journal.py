@@ -20,6 +20,7 @@ import logging
 import mmap
 import os
 import random
+import re
 import struct
 import threading
 import time
@@ -117,48 +118,111 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def replay(directory: Path, mark: JournalPosition) -> Iterator[tuple[RecordType, bytes]]:
-    """Yield every intact record from `mark` on, in order.
+class Damage(NamedTuple):
+    """A span of a journal file that was synced and cannot be read any more."""
 
-    A torn or corrupt record ends its file: what came before it is yielded, a WARNING names the file, the offset and
-    the bytes dropped, and replay goes on with the next file (a later file was started after this one was synced).
+    path: Path
+    offset: int
+    length: int
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.problem} at offset {self.offset} of {self.path}, {self.length} bytes lost"
+
+
+class Replay:
+    """Every intact record of a journal from a mark on, in order (iterate once); afterwards `damage` lists the synced
+    spans that were lost.
+
+    A bad record is judged by what follows it. When no intact record follows it in the newest file, it is that file's
+    torn tail: the end of a group commit a crash cut short, never acknowledged. It is dropped with a WARNING and cut
+    off the file before the next file is started, so a later replay never meets it in a file that is no longer the
+    newest. When an intact record follows it, or its file is an older one (rolled, hence synced whole), synced
+    records were lost: replay resumes at the next intact record and the span is reported in `damage` (ERROR).
     """
-    for seq in journal_seqs(directory):
-        if seq < mark.seq:
-            continue
-        start = mark.offset if seq == mark.seq else 0
-        yield from _replay_file(journal_path(directory, seq), start)
+
+    def __init__(self, directory: Path, mark: JournalPosition):
+        self.directory = directory
+        self.mark = mark
+        self.damage: list[Damage] = []
+
+    def __iter__(self) -> Iterator[tuple[RecordType, bytes]]:
+        seqs = journal_seqs(self.directory)
+        for seq in seqs:
+            if seq >= self.mark.seq:
+                start = self.mark.offset if seq == self.mark.seq else 0
+                yield from self._file(journal_path(self.directory, seq), start, newest=seq == seqs[-1])
+
+    def _file(self, path: Path, offset: int, newest: bool) -> Iterator[tuple[RecordType, bytes]]:
+        torn_at = None
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size <= offset:
+                return
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                while offset < size:
+                    record = _record_at(data, offset, size)
+                    if isinstance(record, str):
+                        resume = _next_record(data, offset + 1, size)
+                        if resume is None and newest:
+                            log.warning(
+                                "journal %s: %s at offset %d; dropped %d bytes from there to the end of the file "
+                                "(a torn tail)", path, record, offset, size - offset,
+                            )
+                            torn_at = offset
+                            break
+                        damage = Damage(path, offset, (size if resume is None else resume) - offset, record)
+                        log.error("journal %s: synced records lost: %s", path, damage)
+                        self.damage.append(damage)
+                        if resume is None:
+                            break
+                        offset = resume
+                        continue
+                    rtype, body, offset = record
+                    yield rtype, body
+        if torn_at is not None:
+            _cut(path, torn_at)
 
 
-def _replay_file(path: Path, offset: int) -> Iterator[tuple[RecordType, bytes]]:
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size <= offset:
-            return
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            while offset < size:
-                problem = None
-                if size - offset < RECORD_HEADER.size:
-                    problem = "short record header"
-                else:
-                    length, crc, rtype = RECORD_HEADER.unpack_from(data, offset)
-                    start = offset + RECORD_HEADER.size
-                    if rtype not in _TYPE_CRC:
-                        problem = f"unknown record type {rtype}"
-                    elif size - start < length:
-                        problem = f"record of {length} bytes runs past the end of the file"
-                    else:
-                        body = data[start : start + length]
-                        if crc32c.crc32c(body, _TYPE_CRC[rtype]) != crc:
-                            problem = "checksum mismatch"
-                if problem is not None:
-                    log.warning(
-                        "journal %s: %s at offset %d; dropped %d bytes from there to the end of the file",
-                        path, problem, offset, size - offset,
-                    )
-                    return
-                yield RecordType(rtype), body
-                offset = start + length
+def _record_at(data: mmap.mmap, offset: int, size: int) -> tuple[RecordType, bytes, int] | str:
+    """The intact record at `offset` with where the next one starts, or what is wrong with it."""
+    if size - offset < RECORD_HEADER.size:
+        return "short record header"
+    length, crc, rtype = RECORD_HEADER.unpack_from(data, offset)
+    start = offset + RECORD_HEADER.size
+    if rtype not in _TYPE_CRC:
+        return f"unknown record type {rtype}"
+    if size - start < length:
+        return f"record of {length} bytes runs past the end of the file"
+    body = data[start : start + length]
+    if crc32c.crc32c(body, _TYPE_CRC[rtype]) != crc:
+        return "checksum mismatch"
+    return RecordType(rtype), body, start + length
+
+
+_TYPE_BYTE = re.compile(b"[" + re.escape(bytes(sorted(RecordType))) + b"]")
+"""A byte that may be a record's type: where the search for the next intact record looks (9th byte of a header)."""
+
+
+def _next_record(data: mmap.mmap, offset: int, size: int) -> int | None:
+    """Where the first intact record at or after `offset` starts (None if there is none): the header's type byte
+    narrows the search, its length and CRC32C decide."""
+    type_offset = RECORD_HEADER.size - 1
+    for match in _TYPE_BYTE.finditer(data, offset + type_offset):
+        start = match.start() - type_offset
+        if not isinstance(_record_at(data, start, size), str):
+            return start
+    return None
+
+
+def _cut(path: Path, offset: int) -> None:
+    """Cut a torn tail off its file, durably, so only what replay yielded is left in it."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Journal:

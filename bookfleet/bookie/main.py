@@ -135,6 +135,7 @@ class BookieNode:
         )
         self.read_only = ReadOnlyState(zk, config.bookie_id, self._on_read_only_change)
         self.read_only.set_storage_failure(self.storage.failure)
+        self.read_only.set_journal_damage(self.storage.journal_damage)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)

@@ -1,13 +1,15 @@
 """Whether the bookie takes adds: read-only while its disk is too full, while ZooKeeper forces it, and for good once
-its storage failed (a journal write or sync error).
+its storage failed (a journal write or sync error) or its journal lost synced records (it cannot vouch for anything
+it lacks, a new ledger's entries included, so no writer should place a ledger on it).
 
 The forced switch is the bookie's state node (meta.bookiestate), followed with a kazoo DataWatch: kazoo re-reads
 it after a reconnect or a new session, so the bookie always ends up doing what the node says now.
 
-Read-only is not the same for every reason. A full disk or a forced switch (an operator, a drain) leaves the storage
-sound, so the bookie still takes recovery adds of its own ledgers within the disk's reserve (bookie/server.py), as
-BookKeeper's read-only bookies take high-priority adds: else a ledger whose ensemble has no writable spare could never
-be closed. Storage that failed takes none: nothing it acknowledged could be trusted.
+Read-only is not the same for every reason. A full disk, a forced switch (an operator, a drain) or a journal that
+lost old records leaves the storage sound, so the bookie still takes recovery adds of its own ledgers within the
+disk's reserve (bookie/server.py), as BookKeeper's read-only bookies take high-priority adds: else a ledger whose
+ensemble has no writable spare could never be closed. Storage that failed takes none: nothing it acknowledged could
+be trusted.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class ReadOnlyState:
         self.on_change = on_change
         self.disk_full = False
         self.storage_failure: str | None = None
+        self.journal_damage: str | None = None
         self.forced: str | None = None
         """The switch's reason while ZooKeeper forces the bookie read-only."""
         self._loop = asyncio.get_running_loop()
@@ -45,6 +48,8 @@ class ReadOnlyState:
         reasons = [DISK_FULL] if self.disk_full else []
         if self.storage_failure is not None:
             reasons.append(f"its storage failed ({self.storage_failure})")
+        if self.journal_damage is not None:
+            reasons.append(f"its journal lost synced records ({self.journal_damage})")
         if self.forced is not None:
             reasons.append(f"forced read-only in ZooKeeper ({self.forced or 'no reason given'})")
         return "; ".join(reasons) or None
@@ -65,6 +70,10 @@ class ReadOnlyState:
         if reason is not None and self.storage_failure is None:
             before, self.storage_failure = self.reason(), reason
             self._changed(before)
+
+    def set_journal_damage(self, damage: str | None) -> None:
+        before, self.journal_damage = self.reason(), damage
+        self._changed(before)
 
     def set_disk_full(self, full: bool) -> None:
         before, self.disk_full = self.reason(), full

@@ -18,6 +18,11 @@ A failure of the disk or of the index itself (an OSError, SQLite's I/O and full-
 corrupt or no database at all) is reported through `on_failure` and retried with backoff: the bookie turns
 read-only and leaves the writable set, and reads go on from whatever is still readable (the memtables, the entry
 logs through an index that still answers).
+
+A journal whose synced records were lost (journal.Replay's `damage`: not a torn tail) leaves the bookie unable to
+vouch that an entry it lacks was never written here: any ledger's records may have been in the lost span. That is
+recorded for good (checkpoint.JournalDamage) and every read of something absent answers CannotVouch instead of
+NoSuchLedger / NoSuchEntry, which recovery and repair would count as proof of absence (see docs/design.md).
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bookfleet import wire
+from bookfleet import bkwire, wire
 from bookfleet.bookie import gc
-from bookfleet.bookie.checkpoint import LastLogMark
+from bookfleet.bookie.checkpoint import JournalDamage, LastLogMark
 from bookfleet.bookie.entrylog import EntryLogger
 from bookfleet.bookie.errors import (
     BadRequest,
+    CannotVouch,
     LedgerFenced,
     NoSuchEntry,
     NoSuchLedger,
@@ -57,7 +63,7 @@ from bookfleet.bookie.journal import (
     Journal,
     JournalPosition,
     RecordType,
-    replay,
+    Replay,
 )
 from bookfleet.bookie.memtable import Memtable
 
@@ -71,6 +77,8 @@ MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
 _INT64_MAX = wire.INT64_MAX
+_MASTER_KEY_SIZES = (wire.MASTER_KEY_SIZE, bkwire.MASTER_KEY_SIZE)
+"""A ledger's first add brings its key: bookfleet's own (32 bytes) or BookKeeper's (20)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,8 @@ class StorageSettings:
 
 
 class LedgerStorage:
-    """A bookie's ledgers on disk; see DESIGN.md for the contract. Every acknowledging call returns after fdatasync."""
+    """A bookie's ledgers on disk; see docs/design.md for the contract. Every acknowledging call returns after
+    fdatasync."""
 
     def __init__(
         self,
@@ -136,6 +145,9 @@ class LedgerStorage:
         self.failure: str | None = None
         """Why the storage stopped taking adds (the journal or the disk failed); None while healthy."""
         self._mark = LastLogMark(self.ledger_dir)
+        self._damage_record = JournalDamage(self.ledger_dir)
+        self.journal_damage: str | None = None
+        """The synced journal spans this bookie lost (then it cannot vouch for anything it lacks); None if none."""
         self._index: LedgerIndex | None = None
         self._entry_logger: EntryLogger | None = None
         self._ledgers: dict[int, IndexedLedger] = {}
@@ -176,11 +188,22 @@ class LedgerStorage:
         mark = self._mark.read()
         started = time.monotonic()
         records = 0
-        for rtype, body in replay(self.journal_dir, mark):
+        replayed = Replay(self.journal_dir, mark)
+        for rtype, body in replayed:
             self._apply(rtype, body)
             records += 1
         if records:
             log.info("replayed %d journal records from %s in %.2f s", records, mark, time.monotonic() - started)
+        if replayed.damage:
+            self._damage_record.add([str(damage) for damage in replayed.damage])
+        self.journal_damage = self._damage_record.read()
+        if self.journal_damage is not None:
+            log.error(
+                "this bookie's journal lost synced records (%s): it cannot vouch for any entry it lacks, answers "
+                "UNKNOWN_LEDGER_STATE for them and takes no adds; decommission it (its ledgers re-replicated from "
+                "the other bookies, its directories wiped) or remove %s once every ledger on it was repaired",
+                self.journal_damage, self._damage_record.path,
+            )
 
     def _apply(self, rtype: RecordType, body: bytes) -> None:
         """Re-apply one journal record (idempotent: a record may already be in the index)."""
@@ -327,6 +350,8 @@ class LedgerStorage:
         self._check_open()
         self._check_changeable(wire.check_ledger_id(ledger_id))
         wire.check_writer_epoch(writer_epoch)
+        if self.journal_damage is not None:  # the answer is this bookie's view of the ledger's end
+            raise CannotVouch(ledger_id, None, self.journal_damage)
         state = self._authorized(ledger_id, master_key)
         if state.fenced:
             raise LedgerFenced(ledger_id)
@@ -370,10 +395,10 @@ class LedgerStorage:
     async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         self._check_open()
         if ledger_id not in self._ledgers:
-            raise NoSuchLedger(ledger_id)
+            raise self._absent(ledger_id)
         entry = self._stored(ledger_id, entry_id)
         if entry is None:
-            raise NoSuchEntry(ledger_id, entry_id)
+            raise self._absent(ledger_id, entry_id)
         return entry
 
     def _stored(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -405,13 +430,16 @@ class LedgerStorage:
         self, ledger_id: int, first: int, last: int, max_bytes: int, max_entries: int | None = None
     ) -> list[bytes]:
         """The present entries of [first, last] in order, stopping before max_bytes would be passed (but always
-        at least one entry if any is present) or once max_entries are found."""
+        at least one entry if any is present) or once max_entries are found. Once the journal lost synced records,
+        a range with an entry absent up to where the answer ends is refused (CannotVouch) instead."""
         self._check_open()
         state = self._ledgers.get(ledger_id)
         if state is None:
-            raise NoSuchLedger(ledger_id)
-        last = min(last, state.last_entry)
+            raise self._absent(ledger_id)
+        asked_last, last = last, min(last, state.last_entry)
         if first > last:
+            if self.journal_damage is not None:
+                raise self._absent(ledger_id, first)
             return []
         in_memory: dict[int, bytes] = {}
         for memtable in (self._quarantine, self._flushing, self._active):
@@ -421,6 +449,7 @@ class LedgerStorage:
         entries: list[bytes] = []
         total = 0
         previous = None
+        cut = False
         try:
             with contextlib.closing(self._index.locate_range(ledger_id, first, last)) as on_disk:
                 # (entry,) sorts before (entry, log, offset, size): the memtable's copy of an entry comes first.
@@ -431,13 +460,18 @@ class LedgerStorage:
                     entry = in_memory[previous] if len(item) == 1 else self._entry_logger.read(*item[1:])
                     total += len(entry)
                     if entries and total > max_bytes:
+                        cut = True
                         break
                     entries.append(entry)
                     if len(entries) == max_entries:
+                        cut = True
                         break
         except sqlite3.Error as exc:
             self._check_index(exc)
             raise
+        if self.journal_damage is not None:
+            through = wire.entry_ids(entries[-1])[1] if cut else asked_last
+            self._check_range_whole(ledger_id, first, through, entries)
         return entries
 
     def lac(self, ledger_id: int) -> int:
@@ -699,8 +733,8 @@ class LedgerStorage:
                 self._wake_lac_waiters(ledger_id)
 
     def _create(self, ledger_id: int, master_key: bytes) -> IndexedLedger:
-        if len(master_key) != wire.MASTER_KEY_SIZE:
-            raise BadRequest(f"master key of {len(master_key)} bytes, expected {wire.MASTER_KEY_SIZE}")
+        if len(master_key) not in _MASTER_KEY_SIZES:
+            raise BadRequest(f"master key of {len(master_key)} bytes, expected one of {_MASTER_KEY_SIZES}")
         state = self._ledgers[ledger_id] = IndexedLedger(bytes(master_key))
         self._dirty.add(ledger_id)
         self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(master_key))
@@ -717,8 +751,22 @@ class LedgerStorage:
     def _state(self, ledger_id: int) -> IndexedLedger:
         state = self._ledgers.get(ledger_id)
         if state is None:
-            raise NoSuchLedger(ledger_id)
+            raise self._absent(ledger_id)
         return state
+
+    def _absent(self, ledger_id: int, entry_id: int | None = None) -> NoSuchLedger | NoSuchEntry | CannotVouch:
+        """What a read of something this bookie lacks raises: "no such ledger or entry" only while the journal has
+        lost no synced record, else CannotVouch (the lost span may have held it)."""
+        if self.journal_damage is not None:
+            return CannotVouch(ledger_id, entry_id, self.journal_damage)
+        return NoSuchLedger(ledger_id) if entry_id is None else NoSuchEntry(ledger_id, entry_id)
+
+    def _check_range_whole(self, ledger_id: int, first: int, through: int, entries: list[bytes]) -> None:
+        """A damaged journal's range answer: CannotVouch for the first id of [first, through] it lacks (a range's gaps
+        are read as "lacks" by repair), unless there is none."""
+        if len(entries) != through - first + 1:
+            present = {wire.entry_ids(entry)[1] for entry in entries}
+            raise self._absent(ledger_id, next(e for e in range(first, through + 1) if e not in present))
 
     def _check_open(self) -> None:
         if not self._open:

@@ -1,4 +1,5 @@
-"""Crashes of a real bookie process: nothing acknowledged is ever lost, and a torn journal tail is survivable."""
+"""Crashes of a real bookie process: nothing acknowledged is ever lost, a torn journal tail is survivable, and a
+journal damaged after it was synced is loud."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 
 import pytest
 
+from bookfleet import wire
 from bookfleet.bookie.journal import journal_path, journal_seqs
-from bookfleet.client.connection import BookieClient, NoSuchEntryError, ShuttingDownError
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, ReadOnlyError, ShuttingDownError
+from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
+from tests.fixtures.storage import damage_journal_record
 
 
 @pytest.mark.parametrize("crash", ["kill -9", "SIGTERM"])
@@ -60,15 +64,20 @@ async def test_stop_under_pipelined_load_loses_no_acknowledged_entry(bookie_flee
             assert not missing, f"ledger {ledger_id}: acknowledged entries lost or changed: {missing[:10]}"
 
 
-async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
-    # No timed flush: every entry lives only in the journal when the process dies.
+async def killed_with_entries_in_its_journal(bookie_fleet):
+    """A bookie without timed flushes given entries 0-19 of ledger 4, then killed -9: every entry lives only in its
+    journal, nothing checkpointed. Returns the bookie and the entries."""
     (bookie,) = bookie_fleet.start(1, flush_interval=3600)
     entries = [encode_test_entry(4, i, os.urandom(500)) for i in range(20)]
     async with await BookieClient.connect(bookie.address) as client:
         for entry in entries:
             await client.add_entry(MASTER_KEY, entry)
     bookie.kill9()
+    return bookie, entries
 
+
+async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
+    bookie, entries = await killed_with_entries_in_its_journal(bookie_fleet)
     newest = journal_path(bookie.journal_dir, journal_seqs(bookie.journal_dir)[-1])
     size = newest.stat().st_size
     with open(newest, "r+b") as journal:
@@ -78,6 +87,7 @@ async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
 
     bookie.start().wait_ready()
     async with await BookieClient.connect(bookie.address) as client:
+        assert (await client.bookie_info()).state == wire.BookieState.WRITABLE
         assert await client.read_range(4, 0, 18, max_bytes=1 << 20) == entries[:19]
         with pytest.raises(NoSuchEntryError):
             await client.read_entry(4, 19)
@@ -86,3 +96,27 @@ async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
     bookie.start().wait_ready()  # a second crash replays the new journal past the torn one
     async with await BookieClient.connect(bookie.address) as client:
         assert await client.read_entry(4, 19) == entries[19]
+
+
+async def test_a_damaged_journal_is_loud_and_never_answers_no_such_entry(bookie_fleet, zk):
+    """A flipped byte amid a synced journal file of a stopped bookie, before any checkpoint: it restarts read-only,
+    serves what it kept and answers UNKNOWN_LEDGER_STATE for what it lacks, never NO_SUCH_ENTRY."""
+    bookie, entries = await killed_with_entries_in_its_journal(bookie_fleet)
+    damage_journal_record(bookie.journal_dir, 4, 7)
+
+    bookie.start().wait_ready()
+    async with await BookieClient.connect(bookie.address) as client:
+        for read in (
+            lambda: client.read_entry(4, 7),
+            lambda: client.read_entry(4, 20),
+            lambda: client.read_range(4, 0, 19, 1 << 20),
+        ):
+            with pytest.raises(BookieError) as refused:
+                await read()
+            assert refused.value.status == wire.Status.UNKNOWN_LEDGER_STATE, refused.value
+        assert await client.read_range(4, 8, 19, max_bytes=1 << 20) == entries[8:]
+        assert (await client.bookie_info()).state == wire.BookieState.READ_ONLY
+        with pytest.raises(ReadOnlyError, match="its journal lost synced records"):
+            await client.add_entry(MASTER_KEY, encode_test_entry(5, 0, b"a new ledger"))
+    assert [info.bookie_id for info in BookieRegistry(zk).read_only()] == [bookie.bookie_id]
+    assert "it cannot vouch for any entry it lacks" in bookie.log_path.read_text()

@@ -1,11 +1,13 @@
-"""Bookie storage under faults: ids no index can hold, a ledger the index refuses, a journal that fails, a fenced
-ledger's LAC. Each test injects its fault into a real LedgerStorage on real files."""
+"""Bookie storage under faults: ids no index can hold, a ledger the index refuses, a journal that fails, a journal
+damaged after it was synced, a fenced ledger's LAC. Each test injects its fault into a real LedgerStorage on real
+files."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator
@@ -16,10 +18,10 @@ from bookfleet import wire
 from bookfleet.bookie import journal
 from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.bookie.entrylog import EntryLogger
-from bookfleet.bookie.errors import LedgerFenced, StorageFailure
+from bookfleet.bookie.errors import CannotVouch, LedgerFenced, NoSuchEntry, StorageFailure
 from bookfleet.bookie.index import LedgerIndex
 from bookfleet.bookie.storage import LedgerStorage, StorageSettings
-from tests.fixtures.storage import INDEX_DAMAGE, KEY, TEST_SETTINGS, corrupt_index, make_entry
+from tests.fixtures.storage import INDEX_DAMAGE, KEY, TEST_SETTINGS, corrupt_index, damage_journal_record, make_entry
 
 POISON = 2**63
 """A ledger id a u64 field can carry and no SQLite integer can hold."""
@@ -225,3 +227,81 @@ async def test_a_read_that_meets_a_corrupt_index_fails_the_storage(storage_dirs)
         assert failures == [storage.failure] and "index read failed" in failures[0]
         with pytest.raises(StorageFailure, match="bookie storage failed: index read failed"):
             await storage.add_entry(2, 0, make_entry(2, 0), KEY)
+
+
+async def cannot_vouch(read) -> str:
+    """Await a read that must be refused as "cannot vouch" (never "no such ledger or entry"); returns why."""
+    with pytest.raises(CannotVouch) as refused:
+        await read
+    assert refused.value.status == wire.Status.UNKNOWN_LEDGER_STATE
+    return str(refused.value)
+
+
+async def test_a_damaged_record_amid_synced_ones_never_passes_for_a_missing_entry(open_storage, storage_dirs, caplog):
+    """A flipped byte in the middle of a synced journal file, before any checkpoint: the records after it are still
+    replayed, and what the bookie lacks is "cannot vouch" for good, after the checkpoint that trims the file too."""
+    storage = await open_storage()
+    entries = await add_all(storage, 1, range(10))
+    damaged = damage_journal_record(storage_dirs[0], 1, 4)
+
+    with caplog.at_level(logging.ERROR, logger="bookfleet.bookie"):
+        storage = await open_storage()  # the first one is dropped, as a killed process's would be
+    assert "cannot vouch for ledger 1 entry 4" in await cannot_vouch(storage.read_entry(1, 4))
+    kept = [*range(4), *range(5, 10)]
+    assert [await storage.read_entry(1, e) for e in kept] == [entries[e] for e in kept]
+    assert "checksum mismatch at offset" in storage.journal_damage and str(damaged) in storage.journal_damage
+    assert "journal lost synced records" in caplog.text and "cannot vouch for any entry it lacks" in caplog.text
+    assert "cannot vouch for ledger 1 entry 10" in await cannot_vouch(storage.read_entry(1, 10))
+    assert "cannot vouch for ledger 2:" in await cannot_vouch(storage.read_entry(2, 0))  # its records may be lost too
+    assert "cannot vouch for ledger 1 entry 4" in await cannot_vouch(storage.read_range(1, 0, 9, 1 << 20))
+    assert "cannot vouch for ledger 1 entry 10" in await cannot_vouch(storage.read_range(1, 5, 12, 1 << 20))
+    assert await storage.read_range(1, 5, 9, 1 << 20) == [entries[e] for e in range(5, 10)]
+    assert await storage.read_range(1, 0, 9, 1 << 20, max_entries=3) == [entries[e] for e in range(3)]
+    assert "ledger 1" in await cannot_vouch(storage.raise_writer_epoch(1, 1, KEY))  # its answer is a view of the end
+
+    await storage.flush()  # the checkpoint moves past the damaged file, which goes
+    assert not damaged.exists()
+    storage = await open_storage()
+    assert str(damaged) in storage.journal_damage
+    assert "cannot vouch for ledger 1 entry 4" in await cannot_vouch(storage.read_entry(1, 4))
+
+
+async def test_a_bad_record_at_the_end_of_an_older_journal_file_is_damage_not_a_torn_tail(open_storage, storage_dirs):
+    """A rolled file was synced whole: a bad record at its end is lost data, whatever follows it."""
+    storage = await open_storage(journal_roll_bytes=4096)
+    for entry_id in range(80):  # one by one: a file rolls between group commits
+        await storage.add_entry(1, entry_id, make_entry(1, entry_id), KEY)
+    older = journal.journal_path(storage_dirs[0], journal.journal_seqs(storage_dirs[0])[0])
+    with open(older, "r+b") as file:
+        file.seek(-1, os.SEEK_END)
+        last_byte = file.read(1)[0]
+        file.seek(-1, os.SEEK_END)
+        file.write(bytes([last_byte ^ 0xFF]))
+
+    storage = await open_storage(journal_roll_bytes=4096)
+    assert "cannot vouch for ledger 1 entry" in await cannot_vouch(storage.read_range(1, 0, 79, 1 << 22))
+    assert str(older) in storage.journal_damage
+
+
+async def test_a_torn_tail_is_cut_off_quietly_and_stays_a_torn_tail(open_storage, storage_dirs, caplog):
+    """The newest file's last record, cut short by a crash, was never acknowledged: dropped with a warning, and cut
+    off the file, so the crash after the next start does not find it in a file that is no longer the newest."""
+    storage = await open_storage()
+    entries = await add_all(storage, 1, range(10))
+    torn = journal.journal_path(storage_dirs[0], journal.journal_seqs(storage_dirs[0])[-1])
+    size = torn.stat().st_size
+    with open(torn, "r+b") as file:
+        file.truncate(size - 10)  # entry 9's record loses its end
+
+    with caplog.at_level(logging.WARNING, logger="bookfleet.bookie"):
+        storage = await open_storage()
+    assert "(a torn tail)" in caplog.text and "synced records lost" not in caplog.text
+    assert storage.journal_damage is None
+    assert torn.stat().st_size == size - journal.RECORD_HEADER.size - len(entries[9])
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(1, 9)
+    storage = await open_storage()  # crashed again: the torn file is now an older one
+    assert storage.journal_damage is None
+    assert [await storage.read_entry(1, e) for e in range(9)] == [entries[e] for e in range(9)]
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(1, 9)

@@ -18,6 +18,7 @@ from bookfleet.client.writeset import quorum_covered, write_set
 from bookfleet.meta.metadata import LedgerState
 from tests.fixtures.bookies import stored_entries
 from tests.fixtures.netfault import LinkProxy
+from tests.fixtures.storage import damage_journal_record
 from tests.fixtures.waiting import eventually
 
 
@@ -206,6 +207,30 @@ async def test_recovery_fails_rather_than_count_failing_replicas_as_missing(book
         assert (metadata.state, metadata.last_entry_id) == (LedgerState.CLOSED, entry_id)
         reader = await recoverer.open_ledger(writer.ledger_id, password)
         assert [e.payload async for e in reader.entries()] == [b"%d" % i for i in range(entry_id + 1)]
+
+
+async def test_recovery_never_takes_what_a_damaged_journal_lost_for_absence(bookie_fleet, zk_connect):
+    """E=Qw=Qa=2, entries 0-19 acknowledged on A and B and held in their journals only; both stop and a byte flips
+    amid each journal, in A's record of entry 10 and B's of entry 14. Answered "no such entry", their losses would
+    close the ledger at 13 (both lack entry 14 once each drops the rest of its file) and lose six acknowledged
+    entries. Neither can vouch that an entry it lacks was never written, so recovery fails and the ledger stays
+    IN_RECOVERY: nobody can prove where it ends."""
+    by_id = {b.bookie_id: b for b in bookie_fleet.start(4, flush_interval=3600)}  # two spares for the re-adds
+    async with BookKeeper(zk_connect) as old, BookKeeper(zk_connect) as recoverer:
+        writer = await old.create_ledger(2, 2, 2, password=b"pw")
+        for i in range(20):
+            await writer.add(b"%d" % i)
+        await writer.detach()
+        a, b = (by_id[bookie] for bookie in writer.metadata.segments[-1].bookies)
+        for bookie, entry_id in ((a, 10), (b, 14)):
+            bookie.kill9()
+            damage_journal_record(bookie.journal_dir, writer.ledger_id, entry_id)
+            bookie.start().wait_ready()
+
+        unknown = f"entry 20 of ledger {writer.ledger_id} could not be read .*UNKNOWN_LEDGER_STATE"
+        with pytest.raises(RecoveryError, match=unknown):
+            await recoverer.recover_ledger(writer.ledger_id, b"pw")
+        assert recoverer.ledger_metadata(writer.ledger_id).state == LedgerState.IN_RECOVERY
 
 
 async def test_a_retried_recovery_reads_the_tail_where_the_writer_wrote_it(bookie_fleet, zk_connect, link_proxy):
