@@ -522,7 +522,8 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
     if repaired_since(plan.conditions, lost_since):  # its Jobs may be gone (ttlSecondsAfterFinished)
         step = repairs.RepairStep(repairs.Outcome.REPAIRED)
     else:
-        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
+        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at,
+                                     observed.cluster.spec.auto_recovery.repair.max_concurrent)
     if step.launch is not None:
         plan.actions.append(LaunchRepair(observed.cluster, bookie, lost_since, step.launch))
     if step.outcome == repairs.Outcome.REPAIRED:
@@ -543,6 +544,10 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
         message = ("repair failed, retrying with backoff" if step.outcome == repairs.Outcome.BACKING_OFF
                    else f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until the Bookie changes")
         plan.condition(REPAIRED, False, "RepairFailed", message, event="RepairFailed", warning=True)
+    elif step.outcome == repairs.Outcome.QUEUED:
+        active = observed.repair.others_active
+        plan.condition(REPAIRED, False, "RepairQueued", f"waiting for one of the cluster's {active} active repairs "
+                       "to end (spec.autoRecovery.repair.maxConcurrent)")
     else:
         plan.condition(REPAIRED, False, "Repairing", "repair in progress")
     return lost_since

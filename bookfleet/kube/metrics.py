@@ -29,6 +29,9 @@ RECONCILE_SECONDS = Histogram("bookfleet_operator_reconcile_seconds", "Duration 
                               ["resource"], registry=REGISTRY)
 EVENTS = Counter("bookfleet_operator_events", "Kubernetes Events posted: one per decision, by kind and reason",
                  ["kind", "reason", "type"], registry=REGISTRY)
+THROTTLED = Counter("bookfleet_operator_api_throttled",
+                    "Requests the API server answered 429 Too Many Requests (each sent again after its Retry-After)",
+                    registry=REGISTRY)
 BOOKIES_LOST = Counter("bookfleet_operator_bookies_lost", "Bookies declared lost", registry=REGISTRY)
 REPAIRS = Counter("bookfleet_operator_repairs", "Repairs of lost bookies: launched, succeeded, failed", ["outcome"],
                   registry=REGISTRY)

@@ -95,7 +95,7 @@ def feed_on(zk_connect):
 @contextlib.contextmanager
 def running_feed(zk_connect: str, retry: float):
     api = FakeApi(zk_connect)
-    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    ctx = OperatorContext(api, event_window=0)  # type: ignore[arg-type]  # counted Events posted at once
     passes: list[ledgerfeed.LedgerKey] = []
 
     def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:

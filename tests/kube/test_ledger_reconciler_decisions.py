@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from bookfleet.kube import ledgers, resources
-from bookfleet.kube.actions import Action, PatchStatus, PostEvent
-from bookfleet.kube.context import ZooKeeperTarget
+from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
+from bookfleet.kube.context import EventTally, ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
 from bookfleet.kube.models import Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
@@ -203,6 +205,36 @@ def test_under_replication_repair_and_recovery_each_post_one_event():
     assert current.status["repair"] == {"job": "repair-1", "bookieId": "b2", "state": "Succeeded",
                                         "started": "2026-01-02T03:05:01Z", "finished": "2026-01-02T03:06:00Z",
                                         "attempts": 2}
+
+
+def test_a_bookie_loss_posts_one_event_per_reason_on_the_cluster_not_four_on_every_ledger():
+    """At 100,000 Ledgers a bookie loss made 400,000 Events (under-replicated, repair launched, succeeded, healed on
+    each): now each window posts one per reason on their BookieCluster, with the count and a few of them."""
+    posted: list[tuple[str, str, str, bool]] = []
+    windows: list[Callable[[], None]] = []
+    tally = EventTally(lambda involved, reason, message, warning: posted.append(
+        (f"{involved['kind']}/{involved['metadata']['name']}", reason, message, warning)), 60,
+        schedule=lambda seconds, then: windows.append(then))
+    ctx = SimpleNamespace(events=tally, api=None)  # nothing posted on a Ledger: no API to post with
+    marker = Marker(7, frozenset({"b2"}), int(NOW.timestamp() * 1000), 0)
+    current = existing()
+    for change in ({"marker": marker}, {"repairs": (job("repair-0", 0),)},
+                   {"repairs": (job("repair-0", 0, "Complete"),)}, {"marker": None}):
+        current = replace(current, **change)
+        actions = decide(current, NOW)
+        for number in range(10_000):
+            act(ctx, {"metadata": {"name": f"ledger-{number}", "namespace": "ns"}},  # type: ignore[arg-type]
+                [a for a in actions if isinstance(a, PostEvent)])
+        current = next_pass(current, actions)
+    assert len(windows) == 1 and posted == []  # the first Event of the window started its timer
+    windows.pop()()
+    assert [(on, reason, warning) for on, reason, _, warning in posted] == [
+        ("BookieCluster/bk", "UnderReplicated", True), ("BookieCluster/bk", "RepairLaunched", False),
+        ("BookieCluster/bk", "RepairSucceeded", False), ("BookieCluster/bk", "FullyReplicated", False)]
+    assert posted[0][2] == ("10000 Ledger(s): ledger-0 (no copy on b2), ledger-1 (no copy on b2), ledger-2 (no copy "
+                            "on b2), ledger-3 (no copy on b2), ledger-4 (no copy on b2) and 9995 more")
+    tally.flush()
+    assert len(posted) == 4  # counted once
 
 
 def test_a_repair_found_through_the_marker_that_ended_before_the_ledger_was_marked_is_not_its_repair():
