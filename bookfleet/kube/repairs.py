@@ -111,7 +111,7 @@ def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
     """Ledgers that still need `bookie_id`: those whose metadata names it (a scan of the metadata).
 
     The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
-    repair swaps it out of the metadata and the index in one transaction. A marker still naming it on a ledger it was
+    repair swaps it out of the metadata by compare-and-set. A marker still naming it on a ledger it was
     swapped out of waits on the other bookies it names; their own losses (or the next repair run) see to it. Walking
     every marker here made each pass of a lost or draining bookie cost a read per under-replicated ledger.
     """
