@@ -320,6 +320,24 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
 
 
+def test_a_repair_driver_serves_its_counters_on_a_named_port_scrapers_may_reach(cluster: BookieCluster,
+                                                                                   bookie: Bookie) -> None:
+    """The dashboard's repair panels: the driver (Job or SparkApplication) serves bookfleet_repair_* on the port the
+    chart's repair PodMonitor names, lingering for one more scrape; the repair NetworkPolicy lets a scraper in."""
+    job = resources.repair_job(cluster, bookie, LOST)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": resources.METRICS_PORT, "protocol": "TCP"} in container["ports"]
+    application = next(arg for arg in container["command"] if arg.endswith("spark_repair.py"))
+    flags = repair_flags(container["command"][container["command"].index(application) + 1 :])
+    assert (flags.metrics_port, flags.metrics_linger_s) == (resources.METRICS_PORT, resources.METRICS_LINGER_S)
+    app = resources.spark_application(cluster, bookie, LOST)
+    assert repair_flags(app["spec"]["arguments"]).metrics_port == resources.METRICS_PORT
+    assert app["spec"]["driver"]["ports"] == [resources.METRICS_CONTAINER_PORT]
+    _, repair_policy = resources.network_policies(cluster)
+    assert admits(repair_policy, {"app": "prometheus"}, resources.METRICS_PORT)
+    assert not admits(repair_policy, {"app": "prometheus"}, resources.DRIVER_PORT)
+
+
 def test_repair_namespace_objects_are_namespaced_and_minimal(cluster: BookieCluster) -> None:
     template, account, role, binding = (valid(obj) for obj in resources.repair_namespace_objects(cluster))
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
