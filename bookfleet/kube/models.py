@@ -279,6 +279,14 @@ class TlsMode(enum.StrEnum):
     DISABLED = "Disabled"
 
 
+ClientCertificateNames = Annotated[
+    list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]],
+    AfterValidator(_unique),
+    Field(json_schema_extra={"x-kubernetes-list-type": "set"}),
+]
+"""Names of client-role certificates (DNS labels); duplicates are rejected by both sides."""
+
+
 class Security(KubeModel):
     tls: TlsMode = Field(TlsMode.OPERATOR, description="who issues the bookie protocol's mutual-TLS certificates")
     cert_manager_issuer: str | None = Field(None, description="the cert-manager Issuer (kind/name or name) to use")
@@ -286,6 +294,10 @@ class Security(KubeModel):
     renew_before_days: int = Field(30, ge=1, description="renew a certificate this long before it expires")
     zookeeper_auth_secret: str | None = Field(
         None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
+    )
+    client_certificates: ClientCertificateNames = Field(
+        default_factory=list, description="client-role certificates kept issued and renewed like the bookies', each "
+        "in the Secret <cluster>-tls-client-<name> (ca.crt, tls.crt, tls.key: a client's TLS directory)"
     )
 
 

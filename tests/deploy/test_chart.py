@@ -315,6 +315,13 @@ def test_pod_settings_reach_the_chart_cluster() -> None:
     assert spec.auto_recovery.planned_restart_delay_seconds == 600
 
 
+def test_client_certificates_reach_the_chart_cluster() -> None:
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"},
+              "security": {"clientCertificates": ["billing"]}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
+
+
 def test_operator_is_probed_for_readiness() -> None:
     (deployment,) = by_kind(render_chart({}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
