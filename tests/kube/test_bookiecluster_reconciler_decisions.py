@@ -240,6 +240,14 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
     assert condition(status, "Upgrading")["status"] == "False"
 
 
+def test_bookie_settings_passed_through_config_reach_the_command_and_roll_like_any_change():
+    tuned = bookie_cluster(3, bookie={"config": {"journal-max-wait": "0.002", "max-connections": "512"}})
+    command = resources.bookie_command(tuned, Bookie.model_validate(bookie_body(0)))
+    assert command[-4:] == ["--journal-max-wait", "0.002", "--max-connections", "512"]
+    assert touching(decide(tuned, up(0), up(1), up(2)), "pods") == [("delete", "bk-0")]
+    assert touching(decide(tuned, up(0, tuned), up(1, tuned), up(2, tuned)), "pods") == []  # rolled: nothing more
+
+
 def test_an_outdated_bookie_waits_while_another_one_is_down():
     new = bookie_cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(1)

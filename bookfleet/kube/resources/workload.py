@@ -100,6 +100,7 @@ def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
     command += ["--gc-interval", str(settings.gc_interval_seconds)]
     if tls_enabled(cluster):
         command += ["--tls-dir", TLS_DIR]
+    command += [arg for key, value in sorted(settings.config.items()) for arg in (f"--{key}", value)]
     return command + settings.extra_args
 
 
