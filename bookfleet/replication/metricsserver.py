@@ -59,4 +59,3 @@ def served(port: int | None, linger_s: float, run: Callable[[], object]) -> obje
         return result
     finally:
         server.close()
-
