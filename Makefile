@@ -70,7 +70,7 @@ test-cluster: setup kube-binaries
 cluster: setup
 	$(PY) -m tests.cluster
 
-# The README's lost-bookie walkthrough on its own local cluster (the same steps as the cluster tier's repair test).
+# The lost-bookie walkthrough (docs/operating.md) on its own local cluster (the same steps as the cluster tier's repair test).
 cluster-demo: setup kube-binaries
 	$(PY) -m tests.cluster.walkthrough
 

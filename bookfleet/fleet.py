@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bookfleet import childprocess
 from bookfleet import localsecurity as local_security
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.acls import secure_tree
@@ -97,7 +98,7 @@ class BookieProcess:
             raise RuntimeError(f"bookie {self.bookie_id} is already running (pid {self.process.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            self.process = childprocess.popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )

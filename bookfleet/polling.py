@@ -1,7 +1,9 @@
-"""Waiting by polling: for a condition (the one loop the demo, the benchmarks and the tests share), and for Ctrl-C."""
+"""Waiting by polling: for a condition (the one loop the demo, the benchmarks and the tests share), and for Ctrl-C
+(or a SIGTERM or SIGHUP taken as one)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
@@ -27,3 +29,11 @@ def until_interrupted(tick: float = 0.5) -> NoReturn:
     when Python runs the handler."""
     while True:
         time.sleep(tick)
+
+
+def interrupt_on_stop_signals() -> None:
+    """SIGTERM (a service manager's stop) and SIGHUP (a closed terminal) raise KeyboardInterrupt in the main thread,
+    as Ctrl-C does, so a command serving until interrupted takes the same clean stop for all three (left at their
+    default, they end the process at once and its children are stopped only by their parent-death signal)."""
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, signal.default_int_handler)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from bookfleet import childprocess
+
 DEFAULT_MASTER = "local[2]"
 LOCAL_IP = "127.0.0.1"
 IMAGE_APP_DIR = "/opt/bookfleet"
@@ -146,9 +148,10 @@ DEFAULT_LOCAL_MODE_MAX_MB = 256.0
 """The largest repair plan (MB to copy) run in the driver alone, Spark `local[N]`, rather than on executor pods:
 asking Kubernetes for executor pods and waiting for them to start and register costs 7 s on a quiet local cluster
 and ~40 s on a loaded one before the first task (the zone loss's driver ran 66 s of repair with executors, 27 s in
-local mode: README, "When a whole zone is lost"), while a driver copying with the executors' parallelism restores 4-13
-MB/s of 1 KiB entries and 50-150 MB/s of 64 KiB ones (`bench repair`): 256 MB is about what the slowest rate copies
-while executors come up on a loaded cluster. Here, not in the job: the operator sets it on its Jobs."""
+local mode: docs/chaos.md, "Zone loss and zone partition"), while a driver copying with the executors' parallelism
+restores 4-13 MB/s of 1 KiB entries and 50-150 MB/s of 64 KiB ones (`bench repair`): 256 MB is about what the
+slowest rate copies while executors come up on a loaded cluster. Here, not in the job: the operator sets it on its
+Jobs."""
 
 
 def repair_master(given: str | None, planned_bytes: int, local_max_mb: float, local_cores: int) -> str | None:
@@ -237,7 +240,9 @@ def job_main(
     run: Callable[[argparse.Namespace], object],
 ) -> int:
     """The spark-submit entry point of a job (repair, audit): flags, one summary printed, exit 1 on failures.
-    The master comes from spark-submit unless --master is given."""
+    The master comes from spark-submit unless --master is given. The driver ends with spark-submit's JVM, its parent:
+    a run the standalone fleet started (`childprocess.popen`) ends whole when the fleet's parent dies."""
+    childprocess.end_with_parent()
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
     parser.add_argument("--master", default=None, help="Spark master (default: the one spark-submit was given)")

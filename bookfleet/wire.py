@@ -314,11 +314,6 @@ def master_key(password: bytes) -> bytes:
     return hashlib.sha256(b"bookfleet-master-key\0" + password).digest()
 
 
-def password_hash(password: bytes) -> str:
-    """What ledger metadata keeps to check a password on open (never the password itself)."""
-    return hashlib.sha256(b"bookfleet-password\0" + password).hexdigest()
-
-
 def _mac_key(password: bytes) -> bytes:
     return hashlib.sha256(b"bookfleet-mac\0" + password).digest()
 

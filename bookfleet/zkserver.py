@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from bookfleet import childprocess
 from bookfleet.security.tls import tls_files
 
 ZOOKEEPER_CLASSPATH = ":".join(
@@ -108,7 +109,7 @@ class ZooKeeperServer:
     def __init__(self, data_dir: Path, port: int | None = None, tls_dir: Path | None = None, heap_mb: int = 256):
         self.data_dir = Path(data_dir)
         self.heap_mb = heap_mb
-        """The JVM's heap: 256 MiB holds a test fleet; 100,000 ledgers' metadata and bookie index need more."""
+        """The JVM's heap: 256 MiB holds a test fleet; 100,000 ledgers' metadata need more."""
         self.port = port or free_port()
         self.tls_dir = Path(tls_dir).resolve() if tls_dir else None
         self.process: subprocess.Popen | None = None
@@ -161,7 +162,7 @@ class ZooKeeperServer:
             "globalOutstandingLimit=10000\n"
         )
         log = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.process = subprocess.Popen(
+        self.process = childprocess.popen(
             ["java", f"-Xmx{self.heap_mb}m", "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,

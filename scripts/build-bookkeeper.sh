@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Fetch the pinned Apache BookKeeper jars (hack/bookkeeper-bench/pom.xml) with Maven into
 # ~/.cache/bookfleet/bookkeeper-<version>/lib, once per version, and compile the Java side of
-# `bookfleet bench bookkeeper` (hack/bookkeeper-bench/src) into .../classes whenever its source changes.
+# `bookfleet bench bookkeeper` (hack/bookkeeper-bench/src) and the interop tests' probe (hack/bookkeeper-interop/src)
+# into .../classes whenever their source changes.
 # The reference stays outside the clone and outside the wheel. Prints the directory on the last line of stdout;
 # progress goes to stderr.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="$HERE/hack/bookkeeper-bench"
+SOURCES=("$BENCH"/src/*.java "$HERE"/hack/bookkeeper-interop/src/*.java)
 for tool in mvn javac; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "build-bookkeeper: no $tool on PATH" >&2
@@ -28,12 +30,12 @@ if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
     echo "build-bookkeeper: jars fetched in $((SECONDS - started)) s" >&2
 fi
 
-SOURCE_SUM="$(cat "$BENCH"/src/*.java | sha256sum | cut -d' ' -f1)"
+SOURCE_SUM="$(cat "${SOURCES[@]}" | sha256sum | cut -d' ' -f1)"
 if [[ "$(cat "$OUT/classes.sha256" 2>/dev/null)" != "$SOURCE_SUM" ]]; then
     rm -rf "$OUT/classes.tmp" && mkdir -p "$OUT/classes.tmp"
-    javac -nowarn -d "$OUT/classes.tmp" -cp "$OUT/lib/*" "$BENCH"/src/*.java >&2
+    javac -nowarn -d "$OUT/classes.tmp" -cp "$OUT/lib/*" "${SOURCES[@]}" >&2
     rm -rf "$OUT/classes" && mv "$OUT/classes.tmp" "$OUT/classes"
     echo "$SOURCE_SUM" > "$OUT/classes.sha256"
-    echo "build-bookkeeper: bench compiled" >&2
+    echo "build-bookkeeper: bench and probe compiled" >&2
 fi
 echo "$OUT"

@@ -2,7 +2,7 @@
 # Build the bookfleet images from the repository's own Dockerfiles with buildah, on a Debian base made here with
 # debootstrap (no registry needed), into ~/.cache/bookfleet/images/ (buildah's private storage). Each image is
 # built once per content hash (Dockerfile, sources, pins, base); buildah's layer cache keeps a source-only change
-# to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see README).
+# to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see docs/operating.md, Images).
 # Usage: scripts/build-images.sh [bookie|operator|repair|pause|zookeeper ...]   (default: bookie, operator, repair)
 # `pause` is the pod sandbox image of the local cluster's real nodes: hack/pause built static, FROM scratch;
 # `zookeeper` the local cluster's stand-in for the official image the chart names (tests/cluster/images/).

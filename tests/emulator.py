@@ -214,6 +214,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     history: collections.deque[tuple[int, tuple[str, str], dict]] = attrs.field(factory=collections.deque, init=False)
     forgotten_version: int = attrs.field(default=0, init=False)
     version: int = attrs.field(default=0, init=False)
+    list_requests: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    """LIST requests served, by plural (a page counts as one): what a test of paging and re-listing counts."""
     _tick: asyncio.Event | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -425,10 +427,13 @@ class KubeEmulator(kmock.KubernetesScaffold):
         as_table = "as=Table" in request.headers.get("Accept", "")
         if method == "GET" and name is None:
             items = self.list(rtype, namespace, params.get("labelSelector", ""), params.get("fieldSelector", ""))
+            self.list_requests[rtype.plural] += 1
             if as_table:
                 return _json(self._table(rtype, items))
+            items, more = _page(items, int(params.get("limit") or 0), params.get("continue", ""))
             return _json({"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List",
-                          "metadata": {"resourceVersion": str(self.version)}, "items": items})
+                          "metadata": {"resourceVersion": str(self.version)} | ({"continue": more} if more else {}),
+                          "items": items})
         if method == "POST" and name is None:
             return _json(self.create(rtype, namespace, request.data), status=201)
         if name is None:
@@ -574,6 +579,21 @@ def _age(seconds: float) -> str:
         if seconds >= 2 * size:
             return f"{int(seconds // size)}{unit}"
     return f"{max(int(seconds), 0)}s"
+
+
+def _page(items: list[dict], limit: int, after: str) -> tuple[list[dict], str]:
+    """A LIST's page as the API server pages it (`limit`, `continue`): the items after the continue token, ordered
+    by (namespace, name), and the token of the next page ("" on the last)."""
+    if not limit and not after:
+        return items, ""
+    ordered = sorted(items, key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
+    if after:
+        last = tuple(json.loads(after))
+        ordered = [obj for obj in ordered if (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) > last]
+    if not limit or len(ordered) <= limit:
+        return ordered, ""
+    page = ordered[:limit]
+    return page, json.dumps([page[-1]["metadata"].get("namespace", ""), page[-1]["metadata"]["name"]])
 
 
 def _mark_deleted(obj: dict) -> dict:

@@ -128,7 +128,7 @@ async def _run(zk: str, args: argparse.Namespace, bookies: list[BookieProcess]) 
 
     async with BookKeeper(zk) as bookkeeper:
         writer = await bookkeeper.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
-        eventloop.freeze_start_up_heap()  # as a latency-minded application does (README); the bookies do it too
+        eventloop.freeze_start_up_heap()  # as a latency-minded application does (docs/benchmarks.md), and bookies
         started, cpu, bookie_cpu = time.perf_counter(), time.process_time(), bookies_cpu()
         full = await _full_load(writer, payload, args.seconds, args.in_flight)
         full_summary = baseline.load_summary(full, time.perf_counter() - started, args.entry_size)

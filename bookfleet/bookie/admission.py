@@ -26,7 +26,7 @@ from kazoo.exceptions import NoNodeError
 
 from bookfleet.bookie.errors import UnknownLedger
 from bookfleet.meta import zkpaths
-from bookfleet.meta.metadata import LedgerMetadata
+from bookfleet.meta.metadata import LedgerMetadata, MetadataError
 
 DEFAULT_CACHE_LEDGERS = 100_000
 """Ledger ids remembered as existing, and as closed (each an LRU of this many)."""
@@ -141,6 +141,6 @@ def _parse(answer) -> LedgerMetadata | BaseException | None:
     except Exception as exc:  # ZooKeeper unreachable: the request fails with this error, the next one asks again
         return exc
     try:
-        return LedgerMetadata.from_json(data)
-    except ValueError as exc:
+        return LedgerMetadata.decode(data)
+    except MetadataError as exc:
         return exc

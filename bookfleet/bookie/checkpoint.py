@@ -49,7 +49,7 @@ class LastLogMark:
 class JournalDamage:
     """The synced journal spans this bookie lost, one line each, kept in the ledger dir beside the mark. The
     checkpoint after the replay that found them trims the damaged file away, so this record is all that remembers
-    the loss; only an operator removes it (see DESIGN.md, *A damaged journal*)."""
+    the loss; only an operator removes it (see docs/design.md, *A damaged journal*)."""
 
     def __init__(self, directory: Path):
         self.path = directory / DAMAGE_FILE_NAME

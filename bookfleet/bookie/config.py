@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bookfleet import eventloop
 from bookfleet.bookie.admission import DEFAULT_CACHE_LEDGERS
-from bookfleet.bookie.server import ServerLimits
+from bookfleet.bookie.serving import ServerLimits
 from bookfleet.bookie.storage import StorageSettings
 
 

@@ -1,6 +1,8 @@
 """One client connection of the bookie's server (`bookfleet.bookie.server`, which holds the limits and the
 protocol rules): frames split out of the byte stream, requests started in order within the server's limits, adds
-applied at once and answered together per group commit, answers written in completion order."""
+applied at once and answered together per group commit, answers written in completion order. The connection knows
+its server only as a `serving.Server` (the add path's admission, apply and release among it); a BookKeeper protocol
+session (bookie/bkprocessors.py) uses the connection through `step`, `send` and `holding_add_bytes`."""
 
 from __future__ import annotations
 
@@ -8,16 +10,17 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from bookfleet import wire
+from bookfleet import bkwire, wire
 from bookfleet.bookie import errors
+from bookfleet.bookie.bkprocessors import V2Session, V3Session
 from bookfleet.security import roles
 from bookfleet.wire import Op, Status
 
 if TYPE_CHECKING:
-    from bookfleet.bookie.server import BookieServer
+    from bookfleet.bookie.serving import Server
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ class _WaitingAdds:
 class Connection(asyncio.Protocol):
     """One client connection: frame splitting, requests started in order, bounded in-flight work and write buffer."""
 
-    def __init__(self, server: BookieServer):
+    def __init__(self, server: Server):
         self.server = server
         self.buffer = bytearray()
         self.in_flight = 0
@@ -83,6 +86,10 @@ class Connection(asyncio.Protocol):
         """Bytes of this connection's adds waiting for their commit."""
         self.principal: roles.Principal | None = None
         """The authenticated peer (TLS only); None on a plain connection."""
+        self.protocol: bkwire.Protocol | None = None
+        """What the first frame spoke; None until it arrives."""
+        self._session: V2Session | V3Session | None = None
+        """The BookKeeper protocol's session (a V2 or V3 connection); None on bookfleet's own."""
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
@@ -201,6 +208,15 @@ class Connection(asyncio.Protocol):
                     partial = True
                     break
                 (length,) = unpack_length(buffer, pos)
+                if self.protocol is None and not self._choose_protocol(buffer, pos, end):
+                    partial = True
+                    break
+                if self._session is not None:
+                    if not self._take_bookkeeper(buffer, pos, end, length):
+                        partial = not self._rejected and not self._admission_blocked
+                        break
+                    pos += wire.LENGTH_PREFIX.size + length
+                    continue
                 if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
                     try:
                         wire.check_frame_length(length)
@@ -224,6 +240,8 @@ class Connection(asyncio.Protocol):
                     self._dispatch(buffer, start, pos)
                 if self._rejected:
                     return
+            if self._rejected:
+                return
             del buffer[:pos]
         finally:
             self._processing = False
@@ -233,6 +251,45 @@ class Connection(asyncio.Protocol):
                 self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
             elif not buffer and not self.in_flight:
                 self._loop.call_soon(self.close_after_flush)
+
+    def _choose_protocol(self, buffer: bytearray, pos: int, end: int) -> bool:
+        """Decide the connection's protocol from the byte after its first length prefix (False: not here yet)."""
+        if end - pos <= wire.LENGTH_PREFIX.size:
+            return False
+        self.protocol = bkwire.frame_protocol(buffer[pos + wire.LENGTH_PREFIX.size])
+        if self.protocol == bkwire.Protocol.V2:
+            self._session = V2Session(self)
+        elif self.protocol == bkwire.Protocol.V3:
+            self._session = V3Session(self)
+        return True
+
+    def _take_bookkeeper(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
+        """Decode and start the BookKeeper frame at buffer[pos:] (False: it is not whole yet, it waits for room for
+        its add, or it cannot be read and the connection is closed). An add counts toward the same add-byte limits
+        as bookfleet's own, from the moment it starts until it is answered."""
+        session = self._session
+        if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
+            self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
+            return False
+        start = pos + wire.LENGTH_PREFIX.size
+        if end - start < length:
+            return False
+        try:
+            request = session.decode(bytes(buffer[start : start + length]))  # a copy: the buffer is never pinned
+        except wire.ProtocolError as exc:
+            self.close_unreadable(str(exc))
+            return False
+        if session.is_add(request):
+            server, limits = self.server, self.server.limits
+            short_of_room = (
+                length > limits.max_connection_add_bytes - self.add_bytes
+                or length > limits.max_add_bytes - server.add_bytes
+            )
+            if short_of_room and not server.admit_adds(self, length):
+                self._admission_blocked = True
+                return False
+        session.start(request, length)
+        return True
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -258,12 +315,12 @@ class Connection(asyncio.Protocol):
             _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
             self._reject(op, request_id, Status.BAD_REQUEST, str(exc))
             return
-        handler = self.server._handlers.get(op)
+        handler = self.server.handlers.get(op)
         if handler is None and op != Op.ADD_ENTRY:
             self._reject(op, request_id, Status.BAD_REQUEST, f"unknown op {op}")
             return
         if self.server.stopping:
-            self._send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
+            self.send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
             return
         start += wire.HEADER_SIZE
         if self.principal is not None:
@@ -274,17 +331,17 @@ class Connection(asyncio.Protocol):
                 return
         if handler is None and end - start >= _MIN_ADD_BODY:
             (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
-            if self.server._add_needs_check(ledger_id, flags, self.principal):
+            if self.server.add_needs_check(ledger_id, flags & _RECOVERY_ADD != 0, self.principal):
                 request = buffer[start - wire.HEADER_SIZE : end]  # copied: it waits for ZooKeeper
                 frame = wire.Frame(op, flags, request_id, memoryview(request)[wire.HEADER_SIZE :])
-                checked_add = self.server._checked_add(request, self.principal)
+                checked_add = self.server.checked_add(request, self.principal)
                 self.in_flight += 1
-                self._step(self._holding_add_bytes(checked_add, end - start), frame)
+                self.step(self.holding_add_bytes(checked_add, end - start), functools.partial(self._answer, frame))
                 return
         if handler is not None:
             frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
             self.in_flight += 1
-            self._step(handler(frame, self), frame)
+            self.step(handler(frame, self), functools.partial(self._answer, frame))
             return
         self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
 
@@ -332,7 +389,7 @@ class Connection(asyncio.Protocol):
         self.add_bytes += size
         server.add_bytes += size
 
-    async def _holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
+    async def holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
         """An add that waits for its ledger's admission lookup counts, all the while, toward the same add-byte
         limits as one waiting for its commit: it holds its body just the same."""
         self.add_bytes += size
@@ -349,7 +406,7 @@ class Connection(asyncio.Protocol):
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
-            self._send(b"".join(adds.acks))
+            self.send(b"".join(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
             status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
@@ -358,14 +415,17 @@ class Connection(asyncio.Protocol):
                 request_id, ledger_id = wire.ADD_RESPONSE.unpack(ack)[4:6]
                 self.server.metrics.count_error(Op.ADD_ENTRY, status)
                 message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
-                self._send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+                self.send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
         self.add_bytes -= adds.size
         self.server.release_adds(adds.size)
         self._finished(len(adds.acks))
         self._flush()
 
-    def _step(self, request: Coroutine[Any, Any, bytes], frame: wire.Frame, _: object = None) -> None:
-        """Drive one request's coroutine without a Task.
+    def step(
+        self, request: Coroutine[Any, Any, bytes], answer: Callable[[BaseException | None, bytes], None],
+        _: object = None,
+    ) -> None:
+        """Drive one request's coroutine without a Task, then `answer(error, result)`.
 
         A Task per request costs several event-loop callbacks; here a request that needs no I/O (most reads) is
         answered before data_received returns, and an add resumes straight from its journal future's callback.
@@ -374,17 +434,24 @@ class Connection(asyncio.Protocol):
         try:
             waiting = request.send(None)
         except StopIteration as finished:
-            self._send(wire.encode_response(frame.op, frame.request_id, Status.OK, finished.value))
+            answer(None, finished.value)
         except (Exception, asyncio.CancelledError) as exc:
-            self._failed(frame, exc)
+            answer(exc, b"")
         else:
             if waiting is None:  # a bare yield (asyncio.sleep(0)): just run again on the next turn
-                self._loop.call_soon(self._step, request, frame)
+                self._loop.call_soon(self.step, request, answer)
             else:
                 waiting._asyncio_future_blocking = False
-                waiting.add_done_callback(functools.partial(self._step, request, frame))
+                waiting.add_done_callback(functools.partial(self.step, request, answer))
             return
         self._finished()
+
+    def _answer(self, frame: wire.Frame, exc: BaseException | None, body: bytes) -> None:
+        """Answer a bookfleet request with its body, or with what it raised."""
+        if exc is None:
+            self.send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
+        else:
+            self._failed(frame, exc)
 
     def _failed(self, frame: wire.Frame, exc: BaseException) -> None:
         """Answer a request that raised; a malformed body closes the connection."""
@@ -404,7 +471,7 @@ class Connection(asyncio.Protocol):
 
     def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
         self.server.metrics.count_error(frame.op, status)
-        self._send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
+        self.send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
     def _finished(self, count: int = 1) -> None:
         self.in_flight -= count
@@ -432,7 +499,7 @@ class Connection(asyncio.Protocol):
 
     # --- answers ----------------------------------------------------------------------------------------------
 
-    def _send(self, response: bytes) -> None:
+    def send(self, response: bytes) -> None:
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(response)
@@ -466,10 +533,24 @@ class Connection(asyncio.Protocol):
         """Answer a broken frame once and close this connection; other connections never notice."""
         if self._rejected:
             return
+        if self._session is not None:
+            self.close_unreadable(message)
+            return
         self._rejected = True
         log.warning("closing connection from %s: %s", self.peer, message)
         self.server.metrics.count_error(op, status)
-        self._send(wire.encode_error(op, request_id, status, message))
+        self.send(wire.encode_error(op, request_id, status, message))
+        self.buffer.clear()
+        self._loop.call_soon(self.close_after_flush)
+
+    def close_unreadable(self, message: str) -> None:
+        """Close a connection whose frame cannot be read, after the answers already due; nothing answers the frame
+        itself (a BookKeeper client has no answer to match it with), as a BookKeeper bookie's decoder does."""
+        if self._rejected:
+            return
+        self._rejected = True
+        log.warning("closing connection from %s: %s", self.peer, message)
+        self.server.metrics.count_error(0, Status.BAD_REQUEST)
         self.buffer.clear()
         self._loop.call_soon(self.close_after_flush)
 

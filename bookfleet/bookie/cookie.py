@@ -2,39 +2,54 @@
 
 A bookie that starts on the wrong disks would serve (or silently lack) another bookie's ledgers, so every mismatch
 refuses to start with a message that says which case it is. Fresh disks and no ZooKeeper cookie: both are created
-(disks first, so a crash in between is reported as "ZooKeeper has none" rather than passing silently).
+(disks first, so a crash in between is reported as "ZooKeeper has none" rather than passing silently). Beside the
+cookie (BookKeeper's format, which names the cluster, not the bookie's registration) each disk keeps the ZooKeeper
+cookie's incarnation, so a disk of an earlier registration of the same bookie is refused too; a disk without one
+(a crash right after the ZooKeeper cookie was made) takes the current one.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from bookfleet.meta import cookies
+from bookfleet.meta import cookies, layout
 from bookfleet.meta.cookies import Cookie, CookieMismatch
 
 COOKIE_FILE = "COOKIE"
+INCARNATION_FILE = "COOKIE.incarnation"
 
 
 def _read_disk(directory: Path) -> Cookie | None:
     path = directory / COOKIE_FILE
     try:
-        return Cookie.from_json(path.read_bytes(), str(path))
+        cookie = Cookie.decode(path.read_bytes(), str(path))
     except FileNotFoundError:
         return None
+    try:
+        return replace(cookie, incarnation=int((directory / INCARNATION_FILE).read_text()))
+    except FileNotFoundError:
+        return cookie
 
 
 def _write_disk(directory: Path, cookie: Cookie) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{COOKIE_FILE}.tmp"
+    _write_file(directory, COOKIE_FILE, cookie.encode())
+    if cookie.incarnation:
+        _write_file(directory, INCARNATION_FILE, str(cookie.incarnation).encode())
+
+
+def _write_file(directory: Path, name: str, data: bytes) -> None:
+    """Replace `name` atomically and durably."""
+    tmp = directory / f"{name}.tmp"
     with open(tmp, "wb") as file:
-        file.write(cookie.to_json())
+        file.write(data)
         file.flush()
         os.fsync(file.fileno())
-    os.replace(tmp, directory / COOKIE_FILE)
+    os.replace(tmp, directory / name)
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -52,6 +67,7 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
                 f"{name} {dirs[name]} belongs to bookie {cookie.bookieId}, not {bookie_id}: "
                 "was the disk moved to another bookie?"
             )
+    cluster = layout.initialize(zk)
     registered = cookies.read(zk, bookie_id)
 
     if registered is None:
@@ -61,7 +77,7 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
                 f"{' and '.join(present)} hold a cookie for bookie {bookie_id} but ZooKeeper has none: "
                 "the bookie was decommissioned or ZooKeeper was reset; wipe the disks to rejoin as a new bookie"
             )
-        return _create(zk, bookie_id, dirs)
+        return _create(zk, bookie_id, dirs, cluster)
 
     for name, cookie in on_disk.items():
         if cookie is None:
@@ -72,15 +88,25 @@ def verify_or_create(zk: KazooClient, bookie_id: str, journal_dir: Path, ledger_
         if cookie.instanceId != registered.instanceId:
             raise CookieMismatch(
                 f"{name} {dirs[name]} has instance {cookie.instanceId} but ZooKeeper's cookie for bookie "
-                f"{bookie_id} has instance {registered.instanceId}: the disk is from another incarnation of it"
+                f"{bookie_id} has instance {registered.instanceId}: the disk is from another cluster"
             )
+        if cookie.incarnation not in (0, registered.incarnation):
+            raise CookieMismatch(
+                f"{name} {dirs[name]} has incarnation {cookie.incarnation} but ZooKeeper's cookie for bookie "
+                f"{bookie_id} has incarnation {registered.incarnation}: the disk is from another incarnation of it"
+            )
+    for name, cookie in on_disk.items():
+        if cookie is not None and not cookie.incarnation:
+            _write_file(dirs[name], INCARNATION_FILE, str(registered.incarnation).encode())
     return registered
 
 
-def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path]) -> Cookie:
+def _create(zk: KazooClient, bookie_id: str, dirs: dict[str, Path], cluster: str) -> Cookie:
     journal_dir, ledger_dir = dirs["journal dir"], dirs["ledger dir"]
-    cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), uuid.uuid4().hex)
+    cookie = Cookie(bookie_id, str(journal_dir), str(ledger_dir), cluster)
     for directory in dirs.values():
         _write_disk(directory, cookie)
-    cookies.create(zk, cookie)
-    return cookie
+    registered = cookies.create(zk, cookie)
+    for directory in dirs.values():
+        _write_disk(directory, registered)
+    return registered

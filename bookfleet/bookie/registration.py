@@ -1,15 +1,15 @@
 """The bookie's ephemeral registration: available/<id> while writable, available/readonly/<id> while read-only.
 
-The JSON is a meta.registry.BookieInfo (plus totalBytes-style extras it ignores), so the writer and the readers
-of the registration share one model. kazoo runs in its own thread; every ZooKeeper call happens in a worker thread,
-and a session loss (the ephemeral nodes die with it) triggers a re-registration once a new session is up.
+The payload is a meta.registry.BookieInfo's encoding (BookKeeper's BookieServiceInfoFormat), so the writer and the
+readers of the registration, Java clients included, share one definition. kazoo runs in its own thread; every
+ZooKeeper call happens in a worker thread, and a session loss (the ephemeral nodes die with it) triggers a
+re-registration once a new session is up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 
@@ -75,17 +75,17 @@ class Registration:
             await asyncio.to_thread(self._delete_both)
         self.registered = False
 
-    def info_json(self) -> bytes:
-        info = BookieInfo(
+    def info_bytes(self) -> bytes:
+        return BookieInfo(
             bookie_id=self.bookie_id,
             address=self.address,
             zone=self.zone,
             state=BookieMode.READ_ONLY if self.read_only else BookieMode.WRITABLE,
             free_bytes=self.free_bytes,
             tls=self.tls,
-        )
-        extra = {"total_bytes": self.total_bytes, "http_port": self.http_port}
-        return json.dumps(info.model_dump(mode="json") | extra).encode()
+            http_port=self.http_port,
+            total_bytes=self.total_bytes,
+        ).encode()
 
     # --- internals ----------------------------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ class Registration:
         other = zkpaths.available(self.bookie_id) if self.read_only else zkpaths.readonly(self.bookie_id)
         if self._move(other, wanted):
             return
-        self._put_ephemeral(wanted, self.info_json())
+        self._put_ephemeral(wanted, self.info_bytes())
         with contextlib.suppress(NoNodeError):
             self.zk.delete(other)
 
@@ -128,7 +128,7 @@ class Registration:
             return False
         self.zk.ensure_path(zkpaths.READONLY)
         transaction = self.zk.transaction()
-        transaction.create(new, self.info_json(), ephemeral=True)
+        transaction.create(new, self.info_bytes(), ephemeral=True)
         transaction.delete(old, version=stat.version)
         return not any(isinstance(result, Exception) for result in transaction.commit())
 

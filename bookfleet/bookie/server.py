@@ -26,7 +26,6 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, fields
 from typing import Any
 
 from bookfleet import wire
@@ -34,6 +33,7 @@ from bookfleet.bookie import errors
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import _ADD_HEAD, _ENTRY_OFFSET, _FENCE, _RECOVERY_ADD, Connection
 from bookfleet.bookie.http import BookieMetrics
+from bookfleet.bookie.serving import ServerLimits
 from bookfleet.security import roles
 from bookfleet.security.tls import ReloadingContext, TlsConfigError
 from bookfleet.wire import Op
@@ -51,27 +51,9 @@ READ_RANGE_MAX_ENTRIES = 10_000
 max_bytes, and the reader asks again from the entry after the last one it got."""
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one client, or all of them, may make the bookie hold (see the module docstring)."""
-
-    max_in_flight: int = 2000
-    max_pending_response_bytes: int = 16 * 1024 * 1024
-    max_long_polls: int = 256
-    max_connection_add_bytes: int = 64 * 1024 * 1024
-    max_add_bytes: int = 512 * 1024 * 1024
-    max_connections: int = 1024
-    idle_timeout: float = 600.0
-    """Seconds without a request and with nothing in flight before a connection is closed."""
-
-    def __post_init__(self) -> None:
-        for limit in fields(self):
-            if getattr(self, limit.name) <= 0:
-                raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
-
 class BookieServer:
     """Serves `storage` (a LedgerStorage) over TCP. `read_only` (why adds are refused; None: writable) is switched
-    by the bookie's ReadOnlyState."""
+    by the bookie's ReadOnlyState. Each connection gets this server as a `serving.Server`, its only view of it."""
 
     def __init__(
         self,
@@ -105,7 +87,7 @@ class BookieServer:
         self._admission_waiters: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._idle_sweeper: asyncio.Task[None] | None = None
-        self._handlers: dict[int, Callable[[wire.Frame, Connection], Coroutine[Any, Any, bytes]]] = {
+        self.handlers: dict[int, Callable[[wire.Frame, Connection], Coroutine[Any, Any, bytes]]] = {
             Op.READ_ENTRY: self._read_entry,
             Op.READ_LAC: self._read_lac,
             Op.WRITE_LAC: self._write_lac,
@@ -190,7 +172,17 @@ class BookieServer:
             ledger_id, entry_id, lac, entry, master_key, flags & _RECOVERY_ADD != 0, writer_epoch
         )
 
-    def _add_needs_check(self, ledger_id: int, flags: int, principal: roles.Principal | None) -> bool:
+    def add_entry(
+        self, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int, lac: int,
+        reserved: bool = False,
+    ) -> asyncio.Future[None]:
+        """The one add of every protocol but bookfleet's own fast path (`apply_add`): the read-only check (unless
+        `reserved`, as there), then storage; returns the future of its group commit."""
+        if self.read_only is not None and not reserved:
+            raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
+        return self.storage.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery)
+
+    def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper: a ledger not admitted yet, a client's recovery add (allowed
         only while the ledger is not closed), or a recovery add to a read-only bookie (allowed only to the ensemble's
         own bookies)."""
@@ -198,41 +190,78 @@ class BookieServer:
             return False
         if not self.admission.admitted(ledger_id):
             return True
-        if not flags & _RECOVERY_ADD:
+        if not recovery:
             return False
         return self.read_only is not None or (
             principal is not None and not principal.has(*roles.CLOSED_LEDGER_WRITERS)
         )
 
-    async def _checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
-        """An add that waits for the admission lookup first (`request`: its frame from the header on, copied out of
-        the receive buffer), then takes the one add path."""
-        _, _, flags, _, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(request)
+    async def admit_add(
+        self, ledger_id: int, entry_id: int, entry_size: int, recovery: bool, principal: roles.Principal | None
+    ) -> bool:
+        """The lookups of an add that needs them (`add_needs_check`), of any protocol: the ledger's metadata must
+        exist, a client's recovery add on a closed ledger needs a role that may write closed ledgers, and a read-only
+        bookie takes a recovery add only into its reserve. Returns whether the add was granted reserve room."""
         await self.admission.admit(ledger_id)
-        if flags & _RECOVERY_ADD and principal is not None and await self.admission.closed(ledger_id):
+        if recovery and principal is not None and await self.admission.closed(ledger_id):
             try:
                 roles.authorize_closed_ledger_add(principal, ledger_id)
             except roles.Forbidden as exc:
                 raise errors.RoleForbidden(str(exc)) from None
-        reserved = self.read_only is not None and await self._reserve_room(flags, ledger_id, entry_id, request)
+        return self.read_only is not None and await self._reserve_room(recovery, ledger_id, entry_id, entry_size)
+
+    async def checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
+        """An add that waits for the admission lookup first (`request`: its frame from the header on, copied out of
+        the receive buffer), then takes the one add path."""
+        _, _, flags, _, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(request)
+        recovery = flags & _RECOVERY_ADD != 0
+        reserved = await self.admit_add(ledger_id, entry_id, len(request) - _ENTRY_OFFSET, recovery, principal)
         await self.apply_add(request, 0, len(request), key, flags, epoch, ledger_id, entry_id, lac, reserved)
         return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
 
-    async def _reserve_room(self, flags: int, ledger_id: int, entry_id: int, request: bytearray) -> bool:
+    async def _reserve_room(self, recovery: bool, ledger_id: int, entry_id: int, entry_size: int) -> bool:
         """Room in the disk's reserve for a recovery add to this read-only bookie, or ReadOnly saying why not: not a
         recovery add, failed storage, an entry whose stored ensemble does not name this bookie (a new home must be
         writable), or the reserve used up (its hard limit keeps the disk from filling up)."""
         refused = f"bookie is read-only: {self.read_only}"
-        if not flags & _RECOVERY_ADD or not self.takes_recovery_adds or self.reserve is None:
+        if not recovery or not self.takes_recovery_adds or self.reserve is None:
             raise errors.ReadOnly(refused)
         if not await self.admission.in_ensemble(ledger_id, entry_id):
             raise errors.ReadOnly(
                 f"{refused}; it takes recovery adds only of entries whose stored ensemble names it, and ledger "
                 f"{ledger_id}'s does not name it for entry {entry_id}"
             )
-        if not self.reserve(len(request) - _ENTRY_OFFSET):
+        if not self.reserve(entry_size):
             raise errors.ReadOnly(f"{refused}; its disk reserve for recovery adds is used up")
         return True
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence a ledger for a fencing read, of any protocol: a ledger this bookie does not hold needs its
+        metadata in ZooKeeper first."""
+        if self.admission is not None:
+            await self.admission.admit(ledger_id)
+        await self.storage.fence(ledger_id, master_key)
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        if self.admission is not None:
+            await self.admission.admit(ledger_id)
+        await self.storage.set_explicit_lac(ledger_id, lac, master_key)
+
+    async def wait_for_lac(self, conn: Connection, ledger_id: int, previous: int, timeout: float) -> int:
+        """The ledger's LAC once above `previous`, or at the end of `timeout` seconds (cut to MAX_READ_LAC_WAIT); a
+        long poll beyond the connection's `max_long_polls` is answered at once, as if its timeout were 0."""
+        timeout = min(timeout, MAX_READ_LAC_WAIT)
+        if timeout <= 0 or conn.long_polls >= self.limits.max_long_polls:
+            return self.storage.lac(ledger_id)
+        self._long_polls += 1
+        conn.long_polls += 1
+        self.metrics.long_polls.inc()
+        try:
+            return await self.storage.wait_for_lac(ledger_id, previous, timeout, conn.ended)
+        finally:
+            self._long_polls -= 1
+            conn.long_polls -= 1
+            self.metrics.long_polls.dec()
 
     async def _read_entry(self, frame: wire.Frame, conn: Connection) -> bytes:
         ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
@@ -243,9 +272,7 @@ class BookieServer:
             key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
             if len(key) != wire.MASTER_KEY_SIZE:
                 raise wire.ProtocolError(f"READ_ENTRY with FENCE needs a {wire.MASTER_KEY_SIZE}-byte master key")
-            if self.admission is not None:
-                await self.admission.admit(ledger_id)
-            await self.storage.fence(ledger_id, key)
+            await self.fence(ledger_id, key)
         if entry_id == wire.INVALID_ENTRY_ID:
             return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
         entry = await self.storage.read_entry(ledger_id, entry_id)
@@ -253,29 +280,15 @@ class BookieServer:
         return entry
 
     async def _read_lac(self, frame: wire.Frame, conn: Connection) -> bytes:
-        """A long poll beyond the connection's `max_long_polls` is answered at once, as if its timeout were 0."""
         ledger_id, previous, timeout_ms = wire.unpack_body(wire.READ_LAC_REQUEST, frame.body, "READ_LAC")
         wire.check_ledger_id(ledger_id)
         wire.check_lac(previous, "previous lac")
-        timeout = min(timeout_ms / 1000, MAX_READ_LAC_WAIT)
-        if timeout <= 0 or conn.long_polls >= self.limits.max_long_polls:
-            return wire.LAC.pack(self.storage.lac(ledger_id))
-        self._long_polls += 1
-        conn.long_polls += 1
-        self.metrics.long_polls.inc()
-        try:
-            return wire.LAC.pack(await self.storage.wait_for_lac(ledger_id, previous, timeout, conn.ended))
-        finally:
-            self._long_polls -= 1
-            conn.long_polls -= 1
-            self.metrics.long_polls.dec()
+        return wire.LAC.pack(await self.wait_for_lac(conn, ledger_id, previous, timeout_ms / 1000))
 
     async def _write_lac(self, frame: wire.Frame, conn: Connection) -> bytes:
         key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
         ledger_id, lac = wire.unpack_body(wire.WRITE_LAC_BODY, frame.body[wire.MASTER_KEY_SIZE :], "WRITE_LAC")
-        if self.admission is not None:
-            await self.admission.admit(ledger_id)
-        await self.storage.set_explicit_lac(ledger_id, lac, key)
+        await self.write_lac(ledger_id, lac, key)
         return b""
 
     async def _raise_epoch(self, frame: wire.Frame, conn: Connection) -> bytes:

@@ -22,7 +22,7 @@ logs through an index that still answers).
 A journal whose synced records were lost (journal.Replay's `damage`: not a torn tail) leaves the bookie unable to
 vouch that an entry it lacks was never written here: any ledger's records may have been in the lost span. That is
 recorded for good (checkpoint.JournalDamage) and every read of something absent answers CannotVouch instead of
-NoSuchLedger / NoSuchEntry, which recovery and repair would count as proof of absence (see DESIGN.md).
+NoSuchLedger / NoSuchEntry, which recovery and repair would count as proof of absence (see docs/design.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bookfleet import wire
+from bookfleet import bkwire, wire
 from bookfleet.bookie import gc
 from bookfleet.bookie.checkpoint import JournalDamage, LastLogMark
 from bookfleet.bookie.entrylog import EntryLogger
@@ -77,6 +77,8 @@ MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
 _INT64_MAX = wire.INT64_MAX
+_MASTER_KEY_SIZES = (wire.MASTER_KEY_SIZE, bkwire.MASTER_KEY_SIZE)
+"""A ledger's first add brings its key: bookfleet's own (32 bytes) or BookKeeper's (20)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class StorageSettings:
 
 
 class LedgerStorage:
-    """A bookie's ledgers on disk; see DESIGN.md for the contract. Every acknowledging call returns after fdatasync."""
+    """A bookie's ledgers on disk; see docs/design.md for the contract. Every acknowledging call returns after
+    fdatasync."""
 
     def __init__(
         self,
@@ -730,8 +733,8 @@ class LedgerStorage:
                 self._wake_lac_waiters(ledger_id)
 
     def _create(self, ledger_id: int, master_key: bytes) -> IndexedLedger:
-        if len(master_key) != wire.MASTER_KEY_SIZE:
-            raise BadRequest(f"master key of {len(master_key)} bytes, expected {wire.MASTER_KEY_SIZE}")
+        if len(master_key) not in _MASTER_KEY_SIZES:
+            raise BadRequest(f"master key of {len(master_key)} bytes, expected one of {_MASTER_KEY_SIZES}")
         state = self._ledgers[ledger_id] = IndexedLedger(bytes(master_key))
         self._dirty.add(ledger_id)
         self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(master_key))

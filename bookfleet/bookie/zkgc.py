@@ -109,7 +109,7 @@ class LedgerCollector:
         """Whether the ledger (read now, under its lock) is closed and names this bookie in no segment; anything
         unreadable keeps the copy."""
         try:
-            metadata = LedgerMetadata.from_json(read.get()[0])
+            metadata = LedgerMetadata.decode(read.get()[0])
         except Exception:  # deleted meanwhile (the other collection takes it next pass), or unreadable
             return False
         return metadata.is_closed and self.bookie_id not in metadata.bookies()

@@ -18,6 +18,7 @@ from bookfleet.client.reader import LedgerReader
 from bookfleet.client.recovery import recover_ledger
 from bookfleet.client.reopen import LedgerReopen
 from bookfleet.client.writer import LedgerWriter, WriterSettings
+from bookfleet.meta import layout
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.lease import WriterLease
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore, new_metadata
@@ -36,6 +37,7 @@ class BookKeeper:
     def __init__(self, zk: str | KazooClient, writer_settings: WriterSettings | None = None):
         self._owns_zk = isinstance(zk, str)
         self.zk = zkclient.connect(zk) if isinstance(zk, str) else zk
+        layout.initialize(self.zk)
         self.metadata = MetadataStore(self.zk)
         self.registry = BookieRegistry(self.zk)
         self.pool = BookiePool(self.registry)
@@ -132,5 +134,5 @@ class BookKeeper:
 
 
 def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
-    if wire.password_hash(password) != metadata.password_hash:
+    if not metadata.password_matches(password):
         raise WrongPasswordError(ledger_id)

@@ -4,8 +4,6 @@ and the operator read them."""
 
 from __future__ import annotations
 
-import math
-
 from bookfleet.commanderror import CommandError
 from bookfleet.commands._zksession import add_zk_argument, zk_session
 from bookfleet.meta.fleetstatus import auditor_status
@@ -27,7 +25,7 @@ def register(subparsers) -> None:
     delay = actions.add_parser(
         "delay", help="set lostBookieRecoveryDelay: how long a vanished bookie may stay away before it is lost"
     )
-    delay.add_argument("seconds", type=float, metavar="SECONDS")
+    delay.add_argument("seconds", type=int, metavar="SECONDS", help="whole seconds (BookKeeper keeps no fraction)")
     delay.set_defaults(handler=run_delay)
     for action in (disable, enable, status, delay):
         add_zk_argument(action)
@@ -61,8 +59,8 @@ def run_status(args) -> int:
 
 
 def run_delay(args) -> int:
-    if not math.isfinite(args.seconds) or args.seconds < 0:
-        raise CommandError(f"the delay must be a finite number of seconds >= 0, got {args.seconds}")
+    if args.seconds < 0:
+        raise CommandError(f"the delay must be whole seconds >= 0, got {args.seconds}")
     with zk_session(args.zk) as client:
         UnderReplication(client).set_recovery_delay(args.seconds)
     print(f"lostBookieRecoveryDelay set to {args.seconds:g}s")

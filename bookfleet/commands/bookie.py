@@ -16,6 +16,7 @@ def register(subparsers) -> None:
 def handle(args) -> int:
     from bookfleet.bookie import config, cookie, main
     from bookfleet.eventloop import EventLoopUnavailable
+    from bookfleet.meta.layout import LayoutError
     from bookfleet.meta.zk import ZooKeeperUnreachable
 
     try:
@@ -24,5 +25,5 @@ def handle(args) -> int:
         raise CommandError(str(exc)) from None
     try:
         return main.run(settings)
-    except (cookie.CookieMismatch, ZooKeeperUnreachable, main.StartupError, EventLoopUnavailable) as exc:
+    except (cookie.CookieMismatch, LayoutError, ZooKeeperUnreachable, main.StartupError, EventLoopUnavailable) as exc:
         raise CommandError(str(exc)) from None

@@ -1,5 +1,5 @@
-"""`bookfleet delete-cluster NAME`: delete a BookieCluster and wait until it and its Bookies are gone, never for
-ever (the Helm chart's pre-delete hook; see bookfleet.kube.teardown)."""
+"""`bookfleet delete-cluster NAME`: delete a BookieCluster, its Bookies and its Ledgers, and wait until they are gone,
+never for ever (the Helm chart's pre-delete hook; see bookfleet.kube.teardown)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from bookfleet.commanderror import CommandError
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "delete-cluster",
-        help="delete a BookieCluster and its Ledgers; if no operator releases them in time, release them here",
+        help="delete a BookieCluster, its Bookies and its Ledgers (kopf finalizers of older operators released)",
     )
     parser.add_argument("name", help="the BookieCluster")
     parser.add_argument("--namespace", default="default", help="its namespace (default: default)")
     parser.add_argument("--timeout", type=float, default=120.0,
-                        help="seconds to wait for the operator before removing its finalizers (default 120)")
+                        help="seconds to wait for the cluster and its Bookies to go (default 120)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.set_defaults(handler=run)
 
@@ -31,10 +31,9 @@ def run(args: argparse.Namespace) -> int:
 
     api.load_config(args.kubeconfig)
     outcome = teardown.delete_cluster(api.KubeApi(), args.namespace, args.name, args.timeout)
-    print({
-        teardown.Teardown.ABSENT: f"BookieCluster {args.name} does not exist",
-        teardown.Teardown.DELETED: f"BookieCluster {args.name}, its Bookies and its Ledgers deleted by the operator",
-        teardown.Teardown.FORCED: f"no operator released BookieCluster {args.name} within {args.timeout:g}s: its "
-                                 "finalizers were removed and it was deleted here",
-    }[outcome])
+    if outcome is teardown.Teardown.HELD:
+        raise CommandError(f"BookieCluster {args.name} or a Bookie of it is still there after {args.timeout:g}s: "
+                           "a finalizer that is not the operator's holds it (kubectl get -o yaml shows which)")
+    print(f"BookieCluster {args.name} does not exist" if outcome is teardown.Teardown.ABSENT
+          else f"BookieCluster {args.name}, its Bookies and its Ledgers deleted")
     return 0

@@ -2,7 +2,7 @@
 
 Starts the standalone fleet (embedded ZooKeeper, bookies, auditor, repair runner), writes ledgers, kills -9 the
 bookie holding the most of them, and narrates the marking, the Spark repair and the verified healthy end state;
-then keeps the fleet serving until Ctrl-C (or exits, with --exit-when-healthy).
+then keeps the fleet serving until Ctrl-C, SIGTERM or SIGHUP (or exits, with --exit-when-healthy).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from bookfleet.commanderror import CommandError
-from bookfleet.polling import until_interrupted, wait_for
+from bookfleet.polling import interrupt_on_stop_signals, until_interrupted, wait_for
 
 
 def register(subparsers) -> None:
@@ -59,6 +59,7 @@ def most_marked(under_replication, samples: int = 10) -> int:
 
 def run(args) -> int:
     check_arguments(args)
+    interrupt_on_stop_signals()
     logging.getLogger().setLevel(logging.WARNING)  # the narration below is the output
     with tempfile.TemporaryDirectory(prefix="bookfleet-demo-") as scratch:
         return Demo(args, args.data_dir or Path(scratch), Console(highlight=False)).play()

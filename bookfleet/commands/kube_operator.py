@@ -29,6 +29,11 @@ def register(subparsers) -> None:
                              "pauses every replica of a tied top priority)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
+    parser.add_argument("--api-qps", type=float, default=50.0,
+                        help="API requests a second the operator makes at most, sustained (default 50; a 429 answer "
+                             "is waited out and retried either way)")
+    parser.add_argument("--api-burst", type=int, default=100,
+                        help="API requests the operator may make at once above --api-qps (default 100)")
     parser.add_argument("--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve the operator's Prometheus metrics on this port at /metrics (default: not served; "
@@ -43,11 +48,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
     if args.priority is not None and not args.peering:
         raise CommandError("--priority needs --peering NAME")
+    if args.api_qps <= 0 or args.api_burst < 1:
+        raise CommandError(f"--api-qps must be positive and --api-burst at least 1, got {args.api_qps:g} and "
+                           f"{args.api_burst}")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise CommandError(f"--metrics-port must be between 1 and 65535, got {args.metrics_port}")
     os.environ["BOOKFLEET_OPERATOR_INTERVAL"] = str(args.interval)
     os.environ["BOOKFLEET_KUBECONFIG"] = args.kubeconfig or ""
     os.environ["BOOKFLEET_OPERATOR_ZK"] = args.zk or ""
+    os.environ["BOOKFLEET_OPERATOR_API_QPS"] = str(args.api_qps)
+    os.environ["BOOKFLEET_OPERATOR_API_BURST"] = str(args.api_burst)
     os.environ["BOOKFLEET_OPERATOR_NAMESPACES"] = ",".join(args.namespaces or ())
     import kopf
 

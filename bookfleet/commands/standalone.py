@@ -1,13 +1,12 @@
-"""`bookfleet standalone`: ZooKeeper and N bookies on this machine, until Ctrl-C."""
+"""`bookfleet standalone`: ZooKeeper and N bookies on this machine, until Ctrl-C, SIGTERM or SIGHUP."""
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
 from bookfleet.commanderror import CommandError
-from bookfleet.polling import until_interrupted
+from bookfleet.polling import interrupt_on_stop_signals, until_interrupted
 
 
 def register(subparsers) -> None:
@@ -39,8 +38,7 @@ def handle(args) -> int:
 
     if args.bookies < 1:
         raise CommandError(f"--bookies must be at least 1, not {args.bookies}")
-    # SIGTERM stops as cleanly as Ctrl-C.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    interrupt_on_stop_signals()
     cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port, secure=args.secure)
     try:
         cluster.start()

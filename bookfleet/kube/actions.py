@@ -103,9 +103,15 @@ class PostEvent:
     message: str
     warning: bool = False
     involved: dict[str, Any] | None = None
+    counted: bool = False
+    """One of many alike (every Ledger a bookie loss touches): counted into one Event per reason on `involved` and
+    window (kube.context.EventTally), not posted on the reconciled object."""
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
+        if self.counted and self.involved is not None:
+            ctx.events.add(self.involved, self.reason, body["metadata"]["name"], self.message, self.warning)
+        else:
+            ctx.api.post_event(self.involved or body, self.reason, self.message, warning=self.warning)
 
 
 @dataclass(frozen=True)

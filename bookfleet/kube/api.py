@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import kubernetes
@@ -52,6 +54,44 @@ CONNECTIONS = 64
 passes' requests (urllib3's default of 10 discarded connections, and their TLS handshakes, once six informers ran)."""
 
 
+THROTTLED_RETRIES = 5
+"""How often a request the API server answered 429 Too Many Requests is sent again before the pass fails."""
+MAX_RETRY_AFTER = 30.0
+"""The longest wait a 429's Retry-After gets (a larger one is the next pass's business)."""
+
+
+class RateLimiter:
+    """client-go's token bucket: `qps` requests a second sustained, `burst` at once. Every request of the operator
+    takes a token and waits for one when the bucket is empty, so a storm of passes (a bookie loss at 100,000 Ledgers)
+    queues here instead of at the API server, whose priority and fairness would answer 429 to every client sharing
+    the operator's flow."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"a rate limit needs qps > 0 and burst >= 1, got {qps} and {burst}")
+        self.qps, self.burst, self._clock = qps, burst, clock
+        self._tokens, self._at = float(burst), clock()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take a token: the seconds to wait before the request may go."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps) - 1
+            self._at = now
+            return max(0.0, -self._tokens / self.qps)
+
+
+def retry_after(headers: Mapping[str, str], attempt: int) -> float:
+    """Seconds to wait before sending a throttled request again: the Retry-After the API server named (seconds, at
+    most MAX_RETRY_AFTER), else 1, 2, 4 ... s by attempt."""
+    try:
+        named = float(headers.get("Retry-After", ""))
+    except ValueError:
+        named = float(2 ** attempt)
+    return min(max(named, 0.0), MAX_RETRY_AFTER)
+
+
 def load_config(kubeconfig: str | None) -> None:
     """The kubernetes client's settings: a kubeconfig file when given, else the pod's service account."""
     if kubeconfig:
@@ -88,9 +128,26 @@ def collection_path(api_version: str, plural: str, namespace: str | None) -> str
 class KubeApi:
     """JSON in, JSON out; every method names the object it failed on."""
 
-    def __init__(self, client: kubernetes.client.ApiClient | None = None):
+    def __init__(self, client: kubernetes.client.ApiClient | None = None, limiter: RateLimiter | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        """`limiter`: the client-side rate limit (None: none, for a one-off command such as the uninstall hook's);
+        429 Too Many Requests is waited out and retried either way."""
         self.client = client or kubernetes.client.ApiClient()
+        self._limiter, self._sleep = limiter, sleep
         self._served: dict[tuple[str, str], bool] = {}
+
+    def _send(self, request: tuple, **options: Any) -> Any:
+        """One request within the rate limit; a 429 answer is sent again after its Retry-After, a few times."""
+        for attempt in range(THROTTLED_RETRIES + 1):
+            if self._limiter is not None:
+                self._sleep(self._limiter.reserve())
+            response = self.client.call_api(*request, **options)
+            if response.status != 429 or attempt == THROTTLED_RETRIES:
+                return response
+            metrics.THROTTLED.inc()
+            response.read()
+            self._sleep(retry_after(response.headers, attempt))
+        raise AssertionError("unreachable: the last attempt returns")
 
     def _call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
               content_type: str = "application/json") -> Any:
@@ -98,7 +155,7 @@ class KubeApi:
             method, path, query_params=list((query or {}).items()), body=body,
             header_params={"Content-Type": content_type, "Accept": "application/json"}, auth_settings=["BearerToken"],
         )
-        response = self.client.call_api(*request)
+        response = self._send(request)
         data = response.read()
         if response.status >= 400:
             raise ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
@@ -123,6 +180,16 @@ class KubeApi:
         query = {"labelSelector": selector, "limit": "500"} | ({"continue": continue_token} if continue_token else {})
         return self._call("GET", collection_path(api_version, plural, namespace), query=query)
 
+    def pages(self, api_version: str, plural: str, namespace: str | None, selector: str = "") -> Iterator[list[dict]]:
+        """A LIST page by page (500 objects each): a caller that handles each page as it comes never holds the whole
+        collection (100,000 Ledgers)."""
+        token = ""
+        while True:
+            page = self.list_page(api_version, plural, namespace, selector, token)
+            yield page.get("items", [])
+            if not (token := page["metadata"].get("continue", "")):
+                return
+
     def watch(self, api_version: str, plural: str, namespace: str | None, selector: str, resource_version: str,
               timeout_seconds: int) -> WatchStream:
         """The watch events after `resource_version` (bookmarks included), until the server ends the stream after
@@ -132,7 +199,7 @@ class KubeApi:
         request = self.client.param_serialize(
             "GET", collection_path(api_version, plural, namespace), query_params=list(query.items()),
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-        response = self.client.call_api(*request, _request_timeout=(10, timeout_seconds + 30))
+        response = self._send(request, _request_timeout=(10, timeout_seconds + 30))
         if response.status >= 400:
             body = response.read().decode(errors="replace")
             response.response.release_conn()

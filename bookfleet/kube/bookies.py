@@ -26,10 +26,12 @@ import datetime as dt
 import enum
 import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import cachetools
 from kazoo.client import KazooClient
 
 from bookfleet.kube import repairs, resources
@@ -71,6 +73,19 @@ AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NODE_GONE = "Gone"
 """The Ready status `observe` gives a node that no longer exists."""
+
+
+LEDGER_COUNT_MAX_AGE = 60.0
+"""How stale a Bookie status's ledger count may be: counting scans every ledger's metadata (BookKeeper keeps no index
+by bookie), so one scan per ZooKeeper session serves all the Bookie passes of its cluster for this long. Only the
+status shows the count; what a repair still has to do (repairs.remaining_ledgers) is always read afresh."""
+
+
+@cachetools.cached(cachetools.TTLCache(maxsize=256, ttl=LEDGER_COUNT_MAX_AGE), key=lambda zk: zk.client_id,
+                   lock=threading.Lock())
+def ledger_counts(zk: KazooClient) -> dict[str, int]:
+    """bookie id -> how many ledgers its metadata names it in, per session (its id: one per cluster credential)."""
+    return {bookie: len(ledgers) for bookie, ledgers in MetadataStore(zk).ledgers_by_bookie().items()}
 
 
 class DeathKind(enum.StrEnum):
@@ -334,7 +349,7 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
         claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
                      for claim in resources.claim_names(bookie.metadata.name)),
         registration=registration(zk, bookie.spec.bookie_id),
-        ledgers=len(MetadataStore(zk).ledgers_on_bookie(bookie.spec.bookie_id)),
+        ledgers=ledger_counts(zk).get(bookie.spec.bookie_id, 0),
         recovery_delay=under_replication.recovery_delay(), recovery_disabled=disabled,
         repair=repairs.observe_repair(ctx, cluster, bookie, lost_since) if tracks_repair else repairs.RepairObserved(),
     )
@@ -510,7 +525,8 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
     if repaired_since(plan.conditions, lost_since):  # its Jobs may be gone (ttlSecondsAfterFinished)
         step = repairs.RepairStep(repairs.Outcome.REPAIRED)
     else:
-        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at)
+        step = repairs.decide_repair(observed.recovery_disabled, observed.repair, at,
+                                     observed.cluster.spec.auto_recovery.repair.max_concurrent)
     if step.launch is not None:
         plan.actions.append(LaunchRepair(observed.cluster, bookie, lost_since, step.launch))
     if step.outcome == repairs.Outcome.REPAIRED:
@@ -533,6 +549,10 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
     elif step.outcome == repairs.Outcome.GAVE_UP:
         plan.condition(REPAIRED, False, REPAIR_GAVE_UP, f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until "
                        "the Bookie changes", event=REPAIR_GAVE_UP, warning=True)
+    elif step.outcome == repairs.Outcome.QUEUED:
+        active = observed.repair.others_active
+        plan.condition(REPAIRED, False, "RepairQueued", f"waiting for one of the cluster's {active} active repairs "
+                       "to end (spec.autoRecovery.repair.maxConcurrent)")
     else:
         plan.condition(REPAIRED, False, "Repairing", "repair in progress")
     return lost_since

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,7 +53,16 @@ from bookfleet.kube.bookies import (
     pod_ready,
 )
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
-from bookfleet.kube.models import VALID, Bookie, BookieCluster, DesiredState, Retention, cluster_problems
+from bookfleet.kube.models import (
+    VALID,
+    Bookie,
+    BookieCluster,
+    DesiredState,
+    Retention,
+    Storage,
+    Volume,
+    cluster_problems,
+)
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
@@ -355,7 +364,7 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
         actions += decommission(observed, cluster, draining[0], moment)
     serving = [b for b in wanted if b not in finishing]
     actions += follow_storage(observed, cluster, serving)
-    rollout_actions, rollout = decide_rollout(cluster, serving, moment)
+    rollout_actions, rollout = decide_rollout(cluster, serving, observed.claims, moment)
     actions += rollout_actions
     actions += rollout_events(status, cluster, rollout)
     ready = sum(pod_ready(b.pod) for b in serving)
@@ -374,8 +383,9 @@ def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rol
     by_zone = dict.fromkeys(cluster.spec.zones, 0) | collections.Counter(facts.writable_zones)
     gave_up = sum(any(c.get("type") == REPAIRED and c.get("reason") == REPAIR_GAVE_UP
                       for c in (b.body.get("status") or {}).get("conditions") or []) for b in observed.bookies)
+    limit = cluster.spec.auto_recovery.repair.max_concurrent
     gave_up += sum(b.remaining_ledgers > 0 and b.decommission_since is not None and repairs.decide_repair(
-        observed.recovery_disabled, b.repair, moment).outcome == repairs.Outcome.GAVE_UP for b in drained)
+        observed.recovery_disabled, b.repair, moment, limit).outcome == repairs.Outcome.GAVE_UP for b in drained)
     return metrics.FleetHealth(facts.under_replicated, facts.data_loss, facts.oldest_marker_ms, by_zone,
                                rollout.stuck is not None, gave_up)
 
@@ -464,7 +474,8 @@ def decommission(observed: ObservedCluster, cluster: BookieCluster, bookie: Memb
                       involved=bookie.body),
         ]
     if bookie.remaining_ledgers:  # its ledgers move elsewhere first: the repair's next step, as for a lost bookie
-        step = repairs.decide_repair(observed.recovery_disabled, bookie.repair, moment)
+        step = repairs.decide_repair(observed.recovery_disabled, bookie.repair, moment,
+                                     cluster.spec.auto_recovery.repair.max_concurrent)
         return [] if step.launch is None else [LaunchRepair(cluster, bookie.model, since, step.launch)]
     actions: list[Action] = [ForgetCookie(zookeeper, bookie_id), Delete(CORE, "pods", ns, name)]
     delete_claims = cluster.spec.persistent_volume_claim_retention_policy.when_scaled == Retention.DELETE
@@ -489,15 +500,16 @@ def decommission(observed: ObservedCluster, cluster: BookieCluster, bookie: Memb
 
 
 def follow_storage(observed: ObservedCluster, cluster: BookieCluster, bookies: Iterable[Member]) -> list[Action]:
-    """Bookies take the cluster's storage (the new quota reaches the pod through the rollout); their claims grow to
-    it where the storage class allows, and their owner references follow whenDeleted."""
+    """Claims grow to the cluster's storage where the storage class allows, and their owner references follow
+    whenDeleted; Bookies take the storage their claims were granted (`granted_storage`: the new quota reaches the pod
+    through the rollout only once the volume has grown)."""
     actions: list[Action] = []
-    storage = cluster.spec.storage.to_wire()
     for bookie in bookies:
         meta = bookie.body["metadata"]
+        storage = granted_storage(cluster, bookie.name, observed.claims).to_wire()
         if bookie.body["spec"].get("storage") != storage:
             actions.append(Patch(CUSTOM, "bookies", meta["namespace"], bookie.name, {"spec": {"storage": storage}}))
-        for wanted in resources.bookie_pvcs(cluster, current_bookie(cluster, bookie)):
+        for wanted in resources.bookie_pvcs(cluster, with_storage(bookie, cluster.spec.storage)):
             claim = observed.claims.get(wanted["metadata"]["name"])
             if claim is None or claim["metadata"].get("deletionTimestamp"):
                 continue
@@ -528,25 +540,45 @@ def refused_expansions(observed: ObservedCluster) -> list[str]:
                   and resources.quantity_bytes(refused) > resources.quantity_bytes(claim_size(claim)))
 
 
-def current_bookie(cluster: BookieCluster, bookie: Member) -> Bookie:
-    """The Bookie as this pass leaves it: with the cluster's storage."""
+def granted_storage(cluster: BookieCluster, bookie: str, claims: Mapping[str, dict]) -> Storage:
+    """The cluster's storage as far as the bookie's volumes have it: a volume whose claim is smaller (its expansion
+    pending, or refused by the storage class) keeps the size its filesystem has, so the pod's --disk-quota never
+    promises the bookie more than its disk holds (it would fill it to ENOSPC instead of turning read-only)."""
+    wanted = cluster.spec.storage
+    return wanted.model_copy(update={volume: granted_volume(getattr(wanted, volume),
+                                                            claims.get(resources.pvc_name(bookie, volume)))
+                                     for volume in resources.VOLUMES})
+
+
+def granted_volume(wanted: Volume, claim: dict | None) -> Volume:
+    """`wanted`, or the claim's capacity where that is smaller (no claim yet: it is made at `wanted`)."""
+    if claim is None:
+        return wanted
+    capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage") or claim_size(claim)
+    if resources.quantity_bytes(capacity) >= resources.quantity_bytes(wanted.size):
+        return wanted
+    return wanted.model_copy(update={"size": str(capacity)})
+
+
+def with_storage(bookie: Member, storage: Storage) -> Bookie:
     model = bookie.model
-    return model.model_copy(update={"spec": model.spec.model_copy(update={"storage": cluster.spec.storage})})
+    return model.model_copy(update={"spec": model.spec.model_copy(update={"storage": storage})})
 
 
-def desired_hash(cluster: BookieCluster, bookie: Member) -> str:
-    return resources.bookie_pod(cluster, current_bookie(cluster, bookie))["metadata"]["annotations"][
-        resources.ANNOTATION_CONFIG_HASH]
+def desired_hash(cluster: BookieCluster, bookie: Member, claims: Mapping[str, dict]) -> str:
+    """The digest of the pod this pass wants for the bookie: with the storage its claims were granted."""
+    granted = with_storage(bookie, granted_storage(cluster, bookie.name, claims))
+    return resources.bookie_pod(cluster, granted)["metadata"]["annotations"][resources.ANNOTATION_CONFIG_HASH]
 
 
 def pod_hash(pod: dict | None) -> str | None:
     return ((pod or {}).get("metadata", {}).get("annotations") or {}).get(resources.ANNOTATION_CONFIG_HASH)
 
 
-def decide_rollout(cluster: BookieCluster, bookies: list[Member],
+def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict],
                    moment: dt.datetime) -> tuple[list[Action], Rollout]:
     """Restart at most one bookie whose pod is not of the current spec, only while every other one is up."""
-    current = {b.name: pod_hash(b.pod) == desired_hash(cluster, b) for b in bookies}
+    current = {b.name: pod_hash(b.pod) == desired_hash(cluster, b, claims) for b in bookies}
     updated = sum(current[b.name] and b.up for b in bookies)
     actions: list[Action] = []
     restarting = [b for b in bookies if ANNOTATION_ROLLOUT_STARTED in b.annotations]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +43,15 @@ class OperatorContext:
 
     api: KubeApi
     zk_override: str | None = None
+    event_window: float = 60.0
+    """Seconds over which the like Events of many objects are counted into one (`events`)."""
+    events: EventTally = field(init=False)
     _sessions: dict[tuple[str, str], KazooClient] = field(default_factory=dict)
     _credentials: dict[tuple[str, str], str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.events = EventTally(self.api.post_event, self.event_window)
 
     def zk(self, target: ZooKeeperTarget) -> KazooClient:
         """A live session to a cluster's ZooKeeper with that cluster's credential (`--zk` replaces every cluster's
@@ -73,11 +80,64 @@ class OperatorContext:
         return self._credentials[key]
 
     def close(self) -> None:
+        self.events.flush()
         with self._lock:
             for client in self._sessions.values():
                 client.stop()
                 client.close()
             self._sessions.clear()
+
+
+@dataclass
+class _Tallied:
+    involved: dict[str, Any]
+    warning: bool
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+
+class EventTally:
+    """Like Events of many objects, counted into one Event per reason on the object they share (a bookie loss
+    under-replicates, repairs and heals every Ledger it held: four Events each, 400,000 at 100,000 Ledgers, became
+    one per reason on their BookieCluster and window). The first of a window's Events starts its timer (`schedule`:
+    a daemon threading.Timer); `flush` posts what was counted."""
+
+    EXAMPLES = 5
+
+    def __init__(self, post: Callable[..., None], window: float,
+                 schedule: Callable[[float, Callable[[], None]], None] | None = None):
+        self._post, self._window = post, window
+        self._schedule = schedule or _daemon_timer
+        self._tallies: dict[tuple[str, str, str], _Tallied] = {}
+        self._lock = threading.Lock()
+
+    def add(self, involved: dict[str, Any], reason: str, subject: str, message: str, warning: bool) -> None:
+        """Count `subject`'s Event `reason` on `involved`."""
+        meta = involved["metadata"]
+        key = (meta["namespace"], meta["name"], reason)
+        with self._lock:
+            first = not self._tallies
+            tally = self._tallies.setdefault(key, _Tallied(involved, warning))
+            tally.count += 1
+            if len(tally.examples) < self.EXAMPLES:
+                tally.examples.append(f"{subject} ({message})" if message else subject)
+        if first:
+            self._schedule(self._window, self.flush)
+
+    def flush(self) -> None:
+        """Post one Event per (object, reason) counted since the last flush."""
+        with self._lock:
+            tallies, self._tallies = self._tallies, {}
+        for (_, _, reason), tally in tallies.items():
+            more = f" and {tally.count - len(tally.examples)} more" if tally.count > len(tally.examples) else ""
+            self._post(tally.involved, reason, f"{tally.count} Ledger(s): {', '.join(tally.examples)}{more}",
+                       warning=tally.warning)
+
+
+def _daemon_timer(seconds: float, then: Callable[[], None]) -> None:
+    timer = threading.Timer(seconds, then)
+    timer.daemon = True
+    timer.start()
 
 
 def now() -> dt.datetime:

@@ -1,15 +1,19 @@
 """kopf registrations only: every handler hands the object to a plain domain module.
 
 Level-based throughout: loops and passes re-derive everything from Kubernetes and ZooKeeper on each pass, so a
-restarted operator resumes where the previous one stopped. Bookies, their pods and claims, BookieClusters and repair
-Jobs are read from kube.informers' caches (indexed there by bookie id, cluster and lost bookie), which also wake the
-loops that depend on them. Ledgers have no timer and no
-finalizer: kube.ledgerfeed wakes each one when something it mirrors changed.
+restarted operator resumes where the previous one stopped. So no object carries a finalizer of the operator's: there
+is no work one would guard, and a finalizer outlives the operator that should release it (a namespace deletion or an
+Argo CD prune removes the operator with its objects, which then stay Terminating for ever). A loop ends when kopf
+stops it or when the informers see its object gone (kube.wakeups). Bookies, their pods and claims, BookieClusters
+and repair Jobs are read from kube.informers' caches (indexed there by bookie id, cluster and lost bookie), which
+also wake the loops that depend on them. Ledgers have no timer and no finalizer: kube.ledgerfeed wakes each one when
+something it mirrors changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -34,6 +38,12 @@ from bookfleet.kube.models import GROUP, VERSION
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
+API_QPS = float(os.environ.get("BOOKFLEET_OPERATOR_API_QPS", "50"))
+API_BURST = int(os.environ.get("BOOKFLEET_OPERATOR_API_BURST", "100"))
+"""The operator's client-side rate limit on its API requests (`--api-qps`, `--api-burst`; kube.api.RateLimiter)."""
+EVENT_WINDOW = 6 * INTERVAL
+"""Seconds over which a bookie loss's Ledger Events (under-replicated, repair launched and done, healed) are counted
+into one Event per reason on their BookieCluster (kube.context.EventTally)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 NAMESPACES = [ns for ns in os.environ.get("BOOKFLEET_OPERATOR_NAMESPACES", "").split(",") if ns] or None
@@ -52,7 +62,8 @@ def context() -> OperatorContext:
     """Created after login, when the kubernetes client knows where the API server is."""
     global _context
     if _context is None:
-        _context = OperatorContext(api.KubeApi(), ZK_OVERRIDE)
+        _context = OperatorContext(api.KubeApi(limiter=api.RateLimiter(API_QPS, API_BURST)), ZK_OVERRIDE,
+                                   event_window=EVENT_WINDOW)
     return _context
 
 
@@ -105,6 +116,17 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
     return one_pass
 
 
+def _without_finalizer(daemon: Callable) -> Callable:
+    """kopf puts its finalizer on every object a daemon runs for (to stop the daemon before the object goes): not
+    on ours, whose loops end by themselves when their object is gone. kopf also drops the finalizer an older
+    operator left on an object, at its next event."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [dataclasses.replace(handler, requires_finalizer=False) if handler.fn is daemon else handler
+                          for handler in spawning._handlers]
+    return daemon
+
+
+@_without_finalizer
 @kopf.daemon(GROUP, VERSION, "bookieclusters", cancellation_backoff=60, cancellation_timeout=10)
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
@@ -113,7 +135,7 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
         with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
             await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
                 "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources),
-                body), stopped, INTERVAL)
+                body), stopped, INTERVAL, uid=body["metadata"].get("uid"))
     finally:
         metrics.FLEETS.forget(namespace, name)  # its health is served by the replica that acts for it
 
@@ -140,6 +162,7 @@ def _cluster(namespace: str, name: str) -> dict | None:
 _caches: informers.Caches | None = None
 
 
+@_without_finalizer
 @kopf.daemon(GROUP, VERSION, "bookies", cancellation_backoff=60, cancellation_timeout=10)
 async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per Bookie, driven by change: a pass when the Bookie, its pod, its claims or its registration change (a
@@ -148,7 +171,7 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
     wait drawn anew (±50 %) so that a fleet's loops, all started with the operator, do not resync together."""
     await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
         "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, caches().bookie_sources, retry=INTERVAL), body),
-        stopped, BOOKIE_RESYNC, jitter=0.5)
+        stopped, BOOKIE_RESYNC, jitter=0.5, uid=body["metadata"].get("uid"))
 
 
 def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:

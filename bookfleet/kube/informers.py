@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import sys
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -28,7 +29,8 @@ from bookfleet.meta import zkpaths
 
 WATCH_SECONDS = 300
 """How long one watch request lasts before it is renewed from the last resourceVersion seen."""
-RETRY_SECONDS = 2.0
+RELIST_BACKOFF = (1.0, 60.0)
+"""The first and the longest wait before a failed informer lists again (doubling per failure in a row, jittered)."""
 UNSERVED_RETRY_SECONDS = 60.0
 """How often a kind the API server does not serve (SparkApplication without the Spark operator) is looked for."""
 SYNC_TIMEOUT = 120.0
@@ -151,23 +153,30 @@ class Informer:
             self._file(kept)
 
     def _run(self, scope: str | None) -> None:
+        failures = 0
         while not self._stopped.is_set():
             try:
-                self._watch(scope, self._list(scope))
+                version = self._list(scope)
+                failures = 0
+                self._watch(scope, version)
             except ApiException as exc:
                 if exc.status == 404:  # not served: nothing of it exists, and nothing to wait for
                     self._synced[scope].set()
                     self._stopped.wait(UNSERVED_RETRY_SECONDS)
                 else:
-                    self._retry(scope, exc)
+                    failures += 1
+                    self._retry(scope, exc, failures)
             except Exception as exc:  # the API server restarting, a network blip: list again
-                self._retry(scope, exc)
+                failures += 1
+                self._retry(scope, exc, failures)
 
-    def _retry(self, scope: str | None, exc: Exception) -> None:
+    def _retry(self, scope: str | None, exc: Exception, failures: int) -> None:
         if self._stopped.is_set():
             return
-        log.warning("%s informer (%s): %s; listing again", self._plural, scope or "all namespaces", exc)
-        self._stopped.wait(RETRY_SECONDS)
+        delay = relist_delay(failures, random.random())
+        log.warning("%s informer (%s): %s; listing again in %.1f s", self._plural, scope or "all namespaces", exc,
+                    delay)
+        self._stopped.wait(delay)
 
     def _list(self, scope: str | None) -> str:
         """Replace the store with a fresh list; returns the list's resourceVersion."""
@@ -297,6 +306,12 @@ class Caches:
 
     def _bookie_changed(self, bookie: dict, deleted: bool) -> None:
         self._wake("bookies", bookie)
+        if deleted:
+            self._end_loop("bookies", bookie)
+
+    def _end_loop(self, plural: str, body: dict) -> None:
+        meta = body["metadata"]
+        self._loop.call_soon_threadsafe(self._loops.gone, (plural, meta["namespace"], meta["name"]), meta.get("uid"))
 
     def _wake(self, plural: str, body: dict) -> None:
         self._loop.call_soon_threadsafe(self._loops.wake, (plural, body["metadata"]["namespace"],
@@ -314,10 +329,20 @@ class Caches:
         meta = cluster["metadata"]
         key = ("bookieclusters", meta["namespace"], meta["name"])
         self._loop.call_soon_threadsafe(self._loops.wake_on_new_generation, key, meta.get("generation"), deleted)
+        if deleted:
+            self._end_loop("bookieclusters", cluster)
 
     def _repair_changed(self, job: dict, deleted: bool) -> None:
         if key := repairs.bookie_key(job):
             self._wake_repair(*key)
+
+
+def relist_delay(failures: int, draw: float) -> float:
+    """The wait before listing again after `failures` failed lists or watches in a row (`draw` uniform in [0, 1)):
+    doubling from RELIST_BACKOFF's first to its longest, each drawn from its upper half, so the informers of an
+    operator (and every operator of a cluster) that lost the API server together do not list again together."""
+    first, longest = RELIST_BACKOFF
+    return min(longest, first * 2 ** (failures - 1)) * (0.5 + draw / 2)
 
 
 def of_cluster(body: dict) -> tuple[str, str] | None:

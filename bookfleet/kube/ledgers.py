@@ -283,7 +283,8 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
     if not observed.adopted:
         conditions.append(condition(CREATED, True, CREATED, f"ensemble {', '.join(metadata.segments[0].bookies)}"))
     reported = report(observed, moment, status, *conditions)
-    return replace(reported, actions=(*reported.actions, *health_events(observed.status, status)))
+    return replace(reported, actions=(*reported.actions, *health_events(observed.status, status,
+                                                                        event_target(observed.cluster))))
 
 
 def report(observed: ObservedLedger, moment: dt.datetime, status: dict[str, Any], *conditions: Condition) -> Decision:
@@ -314,24 +315,33 @@ def condition_events(before: Mapping[str, Any], conditions: list[dict]) -> list[
     return events
 
 
-def health_events(before: Mapping[str, Any], after: dict[str, Any]) -> list[PostEvent]:
-    """Events for changes of under-replication and of the latest repair between two statuses."""
-    events = []
+def health_events(before: Mapping[str, Any], after: dict[str, Any], cluster: dict[str, Any]) -> list[PostEvent]:
+    """Events for changes of under-replication and of the latest repair between two statuses, counted on the
+    Ledger's cluster (kube.context.EventTally): one bookie loss makes them for every Ledger it held."""
+    events: list[tuple[str, str, bool]] = []
     was, is_ = before.get("underReplicated"), after["underReplicated"]
     if is_ and (not was or was.get("missingBookies") != is_["missingBookies"]):
-        events.append(PostEvent("UnderReplicated", f"no copy on {', '.join(is_['missingBookies'])}", warning=True))
+        events.append(("UnderReplicated", f"no copy on {', '.join(is_['missingBookies'])}", True))
     elif was and not is_:
-        events.append(PostEvent("FullyReplicated", "every entry has all its copies again"))
+        events.append(("FullyReplicated", "every entry has all its copies again", False))
     old, new = before.get("repair") or {}, after["repair"] or {}
     if new and new["job"] != old.get("job"):
-        events.append(PostEvent("RepairLaunched", f"{new['job']} repairs this ledger (attempt {new['attempts']})"))
+        events.append(("RepairLaunched", f"{new['job']} repairs this ledger (attempt {new['attempts']})", False))
     state = new.get("state")
     if state in (RepairState.SUCCEEDED, RepairState.FAILED) and (new["job"], state) != (old.get("job"),
                                                                                        old.get("state")):
         succeeded = state == RepairState.SUCCEEDED
-        events.append(PostEvent("RepairSucceeded" if succeeded else "RepairFailed",
-                                f"{new['job']} {'succeeded' if succeeded else 'failed'}", warning=not succeeded))
-    return events
+        events.append(("RepairSucceeded" if succeeded else "RepairFailed",
+                       f"{new['job']} {'succeeded' if succeeded else 'failed'}", not succeeded))
+    return [PostEvent(reason, message, warning, involved=cluster, counted=True) for reason, message, warning in events]
+
+
+def event_target(cluster: BookieCluster | None) -> dict[str, Any]:
+    """The BookieCluster as the object its Ledgers' counted Events are posted on."""
+    assert cluster is not None, "a Ledger's status is mirrored only with its cluster"
+    meta = cluster.metadata
+    return {"apiVersion": cluster.api_version, "kind": cluster.kind,
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid}}
 
 
 def bookie_zones(cluster: BookieCluster | None) -> dict[str, str]:

@@ -37,6 +37,10 @@ RECONCILE_SECONDS = Histogram("bookfleet_operator_reconcile_seconds", "Duration 
                               ["resource", *CLUSTER_LABELS], registry=REGISTRY)
 EVENTS = Counter("bookfleet_operator_events", "Kubernetes Events posted: one per decision, by kind and reason",
                  ["kind", "reason", "type", *CLUSTER_LABELS], registry=REGISTRY)
+THROTTLED = Counter("bookfleet_operator_api_throttled",
+                    "Requests the API server answered 429 Too Many Requests (each sent again after its Retry-After)",
+                    registry=REGISTRY)
+"""The API server's, not one cluster's: the only metric without a cluster label."""
 BOOKIES_LOST = Counter("bookfleet_operator_bookies_lost", "Bookies declared lost", CLUSTER_LABELS, registry=REGISTRY)
 REPAIRS = Counter("bookfleet_operator_repairs", "Repairs of lost bookies: launched, succeeded, failed, gave_up",
                   ["outcome", *CLUSTER_LABELS], registry=REGISTRY)

@@ -160,8 +160,17 @@ class PodOverrides(KubeModel):
 class Volume(KubeModel):
     """A PersistentVolumeClaim request; no storageClassName means the cluster's default class."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            ("(has(self.storageClassName) ? self.storageClassName : '') == "
+             "(has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')",
+             "storageClassName is immutable: a claim keeps the class it was made with, so existing bookies would "
+             "stay on the old one; move to a new class with a new BookieCluster"),
+        )
+    )
+
     size: Quantity = "10Gi"
-    storage_class_name: str | None = None
+    storage_class_name: str | None = Field(None, description="immutable: the claims keep the class they were made with")
 
 
 class Storage(KubeModel):
@@ -279,6 +288,11 @@ class RepairSpec(KubeModel):
         "driver pod alone (Spark local mode, executors x executorCores cores) instead of starting executor pods; 0 "
         "starts executors for every repair"
     )
+    max_concurrent: int = Field(
+        3, ge=1, description="repairs (Jobs or SparkApplications) of this cluster running at once; the repairs of "
+        "further lost or draining bookies wait their turn (their Bookie's Repaired condition says RepairQueued), so "
+        "a lost zone repairs in waves instead of starting a driver and its executors per bookie at once"
+    )
     ttl_seconds_after_finished: int = Field(
         86400, ge=0, description="a finished repair (Job or SparkApplication) is deleted this long after it ends; "
         "the Bookie's Repaired condition keeps its outcome"
@@ -395,10 +409,17 @@ class VolumeRetentionPolicy(KubeModel):
 
 
 class BookieClusterSpec(KubeModel):
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            ("self.zookeeper == oldSelf.zookeeper", "zookeeper is immutable: every bookie's cookie and every ledger's "
+             "metadata live in that ZooKeeper (bookies pointed elsewhere crash-loop on their cookies)"),
+        )
+    )
+
     replicas: int = Field(3, ge=1)
     image: str = "bookfleet/bookie:0.1.0"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181")
+    zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181; immutable")
     storage: Storage = Field(default_factory=Storage)
     resources: ResourceRequirements = _resources_default(
         requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "2", "memory": "2Gi"}

@@ -35,6 +35,8 @@ class Outcome(enum.StrEnum):
     GAVE_UP = "GaveUp"
     DISABLED = "Disabled"
     """Auto-recovery is switched off in ZooKeeper: nothing is launched (a repair would only exit "disabled")."""
+    QUEUED = "Queued"
+    """The cluster already runs its repair.maxConcurrent repairs: this one is launched once one of them ends."""
 
 
 def retry_delay(attempt: int) -> float:
@@ -106,7 +108,7 @@ def bookie_key(job: dict) -> BookieKey | None:
 
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
-    """Ledgers that still need `bookie_id`: those whose metadata names it, from the bookie index (one read).
+    """Ledgers that still need `bookie_id`: those whose metadata names it (a scan of the metadata).
 
     The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
     repair swaps it out of the metadata and the index in one transaction. A marker still naming it on a ledger it was
@@ -141,6 +143,8 @@ class RepairObserved:
 
     attempts: tuple[dict, ...] = ()
     remaining: tuple[int, ...] | None = None
+    others_active: int = 0
+    """Repairs of the cluster's other losses and drains still pending or running: what the concurrency cap counts."""
 
 
 @dataclass(frozen=True)
@@ -151,22 +155,34 @@ class RepairStep:
 
 
 def observe_repair(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime) -> RepairObserved:
-    """The repair Jobs of the loss at `since` (named after it) and, once the latest succeeded, what is left."""
+    """The repair Jobs of the loss at `since` (named after it), how many of the cluster's other repairs are active
+    and, once the latest attempt succeeded, what is left."""
     names = {resources.repair_name(cluster.metadata.name, bookie.metadata.name, since, n) for n in range(MAX_ATTEMPTS)}
-    attempts = tuple(j for j in repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name,
-                                            bookie.metadata.name) if j["metadata"]["name"] in names)
+    jobs = repair_jobs(ctx.api, cluster.metadata.namespace, cluster.metadata.name)
+    attempts = tuple(j for j in jobs if j["metadata"]["name"] in names)
+    others = sum(1 for j in jobs if j["metadata"]["name"] not in names
+                 and job_state(j) in (RepairState.PENDING, RepairState.RUNNING))
     if not attempts or job_state(attempts[-1]) != RepairState.SUCCEEDED:
-        return RepairObserved(attempts)
+        return RepairObserved(attempts, others_active=others)
     left = remaining_ledgers(ctx.zk(ZooKeeperTarget.of(cluster)), bookie.spec.bookie_id)
     if left:
         log.warning("repair %s succeeded but %d ledger(s) still need %s", attempts[-1]["metadata"]["name"], len(left),
                     bookie.spec.bookie_id)
-    return RepairObserved(attempts, tuple(left))
+    return RepairObserved(attempts, tuple(left), others)
 
 
-def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime) -> RepairStep:
+def decide_repair(disabled: bool, observed: RepairObserved, at: dt.datetime, limit: int) -> RepairStep:
     """Where the repair of one loss stands and which attempt to launch (pure): the first at once, a failed one
-    (or one that left ledgers behind) again after its backoff, at most MAX_ATTEMPTS in all."""
+    (or one that left ledgers behind) again after its backoff, at most MAX_ATTEMPTS in all; any of them only while
+    fewer than `limit` other repairs of the cluster are active (else QUEUED: passes of two lost bookies that run at
+    the same moment may each launch the last free one)."""
+    step = _next_step(disabled, observed, at)
+    if step.launch is not None and observed.others_active >= limit:
+        return RepairStep(Outcome.QUEUED)
+    return step
+
+
+def _next_step(disabled: bool, observed: RepairObserved, at: dt.datetime) -> RepairStep:
     if disabled:
         return RepairStep(Outcome.DISABLED)
     if not observed.attempts:

@@ -17,17 +17,33 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[Hashable, asyncio.Event] = {}
+        self._owners: dict[Hashable, str | None] = {}
+        """The uid of the object each registered loop runs for."""
+        self._gone: set[Hashable] = set()
         self._generations: dict[Hashable, int | None] = {}
         self._passes: dict[Hashable, asyncio.Future] = {}
 
     @contextlib.contextmanager
-    def registered(self, key: Hashable) -> Iterator[asyncio.Event]:
+    def registered(self, key: Hashable, uid: str | None = None) -> Iterator[asyncio.Event]:
         event = self._events[key] = asyncio.Event()
+        self._owners[key] = uid
+        self._gone.discard(key)
         try:
             yield event
         finally:
             if self._events.get(key) is event:
-                del self._events[key]
+                del self._events[key], self._owners[key]
+                self._gone.discard(key)
+
+    def gone(self, key: Hashable, uid: str | None) -> None:
+        """The object `key` with this uid was deleted: its loop ends (kopf stops it only through a finalizer, and
+        the loops hold none: kube.handlers); a newer object's loop under the same name goes on."""
+        if key in self._events and self._owners[key] == uid:
+            self._gone.add(key)
+            self._events[key].set()
+
+    def ended(self, key: Hashable) -> bool:
+        return key in self._gone
 
     def wake_on_new_generation(self, key: Hashable, generation: int | None, deleted: bool = False) -> None:
         """Wake `key` when its object's metadata.generation (its spec) moved on since the last call; the first call
@@ -81,17 +97,18 @@ class Stopped(Protocol):
 
 
 async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float | None], stopped: Stopped,
-                   interval: float, jitter: float = 0.0) -> None:
-    """Run `one_pass` in a worker thread until `stopped`: again after the seconds it returns (at most the interval;
-    None: the interval), or as soon as `key` is woken. `jitter`: each interval is drawn anew from interval * [1 -
-    jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start) spread out at once.
+                   interval: float, jitter: float = 0.0, uid: str | None = None) -> None:
+    """Run `one_pass` in a worker thread until `stopped` or the object (`uid`) is gone: again after the seconds it
+    returns (at most the interval; None: the interval), or as soon as `key` is woken. `jitter`: each interval is drawn
+    anew from interval * [1 - jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start)
+    spread out at once.
 
     A loop told to stop during a pass ends at once and leaves the pass to finish on its own: kopf releases a deleted
     object's finalizer straight away only if its daemon ends within a few event-loop cycles, else it waits out the
     daemon's whole cancellation backoff (and a pass is often in flight then, woken by the deletion itself)."""
-    with wakeups.registered(key) as wake:
+    with wakeups.registered(key, uid) as wake:
         await wakeups.pass_ended(key)
-        while not stopped:
+        while not stopped and not wakeups.ended(key):
             wake.clear()  # before the pass: a wake-up during it runs another right after
             running = wakeups.start_pass(key, one_pass)
             await first_of(asyncio.shield(running), stopped.wait(), timeout=None)

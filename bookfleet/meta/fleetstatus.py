@@ -1,9 +1,9 @@
 """The fleet at a glance, read from ZooKeeper: bookies, ledgers, under-replication, the auditor and running repairs.
 
 `fleet_status(zk)` is the one place these facts are gathered: `bookfleet status` prints them, and the operator can
-put the same ones on its BookieCluster status. It only reads, each kind of node in one pipeline of asynchronous
-calls, so its cost is one round trip per kind plus a request per node of the ledger layout's second level (one per
-10,000 ledger ids): nothing per ledger unless the counts by state are asked for.
+put the same ones on its BookieCluster status. It only reads, each kind of node in multiRead requests. Each bookie's
+ledger count needs every ledger's metadata (BookKeeper keeps no index by bookie, and a Java client would not write
+bookfleet's), so a status reads them all, 250 to a request: about 400 requests at 100,000 ledgers.
 
 What ZooKeeper says about a repair in progress: the repair job takes the lock of every ledger it plans at the start
 and releases each as its commit lands, so the locks a holder still has are the ledgers it has left, and the oldest
@@ -21,14 +21,14 @@ from kazoo.exceptions import NoNodeError
 from pydantic import BaseModel, computed_field
 
 from bookfleet.meta import bookiestate, zkpaths
-from bookfleet.meta.metadata import LedgerState, MetadataStore
+from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.underreplication import UnderReplication, auditor_of_vote, lock_holder
 from bookfleet.meta.zk import read_many
 
 
 class BookieAtAGlance(BaseModel):
-    """One bookie: registered (writable or read-only), or absent while the bookie index still names it."""
+    """One bookie: registered (writable or read-only), or absent while some ledger's metadata still names it."""
 
     bookie_id: str
     state: Literal["writable", "read_only", "absent"]
@@ -36,7 +36,7 @@ class BookieAtAGlance(BaseModel):
     zone: str = ""
     free_bytes: int | None = None
     ledgers: int = 0
-    """Ledgers with a segment on this bookie (the bookie index)."""
+    """Ledgers with a segment on this bookie (a scan of the metadata)."""
     forced_read_only: str | None = None
     """The reason, while `bookfleet bookies readonly` (or the operator) forces it read-only."""
 
@@ -102,9 +102,10 @@ class FleetStatus(BaseModel):
 
 def fleet_status(zk: KazooClient, by_state: bool = False) -> FleetStatus:
     """Everything `bookfleet status` shows, read now through `zk` (a started client the caller owns); with `by_state`
-    the ledgers are counted by state too, reading every ledger's metadata."""
+    the ledgers are counted by state too (from the same scan of every ledger's metadata that counts each bookie's)."""
     under_replication = UnderReplication(zk)
     metadata = MetadataStore(zk)
+    stored = metadata.scan()
     locks = repair_locks(zk)
     data_loss = [record.ledger_id for record in under_replication.data_losses()]
     ledgers = LedgerCounts(
@@ -113,13 +114,12 @@ def fleet_status(zk: KazooClient, by_state: bool = False) -> FleetStatus:
         data_loss=len(data_loss),
     )
     if by_state:
-        stored = metadata.read_all(metadata.ledger_ids()).values()
-        states = Counter(found[0].state for found in stored if found is not None)
+        states = Counter(found.state for found in stored.values())
         ledgers.open, ledgers.in_recovery = states[LedgerState.OPEN], states[LedgerState.IN_RECOVERY]
         ledgers.closed = states[LedgerState.CLOSED]
     return FleetStatus(
         taken_at=dt.datetime.now(dt.UTC),
-        bookies=bookie_statuses(zk),
+        bookies=bookie_statuses(zk, stored),
         ledgers=ledgers,
         data_loss_ledgers=data_loss,
         auditor=auditor_status(zk),
@@ -127,13 +127,14 @@ def fleet_status(zk: KazooClient, by_state: bool = False) -> FleetStatus:
     )
 
 
-def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
-    """Registered bookies and those the bookie index names but that are not registered, by id."""
+def bookie_statuses(zk: KazooClient, stored: dict[int, LedgerMetadata]) -> list[BookieAtAGlance]:
+    """Registered bookies and those some ledger's metadata (`stored`, a scan) names but that are not registered, by
+    id."""
     registered = {info.bookie_id: info for info in BookieRegistry(zk).all()}
-    ids = sorted(registered.keys() | set(MetadataStore(zk).bookies_with_ledgers()))
+    held = Counter(bookie for metadata in stored.values() for bookie in metadata.bookies())
     forced = bookiestate.forced_ids(zk)
     statuses = []
-    for bookie_id, index in read_many(zk, ids, zkpaths.bookie_index):
+    for bookie_id in sorted(registered.keys() | held.keys()):
         info = registered.get(bookie_id)
         state = bookiestate.read(zk, bookie_id) if bookie_id in forced else None
         statuses.append(
@@ -143,7 +144,7 @@ def bookie_statuses(zk: KazooClient) -> list[BookieAtAGlance]:
                 address=info.address if info else None,
                 zone=info.zone if info else "",
                 free_bytes=info.free_bytes if info else None,
-                ledgers=index[1].numChildren if index else 0,
+                ledgers=held[bookie_id],
                 forced_read_only=state.reason if state and state.read_only else None,
             )
         )
@@ -160,7 +161,7 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
             data, _ = zk.get(f"{zkpaths.AUDITOR_ELECTION}/{name}")
         except NoNodeError:
             continue
-        active = data.decode(errors="replace")
+        active = auditor_of_vote(data)
         break
     return AuditorStatus(
         active=active,
@@ -173,7 +174,7 @@ def auditor_status(zk: KazooClient) -> AuditorStatus:
 def repair_locks(zk: KazooClient) -> dict[int, tuple[str, dt.datetime]]:
     """ledger id -> (holder, taken at) of every repair lock held now."""
     names = [name for name in _children(zk, zkpaths.UR_LOCKS) if name.startswith("urL")]
-    return {int(name[3:]): (read[0].decode(errors="replace"), _from_ms(read[1].ctime))
+    return {int(name[3:]): (lock_holder(read[0]), _from_ms(read[1].ctime))
             for name, read in read_many(zk, names, lambda name: f"{zkpaths.UR_LOCKS}/{name}")
             if read is not None}  # else released meanwhile
 

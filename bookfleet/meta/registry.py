@@ -1,7 +1,10 @@
 """Which bookies are up: their ephemeral registrations under /ledgers/available (read-only ones under readonly/).
 
-A bookie registers `BookieInfo(...).to_json()` at zkpaths.available(id) while writable and at zkpaths.readonly(id)
+A bookie registers `BookieInfo(...).encode()` at zkpaths.available(id) while writable and at zkpaths.readonly(id)
 while read-only; the session's death removes it, which is how clients and the auditor notice a lost bookie.
+The payload is BookKeeper's BookieServiceInfoFormat, so a Java client finds the bookie too: one endpoint
+{"bookie", host, port, "bookie-rpc", extensions ["tls"] when it takes TLS}, and bookfleet's facts (zone, http port,
+free and total bytes) as `bookfleet.` properties, which BookKeeper carries without reading them.
 """
 
 from __future__ import annotations
@@ -10,12 +13,20 @@ import contextlib
 import enum
 from collections.abc import Iterable
 
+from google.protobuf.message import DecodeError
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from bookfleet.meta import zkpaths
+from bookfleet.meta.formats import BookieServiceInfoFormat
 from bookfleet.meta.zk import pipelined, read_many
+
+BOOKIE_ENDPOINT, BOOKIE_PROTOCOL, TLS_EXTENSION = "bookie", "bookie-rpc", "tls"
+ZONE_PROPERTY = "bookfleet.zone"
+HTTP_PORT_PROPERTY = "bookfleet.httpPort"
+FREE_BYTES_PROPERTY = "bookfleet.freeBytes"
+TOTAL_BYTES_PROPERTY = "bookfleet.totalBytes"
 
 
 class BookieMode(enum.StrEnum):
@@ -39,9 +50,48 @@ class BookieInfo(BaseModel):
     free_bytes: int = 0
     tls: bool = False
     """The bookie speaks mutual TLS: a client needs a certificate (`--tls-dir`)."""
+    http_port: int = 0
+    total_bytes: int = 0
 
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
+    def encode(self) -> bytes:
+        """The registration's bytes: a BookieServiceInfoFormat."""
+        record = BookieServiceInfoFormat()
+        host, _, port = self.address.rpartition(":")
+        record.endpoints.add(
+            id=BOOKIE_ENDPOINT, host=host.strip("[]"), port=int(port), protocol=BOOKIE_PROTOCOL,
+            extensions=[TLS_EXTENSION] if self.tls else [],
+        )
+        record.properties.update({
+            ZONE_PROPERTY: self.zone,
+            HTTP_PORT_PROPERTY: str(self.http_port),
+            FREE_BYTES_PROPERTY: str(self.free_bytes),
+            TOTAL_BYTES_PROPERTY: str(self.total_bytes),
+        })
+        return record.SerializeToString(deterministic=True)
+
+    @classmethod
+    def decode(cls, bookie_id: str, data: bytes, read_only: bool = False) -> BookieInfo:
+        """A registration as a bookfleet or a Java bookie wrote it; ValueError names a payload that is not one."""
+        record = BookieServiceInfoFormat()
+        try:
+            record.ParseFromString(data)
+        except DecodeError as exc:
+            raise ValueError(f"registration of bookie {bookie_id} is not a BookieServiceInfoFormat: {exc}") from None
+        endpoint = next((e for e in record.endpoints if e.id == BOOKIE_ENDPOINT), None)
+        if endpoint is None:
+            raise ValueError(f"registration of bookie {bookie_id} has no {BOOKIE_ENDPOINT!r} endpoint")
+        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+        properties = record.properties
+        return cls(
+            bookie_id=bookie_id,
+            address=f"{host}:{endpoint.port}",
+            zone=properties.get(ZONE_PROPERTY, ""),
+            state=BookieMode.READ_ONLY if read_only else BookieMode.WRITABLE,
+            free_bytes=int(properties.get(FREE_BYTES_PROPERTY, "0")),
+            tls=TLS_EXTENSION in endpoint.extensions,
+            http_port=int(properties.get(HTTP_PORT_PROPERTY, "0")),
+            total_bytes=int(properties.get(TOTAL_BYTES_PROPERTY, "0")),
+        )
 
 
 class BookieRegistry:
@@ -127,10 +177,4 @@ class BookieRegistry:
     @staticmethod
     def _parse(bookie_id: str, data: bytes, read_only: bool) -> BookieInfo | None:
         """A registration, or None while the znode is still empty (created before its data was set)."""
-        if not data:
-            return None
-        try:
-            info = BookieInfo.model_validate_json(data)
-        except ValidationError as exc:
-            raise ValueError(f"registration of bookie {bookie_id} is not valid BookieInfo JSON: {exc}") from None
-        return info.model_copy(update={"state": BookieMode.READ_ONLY}) if read_only else info
+        return BookieInfo.decode(bookie_id, data, read_only) if data else None

@@ -4,17 +4,25 @@ This is the one place where the auditor (who marks), the repair job (who locks, 
 operator (who marks on pod death and flips the switches) meet, so every change is a compare-and-set or an atomic
 create: two auditors, or an auditor racing a repair, never lose each other's updates.
 
-A marker says why it names each bookie: "lostBookies" were declared lost by the lost-bookie rule
-(replication/lostbookie.py, through auditor.mark_lost_bookie), "missedEntries" were named by a writer that went on
-without them, and the rest by a replica check. Only a declared-lost bookie may count as gone for good when repair
+Markers, locks, the switch and the delay are Apache BookKeeper's own records, so its AutoRecovery and shell read
+them: a marker is an UnderreplicatedLedgerFormat in protobuf text (`replica: "<bookie>"` lines and `ctime: <ms>`), a
+lock a LockDataFormat in text, the delay an integer of seconds. BookKeeper's text parser refuses a name it does not
+know, so what bookfleet adds lives beside them, in nodes BookKeeper never reads.
+
+A marker says why it names each bookie, in its reasons node: "lostBookies" were declared lost by the lost-bookie
+rule (replication/lostbookie.py, through auditor.mark_lost_bookie), "missedEntries" were named by a writer that went
+on without them, and the rest by a replica check. Only a declared-lost bookie may count as gone for good when repair
 decides DATA_LOSS: the others are usually alive. "missedAt" is when a writer last named missed entries, so the
 open-ledger grace of a writer that rides through counts from its newest mark, not from an older marker's ctime.
+The reasons change with their marker in one transaction; they name the marker's ctime ("markerCtime"), so reasons
+left behind by a marker that BookKeeper's replication worker cleared are never read as a later marker's.
 
-    marker   zkpaths.underreplicated(id)        {"missingBookies": [...], "lostBookies": [...],
-                                                "missedEntries": [...], "missedAt": <ms>, "ctime": <ms>}
-    lock     zkpaths.underreplication_lock(id)  ephemeral, value = the holder's description
+    marker   zkpaths.underreplicated(id)        UnderreplicatedLedgerFormat text
+    reasons  zkpaths.marker_reasons(id)         {"lostBookies": [...], "missedEntries": [...], "missedAt": <ms>,
+                                                 "markerCtime": <ms>}, only for a marker with reasons
+    lock     zkpaths.underreplication_lock(id)  ephemeral, LockDataFormat text naming the holder
     switch   zkpaths.UR_DISABLE                 present while ledger replication is disabled
-    delay    zkpaths.UR_RECOVERY_DELAY          {"seconds": <float>}, lostBookieRecoveryDelay
+    delay    zkpaths.UR_RECOVERY_DELAY          lostBookieRecoveryDelay, whole seconds
     loss     zkpaths.dataloss(id)               {"entries": [...], "ctime": <ms since epoch>}
 """
 
@@ -29,12 +37,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from google.protobuf import text_format
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
 from bookfleet.meta import zkpaths
+from bookfleet.meta.formats import AuditorVoteFormat, LockDataFormat, UnderreplicatedLedgerFormat
 from bookfleet.meta.zk import pipelined, read_many
 
 DEFAULT_RECOVERY_DELAY = 0.0
@@ -56,6 +66,12 @@ class Marker:
     """Missing bookies the lost-bookie rule declared lost: the only ones repair may give up on."""
     missed_at: int = 0
     """When (ms) a writer last named missed entries in this marker; 0 if none ever did."""
+    reasons_version: int | None = None
+    """The version of the marker's reasons node as read (None: it had none), for the transactions that change both."""
+
+    @property
+    def has_reasons(self) -> bool:
+        return bool(self.missed_entries or self.lost_bookies or self.missed_at)
 
     @property
     def grace_start(self) -> int:
@@ -81,22 +97,71 @@ def _encode(document: dict) -> bytes:
     return json.dumps(document, sort_keys=True).encode()
 
 
-def _document(
-    missing: frozenset[str],
-    ctime: int,
-    missed: frozenset[str] = frozenset(),
-    lost: frozenset[str] = frozenset(),
-    missed_at: int = 0,
-) -> bytes:
-    """A marker's JSON; the reasons only when there are some, so plain markers keep BookKeeper's shape."""
-    document: dict = {"missingBookies": sorted(missing), "ctime": ctime}
-    if missed:
-        document["missedEntries"] = sorted(missed)
-    if lost:
-        document["lostBookies"] = sorted(lost)
-    if missed_at:
-        document["missedAt"] = missed_at
-    return _encode(document)
+def _marker_record(marker: Marker) -> bytes:
+    """The marker as BookKeeper writes it."""
+    record = UnderreplicatedLedgerFormat(replica=sorted(marker.missing_bookies), ctime=marker.ctime)
+    return text_format.MessageToString(record).encode()
+
+
+def _reasons_record(marker: Marker) -> bytes:
+    return _encode({
+        "lostBookies": sorted(marker.lost_bookies), "missedEntries": sorted(marker.missed_entries),
+        "missedAt": marker.missed_at, "markerCtime": marker.ctime,
+    })
+
+
+def _write_in(txn: TransactionRequest, marker: Marker, version: int | None, reasons_version: int | None) -> Marker:
+    """Create (version None) or compare-and-set the marker, with its reasons node (at `reasons_version`, None: there
+    is none) made to match; returns the marker as it is once the transaction commits."""
+    path, reasons = zkpaths.underreplicated(marker.ledger_id), zkpaths.marker_reasons(marker.ledger_id)
+    if version is None:
+        txn.create(path, _marker_record(marker))
+    else:
+        txn.set_data(path, _marker_record(marker), version=version)
+    stored = replace(marker, version=0 if version is None else version + 1,
+                     reasons_version=None if not marker.has_reasons else 0 if reasons_version is None
+                     else reasons_version + 1)
+    version = reasons_version
+    if marker.has_reasons and version is None:
+        txn.create(reasons, _reasons_record(marker))
+    elif marker.has_reasons:
+        txn.set_data(reasons, _reasons_record(marker), version=version)
+    elif version is not None:
+        txn.delete(reasons, version=version)
+    return stored
+
+
+def lock_record(holder: str) -> bytes:
+    """A repair lock's data as BookKeeper writes it: LockDataFormat text naming the holder."""
+    return _naming(LockDataFormat, holder)
+
+
+def lock_holder(data: bytes) -> str:
+    """The holder a lock names (a lock BookKeeper's replication worker took names its bookie)."""
+    return _named(LockDataFormat, data)
+
+
+def auditor_vote(auditor_id: str) -> bytes:
+    """An auditor candidate's node data, BookKeeper's AuditorVoteFormat text (what `whoisauditor` reads)."""
+    return _naming(AuditorVoteFormat, auditor_id)
+
+
+def auditor_of_vote(data: bytes) -> str:
+    return _named(AuditorVoteFormat, data)
+
+
+def _naming(kind, bookie_id: str) -> bytes:
+    return text_format.MessageToString(kind(bookieId=bookie_id)).encode()
+
+
+def _named(kind, data: bytes) -> str:
+    """The bookieId of a LockDataFormat or AuditorVoteFormat text (the data itself when it is not one)."""
+    record = kind()
+    try:
+        text_format.Parse(data.decode(errors="replace"), record)
+    except text_format.ParseError:
+        return data.decode(errors="replace")
+    return record.bookieId
 
 
 def _decode(data: bytes, path: str) -> dict:
@@ -136,35 +201,35 @@ class UnderReplication:
         missed = missing if missed_entries else frozenset()
         declared = missing if lost else frozenset()
         path = zkpaths.underreplicated(ledger_id)
+        if missed or declared:
+            self.zk.ensure_path(zkpaths.UR_REASONS)
         while True:
             now = _now_ms()
             current = self.marker(ledger_id)
             if current is None:
-                missed_at = now if missed_entries else 0
-                try:
-                    self.zk.create(path, _document(missing, now, missed, declared, missed_at), makepath=True)
-                except (NodeExistsError, NoNodeError):
-                    continue  # created meanwhile, or an empty parent level was removed under us: read again
-                return Marker(ledger_id, missing, now, 0, missed, declared, missed_at)
-            merged = Marker(
-                ledger_id,
-                current.missing_bookies | missing,
-                current.ctime,
-                current.version,
-                current.missed_entries | missed,
-                current.lost_bookies | declared,
-                max(current.missed_at, now) if missed_entries else current.missed_at,
-            )
-            if merged == current:
-                return current
-            document = _document(
-                merged.missing_bookies, merged.ctime, merged.missed_entries, merged.lost_bookies, merged.missed_at
-            )
-            try:
-                stat = self.zk.set(path, document, version=current.version)
-            except (BadVersionError, NoNodeError):
-                continue
-            return replace(merged, version=stat.version)
+                self.zk.ensure_path(path.rsplit("/", 1)[0])
+                left = self.zk.exists(zkpaths.marker_reasons(ledger_id))  # a cleared marker's, by BookKeeper
+                wanted = Marker(ledger_id, missing, now, 0, missed, declared, now if missed_entries else 0)
+                versions = None, None if left is None else left.version
+            else:
+                wanted = Marker(
+                    ledger_id,
+                    current.missing_bookies | missing,
+                    current.ctime,
+                    current.version,
+                    current.missed_entries | missed,
+                    current.lost_bookies | declared,
+                    max(current.missed_at, now) if missed_entries else current.missed_at,
+                    current.reasons_version,
+                )
+                if wanted == current:
+                    return current
+                versions = current.version, current.reasons_version
+            txn = self.zk.transaction()
+            stored = _write_in(txn, wanted, *versions)
+            if not any(isinstance(result, Exception) for result in txn.commit()):
+                return stored
+            # created or changed meanwhile, or an empty level was removed under us: read again
 
     def mark_all(self, ledger_ids: Iterable[int], missing_bookies: Iterable[str], lost: bool = False) -> list[Marker]:
         """mark(..., lost=lost) of many ledgers missing the same bookies, in about one ZooKeeper request per ledger:
@@ -178,20 +243,23 @@ class UnderReplication:
         if not paths:
             return []
         self._make_levels(path.rsplit("/", 2)[0] for path in paths.values())
+        if lost:
+            self.zk.ensure_path(zkpaths.UR_REASONS)
         ctime = _now_ms()
         declared = missing if lost else frozenset()
-        document = _document(missing, ctime, lost=declared)
+        stored: dict[int, Marker] = {}
 
         def create(ledger_id: int) -> IAsyncResult:
             txn = self.zk.transaction()
             txn.create(paths[ledger_id].rsplit("/", 1)[0])
-            txn.create(paths[ledger_id], document)
+            wanted = Marker(ledger_id, missing, ctime, 0, lost_bookies=declared)
+            stored[ledger_id] = _write_in(txn, wanted, None, None)
             return txn.commit_async()
 
         return [
             self.mark(ledger_id, missing, lost=lost)
             if any(isinstance(result, Exception) for result in commit.get())
-            else Marker(ledger_id, missing, ctime, 0, lost_bookies=declared)
+            else stored[ledger_id]
             for ledger_id, commit in pipelined(list(paths), create)
         ]
 
@@ -213,23 +281,26 @@ class UnderReplication:
         return self.read_markers([ledger_id])[ledger_id]
 
     def read_markers(self, ledger_ids: Iterable[int]) -> dict[int, Marker | None]:
-        """The markers of these ledgers (None: not marked), read in multiRead requests (read_many)."""
+        """The markers of these ledgers (None: not marked) with their reasons, read in multiRead requests
+        (read_many): the markers, then the reasons of those marked."""
         found: dict[int, Marker | None] = {}
         for ledger_id, read in read_many(self.zk, ledger_ids, zkpaths.underreplicated):
-            if read is None:
-                found[ledger_id] = None
+            found[ledger_id] = None if read is None else _parse_marker(ledger_id, *read)
+        marked = [ledger_id for ledger_id, marker in found.items() if marker is not None]
+        for ledger_id, read in read_many(self.zk, marked, zkpaths.marker_reasons):
+            marker = found[ledger_id]
+            if read is None or marker is None:
                 continue
-            data, stat = read
-            document = _decode(data, zkpaths.underreplicated(ledger_id))
-            missing = frozenset(document.get("missingBookies", ()))
-            found[ledger_id] = Marker(
-                ledger_id,
-                missing,
-                document.get("ctime", 0),
-                stat.version,
-                frozenset(document.get("missedEntries", ())),
-                frozenset(document.get("lostBookies", ())),
-                document.get("missedAt", 0),
+            document = _decode(read[0], zkpaths.marker_reasons(ledger_id))
+            if document.get("markerCtime") != marker.ctime:
+                found[ledger_id] = replace(marker, reasons_version=read[1].version)  # another marker's: replaced
+                continue
+            found[ledger_id] = replace(
+                marker,
+                missed_entries=frozenset(document.get("missedEntries", ())) & marker.missing_bookies,
+                lost_bookies=frozenset(document.get("lostBookies", ())) & marker.missing_bookies,
+                missed_at=document.get("missedAt", 0),
+                reasons_version=read[1].version,
             )
         return found
 
@@ -247,20 +318,24 @@ class UnderReplication:
         A bookie lost while a repair ran merges into the marker and bumps its version, so the repair's clear
         fails and the new loss is kept.
         """
-        path = zkpaths.underreplicated(marker.ledger_id)
-        try:
-            self.zk.delete(path, version=marker.version)
-        except (BadVersionError, NoNodeError):
+        txn = self.zk.transaction()
+        self.clear_in(txn, marker)
+        if any(isinstance(result, Exception) for result in txn.commit()):
             return False
-        self.prune_levels([path.rsplit("/", 1)[0]])
+        self.prune_levels(self.shared_levels([marker.ledger_id]))
         return True
 
     def clear_in(self, txn: TransactionRequest, marker: Marker) -> None:
         """clear(marker) as part of the caller's transaction (all or nothing), with the marker's own level (every
         ledger id has its own last 4-hex level); once it committed, prune_levels(shared_levels(...))."""
-        path = zkpaths.underreplicated(marker.ledger_id)
-        txn.delete(path, version=marker.version)
-        txn.delete(path.rsplit("/", 1)[0])
+        self._delete_in(txn, marker)
+        txn.delete(zkpaths.underreplicated(marker.ledger_id).rsplit("/", 1)[0])
+
+    @staticmethod
+    def _delete_in(txn: TransactionRequest, marker: Marker) -> None:
+        txn.delete(zkpaths.underreplicated(marker.ledger_id), version=marker.version)
+        if marker.reasons_version is not None:
+            txn.delete(zkpaths.marker_reasons(marker.ledger_id), version=marker.reasons_version)
 
     @staticmethod
     def shared_levels(cleared: Iterable[int]) -> set[str]:
@@ -290,7 +365,7 @@ class UnderReplication:
 
     def acquire_all(self, ledger_ids: Iterable[int], holder: str | None = None) -> set[int]:
         """acquire() for many ledgers in one pipeline of asynchronous creates; returns the ids locked."""
-        data = (holder or f"{socket.gethostname()}:{os.getpid()}").encode()
+        data = lock_record(holder or f"{socket.gethostname()}:{os.getpid()}")
         session = self._session()
         lock = zkpaths.underreplication_lock
         self.zk.ensure_path(zkpaths.UR_LOCKS)  # once, not a makepath race of every create on a fleet's first run
@@ -361,9 +436,10 @@ class UnderReplication:
         return _delay_from(data, default)
 
     def set_recovery_delay(self, seconds: float) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"lostBookieRecoveryDelay must be >= 0 seconds, got {seconds}")
-        data = _encode({"seconds": float(seconds)})
+        """Store the delay; BookKeeper keeps whole seconds, so a fraction is refused rather than rounded."""
+        if not seconds >= 0 or seconds != int(seconds):
+            raise ValueError(f"lostBookieRecoveryDelay must be whole seconds >= 0, got {seconds}")
+        data = str(int(seconds)).encode()
         try:
             self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
         except NoNodeError:
@@ -499,5 +575,17 @@ class LockWatch:
 def _delay_from(data: bytes, default: float) -> float:
     if not data:
         return default
-    seconds = _decode(data, zkpaths.UR_RECOVERY_DELAY).get("seconds", default)
-    return float(seconds)
+    try:
+        return float(int(data))
+    except ValueError:
+        raise ValueError(f"{zkpaths.UR_RECOVERY_DELAY} holds {data[:40]!r}, not whole seconds") from None
+
+
+def _parse_marker(ledger_id: int, data: bytes, stat) -> Marker:
+    """A marker as bookfleet or BookKeeper wrote it (BookKeeper's may lack the ctime: 0)."""
+    record = UnderreplicatedLedgerFormat()
+    try:
+        text_format.Parse(data.decode(), record)
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{zkpaths.underreplicated(ledger_id)} is not an UnderreplicatedLedgerFormat: {exc}") from None
+    return Marker(ledger_id, frozenset(record.replica), record.ctime, stat.version)

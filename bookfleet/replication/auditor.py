@@ -10,7 +10,7 @@ active auditor:
   the same one: nothing is marked.
 - marks a lost bookie's ledgers with `mark_lost_bookie`, the one rule the Kubernetes operator also calls on pod
   death;
-- on taking office, treats bookies the bookie index knows but that are not registered as just lost (they vanished
+- on taking office, treats bookies some ledger's metadata names but that are not registered as just lost (they vanished
   while no auditor ran), and clears stale markers whose missing bookies are back and hold their replicas
   (apache/pulsar#1886 kept such lists forever);
 - every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
@@ -41,7 +41,7 @@ from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication
+from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication, auditor_vote
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
 from bookfleet.replication.replicacheck import ENDS, ReplicaRange, copy_digester, entries_to_check, verdict
@@ -70,7 +70,7 @@ def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
     says so: the auditor and the operator call it once the lost-bookie rule answers MARK); returns their ids
     (idempotent).
 
-    Uses the bookie index, so the cost is the bookie's ledgers, never a scan of all metadata.
+    Scans every ledger's metadata (as BookKeeper's auditor does): a Java client keeps no index of ledgers by bookie.
     """
     ledger_ids = MetadataStore(zk).ledgers_on_bookie(bookie_id)
     UnderReplication(zk).mark_all(ledger_ids, [bookie_id], lost=True)
@@ -321,8 +321,8 @@ class Auditor:
         """
         if self._node is None or self.zk.exists(self._node) is None:
             self._node = self.zk.create(
-                f"{zkpaths.AUDITOR_ELECTION}/auditor-",
-                self.auditor_id.encode(),
+                zkpaths.AUDITOR_VOTE_PREFIX,
+                auditor_vote(self.auditor_id),
                 ephemeral=True,
                 sequence=True,
                 makepath=True,

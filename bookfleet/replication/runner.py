@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 
+from bookfleet import childprocess
 from bookfleet import spark as sparksettings
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import UnderReplication
@@ -115,10 +116,11 @@ class RepairRunner:
             )
         submit = sparksettings.spark_submit_command(self.master, self.zk_connect, throttle_mb_s=self.throttle_mb_s)
         command = [*submit, "--json", "--open-grace-s", str(self.open_grace_s)]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        lines = [line for line in result.stdout.splitlines() if line.startswith("{")]  # Spark may print too
+        submitted = childprocess.popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = submitted.communicate()
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]  # Spark may print too
         if not lines:
-            raise RuntimeError(f"spark-submit exited with {result.returncode} and no summary: {result.stderr[-2000:]}")
+            raise RuntimeError(f"spark-submit exited with {submitted.returncode} and no summary: {stderr[-2000:]}")
         return RepairSummary.from_dict(json.loads(lines[-1]))
 
 

@@ -37,7 +37,6 @@ from kazoo.client import KazooClient
 from prometheus_client import Counter
 
 from bookfleet import spark as sparksettings
-from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.placement import NotEnoughBookies, PlacementPolicy, choose_replacement
 from bookfleet.meta import zk as zkclient
@@ -321,7 +320,7 @@ class RepairJob:
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
-        if wire.password_hash(self.password) != metadata.password_hash:
+        if not metadata.password_matches(self.password):
             self.fail(ledger_id, f"ledger {ledger_id}: the recovery password does not match (set ${PASSWORD_ENV})")
             return None
         if not plans:
@@ -496,7 +495,7 @@ class RepairJob:
         Returns (clears the marker, releases the lock, the transaction's asynchronous result)."""
         updated = self.replaced(work, work.metadata)
         txn = self.zk.transaction()
-        self.metadata.update_in(txn, work.ledger_id, work.metadata, updated, work.version)
+        self.metadata.update_in(txn, work.ledger_id, updated, work.version)
         clears = work.marker is not None and self.clearable(work.marker, updated)
         if clears:
             self.under_replication.clear_in(txn, work.marker)

@@ -56,11 +56,11 @@ def admit(zk: LaggingZooKeeper) -> list[str]:
 
 
 def test_an_existing_ledger_costs_one_read():
-    assert admit(LaggingZooKeeper(METADATA.to_json(), lagging=False)) == ["get"]
+    assert admit(LaggingZooKeeper(METADATA.encode(), lagging=False)) == ["get"]
 
 
 def test_a_miss_on_a_lagging_server_is_synced_and_read_again_before_it_is_believed():
-    assert admit(LaggingZooKeeper(METADATA.to_json(), lagging=True)) == ["get", "sync", "get"]
+    assert admit(LaggingZooKeeper(METADATA.encode(), lagging=True)) == ["get", "sync", "get"]
 
 
 def test_a_ledger_without_metadata_is_refused_after_the_synced_read():
@@ -71,13 +71,13 @@ def test_a_ledger_without_metadata_is_refused_after_the_synced_read():
 
 
 def test_closed_is_read_after_a_sync_so_a_lagging_server_never_makes_a_closed_ledger_look_open():
-    zk = LaggingZooKeeper(METADATA.with_closed(4, 500).to_json(), lagging=True)
+    zk = LaggingZooKeeper(METADATA.with_closed(4, 500).encode(), lagging=True)
     assert asyncio.run(LedgerAdmission(zk, holds=lambda ledger_id: True).closed(LEDGER))
     assert [call for call, _ in zk.calls] == ["sync", "get"]
 
 
 def test_what_admission_remembers_is_bounded_least_recently_used_first():
-    zk = LaggingZooKeeper(METADATA.with_closed(4, 500).to_json(), lagging=False)
+    zk = LaggingZooKeeper(METADATA.with_closed(4, 500).encode(), lagging=False)
     admission = LedgerAdmission(zk, holds=lambda ledger_id: False, cache_ledgers=2)
 
     async def ask(kind, *ledger_ids: int) -> list[tuple[str, str]]:
@@ -99,7 +99,7 @@ def test_what_admission_remembers_is_bounded_least_recently_used_first():
 def test_ensemble_membership_is_read_after_a_sync_per_segment_and_its_ranges_remembered():
     """What a read-only bookie asks before a recovery add: b2 stores entries 0-4 only (b4 took its place from 5)."""
     changed = METADATA.with_ensemble_change(5, 1, "b4")
-    zk = LaggingZooKeeper(changed.to_json(), lagging=True)
+    zk = LaggingZooKeeper(changed.encode(), lagging=True)
     admission = LedgerAdmission(zk, holds=lambda ledger_id: True, bookie_id="b2")
 
     async def ask(entry_id: int) -> tuple[bool, list[str]]:

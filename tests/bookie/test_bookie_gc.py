@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-from bookfleet import wire
 from bookfleet.bookie.gc import GcReport
 from bookfleet.bookie.zkgc import LedgerCollector
 from bookfleet.client.bookkeeper import BookKeeper
@@ -59,7 +58,7 @@ async def test_a_copy_no_metadata_names_any_more_is_collected_only_when_nothing_
     async with asyncio.timeout(60):
         while await holds(address[replaced], ledger["moved"]):
             await asyncio.sleep(0.1)
-    # The pass that found "moved" unnamed read the bookie index after every swap: it judged every case. None of the
+    # The pass that found "moved" unnamed scanned the metadata after every swap: it judged every case. None of the
     # others lost its copy, nor did any bookie still named lose its own.
     for case in cases[:-1]:
         assert await holds(address[replaced], ledger[case]), case
@@ -95,8 +94,7 @@ async def test_a_restarted_bookie_counts_the_grace_of_what_it_holds_from_its_sta
     store = MetadataStore(zk)
     repaired_away = store.create(LedgerMetadata(
         ensemble_size=3, write_quorum=3, ack_quorum=2, state=LedgerState.CLOSED, last_entry_id=4, length=50,
-        segments=(Segment(first_entry_id=0, bookies=("b1:3181", "b2:3181", "b3:3181")),),
-        password_hash=wire.password_hash(b"")))
+        segments=(Segment(first_entry_id=0, bookies=("b1:3181", "b2:3181", "b3:3181")),)))
     storage, now = HeldCopies({repaired_away}), [1000.0]
     collector = LedgerCollector(storage, zk, bookie, interval, grace=interval, clock=lambda: now[0])
     collector.start()
@@ -107,6 +105,30 @@ async def test_a_restarted_bookie_counts_the_grace_of_what_it_holds_from_its_sta
         await collector.stop()
     assert storage.held == set()
     assert not UnderReplication(zk).is_locked(repaired_away)  # the lock it took to collect is released
+
+
+async def test_a_long_id_ledger_and_one_whose_metadata_does_not_parse_are_never_collected(zk):
+    """A Java client's ledger of id 2^31 + 7 lives in BookKeeper's long layout, /ledgers/000/0000/0021/4748/L3655,
+    which the walk of the live ledgers must find; and a record this bookie cannot parse proves nothing about which
+    bookies hold the ledger. Both copies stay, pass after pass."""
+    bookie, interval = "holder:3181", 60.0
+    zk.create(zkpaths.cookie(bookie), b"{}", makepath=True)
+    long_id, unreadable = 2**31 + 7, 12
+    names_holder = LedgerMetadata(
+        ensemble_size=3, write_quorum=3, ack_quorum=2, state=LedgerState.CLOSED, last_entry_id=4, length=50,
+        segments=(Segment(first_entry_id=0, bookies=(bookie, "b2:3181", "b3:3181")),))
+    zk.create("/ledgers/000/0000/0021/4748/L3655", names_holder.encode(), makepath=True)
+    zk.create(zkpaths.ledger(unreadable), b"BookieMetadataFormatVersion\t3\n\x05\x08", makepath=True)
+    storage, now = HeldCopies({long_id, unreadable}), [1000.0]
+    collector = LedgerCollector(storage, zk, bookie, interval, grace=interval, clock=lambda: now[0])
+    collector.start()
+    try:
+        for _ in range(2):
+            now[0] += interval
+            await collector.collect_once()
+    finally:
+        await collector.stop()
+    assert storage.held == {long_id, unreadable}
 
 
 async def test_a_bookie_cut_from_zookeeper_collects_what_was_repaired_away_as_soon_as_it_rejoins(

@@ -4,8 +4,8 @@ processes and a real ZooKeeper."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -15,7 +15,7 @@ from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, ReadOnlyError
 from bookfleet.client.placement import NotEnoughBookies
 from bookfleet.fleet import BookieProcess
-from bookfleet.meta import bookiestate, zkpaths
+from bookfleet.meta import bookiestate, cookies, layout, zkpaths
 from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 
@@ -26,15 +26,18 @@ def refusal(bookie: BookieProcess) -> str:
     return bookie.log_tail(3)
 
 
-def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
+def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk, tmp_path):
     (first,) = bookie_fleet.start(1)
     first.stop()
-    cookie = json.loads(zk.get(zkpaths.cookie(first.bookie_id))[0])
-    assert cookie["bookieId"] == first.bookie_id and cookie["ledgerDir"] == str(first.ledger_dir)
+    cookie = cookies.read(zk, first.bookie_id)
+    assert (cookie.bookieId, cookie.ledgerDir) == (first.bookie_id, str(first.ledger_dir))
+    assert cookie.instanceId == layout.instance_id(zk)  # BookKeeper's: the cluster's INSTANCEID
 
     moved = BookieProcess("bookie-b.example", bookie_fleet.zk, first.data_dir, port=first.port)
     assert f"belongs to bookie {first.bookie_id}, not bookie-b.example" in refusal(moved)
 
+    first_registration = tmp_path / "first-registration"
+    shutil.copytree(first.data_dir, first_registration)
     first.wipe()
     complaint = refusal(first)
     assert f"ZooKeeper has a cookie for bookie {first.bookie_id} but its journal dir" in complaint
@@ -44,8 +47,19 @@ def test_cookie_mismatch_refuses_to_start(bookie_fleet, zk):
     zk.delete(zkpaths.cookie(first.bookie_id))
     first.start().wait_ready()
     first.stop()
+    # The disks of its first registration, back: same bookie, same cluster, but not the disks ZooKeeper knows now.
+    shutil.rmtree(first.data_dir)
+    shutil.copytree(first_registration, first.data_dir)
+    assert "the disk is from another incarnation of it" in refusal(first)
     zk.delete(zkpaths.cookie(first.bookie_id))
     assert "ZooKeeper has none" in refusal(first)
+
+
+def test_a_zookeeper_an_earlier_bookfleet_wrote_is_refused_in_one_line(bookie_fleet, zk):
+    zk.create(zkpaths.cookie("bookie-of-old"), b'{"bookieId": "bookie-of-old", "instanceId": "1f"}', makepath=True)
+    complaint = refusal(bookie_fleet.add())
+    assert "holds bookfleet's old JSON records; this bookfleet reads and writes only Apache BookKeeper's" in complaint
+    assert not zk.exists(zkpaths.LAYOUT)
 
 
 async def registered_as(zk, bookie: BookieProcess, where: str) -> None:

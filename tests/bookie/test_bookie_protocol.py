@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import socket
@@ -22,7 +21,7 @@ from bookfleet.client.connection import (
 )
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
-from bookfleet.meta.registry import BookieMode, BookieRegistry
+from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry
 from bookfleet.polling import wait_for
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, http_get, rss_bytes
 
@@ -70,9 +69,9 @@ async def test_every_op_round_trips(bookie_fleet, zk):
     assert syncs >= 1 and synced > sum(map(len, entries))  # group commits: write + fdatasync of every record
     assert f'bookie_journal_sync_latency_seconds_bucket{{le="+Inf"}} {syncs}' in metrics
 
-    registered = json.loads(zk.get(zkpaths.available(bookie.bookie_id))[0])
-    assert registered["address"] == bookie.address and registered["zone"] == "zone-a"
-    assert registered["http_port"] == bookie.http_port and registered["total_bytes"] > 0
+    registered = BookieInfo.decode(bookie.bookie_id, zk.get(zkpaths.available(bookie.bookie_id))[0])
+    assert registered.address == bookie.address and registered.zone == "zone-a"
+    assert registered.http_port == bookie.http_port and registered.total_bytes > 0
     (info,) = BookieRegistry(zk).writable()
     assert (info.bookie_id, info.state) == (bookie.bookie_id, BookieMode.WRITABLE)
 

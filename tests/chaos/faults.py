@@ -42,9 +42,14 @@ GRACE = 7.0
 """Seconds a bookie must have been reachable before a writer gives up for it to count against the writer: the add
 timeout plus slack (the writer cannot know of a bookie back for less than that)."""
 REJOIN_TIMEOUT = 120.0
+"""How long a healed bookie may take to register as writable again before the run fails."""
 PASSWORD = b""
 """The chaos writers' ledger password (create_ledger's default)."""
-"""How long a healed bookie may take to register as writable again before the run fails."""
+STRAND_TRIES = 10
+"""How often `take_over_past_a_down_bookie` pauses its writer until it is caught between two adds of an open ledger."""
+SLOW_ADD_INTERVAL = 0.3
+"""Seconds between the adds of that fault's writer: longer than the writer's idle LAC delay, so between two adds its
+bookies know its last entry as confirmed."""
 
 
 class FaultyBookie(BookieProcess):
@@ -81,6 +86,7 @@ class Fleet:
         self.takeovers = 0
         self.stranded = History(self.history_dir / "stranded.history.jsonl", "stranded")
         """The adds `_strand_next_entry` made: invoked, never answered (they may or may not take effect)."""
+        self.stranded_entries = 0
         self.registry: BookieRegistry | None = None
         """The harness's own view of the registrations (its own ZooKeeper session)."""
         self.rejoin_seconds: list[float] = []
@@ -105,7 +111,7 @@ class Fleet:
         for _ in range(writers):
             self.start_writer()
 
-    def start_writer(self, take_over: int | None = None) -> str:
+    def start_writer(self, take_over: int | None = None, add_interval: float = 0.0) -> str:
         name = f"w{len(self.writers)}"
         command = [
             sys.executable, "-m", "tests.chaos.writer", "--zk", self.zk.connect, "--dir", str(self.history_dir),
@@ -114,6 +120,8 @@ class Fleet:
         ]
         if take_over is not None:
             command += ["--take-over", str(take_over)]
+        if add_interval:
+            command += ["--add-interval", str(add_interval)]
         with open(self.history_dir / f"{name}.log", "ab") as log:
             self.writers[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         return name
@@ -203,30 +211,37 @@ class Fleet:
         process.terminate()
 
     async def take_over_past_a_down_bookie(self, rng) -> None:
-        """A writer change while a bookie of the write set is down holding an unacknowledged entry: the writer is
-        paused past its session, one bookie of its ledger's last segment alone takes an add of the next entry (an
-        add that reached only it, recorded as invoked and never answered), that bookie is killed, a new writer takes
-        the ledger over while it is down, and it comes back with its copy. The takeover writer's entry of that id is
-        acknowledged; the checker then sees whether a reader, the final recovery or a repair ever served the other."""
-        running = [name for name, process in self.writers.items() if process.poll() is None]
-        ledger_files = [self.history_dir / f"{name}.ledger" for name in running]
-        candidates = [(name, path) for name, path in zip(running, ledger_files, strict=True) if path.exists()]
-        if not candidates:
+        """A writer change while a bookie of the write set is down holding an unacknowledged entry. A slow writer of
+        its own (one add every SLOW_ADD_INTERVAL, so its bookies know its last entry as confirmed between adds, and
+        a reopen rather than a recovery takes its ledger over) is paused past its session; one bookie of its last
+        segment alone takes an add of the next entry (as if the writer's add had reached only it; recorded as
+        invoked and never answered); that bookie is killed; a new writer takes the ledger over while it is down; it
+        comes back with its copy. The new writer's entry of that id is acknowledged: the checker sees whether a
+        reader, the final recovery or a repair ever served the other one."""
+        name = self.start_writer(add_interval=SLOW_ADD_INTERVAL)
+        process, ledger_file = self.writers[name], self.history_dir / f"{name}.ledger"
+        for _ in range(STRAND_TRIES):
+            await asyncio.sleep(rng.uniform(1, 2))
+            if not ledger_file.exists():
+                continue
+            paused_at = time.monotonic()
+            os.kill(process.pid, signal.SIGSTOP)
+            await asyncio.sleep(0.3)  # what it sent is taken or not by now
+            ledger_id = int(ledger_file.read_text())
+            holder = await self._strand_next_entry(ledger_id)
+            if holder is not None:
+                break
+            os.kill(process.pid, signal.SIGCONT)
+        else:
+            process.terminate()
             return
-        name, ledger_file = rng.choice(candidates)
-        ledger_id, process = int(ledger_file.read_text()), self.writers[name]
-        paused_at = time.monotonic()
-        os.kill(process.pid, signal.SIGSTOP)
-        await asyncio.sleep(0.5)  # what it sent is taken or not by now
-        holder = await self._strand_next_entry(ledger_id)
-        if holder is not None:
-            self._down(holder.bookie_id)
-            holder.kill9()
+        self.stranded_entries += 1
+        self._down(holder.bookie_id)
+        holder.kill9()
         self.start_writer(take_over=ledger_id)
         self.takeovers += 1
         await asyncio.sleep(CLIENT_SESSION + rng.uniform(2, 4))  # the old lease expires; the new writer reopens
-        if holder is not None:
-            await self._restart(holder)
+        await self._restart(holder)
         os.kill(process.pid, signal.SIGCONT)
         self.paused_writers[name] = (paused_at, time.monotonic())
         await asyncio.sleep(rng.uniform(3, 6))
@@ -234,8 +249,9 @@ class Fleet:
 
     async def _strand_next_entry(self, ledger_id: int) -> FaultyBookie | None:
         """Add the ledger's next entry to the first bookie of its write set alone (the ledger's own password, digest
-        and writer epoch) and return that bookie; None when the ledger is closed or a bookie of its last segment is
-        down (one of them might hold a later entry, and the stranded one must lie past every entry there is)."""
+        and writer epoch) and return that bookie; None when the ledger is closed, a bookie of its last segment is
+        down (one of them might hold a later entry, and the stranded one must lie past every entry there is) or the
+        bookies hold entries past their LAC (a reopen would refuse and recover instead: not this fault's case)."""
         metadata, _ = await asyncio.to_thread(MetadataStore(self.registry.zk).read, ledger_id)
         segment = metadata.segments[-1]
         if metadata.is_closed or any(self._is_down(bookie) for bookie in segment.bookies):
@@ -247,6 +263,8 @@ class Fleet:
                     views.append(await client.read_lac_and_last(ledger_id))
         lac = max((lac for lac, _ in views), default=-1)
         last = max((last for _, last in views), default=-1)
+        if last != lac:
+            return None
         entry_id = last + 1
         holder = self.bookies[segment.bookies[write_set(entry_id, metadata.ensemble_size, metadata.write_quorum)[0]]]
         digester = wire.Digester(metadata.digest_type, PASSWORD)

@@ -94,6 +94,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
         faults=dict(fleet.injected),
         writer_takeover=WRITER_TAKEOVER,
         takeovers=fleet.takeovers,
+        stranded_entries=fleet.stranded_entries,
         writers=len(fleet.writers),
         ledgers=figures["ledgers"],
         acked_entries=figures["acknowledged"],

@@ -168,7 +168,7 @@ def check_launched(cluster: LocalCluster, outcome: BigBookie) -> None:
 
 def lose_a_big_bookie(cluster: LocalCluster, bookie: str, other: str) -> BigBookie:
     """Give `bookie` more ledgers than the old Job shape could name, lose it with its volumes, and wait until the
-    operator's repair Job has moved every one off it (its bookie index empty, no marker left)."""
+    operator's repair Job has moved every one off it (no metadata names it, no marker left)."""
     say("4 bookies: the example's E = Qw = 3 ledger on the lost bookie needs one to move its replica to")
     scale(cluster, 4)
     apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": DELAY}})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from bookfleet import childprocess
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
 from tests.cluster.pki import Pki
@@ -73,8 +74,10 @@ class ControlPlane:
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = (self.state / "logs").joinpath(f"{name}.log").open("ab")
-        process = subprocess.Popen(
-            [str(self.binaries / name), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        # SIGKILL if this process dies: no one is left to escalate a slow graceful stop, and the state is a test's.
+        process = childprocess.popen(
+            [str(self.binaries / name), *args], on_parent_death=signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.processes.append((name, process))
         return process

@@ -27,6 +27,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from bookfleet import childprocess
 from tests.cluster import images
 from tests.cluster.network import Bridge
 
@@ -384,9 +385,10 @@ class PodWorker:
         spec_file = self.dir / f"{name}.json"
         spec_file.write_text(json.dumps(spec))
         output = log_file.open("ab") if log_file else subprocess.DEVNULL
-        return subprocess.Popen(
+        return childprocess.popen(
             ["ip", "netns", "exec", self.netns, "unshare", "--uts", sys.executable, str(PODINIT), str(spec_file)],
-            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            on_parent_death=signal.SIGKILL, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def log_path(self, container: Container) -> Path:

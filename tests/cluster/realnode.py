@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from bookfleet import __version__
+from bookfleet import __version__, childprocess
 from bookfleet.polling import wait_for
 from tests.cluster import pki as pki_module
 from tests.cluster.kubelet import SPARE_NODES, ZONE_NODES
@@ -227,12 +227,14 @@ class RealNode:
         self._make_cgroups()
         self._write_configs(pause)
         out = (self.state / "logs" / "node.log").open("ab")
-        self.process = subprocess.Popen(
+        self.process = childprocess.popen(
             # nsenter, not `ip netns exec`: that remounts /sys, and the kubelet needs the cgroup mounts under it.
+            # SIGKILL on this process's death: unshare blocks SIGTERM; its --kill-child then ends the launcher, the
+            # first process of the node's PID namespace, and the kernel every other process in it.
             ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "--mount", "--propagation", "private", "--pid",
              "--fork", "--mount-proc", "--kill-child", "bash", str(LAUNCHER), str(self.state), str(self.binaries),
              *self._kubelet_args()],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            on_parent_death=signal.SIGKILL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_for(lambda: self.check_alive() and self.socket.is_socket(), timeout=120, what="containerd's socket",
                  interval=0.2)

@@ -36,7 +36,7 @@ class FleetAccess:
             yield MetadataStore(session)
 
     def ledgers_on(self, bookie_ids: list[str]) -> dict[str, set[int]]:
-        """Bookie id -> the ledgers whose metadata names it now (ZooKeeper's bookie index)."""
+        """Bookie id -> the ledgers whose metadata names it now (a scan of ZooKeeper's metadata)."""
         with self.metadata() as store:
             return {bookie: set(store.ledgers_on_bookie(bookie)) for bookie in bookie_ids}
 

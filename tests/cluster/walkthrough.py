@@ -735,7 +735,8 @@ def uninstall(cluster: LocalCluster) -> Uninstall:
 
 
 def main() -> int:
-    """`make cluster-demo`: the README walkthrough against a local cluster, ending with a `healthy:` line."""
+    """`make cluster-demo`: the lost-bookie walkthrough (docs/operating.md) against a local cluster, ending with a
+    `healthy:` line."""
     entries = 100
     say("starting the local cluster (the first run builds Kubernetes from its Go modules)")
     with running_cluster() as cluster:

@@ -117,7 +117,7 @@ def test_status_of_a_live_fleet(bookie_fleet, zk, zk_connect, capsys):
     assert run(capsys, "autorecovery", "disable", *flag)[0] == 0
     assert run(capsys, "autorecovery", "delay", "30", *flag)[0] == 0
     code, _, err = run(capsys, "autorecovery", "delay", "-1", *flag)
-    assert code == 2 and "the delay must be a finite number of seconds >= 0, got -1.0" in err
+    assert code == 2 and "the delay must be whole seconds >= 0, got -1" in err
     stopped = bookies[2]
     stopped.stop()
 

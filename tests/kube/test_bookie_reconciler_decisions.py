@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -449,8 +450,37 @@ def test_a_decommissioning_bookie_is_left_to_the_cluster_reconciler():
     (False, (job("Failed", repairs.MAX_ATTEMPTS - 1),), None, repairs.Outcome.GAVE_UP, None),
 ])
 def test_repair_steps(disabled, attempts, remaining, outcome, launch):
-    step = repairs.decide_repair(disabled, repairs.RepairObserved(attempts, remaining), NOW)
+    step = repairs.decide_repair(disabled, repairs.RepairObserved(attempts, remaining), NOW, limit=3)
     assert (step.outcome, step.launch) == (outcome, launch)
+
+
+def test_a_lost_zone_repairs_in_waves_of_the_clusters_cap():
+    """Ten bookies of a zone lost together started ten drivers and their executors at once: each launch (a first
+    attempt or a retry) now waits while the cluster has maxConcurrent repairs active, and a running one is left be."""
+    active = 0
+    launched = []
+    for bookie in range(10):  # the passes of the zone's ten lost bookies, one after the other
+        step = repairs.decide_repair(False, repairs.RepairObserved(others_active=active), NOW, limit=3)
+        if step.launch is not None:
+            launched.append(bookie)
+            active += 1
+        else:
+            assert step.outcome == repairs.Outcome.QUEUED
+    assert launched == [0, 1, 2]
+    retry = repairs.RepairObserved((job("Failed", finished=ago(60)),), others_active=3)
+    assert repairs.decide_repair(False, retry, NOW, limit=3).outcome == repairs.Outcome.QUEUED
+    running = repairs.RepairObserved((job("Running"),), others_active=5)  # the cap lowered meanwhile
+    assert repairs.decide_repair(False, running, NOW, limit=3) == repairs.RepairStep(repairs.Outcome.RUNNING)
+
+
+def test_a_bookie_whose_repair_waits_its_turn_says_so_and_is_passed_again():
+    cluster = bookie_cluster()
+    queued = replace(lost(pod=None, since=DELAY + 1),
+                     repair=repairs.RepairObserved(others_active=cluster.spec.auto_recovery.repair.max_concurrent))
+    decision = bookies.decide(queued, NOW)
+    assert of_type(decision, LaunchRepair) == [] and decision.requeue
+    repaired = next(c for c in status_of(decision)["conditions"] if c["type"] == "Repaired")
+    assert (repaired["status"], repaired["reason"]) == ("False", "RepairQueued")
 
 
 # --- what observe reads about nodes and volumes ----------------------------------------------------------------

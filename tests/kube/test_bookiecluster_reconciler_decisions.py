@@ -291,20 +291,46 @@ def test_a_pod_still_terminating_after_its_restart_is_waited_for():
     assert touching(actions, "pods") == [] and touching(actions, "bookies") == []
 
 
-def test_storage_grows_claims_and_rolls_the_new_quota():
-    bigger = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
-    claims = {name: {"metadata": {"name": name}, "spec": {"resources": {"requests": {"storage": "10Gi"}}}}
-              for name in resources.claim_names("bk-0")}
-    actions = decide(bigger, up(0), up(1), up(2), claims=claims)
-    storage = of_type(actions, Patch, plural="bookies", name="bk-0")[0].patch
-    assert storage == {"spec": {"storage": bigger.spec.storage.to_wire()}}
-    assert of_type(actions, clusters.ExpandClaim) == [clusters.ExpandClaim(NS, "bk-0-ledgers", "20Gi")]
-    assert touching(actions, "pods") == [("delete", "bk-0")]  # --disk-quota changed
+def sized(asked: str, capacity: str, **annotations: str) -> dict[str, dict]:
+    """The claims of bk-0..bk-2: the size each asks for, the capacity its volume has, its annotations."""
+    return {name: {"metadata": {"name": name, "annotations": annotations},
+                   "spec": {"resources": {"requests": {"storage": asked}}},
+                   "status": {"capacity": {"storage": capacity}}}
+            for bookie in ("bk-0", "bk-1", "bk-2") for name in resources.claim_names(bookie)}
 
-    refused = {name: {**claim, "metadata": {"name": name, "annotations": {
-        clusters.ANNOTATION_EXPANSION_REFUSED: "20Gi"}}} for name, claim in claims.items()}
-    actions = decide(bigger, up(0), up(1), up(2), claims=refused)
+
+def test_storage_grows_claims_first_and_rolls_the_new_quota_once_the_volume_has_grown():
+    """The pod's --disk-quota follows the volume, not the spec: a quota above the filesystem's size let the bookie
+    fill its disk to ENOSPC instead of turning read-only."""
+    bigger = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
+    before = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "10Gi"}})
+    bookies = [clusters.Member(body := bookie_body(n), pod(before, body), True, False) for n in range(3)]
+    for body in (b.body for b in bookies):
+        body["spec"]["storage"] = before.spec.storage.to_wire()
+    asked = decide(bigger, *bookies, claims=sized("10Gi", "10Gi"))
+    assert of_type(asked, clusters.ExpandClaim) == [clusters.ExpandClaim(NS, f"bk-{n}-ledgers", "20Gi")
+                                                     for n in range(3)]
+    assert touching(asked, "bookies") == [] and touching(asked, "pods") == []  # not before the volume grew
+
+    growing = decide(bigger, *bookies, claims=sized("20Gi", "10Gi"))
+    assert of_type(growing, clusters.ExpandClaim) == [] and touching(growing, "pods") == []
+
+    grown = decide(bigger, *bookies, claims=sized("20Gi", "20Gi"))
+    storage = of_type(grown, Patch, plural="bookies", name="bk-0")[0].patch
+    assert storage == {"spec": {"storage": bigger.spec.storage.to_wire()}}
+    assert touching(grown, "pods") == [("delete", "bk-0")]  # --disk-quota changed, one bookie at a time
+
+
+def test_a_refused_expansion_leaves_the_bookies_and_their_quota_as_they_are():
+    bigger = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "20Gi"}})
+    before = bookie_cluster(3, storage={"journal": {"size": "2Gi"}, "ledgers": {"size": "10Gi"}})
+    bookies = [clusters.Member(body := bookie_body(n), pod(before, body), True, False) for n in range(3)]
+    for body in (b.body for b in bookies):
+        body["spec"]["storage"] = before.spec.storage.to_wire()
+    refused = sized("10Gi", "10Gi", **{clusters.ANNOTATION_EXPANSION_REFUSED: "20Gi"})
+    actions = decide(bigger, *bookies, claims=refused)
     assert of_type(actions, clusters.ExpandClaim) == []
+    assert touching(actions, "bookies") == [] and touching(actions, "pods") == []
     assert condition(status_of(actions), "VolumesExpanded")["status"] == "False"
 
 

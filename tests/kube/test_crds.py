@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from bookfleet.cli import main
 from bookfleet.kube import crdgen
+from bookfleet.kube.api import CUSTOM
 from bookfleet.kube.models import (
     BOOKIE_CONFIG_KEYS,
     DATA_LOSS,
@@ -101,7 +102,7 @@ def test_schemas_are_structural_with_status_subresource(resource) -> None:
 def test_optional_fields_are_nullable_and_quantities_int_or_string() -> None:
     spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     storage_class = spec["storage"]["properties"]["ledgers"]["properties"]["storageClassName"]
-    assert storage_class == {"type": "string", "nullable": True}
+    assert (storage_class["type"], storage_class["nullable"]) == ("string", True)
     assert spec["storage"]["properties"]["journal"]["properties"]["size"]["x-kubernetes-int-or-string"] is True
     assert spec["resources"]["properties"]["limits"]["additionalProperties"]["x-kubernetes-int-or-string"] is True
     threshold = spec["bookie"]["properties"]["diskUsageThreshold"]
@@ -341,3 +342,25 @@ def test_a_cluster_is_validated_once_per_version_and_anew_when_it_changes() -> N
     assert validated_cluster(changed).spec.replicas == 5 and first.spec.replicas == 3
     unversioned = {**body, "metadata": {"name": "bk", "namespace": "ns"}}
     assert validated_cluster(unversioned) is not validated_cluster(unversioned)  # nothing to key it by
+
+
+def test_the_api_server_refuses_a_new_zookeeper_or_storage_class_and_takes_a_larger_volume(api_server) -> None:
+    """A new spec.zookeeper left every bookie crash-looping on its cookie, and a new storageClassName was ignored
+    (claims keep their class): both are refused at the API server now, with a message that says why; a volume's size
+    still grows."""
+    api = install_crds(api_server)
+    cluster = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+               "metadata": {"name": "bk", "namespace": "default"}, "spec": {"zookeeper": "zk:2181"}}
+    api.create(cluster)
+
+    def refusal(spec: dict[str, Any]) -> str:
+        try:
+            api.patch(CUSTOM, "bookieclusters", "default", "bk", {"spec": spec})
+        except ApiException as exc:
+            assert exc.status == 422
+            return exc.body
+        return ""
+
+    assert "zookeeper is immutable" in refusal({"zookeeper": "other-zk:2181"})
+    assert "storageClassName is immutable" in refusal({"storage": {"ledgers": {"storageClassName": "fast"}}})
+    assert refusal({"storage": {"ledgers": {"size": "20Gi"}}, "replicas": 4}) == ""

@@ -163,3 +163,44 @@ def test_a_store_that_keeps_only_versions_takes_no_indexes():
     with pytest.raises(ValueError, match="no bodies to index"):
         informers.Informer(api.KubeApi(), api.CUSTOM, "ledgers", {}, [NS], versions_only=True,
                            indexes={"name": lambda body: body["metadata"]["name"]})
+
+
+class DownApi(api.KubeApi):
+    """An API server that answers every list with 503, until the list after `up_after` failures."""
+
+    def __init__(self, up_after: int):
+        super().__init__()
+        self.up_after, self.lists = up_after, 0
+
+    def list_page(self, *args, **kwargs):
+        self.lists += 1
+        if self.lists <= self.up_after:
+            raise ApiException(status=503, reason="unavailable")
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch(self, *args, **kwargs):
+        raise ApiException(status=410, reason="expired")
+
+
+def test_an_informer_lists_again_after_a_growing_jittered_wait_and_starts_over_once_a_list_succeeds():
+    """Flat 2 s retries had every informer of every operator hammer an API server that came back; now each failure
+    in a row doubles the wait (up to a minute), drawn at random from its upper half."""
+    waits: list[float] = []
+    informer = informers.Informer(DownApi(up_after=9), api.CORE, "pods", LABELS, [NS])
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 11:
+            informer._stopped.set()
+
+    informer._stopped.wait = wait
+    informer._run(NS)
+    bounds = [(0.5, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (30, 60), (30, 60), (30, 60),  # nine failed lists
+              (0.5, 1), (0.5, 1)]  # a list came through: a watch's 410 waits the shortest again
+    assert [first <= wait <= longest for wait, (first, longest) in zip(waits, bounds, strict=True)] == [True] * 11
+    assert len(set(waits[6:9])) == 3  # jittered: capped waits still differ
+
+
+def test_relist_delays_double_to_a_cap_within_the_upper_half_of_each():
+    assert [informers.relist_delay(failures, 0.0) for failures in (1, 2, 3, 7, 8, 20)] == [0.5, 1, 2, 30, 30, 30]
+    assert [informers.relist_delay(failures, 0.999999) for failures in (1, 7)] == pytest.approx([1, 60])

@@ -71,8 +71,8 @@ def test_kopfs_finalizer_left_by_an_older_operator_is_released_at_the_first_pass
 def test_a_stale_copy_of_the_ledger_never_creates_it_twice(zk_connect, zk):
     """A timer may hand over a copy older than the last pass's status patch: creation reads the Ledger afresh, or it
     would reserve a second id and create a second ledger."""
-    zk.create(zkpaths.available("b1:3181"), b'{"bookie_id": "b1:3181", "address": "127.0.0.1:1"}', makepath=True,
-              ephemeral=True)
+    zk.create(zkpaths.available("b1:3181"), BookieInfo(bookie_id="b1:3181", address="127.0.0.1:1").encode(),
+              makepath=True, ephemeral=True)
     api = FakeApi(zk_connect)
     ctx = OperatorContext(api)  # type: ignore[arg-type]
     try:
@@ -95,7 +95,7 @@ def feed_on(zk_connect):
 @contextlib.contextmanager
 def running_feed(zk_connect: str, retry: float):
     api = FakeApi(zk_connect)
-    ctx = OperatorContext(api)  # type: ignore[arg-type]
+    ctx = OperatorContext(api, event_window=0)  # type: ignore[arg-type]  # counted Events posted at once
     passes: list[ledgerfeed.LedgerKey] = []
 
     def reconcile(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:
@@ -122,7 +122,7 @@ def test_a_ledger_waiting_for_bookies_is_created_once_one_registers_without_wait
         feed.ledger_changed(copy.deepcopy(api.objects["ledgers"]))
         wait_for(lambda: any(c["reason"] == "NotEnoughBookies" for c in stored_status(api).get("conditions") or []),
                  30, "the Ledger refused for want of bookies")
-        zk.create(zkpaths.available("b1"), BookieInfo(bookie_id="b1", address="127.0.0.1:3181").to_json(),
+        zk.create(zkpaths.available("b1"), BookieInfo(bookie_id="b1", address="127.0.0.1:3181").encode(),
                   makepath=True, ephemeral=True)
         wait_for(lambda: stored_status(api).get("state") == "OPEN", 30, "the Ledger created")
 

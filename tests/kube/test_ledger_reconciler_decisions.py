@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from bookfleet.kube import ledgers, resources
-from bookfleet.kube.actions import Action, PatchStatus, PostEvent
-from bookfleet.kube.context import ZooKeeperTarget
+from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
+from bookfleet.kube.context import EventTally, ZooKeeperTarget
 from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, ReserveLedgerId
 from bookfleet.kube.models import Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
@@ -108,7 +110,7 @@ def test_a_new_ledger_reserves_an_id_then_creates_its_metadata_in_one_pass():
     assert isinstance(create, CreateLedgerMetadata) and create.zookeeper.connect == ZK
     ensemble = create.metadata.segments[0].bookies
     assert len(set(ensemble)) == 2 and set(ensemble) <= {"b1", "b2", "b3"}
-    assert create.metadata.password_hash == new_metadata(ensemble, 2, 2, password=b"pw").password_hash
+    assert create.metadata.password == new_metadata(ensemble, 2, 2, password=b"pw").password
     status = status_of(actions)
     assert "ledgerId" not in status  # the reservation writes it, before the metadata is created under it
     assert (status["state"], status["segments"]) == ("OPEN", [{"firstEntryId": 0, "bookies": list(ensemble)}])
@@ -202,6 +204,36 @@ def test_under_replication_repair_and_recovery_each_post_one_event():
     assert current.status["repair"] == {"job": "repair-1", "bookieId": "b2", "state": "Succeeded",
                                         "started": "2026-01-02T03:05:01Z", "finished": "2026-01-02T03:06:00Z",
                                         "attempts": 2}
+
+
+def test_a_bookie_loss_posts_one_event_per_reason_on_the_cluster_not_four_on_every_ledger():
+    """At 100,000 Ledgers a bookie loss made 400,000 Events (under-replicated, repair launched, succeeded, healed on
+    each): now each window posts one per reason on their BookieCluster, with the count and a few of them."""
+    posted: list[tuple[str, str, str, bool]] = []
+    windows: list[Callable[[], None]] = []
+    tally = EventTally(lambda involved, reason, message, warning: posted.append(
+        (f"{involved['kind']}/{involved['metadata']['name']}", reason, message, warning)), 60,
+        schedule=lambda seconds, then: windows.append(then))
+    ctx = SimpleNamespace(events=tally, api=None)  # nothing posted on a Ledger: no API to post with
+    marker = Marker(7, frozenset({"b2"}), int(NOW.timestamp() * 1000), 0)
+    current = existing()
+    for change in ({"marker": marker}, {"repairs": (job("repair-0", 0),)},
+                   {"repairs": (job("repair-0", 0, "Complete"),)}, {"marker": None}):
+        current = replace(current, **change)
+        actions = decide(current, NOW)
+        for number in range(10_000):
+            act(ctx, {"metadata": {"name": f"ledger-{number}", "namespace": "ns"}},  # type: ignore[arg-type]
+                [a for a in actions if isinstance(a, PostEvent)])
+        current = next_pass(current, actions)
+    assert len(windows) == 1 and posted == []  # the first Event of the window started its timer
+    windows.pop()()
+    assert [(on, reason, warning) for on, reason, _, warning in posted] == [
+        ("BookieCluster/bk", "UnderReplicated", True), ("BookieCluster/bk", "RepairLaunched", False),
+        ("BookieCluster/bk", "RepairSucceeded", False), ("BookieCluster/bk", "FullyReplicated", False)]
+    assert posted[0][2] == ("10000 Ledger(s): ledger-0 (no copy on b2), ledger-1 (no copy on b2), ledger-2 (no copy "
+                            "on b2), ledger-3 (no copy on b2), ledger-4 (no copy on b2) and 9995 more")
+    tally.flush()
+    assert len(posted) == 4  # counted once
 
 
 def test_a_repair_found_through_the_marker_that_ended_before_the_ledger_was_marked_is_not_its_repair():

@@ -13,7 +13,7 @@ import pytest
 
 from bookfleet.meta import bookiestate, zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
-from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
@@ -68,6 +68,9 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     # The Ledger follows the repair before the operator goes (else its RepairLaunched Event races with the kill).
     wait_for("the Ledger following the repair", lambda: (status(kube, "ledgers", "adopted").get("repair") or {})
              .get("job") == job["metadata"]["name"])
+    # Counted on its cluster, posted at the end of their window: a killed operator loses the window's count.
+    wait_for("the Ledger's loss Events, counted on its cluster", lambda: {"UnderReplicated", "RepairLaunched"}
+             <= event_reasons(kube, "BookieCluster", "bk"))
     operator_process.kill()
     operator_process.start()
     wait_for("repair finished", lambda: (kube.get("jobs", NS, job["metadata"]["name"]).get("status") or {})
@@ -86,8 +89,8 @@ def test_closed_loop_lost_bookie_is_repaired_once(kube, podrunner, operator_proc
     assert zk.exists(zkpaths.cookie(victim_id))
     reasons = {e["reason"] for e in kube.list("events", NS)}
     assert {"BookieLost", "BookieReturned", "RepairLaunched", "RepairSucceeded"} <= reasons
-    wait_for("the Ledger's own Events", lambda: {"UnderReplicated", "RepairLaunched", "RepairSucceeded",
-                                                 "FullyReplicated"} <= event_reasons(kube, "Ledger", "adopted"))
+    wait_for("the Ledger's repair Events, counted on its cluster", lambda: {"RepairSucceeded", "FullyReplicated"}
+             <= event_reasons(kube, "BookieCluster", "bk"))
     # The restarted operator's metrics: the repair's success, and no launch of its own.
     assert operator_process.metric("bookfleet_operator_repairs_total", outcome="succeeded") >= 1
     assert operator_process.metric("bookfleet_operator_repairs_total", outcome="launched") == 0
@@ -211,7 +214,7 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
                             "spec": {"cluster": "bk", "ensembleSize": 1, "writeQuorum": 1, "ackQuorum": 1}})
     created = wait_for("ledger created", lambda: condition(status(kube, "ledgers", "fresh"), "Created"))
     assert created["status"] == "False" and "NotEnoughBookies" in created["reason"]  # no bookie runs here
-    zk.create(zkpaths.available("solo:3181"), b'{"bookie_id": "solo:3181", "address": "127.0.0.1:1"}',
+    zk.create(zkpaths.available("solo:3181"), BookieInfo(bookie_id="solo:3181", address="127.0.0.1:1").encode(),
               makepath=True, ephemeral=True)
     fresh = wait_for("ledger state", lambda: (s := status(kube, "ledgers", "fresh")).get("state") and s)
     assert fresh["state"] == "OPEN" and fresh["segments"] == [{"firstEntryId": 0, "bookies": ["solo:3181"]}]
@@ -233,8 +236,8 @@ def test_failed_repair_is_retried_with_backoff_and_ledgers_are_created(launcher,
     assert "[3, 4]" in data_loss["message"]
     assert {"Created", "NotEnoughBookies"} <= event_reasons(kube, "Ledger", "fresh")
     # The Event follows the status patch that showed the condition: wait for it rather than race it.
-    wait_for("the lost ledger's Events", lambda: {"UnderReplicated", "RepairLaunched", "EntriesLost"}
-             <= event_reasons(kube, "Ledger", "lost"), timeout=30)
+    wait_for("the lost ledger's Events", lambda: "EntriesLost" in event_reasons(kube, "Ledger", "lost")
+             and {"UnderReplicated", "RepairLaunched"} <= event_reasons(kube, "BookieCluster", "bk"), timeout=30)
 
 
 def test_disabled_auto_recovery_launches_no_repair_and_says_so(kube, operator_process, zk_connect, zk):
@@ -313,8 +316,10 @@ def test_operator_metrics_count_passes_decisions_and_the_fleets_health_under_its
                                                                  **fleet) == 2
              and metric("bookfleet_operator_ledgers_data_loss", **fleet) == 1, timeout=30)
     assert metric("bookfleet_operator_oldest_under_replicated_seconds", **fleet) >= 0
-    for reason in ("UnderReplicated", "EntriesLost"):
-        assert metric("bookfleet_operator_events_total", kind="Ledger", reason=reason, type="Warning", **fleet) >= 1
+    assert metric("bookfleet_operator_events_total", kind="Ledger", reason="EntriesLost", type="Warning", **fleet) >= 1
+    wait_for("the under-replication counted on the cluster", lambda: metric(
+        "bookfleet_operator_events_total", kind="BookieCluster", reason="UnderReplicated", type="Warning",
+        **fleet) >= 1)
     assert metric("bookfleet_operator_events_total", kind="Ledger", reason="InvalidSpec", namespace=NS,
                   bookiecluster="gone") >= 1
     assert metric("bookfleet_operator_reconciles_total", resource="ledgers", **fleet) >= 1
@@ -366,3 +371,15 @@ def test_a_settled_bookie_shows_a_registration_change_at_once(no_resync, kube, p
     finally:
         os.kill(process.pid, signal.SIGCONT)
     wait_for("bk-1 Running again", lambda: status(kube, "bookies", "bk-1").get("phase") == "Running", timeout=30)
+
+
+def test_a_cluster_deleted_with_its_operator_gone_goes_at_once(kube, operator_process, zk_connect):
+    """`kubectl delete namespace` and an Argo CD prune delete the operator with its BookieClusters and Bookies: none
+    may carry a finalizer that only the operator would release (kopf's kept them Terminating for ever)."""
+    kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, replicas=1))
+    wait_for("the cluster's and its Bookie's loops passed", lambda: status(kube, "bookieclusters", "bk")
+             and status(kube, "bookies", "bk-0"))
+    operator_process.kill()
+    kube.delete("bookieclusters", NS, "bk")
+    assert kube.get("bookieclusters", NS, "bk") is None
+    assert kube.list("bookies", NS) == [] and kube.list("pods", NS) == []

@@ -69,10 +69,10 @@ def test_one_connect_string_with_two_credentials_gets_two_sessions(zk_connect):
         ctx.close()
 
 
-def test_what_a_lost_or_draining_bookie_still_holds_costs_one_read_however_many_markers(zk, monkeypatch):
-    """remaining_ledgers, asked on every pass of a lost or draining bookie, reads its bookie index only: the other
-    bookies' markers (a repair storm's thousands) are never walked, and a ledger the bookie was swapped out of no
-    longer needs it even while its marker waits on another bookie."""
+def test_what_a_lost_or_draining_bookie_still_holds_reads_no_marker(zk, monkeypatch):
+    """remaining_ledgers, asked on every pass of a lost or draining bookie, reads the metadata only: the markers
+    (a repair storm's thousands) are never walked, and a ledger the bookie was swapped out of no longer needs it
+    even while its marker waits on another bookie."""
     store, markers = MetadataStore(zk), UnderReplication(zk)
     on_it = [store.create(new_metadata(["gone:1", "b:1", "c:1"], 3, 2)) for _ in range(3)]
     elsewhere = [store.create(new_metadata(["d:1", "b:1", "c:1"], 3, 2)) for _ in range(20)]
@@ -85,4 +85,4 @@ def test_what_a_lost_or_draining_bookie_still_holds_costs_one_read_however_many_
 
     requests = count_requests(zk, monkeypatch)
     assert remaining_ledgers(zk, "gone:1") == sorted(on_it)
-    assert len(requests) == 1
+    assert requests and not [request for request in requests if "underreplication" in repr(request)]

@@ -175,7 +175,8 @@ def test_bookie_port_only_for_the_fleet_and_labelled_clients(cluster: BookieClus
     operator = {resources.LABEL_NAME: "bookfleet", resources.LABEL_COMPONENT: "operator"}
     for peer in (pod["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"], executor):
         assert admits(bookies_policy, peer, port)
-    assert admits(bookies_policy, operator, port, same_namespace=False)
+    assert not admits(bookies_policy, operator, port, same_namespace=False)  # it never connects to a bookie
+    assert not admits(bookies_policy, operator, port)
     assert admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port)
     assert not admits(bookies_policy, {"app": "curious"}, port)
     assert not admits(bookies_policy, {resources.CLIENT_LABEL: "true"}, port, same_namespace=False)
@@ -316,6 +317,9 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert spec["mainApplicationFile"].startswith("local://")
     assert spec["arguments"][:2] == ["--zk", "zk.storage.svc:2181"]
     assert spec["driver"]["serviceAccount"] == "bookfleet-repair"
+    # driverResources, as the Job's driver gets them (the default: 500m/2 CPUs, 1536Mi requested), not 1 CPU/512m
+    driver = {key: spec["driver"][key] for key in ("cores", "coreRequest", "coreLimit", "memory")}
+    assert driver == {"cores": 1, "coreRequest": "500m", "coreLimit": "2", "memory": "1536m"}
     assert (spec["executor"]["instances"], spec["executor"]["memory"]) == (3, "2g")
     assert spec["timeToLiveSeconds"] == 86400
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
@@ -356,6 +360,9 @@ def test_repair_namespace_objects_are_namespaced_and_minimal(cluster: BookieClus
     template, account, role, binding = (valid(obj) for obj in resources.repair_namespace_objects(cluster))
     assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
     assert template["metadata"]["name"] == resources.executor_template_name(cluster)
+    assert owner(template) == ("BookieCluster", "demo", "cluster-uid")  # deleted with its cluster, not left behind
+    twin = cluster.model_copy(update={"metadata": cluster.metadata.model_copy(update={"name": "twin"})})
+    assert resources.executor_template_name(twin) != template["metadata"]["name"]  # each cluster owns its own
     executor = yaml.safe_load(template["data"][resources.EXECUTOR_TEMPLATE_FILE])
     assert executor == resources.executor_pod_template(cluster)
     assert executor["spec"]["containers"][0]["name"] == resources.EXECUTOR_CONTAINER

@@ -1,5 +1,5 @@
-"""`bookfleet delete-cluster` (the chart's pre-delete hook) against the emulator: it never waits for ever, and the
-cluster's volumes stay unless its whenDeleted policy says Delete."""
+"""`bookfleet delete-cluster` (the chart's pre-delete hook) against the emulator: it never waits for ever, holds
+one page of Ledgers at a time, and the cluster's volumes stay unless its whenDeleted policy says Delete."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes
 import pytest
 
 from bookfleet.kube import resources, teardown
-from bookfleet.kube.api import PLURALS
+from bookfleet.kube.api import PLURALS, KubeApi
 from bookfleet.kube.models import Bookie, BookieCluster
 from tests.emulator import EmulatorThread
 
@@ -53,17 +54,39 @@ def left(kube: EmulatorThread) -> dict[str, list[str]]:
             for plural in ("bookieclusters", "bookies", "ledgers", "pods", "persistentvolumeclaims")}
 
 
+def api_of(kube: EmulatorThread) -> KubeApi:
+    return KubeApi(kubernetes.config.new_client_from_config(config_file=str(kube.kubeconfig)))
+
+
 def test_without_an_operator_the_finalizers_are_released_and_the_volumes_kept(kube):
+    """kopf's finalizer (left by an operator before this one, which holds none) guards no work: released at once."""
     create_fleet(kube, [teardown.FINALIZER])
-    assert "finalizers were removed" in delete_cluster(kube, timeout=0.5)
+    assert "deleted" in delete_cluster(kube, timeout=0.5)
     assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
                           "persistentvolumeclaims": ["bk-0-journal", "bk-0-ledgers"]}
     assert "does not exist" in delete_cluster(kube, timeout=0.5)
 
 
 @pytest.mark.parametrize(("when_deleted", "claims"), [("Retain", ["bk-0-journal", "bk-0-ledgers"]), ("Delete", [])])
-def test_a_released_cluster_goes_with_its_bookies_and_its_volumes_follow_the_policy(kube, when_deleted, claims):
+def test_a_cluster_goes_with_its_bookies_and_its_volumes_follow_the_policy(kube, when_deleted, claims):
     create_fleet(kube, [], when_deleted)
-    assert "deleted by the operator" in delete_cluster(kube, timeout=30)
+    assert "deleted" in delete_cluster(kube, timeout=30)
     assert left(kube) == {"bookieclusters": [], "bookies": [], "ledgers": ["other-ledger"], "pods": [],
                           "persistentvolumeclaims": claims}
+
+
+def test_the_ledgers_are_read_a_page_at_a_time_and_never_listed_again(kube):
+    """The uninstall at scale: the Ledgers are listed once, in pages of 500 (never all held at once), and not again
+    while the teardown waits for a cluster another finalizer holds."""
+    create_fleet(kube, [teardown.FINALIZER])
+    for number in range(1_200):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": f"bk-{number:05}", "namespace": NS,
+                                             "finalizers": [teardown.FINALIZER] if number % 2 else []},
+                                "spec": {"cluster": "bk" if number % 3 else "other"}})
+    kube.patch("bookieclusters", NS, "bk", {"metadata": {"finalizers": [teardown.FINALIZER, "example.com/held"]}})
+    assert teardown.delete_cluster(api_of(kube), NS, "bk", timeout=0.3, interval=0.05) is teardown.Teardown.HELD
+    assert kube.emulator.list_requests["ledgers"] == 3  # 1,202 Ledgers: three pages, once
+    assert sorted(o["metadata"]["name"] for o in kube.list("ledgers", NS)) == sorted(
+        ["other-ledger", *(f"bk-{number:05}" for number in range(0, 1_200, 3))])
+    assert kube.get("bookieclusters", NS, "bk")["metadata"]["finalizers"] == ["example.com/held"]

@@ -115,6 +115,31 @@ def test_a_loop_stopped_during_a_pass_ends_within_kopfs_instant_exit_and_its_nex
     asyncio.run(main())
 
 
+def test_a_loop_ends_when_its_object_is_gone_and_a_newer_objects_loop_of_that_name_goes_on():
+    """The loops hold no finalizer (kube.handlers), so kopf may never stop a deleted object's loop: the informers'
+    deletion ends it, unless that deletion is of an older object of the same name."""
+    newer_passes: list[float] = []
+
+    async def main() -> None:
+        registry = wakeups.Wakeups()
+        old = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: None, Stopped(), 60.0, uid="old"))
+        await asyncio.sleep(0.05)
+        registry.gone(KEY, "old")
+        await asyncio.wait_for(old, 5)  # not the 60 s interval, and kopf never said stop
+        newer = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: newer_passes.append(1), Stopped(), 60.0,
+                                                     uid="new"))
+        await until(newer_passes, 1)
+        registry.gone(KEY, "old")  # the informer's late word of the old object
+        registry.wake(KEY)
+        await asyncio.wait_for(until(newer_passes, 2), 5)
+        assert not newer.done()
+        registry.gone(KEY, "new")
+        await asyncio.wait_for(newer, 5)
+        assert KEY not in registry._events
+
+    asyncio.run(main())
+
+
 def test_only_a_new_generation_wakes_a_loop_and_a_deleted_object_is_forgotten():
     woken: list[object] = []
     registry = wakeups.Wakeups()

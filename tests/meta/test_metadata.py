@@ -1,4 +1,4 @@
-"""Ledger metadata against a real ZooKeeper: validation, compare-and-set, bookie index, listing."""
+"""Ledger metadata against a real ZooKeeper: validation, compare-and-set, ledgers by bookie, listing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 from kazoo.exceptions import ConnectionLoss
 from pydantic import ValidationError
 
-from bookfleet import wire
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import (
     LedgerMetadata,
@@ -49,10 +48,12 @@ def test_invariants_are_validated_with_clear_errors(changes, message):
         LedgerMetadata.model_validate(data)
 
 
-def test_password_is_kept_only_as_hash():
+def test_password_is_kept_in_plain_as_bookkeeper_does_but_never_printed():
     meta = metadata()
-    assert meta.password_hash == wire.password_hash(b"secret")
-    assert b"secret" not in meta.to_json()
+    assert meta.password == b"secret" and meta.password_matches(b"secret") and not meta.password_matches(b"other")
+    assert b"secret" in meta.encode()
+    assert "secret" not in meta.model_dump_json() and "secret" not in repr(meta)
+    assert meta.with_closed(-1, 0).password == b"secret"  # derived copies keep it
 
 
 def test_segments_fragments_and_ensemble_change():
@@ -70,7 +71,7 @@ def test_segments_fragments_and_ensemble_change():
         meta.with_ensemble_change(5, 1, "b3")
 
 
-def test_create_read_update_delete_keep_the_bookie_index(zk):
+def test_create_read_update_delete_and_ledgers_by_bookie(zk):
     store = MetadataStore(zk)
     first = store.create(metadata())
     second = store.create(metadata(("b2", "b3", "b4")))
@@ -105,17 +106,19 @@ def test_compare_and_set_rejects_a_stale_version(zk):
         store.update(ledger_id, meta.with_ensemble_change(0, 0, "b7"), version)
     current, _ = store.read(ledger_id)
     assert current.state == LedgerState.IN_RECOVERY
-    assert store.ledgers_on_bookie("b7") == []  # the failed transaction left no index entry behind
+    assert store.ledgers_on_bookie("b7") == []
 
 
 def test_listing_walks_the_hierarchy_and_skips_other_dirs(zk):
     store = MetadataStore(zk)
-    ids = [12_345_678_901, 7, 10_000]
+    ids = [12_345_678_901, 7, 10_000, 2**31 - 2, 2**31 - 1, 2**63 - 1]
     for ledger_id in ids:
         store.create(metadata(), ledger_id=ledger_id)
     zk.ensure_path(zkpaths.available("b1"))
     zk.ensure_path(zkpaths.underreplicated(7))
-    assert zk.exists("/ledgers/00/0000/L0007")
+    zk.ensure_path(zkpaths.INSTANCE_ID)
+    assert zk.exists("/ledgers/00/0000/L0007") and zk.exists("/ledgers/21/4748/L3646")
+    assert zk.exists("/ledgers/000/0000/0021/4748/L3647") and zk.exists("/ledgers/000/0000/0123/4567/L8901")
     assert store.ledger_ids() == sorted(ids)
 
 
@@ -138,15 +141,17 @@ def test_negative_segment_start_is_named():
         Segment(first_entry_id=-1, bookies=("a",))
 
 
-def test_writer_epoch_starts_at_0_and_metadata_from_before_it_reads_as_0():
+def test_writer_epoch_starts_at_0_rides_in_custom_metadata_and_reads_as_0_where_absent():
     created = metadata()
     assert created.writer_epoch == 0
-    assert created.with_next_writer_epoch().with_next_writer_epoch().writer_epoch == 2
-    old = created.model_dump(mode="json")
-    del old["writer_epoch"]
-    assert LedgerMetadata.model_validate(old).writer_epoch == 0
+    raised = created.with_next_writer_epoch().with_next_writer_epoch()
+    assert raised.writer_epoch == 2 and LedgerMetadata.decode(raised.encode()).writer_epoch == 2
+    assert b"bookfleet.writerEpoch" in raised.encode() and b"bookfleet.writerEpoch" not in created.encode()
+    assert LedgerMetadata.decode(raised.encode()).custom == {"app": "test"}  # bookfleet's keys stay out of it
     with pytest.raises(ValidationError, match="writer_epoch"):
-        LedgerMetadata.model_validate({**old, "writer_epoch": -1})
+        LedgerMetadata.model_validate({**created.model_dump(), "writer_epoch": -1})
+    with pytest.raises(ValidationError, match="bookfleet's"):
+        new_metadata(("b1",), 1, 1, custom={"bookfleet.writerEpoch": "9"})
 
 
 class LosesTheReply:
@@ -178,3 +183,24 @@ def test_an_update_whose_reply_is_lost_is_settled_by_reading_back(zk, monkeypatc
         with pytest.raises(MetadataVersionConflict):
             store.update(ledger_id, changed, version)
     assert store.read(ledger_id) == ((changed, 1) if applied else (meta, 0))
+
+
+def test_ids_go_on_past_31_bits_as_bookkeepers_generator_hands_them_out(zk, monkeypatch):
+    """A ZooKeeper sequence is a signed 32-bit counter: once /ledgers/idgen's overflows, ids come from the newest
+    /ledgers/idgen-long/HOB-<high> level (high 32 bits) and its own sequence (low 32 bits), a level after another."""
+    store = MetadataStore(zk)
+    assert 0 <= store.new_ledger_id() < 2**31 - 1 and not zk.exists(zkpaths.IDGEN_LONG)
+    sequence = store._sequence
+
+    def overflowing(level: str):
+        return lambda prefix: -(2**31) if prefix.startswith(level) else sequence(prefix)
+
+    monkeypatch.setattr(store, "_sequence", overflowing(zkpaths.IDGEN_PREFIX))
+    first, second = store.new_ledger_id(), store.new_ledger_id()
+    assert first >> 32 == second >> 32 == 1 and second > first and zk.exists(zkpaths.high_bits(1))
+    monkeypatch.setattr(store, "_sequence", sequence)
+    assert store.new_ledger_id() >> 32 == 1  # idgen-long exists: no short id any more
+    monkeypatch.setattr(store, "_sequence", overflowing(zkpaths.high_bits(1)))
+    assert store.new_ledger_id() >> 32 == 2 and zk.exists(zkpaths.high_bits(2))
+    store.create(metadata(), ledger_id=first)
+    assert store.ledger_ids() == [first] and zkpaths.ledger(first).startswith("/ledgers/000/0000/0042/9496/L")

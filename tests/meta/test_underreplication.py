@@ -3,6 +3,8 @@
 import threading
 import time
 
+import pytest
+
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.underreplication import UnderReplication
@@ -213,22 +215,19 @@ def test_disable_switch(zk):
     wait_for(lambda: seen == [False, True, False], timeout=60, what=f"the watch to see the switch off (saw {seen})")
 
 
-def test_recovery_delay_changes_at_run_time(zk):
+def test_recovery_delay_changes_at_run_time_in_bookkeepers_whole_seconds(zk):
     ur = UnderReplication(zk)
     assert ur.recovery_delay(default=30.0) == 30.0
     seen = []
     ur.watch_recovery_delay(seen.append, default=30.0)
-    ur.set_recovery_delay(1.5)
-    assert ur.recovery_delay() == 1.5
-    wait_for(lambda: seen == [30.0, 1.5], timeout=60, what=f"the watch to see the delay 1.5 (saw {seen})")
+    ur.set_recovery_delay(2)
+    assert ur.recovery_delay() == 2 and zk.get(zkpaths.UR_RECOVERY_DELAY)[0] == b"2"
+    wait_for(lambda: seen == [30.0, 2.0], timeout=60, what=f"the watch to see the delay 2 (saw {seen})")
     ur.set_recovery_delay(0)
-    wait_for(lambda: seen == [30.0, 1.5, 0.0], timeout=60, what=f"the watch to see the delay 0 (saw {seen})")
-    try:
-        ur.set_recovery_delay(-1)
-    except ValueError as exc:
-        assert "lostBookieRecoveryDelay must be >= 0" in str(exc)
-    else:
-        raise AssertionError("a negative delay was accepted")
+    wait_for(lambda: seen == [30.0, 2.0, 0.0], timeout=60, what=f"the watch to see the delay 0 (saw {seen})")
+    for refused in (-1, 1.5):
+        with pytest.raises(ValueError, match="lostBookieRecoveryDelay must be whole seconds >= 0"):
+            ur.set_recovery_delay(refused)
 
 
 def test_data_loss_records_merge_and_list(zk):

@@ -164,7 +164,7 @@ class Scale:
             for index, bookie_id in enumerate(bookies.values()):
                 info = BookieInfo(bookie_id=bookie_id, address=f"10.0.{index // 250}.{index % 250}:3181",
                                   zone=ZONES[index % 3])
-                registrations.create(zkpaths.available(bookie_id), info.to_json(), makepath=True, ephemeral=True)
+                registrations.create(zkpaths.available(bookie_id), info.encode(), makepath=True, ephemeral=True)
             self.custom.create_namespaced_custom_object("bookfleet.io", "v1alpha1", NS, "bookieclusters", cluster)
             wait_for(self._pods_running, 1800, f"{self.args.bookies} bookie pods Running", interval=2)
             wait_for(self._none_lost, 600, "no Bookie counted lost", interval=2)

@@ -15,7 +15,7 @@ from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
-from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.meta.underreplication import UnderReplication, auditor_of_vote
 from bookfleet.replication.auditor import Auditor, check_ledgers, clear_stale_markers, mark_lost_bookie, read_checks
 
 
@@ -81,7 +81,7 @@ def test_lost_bookie_is_marked_after_the_delay_read_at_run_time(zk, fleet, audit
 
     lost.stop()
     stays(lambda: _markers(zk) == {}, 0.5)  # 60 s delay: not lost yet
-    ur.set_recovery_delay(0.2)  # the running auditor picks the new delay up through its watch
+    ur.set_recovery_delay(1)  # the running auditor picks the new delay up through its watch
     wait_for(lambda: _markers(zk) == {ledger_id: {lost.bookie_id} for ledger_id in expected}, what="all marked")
 
 
@@ -98,7 +98,7 @@ def test_bookie_returning_within_the_delay_marks_nothing(zk, fleet, auditor_sess
 
 def test_disable_switch_defers_marking_until_enabled(zk, fleet, auditor_sessions):
     ur = UnderReplication(zk)
-    ur.set_recovery_delay(0.2)
+    ur.set_recovery_delay(1)
     ur.disable()
     auditor, _ = auditor_sessions("a1")
     assert auditor.wait_active(10)
@@ -110,7 +110,7 @@ def test_disable_switch_defers_marking_until_enabled(zk, fleet, auditor_sessions
 
 
 def test_standby_takes_over_when_the_active_auditor_dies_and_still_marks(zk, fleet, auditor_sessions):
-    UnderReplication(zk).set_recovery_delay(0.3)
+    UnderReplication(zk).set_recovery_delay(1)
     first, first_session = auditor_sessions("a1")
     assert first.wait_active(10)
     standby, _ = auditor_sessions("a2")
@@ -131,7 +131,7 @@ def test_new_auditor_clears_stale_markers_and_catches_bookies_lost_while_none_ra
     stale = mark_lost_bookie(zk, back.bookie_id)  # marked, but the bookie is up with all its replicas
     gone.stop()  # vanished while no auditor ran
     only_gone = set(store.ledgers_on_bookie(gone.bookie_id)) - set(stale)
-    UnderReplication(zk).set_recovery_delay(0.3)
+    UnderReplication(zk).set_recovery_delay(1)
 
     auditor, _ = auditor_sessions("a1")
     assert auditor.wait_active(10)
@@ -220,7 +220,7 @@ def test_cli_auditor_exits_on_a_ctrl_c_the_kernel_hands_to_one_of_kazoos_threads
 
 
 def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, auditor_sessions):
-    UnderReplication(zk).set_recovery_delay(0.2)
+    UnderReplication(zk).set_recovery_delay(1)
     env = {**os.environ, "BOOKFLEET_ZK": zk_connect, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread
     cli = subprocess.Popen([sys.executable, "-m", "bookfleet", "auditor", "--id", "cli"], env=env,
                            preexec_fn=as_in_a_terminal)
@@ -246,7 +246,7 @@ def test_cli_auditor_marks_and_hands_over_on_ctrl_c(zk, zk_connect, fleet, audit
 
 def _active_auditor(zk):
     candidates = sorted(zk.get_children(zkpaths.AUDITOR_ELECTION)) if zk.exists(zkpaths.AUDITOR_ELECTION) else []
-    return zk.get(f"{zkpaths.AUDITOR_ELECTION}/{candidates[0]}")[0].decode() if candidates else None
+    return auditor_of_vote(zk.get(f"{zkpaths.AUDITOR_ELECTION}/{candidates[0]}")[0]) if candidates else None
 
 
 def test_the_auditors_passes_read_metadata_in_pipelines_not_a_round_trip_per_ledger(zk, monkeypatch):

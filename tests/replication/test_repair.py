@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -99,7 +98,7 @@ def test_a_writers_fresh_mark_on_an_old_marker_restarts_the_open_ledger_grace(zk
     two_hours_ago = int(time.time() * 1000) - 2 * 3600 * 1000
     zk.create(
         zkpaths.underreplicated(ledger_id),
-        json.dumps({"missingBookies": [checked], "ctime": two_hours_ago}).encode(),
+        f'replica: "{checked}"\nctime: {two_hours_ago}\n'.encode(),  # as BookKeeper's auditor writes it
         makepath=True,
     )
     under_replication = UnderReplication(zk)

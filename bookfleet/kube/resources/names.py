@@ -43,7 +43,6 @@ current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, stora
 
 BOOKIE = "bookie"
 REPAIR = "repair"
-OPERATOR = "operator"
 BOOKIE_POD_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: BOOKIE}
 REPAIR_SELECTOR = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
 """Repair Jobs and SparkApplications of every cluster (the operator indexes them by ledger)."""

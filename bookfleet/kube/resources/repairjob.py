@@ -4,6 +4,7 @@ client mode (or a SparkApplication for the Spark operator), the executor pod tem
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from bookfleet.kube.models import (
     Bookie,
     BookieCluster,
     PodOverrides,
+    ResourceRequirements,
 )
 from bookfleet.kube.resources.names import (
     ANNOTATION_BOOKIE_ID,
@@ -28,6 +30,7 @@ from bookfleet.kube.resources.names import (
     labels,
     object_metadata,
     owned_by,
+    quantity_bytes,
     repair_name,
     replicator_secret_name,
     security_env,
@@ -186,9 +189,9 @@ def _executor_conf(cores: int) -> dict[str, str]:
 
 
 def executor_template_name(cluster: BookieCluster) -> str:
-    """Named by its content (the cluster's executor settings go into it): a new template gets a new ConfigMap, and
-    clusters of one namespace with different settings do not share one."""
-    return hashed_name(EXECUTOR_TEMPLATE_PREFIX, _executor_template_text(cluster))
+    """Named by its cluster and its content (the cluster's executor settings go into it): a new template gets a new
+    ConfigMap, and each cluster has its own, owned by it (deleted with it)."""
+    return hashed_name(EXECUTOR_TEMPLATE_PREFIX, cluster.metadata.name, _executor_template_text(cluster))
 
 
 def _executor_template_text(cluster: BookieCluster) -> str:
@@ -307,9 +310,7 @@ def spark_application(
                 "onSubmissionFailureRetryInterval": 10,
             },
             "driver": _spark_pod(repair.driver_pod_template, pod_labels, {
-                "cores": 1,
-                "coreLimit": "1",
-                "memory": "512m",
+                **_spark_driver_resources(repair.driver_resources),
                 "serviceAccount": repair.service_account_name,
                 "ports": [METRICS_CONTAINER_PORT],
             }),
@@ -327,6 +328,24 @@ def spark_application(
     if pull_secrets:
         manifest["spec"]["imagePullSecrets"] = list(dict.fromkeys(pull_secrets))
     return owned_by(manifest, cluster)
+
+
+def _spark_driver_resources(wanted: ResourceRequirements) -> dict[str, Any]:
+    """driverResources as the Spark operator's driver spec says them: the CPU request and limit as given, whole
+    cores for Spark's own count, and the memory request as the driver's memory (Spark adds its overhead on top)."""
+    requests, limits = wanted.requests, wanted.limits
+    cpu = requests.get("cpu", limits.get("cpu", "1"))
+    driver: dict[str, Any] = {"cores": max(1, math.ceil(_cpus(cpu))), "coreRequest": str(cpu)}
+    if "cpu" in limits:
+        driver["coreLimit"] = str(limits["cpu"])
+    if memory := requests.get("memory", limits.get("memory")):
+        driver["memory"] = f"{quantity_bytes(memory) // 2**20}m"
+    return driver
+
+
+def _cpus(quantity: str | int | float) -> float:
+    text = str(quantity)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 _SPARK_POD_FIELDS = {"nodeSelector": "nodeSelector", "tolerations": "tolerations", "affinity": "affinity",
@@ -353,12 +372,12 @@ def repair_namespace_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
     meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
-        {
+        owned_by({
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": object_metadata(executor_template_name(cluster), namespace, meta),
             "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text(cluster)},
-        },
+        }, cluster),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_metadata(service_account, namespace, meta)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -26,7 +26,6 @@ from bookfleet.kube.resources.names import (
     LABEL_CLUSTER,
     LABEL_COMPONENT,
     LABEL_NAME,
-    OPERATOR,
     REPAIR,
     TLS_DIR,
     ZONE_LABEL,
@@ -267,12 +266,13 @@ def bookie_disruption_budget(cluster: BookieCluster) -> dict[str, Any]:
 
 
 def fleet_peers(cluster: BookieCluster) -> list[dict[str, Any]]:
-    """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), the operator
-    wherever it runs, pods of the namespace labelled as clients, and the spec's extra clients."""
+    """Who may talk to a cluster's bookies: its own pods (bookies, repair drivers and executors), pods of the
+    namespace labelled as clients, and the spec's extra clients. Not the operator: it never connects to a bookie (it
+    reads their registrations in ZooKeeper), and admitting its labels from any namespace admitted anyone who may label
+    a pod anywhere."""
     name = cluster.metadata.name
     return [
         {"podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_CLUSTER: name}}},
-        {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: OPERATOR}}},
         {"podSelector": {"matchLabels": {CLIENT_LABEL: "true"}}},
         *(peer.to_wire() for peer in cluster.spec.network_policy.clients),
     ]

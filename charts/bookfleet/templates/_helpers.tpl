@@ -37,6 +37,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* The repair account: repair.serviceAccount.name, else <fullname>-repair, so two releases in one namespace do not
+share (and uninstall) one account. */}}
+{{- define "bookfleet.repairAccount" -}}
+{{- .Values.repair.serviceAccount.name | default (printf "%s-repair" (include "bookfleet.fullname" .) | trunc 63 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* The ZooKeeper credential's Secret: security.zookeeperAuth.secretName, else <fullname>-zk-auth (unique per
+release). A release installed when the name was fixed keeps bookfleet-zk-auth: its fleet's ZooKeeper nodes are
+locked with the credential in it. */}}
+{{- define "bookfleet.zkAuthSecret" -}}
+{{- $legacy := lookup "v1" "Secret" (include "bookfleet.watchNamespace" .) "bookfleet-zk-auth" -}}
+{{- $legacyRelease := "" -}}
+{{- if $legacy -}}
+{{- $legacyRelease = index ($legacy.metadata.labels | default dict) "app.kubernetes.io/instance" | default "" -}}
+{{- end -}}
+{{- if .Values.security.zookeeperAuth.secretName -}}
+{{- .Values.security.zookeeperAuth.secretName -}}
+{{- else if eq $legacyRelease .Release.Name -}}
+bookfleet-zk-auth
+{{- else -}}
+{{- printf "%s-zk-auth" (include "bookfleet.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* image reference: repository:tag, the tag defaulting to the chart's appVersion. */}}
 {{- define "bookfleet.image" -}}
 {{- printf "%s:%s" .image.repository (.image.tag | default .chart.AppVersion) -}}

@@ -1,0 +1,407 @@
+"""Apache BookKeeper's wire protocol (4.17), V2 and V3, as a bookie receives and answers it.
+
+Both are length-prefixed like bookfleet's own frames (`wire.py`); what follows the 4-byte length tells them apart,
+so a bookie decides per connection from its first frame (`frame_protocol`):
+
+    bookfleet: version u8 = 1 | ...                          (wire.py, until its clients speak BookKeeper's)
+    V2:        header i32 = version 2 << 24 | op << 16 | flags, then the op's fields
+    V3:        a protobuf `Request` (bkprotocol.py), whose first byte is field 1's tag, 0x0A
+
+V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
+ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
+
+    ADD        masterKey[20] | entry                 (the entry header names ledger and entry)
+    READ       ledgerId i64 | entryId i64 [| masterKey[20] with FENCE]
+    BATCH_READ ledgerId i64 | entryId i64 | requestId i64 | maxCount i32 | maxSize i64 [| masterKey[20] with FENCE]
+    AUTH       a protobuf AuthMessage
+    answer     header | rc i32 | ledgerId i64 | entryId i64 | body; BATCH_READ adds requestId i64 then
+               (size i32 | entry)*; AUTH is header | AuthMessage
+
+V3 answers are a protobuf `Response` carrying the request's header (its txnId) and a status. A V2 client knows only
+the rcs in `V2Status` (any other makes it throw), a V3 client only the `StatusCode`s; `status_codes` maps the
+bookie's own statuses onto both. Every decoder checks each field before anything reaches storage: ids in range, a
+20-byte master key, an entry at least a header long; a violation raises `wire.InvalidField` (answered EBADREQ, the
+connection goes on) or `wire.ProtocolError` (the frame cannot be read: the connection is closed).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+from google.protobuf.message import DecodeError
+
+from bookfleet import bkprotocol, wire
+from bookfleet.bkprotocol import OperationType, StatusCode
+from bookfleet.wire import InvalidField, ProtocolError, Status
+
+MASTER_KEY_SIZE = 20
+"""BookKeeper's master key: SHA-1("ledger" + password)."""
+V2_VERSION = 2
+V3_FIRST_BYTE = 0x0A
+"""A V3 Request starts with its header, field 1 of wire type 2: tag byte 0x0A (no V2 or bookfleet header does)."""
+AUTH_DISABLED_PLUGIN = "AuthDisabledPlugin"
+"""The plugin name a bookie without authentication answers an AUTH request with; its client then goes on."""
+
+
+class Protocol(enum.Enum):
+    BOOKFLEET = "bookfleet"
+    V2 = "v2"
+    V3 = "v3"
+
+
+def frame_protocol(first_byte: int) -> Protocol:
+    """Which protocol a connection speaks, from the first byte after its first frame's length prefix (what is
+    neither V2 nor V3 is left to bookfleet's own decoder, which answers what it cannot read)."""
+    if first_byte == V2_VERSION:
+        return Protocol.V2
+    if first_byte == V3_FIRST_BYTE:
+        return Protocol.V3
+    return Protocol.BOOKFLEET
+
+
+class V2Op(enum.IntEnum):
+    ADD = 1
+    READ = 2
+    AUTH = 3
+    READ_LAC = 4
+    WRITE_LAC = 5
+    GET_BOOKIE_INFO = 6
+    BATCH_READ = 7
+
+
+class V2Flag(enum.IntFlag):
+    NONE = 0
+    FENCE = 1
+    RECOVERY_ADD = 2
+    HIGH_PRIORITY = 4
+
+
+class V2Status(enum.IntEnum):
+    EOK = 0
+    ENOLEDGER = 1
+    ENOENTRY = 2
+    EBADREQ = 100
+    EIO = 101
+    EUA = 102
+    EBADVERSION = 103
+    EFENCED = 104
+    EREADONLY = 105
+    ETOOMANYREQUESTS = 106
+
+
+_STATUS_CODES: dict[Status, tuple[V2Status, StatusCode]] = {
+    Status.OK: (V2Status.EOK, StatusCode.EOK),
+    Status.NO_SUCH_LEDGER: (V2Status.ENOLEDGER, StatusCode.ENOLEDGER),
+    Status.NO_SUCH_ENTRY: (V2Status.ENOENTRY, StatusCode.ENOENTRY),
+    Status.FENCED: (V2Status.EFENCED, StatusCode.EFENCED),
+    Status.UNAUTHORIZED: (V2Status.EUA, StatusCode.EUA),
+    Status.READ_ONLY: (V2Status.EREADONLY, StatusCode.EREADONLY),
+    Status.BAD_REQUEST: (V2Status.EBADREQ, StatusCode.EBADREQ),
+    Status.TOO_LARGE: (V2Status.EBADREQ, StatusCode.EBADREQ),
+    Status.INTERNAL_ERROR: (V2Status.EIO, StatusCode.EIO),
+    Status.SHUTTING_DOWN: (V2Status.EIO, StatusCode.EIO),
+    Status.UNKNOWN_LEDGER_STATE: (V2Status.EIO, StatusCode.EUNKNOWNLEDGERSTATE),
+}
+
+
+def status_codes(status: Status) -> tuple[V2Status, StatusCode]:
+    """The V2 rc and the V3 status of one of the bookie's statuses (a shutting-down bookie is EIO: the client
+    tries another bookie; so is a bookie that cannot vouch for what it lacks, to a V2 client, which knows no rc
+    for it: an error, never "no such entry")."""
+    return _STATUS_CODES[status]
+
+
+# --- V2 ---------------------------------------------------------------------------------------------------------
+
+V2_HEADER = struct.Struct(">I")
+V2_MIN_FRAME = V2_HEADER.size
+V2_READ = struct.Struct(">qq")
+V2_BATCH_READ = struct.Struct(">qqqiq")
+V2_RESPONSE = struct.Struct(">IIiqq")
+"""Length prefix, header, rc, ledgerId, entryId: the head of every V2 answer but AUTH's."""
+_REQUEST_ID = struct.Struct(">q")
+_SIZE = struct.Struct(">i")
+
+
+def v2_header(op: int, flags: int = 0) -> int:
+    return V2_VERSION << 24 | op << 16 | flags
+
+
+class V2Request(NamedTuple):
+    """A decoded V2 request: `entry` is an ADD's entry, `auth` an AUTH's message; BATCH_READ's request id and
+    limits are 0 for other ops."""
+
+    op: int
+    flags: int
+    ledger_id: int
+    entry_id: int
+    master_key: bytes | None
+    entry: bytes = b""
+    request_id: int = 0
+    max_count: int = 0
+    max_size: int = 0
+    auth: object = None
+
+
+def decode_v2_request(frame: bytes | memoryview) -> V2Request:
+    """A V2 request (the frame without its length prefix). ProtocolError when the frame cannot be read as one (an
+    unknown op, a body too short: the connection ends, as a BookKeeper bookie's does); the ranges of its fields are
+    `check_v2_request`'s."""
+    view = memoryview(frame)
+    if len(view) < V2_MIN_FRAME:
+        raise ProtocolError(f"V2 frame of {len(view)} bytes is shorter than its {V2_MIN_FRAME}-byte header")
+    (header,) = V2_HEADER.unpack_from(view)
+    version, op, flags = header >> 24, header >> 16 & 0xFF, header & 0xFFFF
+    if version != V2_VERSION:
+        raise ProtocolError(f"V2 frame of protocol version {version} on a V2 connection")
+    body = view[V2_HEADER.size :]
+    fencing = bool(flags & V2Flag.FENCE)
+    if op == V2Op.ADD:
+        if len(body) < MASTER_KEY_SIZE + wire.ENTRY_HEADER.size:
+            raise ProtocolError(f"V2 ADD body of {len(body)} bytes is shorter than a master key and an entry header")
+        ledger_id, entry_id = V2_READ.unpack_from(body, MASTER_KEY_SIZE)  # signed, as the answer repeats them
+        return V2Request(op, flags, ledger_id, entry_id, bytes(body[:MASTER_KEY_SIZE]), bytes(body[MASTER_KEY_SIZE:]))
+    if op == V2Op.READ:
+        ledger_id, entry_id = _unpack(V2_READ, body, "READ")
+        return V2Request(op, flags, ledger_id, entry_id, _fence_key(body[V2_READ.size :], fencing, "READ"))
+    if op == V2Op.BATCH_READ:
+        ledger_id, entry_id, request_id, max_count, max_size = _unpack(V2_BATCH_READ, body, "BATCH_READ")
+        key = _fence_key(body[V2_BATCH_READ.size :], fencing, "BATCH_READ")
+        return V2Request(op, flags, ledger_id, entry_id, key, b"", request_id, max_count, max_size)
+    if op == V2Op.AUTH:
+        return V2Request(op, flags, -1, -1, None, auth=decode_auth_message(body))
+    name = V2Op(op).name if op in V2Op._value2member_map_ else str(op)
+    raise ProtocolError(f"V2 op {name} is not served over V2 (a BookKeeper client sends it over V3)")
+
+
+def check_v2_request(request: V2Request) -> None:
+    """The ranges of a decoded V2 request's fields (InvalidField names the one at fault): ids, and an ADD's LAC."""
+    if request.op == V2Op.AUTH:
+        return
+    what = "entry header's " if request.op == V2Op.ADD else ""
+    wire.check_ledger_id(request.ledger_id, what + "ledger id")
+    if request.entry_id != wire.INVALID_ENTRY_ID or request.op != V2Op.READ:
+        wire.check_entry_id(request.entry_id, what + "entry id")
+    if request.op == V2Op.ADD:
+        wire.check_lac(wire.entry_ids(request.entry)[2], "entry header's lac")
+
+
+def _unpack(layout: struct.Struct, body: memoryview, what: str) -> tuple:
+    if len(body) < layout.size:
+        raise ProtocolError(f"V2 {what} body of {len(body)} bytes is shorter than {layout.size}")
+    return layout.unpack_from(body)
+
+
+def _fence_key(rest: memoryview, fencing: bool, what: str) -> bytes | None:
+    """The master key that follows a fencing read's fields (none without FENCE: trailing bytes are ignored, as
+    BookKeeper does)."""
+    if not fencing:
+        return None
+    if len(rest) < MASTER_KEY_SIZE:
+        raise ProtocolError(f"V2 {what} with FENCE needs a {MASTER_KEY_SIZE}-byte master key, got {len(rest)} bytes")
+    return bytes(rest[:MASTER_KEY_SIZE])
+
+
+def encode_v2_response(op: int, rc: int, ledger_id: int, entry_id: int, body: bytes = b"") -> bytes:
+    """A whole V2 answer frame (ADD, READ, or an error of any op but BATCH_READ's)."""
+    return V2_RESPONSE.pack(V2_RESPONSE.size - 4 + len(body), v2_header(op), rc, ledger_id, entry_id) + body
+
+
+def encode_v2_batch_response(rc: int, ledger_id: int, entry_id: int, request_id: int, entries: list[bytes]) -> bytes:
+    parts = [b""]
+    for entry in entries:
+        parts += (_SIZE.pack(len(entry)), entry)
+    body = _REQUEST_ID.pack(request_id) + b"".join(parts)
+    return encode_v2_response(V2Op.BATCH_READ, rc, ledger_id, entry_id, body)
+
+
+def decode_v2_batch_entries(body: bytes | memoryview) -> tuple[int, list[bytes]]:
+    """(request id, entries) of a BATCH_READ answer's body (what follows entryId): for tests and tools."""
+    view = memoryview(body)
+    (request_id,) = _unpack(_REQUEST_ID, view, "BATCH_READ answer")
+    entries, pos = [], _REQUEST_ID.size
+    while pos < len(view):
+        (size,) = _unpack(_SIZE, view[pos:], "BATCH_READ entry size")
+        pos += _SIZE.size
+        if size < 0 or pos + size > len(view):
+            raise ProtocolError(f"BATCH_READ entry of {size} bytes runs past the {len(view)}-byte answer")
+        entries.append(bytes(view[pos : pos + size]))
+        pos += size
+    return request_id, entries
+
+
+def encode_v2_auth_response(message: bytes) -> bytes:
+    return V2_HEADER.pack(V2_HEADER.size + len(message)) + V2_HEADER.pack(v2_header(V2Op.AUTH)) + message
+
+
+def encode_v2_request(op: int, flags: int, body: bytes) -> bytes:
+    """A V2 request frame (clients and tests: the bookie only decodes them)."""
+    return V2_HEADER.pack(V2_HEADER.size + len(body)) + V2_HEADER.pack(v2_header(op, flags)) + body
+
+
+# --- V3 ---------------------------------------------------------------------------------------------------------
+
+_REQUEST_FIELD = {
+    OperationType.READ_ENTRY: "readRequest",
+    OperationType.ADD_ENTRY: "addRequest",
+    OperationType.AUTH: "authRequest",
+    OperationType.WRITE_LAC: "writeLacRequest",
+    OperationType.READ_LAC: "readLacRequest",
+    OperationType.GET_BOOKIE_INFO: "getBookieInfoRequest",
+    OperationType.START_TLS: "startTLSRequest",
+    OperationType.FORCE_LEDGER: "forceLedgerRequest",
+}
+"""The Request field that carries each operation's fields."""
+RESPONSE_FIELD = {
+    OperationType.READ_ENTRY: "readResponse",
+    OperationType.ADD_ENTRY: "addResponse",
+    OperationType.AUTH: "authResponse",
+    OperationType.WRITE_LAC: "writeLacResponse",
+    OperationType.READ_LAC: "readLacResponse",
+    OperationType.GET_BOOKIE_INFO: "getBookieInfoResponse",
+    OperationType.START_TLS: "startTLSResponse",
+    OperationType.FORCE_LEDGER: "forceLedgerResponse",
+}
+"""The Response field that carries each operation's answer."""
+
+
+class V3Request(NamedTuple):
+    """A V3 request with a header: `fields` is the operation's own message (e.g. the ReadRequest), None when the
+    operation is not served or its message is missing; `txn_id` goes back in the answer's header."""
+
+    operation: int
+    txn_id: int
+    version: int
+    priority: int
+    fields: object
+
+
+class BadVersion(InvalidField):
+    """A V3 request of another protocol version: answered EBADVERSION, as a BookKeeper bookie does."""
+
+
+def decode_v3_request(frame: bytes | memoryview) -> V3Request:
+    """A V3 request (the frame without its length prefix): ProtocolError when it is no protobuf Request or its
+    header lacks a field (nothing to answer to: the connection ends). Its fields are checked by
+    `check_v3_request`, whose refusal is answered with the request's txnId."""
+    request = bkprotocol.Request()
+    try:
+        request.ParseFromString(frame)
+    except DecodeError as exc:
+        raise ProtocolError(f"V3 frame of {len(frame)} bytes is not a protobuf Request: {exc}") from None
+    header = request.header
+    for field in ("version", "operation", "txnId"):
+        if not header.HasField(field):
+            raise ProtocolError(f"V3 request header without {field}")
+    field = _REQUEST_FIELD.get(header.operation)
+    fields = getattr(request, field) if field is not None and request.HasField(field) else None
+    return V3Request(header.operation, header.txnId, header.version, header.priority, fields)
+
+
+def check_v3_request(request: V3Request) -> None:
+    """Everything a processor reads, before it reads it: the version, a served operation with its message, and
+    the presence and range of each field (InvalidField names the one at fault; BadVersion)."""
+    if request.version != bkprotocol.ProtocolVersion.VERSION_THREE:
+        raise BadVersion(f"V3 request of protocol version {request.version}")
+    if request.operation not in _REQUEST_FIELD:
+        raise InvalidField(f"V3 operation {request.operation} is not served")
+    operation = OperationType(request.operation)
+    if request.fields is None:
+        raise InvalidField(f"V3 {operation.name} request without its {_REQUEST_FIELD[operation]}")
+    _check_v3_fields(operation, request.fields)
+
+
+_REQUIRED = {
+    OperationType.READ_ENTRY: ("ledgerId", "entryId"),
+    OperationType.ADD_ENTRY: ("ledgerId", "entryId", "masterKey", "body"),
+    OperationType.AUTH: ("authPluginName",),
+    OperationType.WRITE_LAC: ("ledgerId", "lac", "masterKey", "body"),
+    OperationType.READ_LAC: ("ledgerId",),
+    OperationType.FORCE_LEDGER: ("ledgerId",),
+}
+
+
+def _check_v3_fields(operation: OperationType, fields) -> None:
+    for field in _REQUIRED.get(operation, ()):
+        if not fields.HasField(field):
+            raise InvalidField(f"V3 {operation.name} request without {field}")
+    if operation in (OperationType.AUTH, OperationType.GET_BOOKIE_INFO, OperationType.START_TLS):
+        return
+    wire.check_ledger_id(fields.ledgerId)
+    if operation == OperationType.ADD_ENTRY:
+        wire.check_entry_id(fields.entryId)
+        _check_key(fields.masterKey)
+        if len(fields.body) < wire.ENTRY_HEADER.size:
+            raise InvalidField(f"ADD entry of {len(fields.body)} bytes is shorter than its header")
+        ledger_id, entry_id, lac, _ = wire.ENTRY_HEADER.unpack_from(fields.body)
+        if (ledger_id, entry_id) != (fields.ledgerId, fields.entryId):
+            raise InvalidField(
+                f"entry header names ledger {ledger_id} entry {entry_id}, "
+                f"the request ledger {fields.ledgerId} entry {fields.entryId}"
+            )
+        wire.check_lac(lac, "entry header's lac")
+    elif operation == OperationType.READ_ENTRY:
+        if fields.entryId != wire.INVALID_ENTRY_ID:
+            wire.check_entry_id(fields.entryId)
+        if fields.HasField("flag") and fields.flag not in bkprotocol.ReadFlag._value2member_map_:
+            raise InvalidField(f"READ flag {fields.flag} is neither FENCE_LEDGER nor ENTRY_PIGGYBACK")
+        if fields.flag == bkprotocol.ReadFlag.FENCE_LEDGER:
+            _check_key(fields.masterKey)
+        if fields.HasField("previousLAC"):
+            wire.check_lac(fields.previousLAC, "previous lac")
+        if fields.HasField("timeOut") and fields.timeOut < 0:
+            raise InvalidField(f"long poll timeout {fields.timeOut} ms is negative")
+    elif operation == OperationType.WRITE_LAC:
+        wire.check_lac(fields.lac)
+        _check_key(fields.masterKey)
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) != MASTER_KEY_SIZE:
+        raise InvalidField(f"master key of {len(key)} bytes, not {MASTER_KEY_SIZE}")
+
+
+def v3_response(operation: int, txn_id: int, status: StatusCode):
+    """A Response to a request: its header (version 3, the operation, the txnId) and status."""
+    response = bkprotocol.Response(status=status)
+    response.header.version = bkprotocol.ProtocolVersion.VERSION_THREE
+    response.header.operation = operation
+    response.header.txnId = txn_id
+    return response
+
+
+def v3_refusal(request: V3Request, status: StatusCode):
+    """The answer refusing a request with `status`: the envelope's status, and the operation's own answer with the
+    same status and the request's ledger and entry ids (the fields a BookKeeper client reads from it)."""
+    response = v3_response(request.operation, request.txn_id, status)
+    field = RESPONSE_FIELD.get(request.operation)
+    if field is None or request.operation in (OperationType.AUTH, OperationType.START_TLS):
+        return response
+    answer = getattr(response, field)
+    answer.status = status
+    for name in ("ledgerId", "entryId"):
+        if name in answer.DESCRIPTOR.fields_by_name and request.fields is not None:
+            setattr(answer, name, getattr(request.fields, name, 0))
+    return response
+
+
+def encode_v3(message) -> bytes:
+    """A V3 frame: the length prefix and the serialized message."""
+    data = message.SerializeToString()
+    return V2_HEADER.pack(len(data)) + data
+
+
+def decode_auth_message(data: bytes | memoryview):
+    message = bkprotocol.AuthMessage()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise ProtocolError(f"AUTH body of {len(data)} bytes is not an AuthMessage: {exc}") from None
+    return message
+
+
+def auth_disabled_answer() -> bytes:
+    """The AuthMessage a bookie without authentication answers any AUTH request with."""
+    return bkprotocol.AuthMessage(authPluginName=AUTH_DISABLED_PLUGIN, payload=b"").SerializeToString()

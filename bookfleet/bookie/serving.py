@@ -1,0 +1,116 @@
+"""What a connection and its protocol sessions see of the bookie's server: the limits it holds them to
+(`ServerLimits`) and `Server`, the one interface the server hands each connection (BookieServer is one).
+
+Its own module so that server.py, connection.py and bkprocessors.py each import it and none of them imports the
+others back: the server makes connections, a connection makes BookKeeper sessions, and both reach the server only
+through these names. A Protocol costs nothing at run time: the hot add path calls the server's methods as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bookfleet import wire
+    from bookfleet.bookie.admission import LedgerAdmission
+    from bookfleet.bookie.http import BookieMetrics
+    from bookfleet.bookie.storage import LedgerStorage
+    from bookfleet.security import roles
+    from bookfleet.security.tls import ReloadingContext
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client, or all of them, may make the bookie hold (see bookie/server.py's docstring)."""
+
+    max_in_flight: int = 2000
+    max_pending_response_bytes: int = 16 * 1024 * 1024
+    max_long_polls: int = 256
+    max_connection_add_bytes: int = 64 * 1024 * 1024
+    max_add_bytes: int = 512 * 1024 * 1024
+    max_connections: int = 1024
+    idle_timeout: float = 600.0
+    """Seconds without a request and with nothing in flight before a connection is closed."""
+
+    def __post_init__(self) -> None:
+        for limit in fields(self):
+            if getattr(self, limit.name) <= 0:
+                raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
+
+
+class Peer(Protocol):
+    """A connection as its server sees it: resumed once adds make room, its long polls counted and ended with it."""
+
+    long_polls: int
+    ended: asyncio.Future[None]
+
+    def resume(self) -> None: ...
+
+
+class AddPath(Protocol):
+    """The add path's admission, apply and release, the same for every protocol a connection speaks."""
+
+    add_bytes: int
+    """Bytes of adds of all connections waiting for their commit."""
+
+    def admit_adds(self, conn: Peer, size: int) -> bool:
+        """Whether `conn` may start an add of `size` bytes now; if not, it is resumed once adds complete."""
+
+    def release_adds(self, size: int) -> None:
+        """Adds of `size` bytes completed: connections waiting for room go on."""
+
+    def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
+        """Whether an add must wait for ZooKeeper before it is applied."""
+
+    def checked_add(self, request: bytearray, principal: roles.Principal | None) -> Coroutine[Any, Any, bytes]:
+        """A bookfleet add that waits for its lookups first, then is applied; its answer's body."""
+
+    def apply_add(
+        self, request: bytearray, start: int, end: int, master_key: bytes, flags: int, writer_epoch: int,
+        ledger_id: int, entry_id: int, lac: int, reserved: bool = False,
+    ) -> asyncio.Future[None]:
+        """A bookfleet add applied at once, straight out of the receive buffer; the future of its group commit."""
+
+    async def admit_add(
+        self, ledger_id: int, entry_id: int, entry_size: int, recovery: bool, principal: roles.Principal | None
+    ) -> bool:
+        """The lookups of an add of any protocol that needs them; whether it was granted reserve room."""
+
+    def add_entry(
+        self, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int, lac: int,
+        reserved: bool = False,
+    ) -> asyncio.Future[None]:
+        """An add of another protocol applied; the future of its group commit."""
+
+
+class Server(AddPath, Protocol):
+    """The bookie's server as its connections use it: the add path, the other requests' handlers and storage
+    calls, the limits, and the state that decides whether a request is taken at all."""
+
+    limits: ServerLimits
+    max_in_flight: int
+    metrics: BookieMetrics
+    storage: LedgerStorage
+    admission: LedgerAdmission | None
+    read_only: str | None
+    stopping: bool
+    tls: ReloadingContext | None
+    connections: set[Any]
+    refused_connections: int
+    handlers: dict[int, Callable[[wire.Frame, Any], Coroutine[Any, Any, bytes]]]
+    """bookfleet's requests other than ADD_ENTRY, by op: each handler takes the frame and the connection."""
+
+    space: Callable[[], tuple[int, int]]
+    """The disk's free and total bytes."""
+
+    def tls_context(self) -> ssl.SSLContext: ...
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None: ...
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None: ...
+
+    async def wait_for_lac(self, conn: Peer, ledger_id: int, previous: int, timeout: float) -> int: ...

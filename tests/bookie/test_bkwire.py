@@ -1,0 +1,155 @@
+"""Apache BookKeeper's V2 and V3 codecs (bkwire, bkprotocol): frames as BookKeeper lays them out, the protocol told
+from a connection's first byte, and every field checked before a processor reads it."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bookfleet import bkprotocol, bkwire, wire
+from bookfleet.bkprotocol import OperationType, ReadFlag, StatusCode
+from bookfleet.bkwire import Protocol, V2Flag, V2Op, V2Status
+from bookfleet.wire import InvalidField, ProtocolError, Status
+from tests.fixtures.bkclient import MASTER_KEY, bk_entry, v2_add, v2_batch_read, v2_read, v3_request
+
+
+def body(frame: bytes) -> bytes:
+    """A frame without its length prefix, checking the prefix on the way."""
+    (length,) = struct.unpack_from(">I", frame)
+    assert length == len(frame) - 4
+    return frame[4:]
+
+
+def test_the_first_byte_tells_the_protocol():
+    assert bkwire.frame_protocol(body(v2_read(1, 0))[0]) == Protocol.V2
+    assert bkwire.frame_protocol(body(v3_request(OperationType.READ_LAC, 1, ledgerId=1))[0]) == Protocol.V3
+    assert bkwire.frame_protocol(body(wire.encode_request(wire.Op.READ_ENTRY, 1))[0]) == Protocol.BOOKFLEET
+    assert bkwire.frame_protocol(0x61) == Protocol.BOOKFLEET  # bookfleet's decoder answers what nobody speaks
+
+
+def test_v2_requests_as_bookkeeper_lays_them_out():
+    entry = bk_entry(7, 3, b"payload")
+    frame = v2_add(entry, V2Flag.RECOVERY_ADD)
+    assert frame[4:8] == bytes([2, 1, 0, 2])  # version 2, ADD, flags = recovery-add
+    add = bkwire.decode_v2_request(body(frame))
+    assert (add.op, add.ledger_id, add.entry_id, add.master_key, add.entry) == (V2Op.ADD, 7, 3, MASTER_KEY, entry)
+
+    fence = bkwire.decode_v2_request(body(v2_read(7, -1, V2Flag.FENCE, MASTER_KEY)))
+    assert (fence.op, fence.flags, fence.ledger_id, fence.entry_id, fence.master_key) == (2, 1, 7, -1, MASTER_KEY)
+    assert bkwire.decode_v2_request(body(v2_read(7, 2, 0, b"ignored trailing"))).master_key is None
+
+    batch = bkwire.decode_v2_request(body(v2_batch_read(7, 5, request_id=9, max_count=4, max_size=1000)))
+    assert (batch.op, batch.entry_id, batch.request_id, batch.max_count, batch.max_size) == (7, 5, 9, 4, 1000)
+
+
+def test_v2_answers_as_bookkeeper_lays_them_out():
+    answer = bkwire.encode_v2_response(V2Op.READ, V2Status.ENOENTRY, 7, 3)
+    assert answer == struct.pack(">IIiqq", 24, 0x02020000, 2, 7, 3)
+    entries = [b"one", b"three"]
+    batch = bkwire.encode_v2_batch_response(V2Status.EOK, 7, 1, 42, entries)
+    assert batch[4:8] == bytes([2, 7, 0, 0]) and bkwire.decode_v2_batch_entries(batch[24 + 4 :]) == (42, entries)
+    auth = bkwire.encode_v2_auth_response(bkwire.auth_disabled_answer())
+    assert auth[4:8] == bytes([2, 3, 0, 0])
+    assert bkwire.decode_auth_message(auth[8:]).authPluginName == "AuthDisabledPlugin"
+
+
+@pytest.mark.parametrize(
+    ("frame", "error"),
+    [
+        (b"\x02\x01\x00", "shorter than its 4-byte header"),
+        (body(bkwire.encode_v2_request(V2Op.ADD, 0, b"\0" * 51)), "shorter than a master key and an entry header"),
+        (body(bkwire.encode_v2_request(V2Op.READ, 0, b"\0" * 15)), "READ body of 15 bytes is shorter than 16"),
+        (body(v2_read(1, 0, V2Flag.FENCE, b"short")), "FENCE needs a 20-byte master key, got 5"),
+        (body(bkwire.encode_v2_request(V2Op.BATCH_READ, 0, b"\0" * 35)), "BATCH_READ body of 35 bytes"),
+        (body(bkwire.encode_v2_request(V2Op.GET_BOOKIE_INFO, 0, b"")), "GET_BOOKIE_INFO is not served over V2"),
+        (body(bkwire.encode_v2_request(200, 0, b"")), "V2 op 200 is not served"),
+        (b"\x03\x02\x00\x00" + b"\0" * 16, "protocol version 3 on a V2 connection"),
+        (body(bkwire.encode_v2_request(V2Op.AUTH, 0, b"\xff\xff")), "not an AuthMessage"),
+    ],
+)
+def test_unreadable_v2_frames(frame, error):
+    with pytest.raises(ProtocolError, match=error):
+        bkwire.decode_v2_request(frame)
+
+
+@pytest.mark.parametrize(
+    ("frame", "error"),
+    [
+        (v2_read(-1, 0), "ledger id -1 is outside"),
+        (v2_read(1, -2), "entry id -2 is outside"),
+        (v2_batch_read(1, -1, 0, 1, 1), "entry id -1 is outside"),
+        (v2_add(bk_entry(2**63, 0, b"x")), "entry header's ledger id -9223372036854775808"),
+        (v2_add(bk_entry(1, 0, b"x", lac=-2)), "entry header's lac -2"),
+    ],
+)
+def test_v2_fields_out_of_range(frame, error):
+    request = bkwire.decode_v2_request(body(frame))
+    with pytest.raises(InvalidField, match=error):
+        bkwire.check_v2_request(request)
+
+
+def test_v3_round_trip_and_refusal():
+    entry = bk_entry(9, 0, b"payload")
+    frame = v3_request(OperationType.ADD_ENTRY, 77, ledgerId=9, entryId=0, masterKey=MASTER_KEY, body=entry, flag=1)
+    request = bkwire.decode_v3_request(body(frame))
+    bkwire.check_v3_request(request)
+    assert (request.operation, request.txn_id, request.fields.body, request.fields.flag) == (2, 77, entry, 1)
+
+    refusal = bkprotocol.Response.FromString(body(bkwire.encode_v3(bkwire.v3_refusal(request, StatusCode.EFENCED))))
+    assert (refusal.header.version, refusal.header.operation, refusal.header.txnId) == (3, 2, 77)
+    assert (refusal.status, refusal.addResponse.status) == (504, 504)
+    assert (refusal.addResponse.ledgerId, refusal.addResponse.entryId) == (9, 0)
+    assert bkwire.status_codes(Status.NO_SUCH_ENTRY) == (V2Status.ENOENTRY, StatusCode.ENOENTRY)
+    assert bkwire.status_codes(Status.UNKNOWN_LEDGER_STATE) == (V2Status.EIO, StatusCode.EUNKNOWNLEDGERSTATE)
+    assert all(v2 <= 106 for v2, _ in map(bkwire.status_codes, Status))  # all a V2 client can map
+
+
+@pytest.mark.parametrize(
+    ("operation", "fields", "error"),
+    [
+        (OperationType.READ_ENTRY, {"ledgerId": 1}, "READ_ENTRY request without entryId"),
+        (OperationType.READ_ENTRY, {"ledgerId": -3, "entryId": 0}, "ledger id -3 is outside"),
+        (OperationType.READ_ENTRY, {"ledgerId": 1, "entryId": 0, "flag": 3}, "READ flag 3"),
+        (OperationType.READ_ENTRY, {"ledgerId": 1, "entryId": 0, "flag": ReadFlag.FENCE_LEDGER}, "master key of 0"),
+        (OperationType.READ_ENTRY, {"ledgerId": 1, "entryId": 0, "previousLAC": -5}, "previous lac -5"),
+        (OperationType.ADD_ENTRY, {"ledgerId": 1, "entryId": 0, "masterKey": MASTER_KEY, "body": b"short"},
+         "ADD entry of 5 bytes"),
+        (OperationType.WRITE_LAC, {"ledgerId": 1, "lac": -4, "masterKey": MASTER_KEY, "body": b""}, "lac -4"),
+        (OperationType.FORCE_LEDGER, {}, "FORCE_LEDGER request without ledgerId"),
+    ],
+)
+def test_v3_fields_checked(operation, fields, error):
+    request = bkwire.decode_v3_request(body(v3_request(operation, 1, **fields)))
+    with pytest.raises(InvalidField, match=error):
+        bkwire.check_v3_request(request)
+
+
+def test_v3_envelope():
+    with pytest.raises(ProtocolError, match="not a protobuf Request"):
+        bkwire.decode_v3_request(b"\x0a\xff")
+    with pytest.raises(ProtocolError, match="header without txnId"):
+        bkwire.decode_v3_request(b"\x0a\x04\x08\x03\x10\x01")
+    old = bkprotocol.Request()
+    old.header.version, old.header.operation, old.header.txnId = 2, OperationType.READ_LAC, 5
+    old.readLacRequest.ledgerId = 1
+    with pytest.raises(bkwire.BadVersion):
+        bkwire.check_v3_request(bkwire.decode_v3_request(old.SerializeToString()))
+    unknown = bkwire.decode_v3_request(b"\x0a\x06\x08\x03\x10\x0c\x18\x05")  # BATCH_READ_ENTRY: not over V3
+    assert (unknown.operation, unknown.txn_id, unknown.fields) == (12, 5, None)
+    with pytest.raises(InvalidField, match="operation 12 is not served"):
+        bkwire.check_v3_request(unknown)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_refuse_cleanly(data):
+    """Whatever a client sends, a decoder returns a request or raises ProtocolError, and a check InvalidField."""
+    for decode, check in ((bkwire.decode_v2_request, bkwire.check_v2_request),
+                          (bkwire.decode_v3_request, bkwire.check_v3_request)):
+        try:
+            request = decode(data)
+            check(request)
+        except (ProtocolError, InvalidField):
+            pass
