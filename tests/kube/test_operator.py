@@ -316,7 +316,8 @@ def test_operator_metrics_count_passes_decisions_and_the_fleets_health_under_its
                                                                  **fleet) == 2
              and metric("bookfleet_operator_ledgers_data_loss", **fleet) == 1, timeout=30)
     assert metric("bookfleet_operator_oldest_under_replicated_seconds", **fleet) >= 0
-    assert metric("bookfleet_operator_events_total", kind="Ledger", reason="EntriesLost", type="Warning", **fleet) >= 1
+    wait_for("the damaged Ledger's loss counted", lambda: metric(
+        "bookfleet_operator_events_total", kind="Ledger", reason="EntriesLost", type="Warning", **fleet) >= 1)
     wait_for("the under-replication counted on the cluster", lambda: metric(
         "bookfleet_operator_events_total", kind="BookieCluster", reason="UnderReplicated", type="Warning",
         **fleet) >= 1)
