@@ -8,7 +8,7 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup lock images run test test-cluster kube-binaries bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition chaos floors bench lint crds clean
+.PHONY: setup lock images run test test-cluster kube-binaries promtool bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -40,7 +40,7 @@ run: setup
 # Two workers: most tests wait on processes and disks, not the CPU; the cluster tier stays on one worker (conftest).
 TEST_WORKERS ?= 2
 
-test: setup $(CHECKOV_STAMP) kube-binaries bookkeeper-reference
+test: setup $(CHECKOV_STAMP) kube-binaries promtool bookkeeper-reference
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
 	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=40
@@ -51,6 +51,11 @@ REAL_NODE_BINARIES := kubelet kube-proxy coredns
 kube-binaries:
 	@if command -v go >/dev/null; then scripts/build-kube.sh $(REAL_NODE_BINARIES) >/dev/null; \
 	else echo "no Go toolchain: the cluster tier will be skipped"; fi
+
+# Prometheus' promtool, for the chart's alert rule tests (tests/deploy/test_alerts.py): once per pinned version.
+promtool:
+	@if command -v go >/dev/null; then scripts/build-promtool.sh >/dev/null; \
+	else echo "no Go toolchain: the alert rule tests will be skipped"; fi
 
 # Apache BookKeeper's Java bookies and client, the reference of `bookfleet bench bookkeeper`: jars fetched with Maven
 # once per pinned version into ~/.cache/bookfleet/bookkeeper-<v>/ (cold: about 2 min), the bench compiled beside them.

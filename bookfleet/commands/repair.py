@@ -14,6 +14,7 @@ from bookfleet.commanderror import CommandError
 from bookfleet.commands import _securityflags as security_options
 from bookfleet.meta.zk import ZooKeeperUnreachable
 from bookfleet.replication import spark_repair
+from bookfleet.replication.metricsserver import served
 
 
 def register(subparsers) -> None:
@@ -46,11 +47,11 @@ def run(args) -> int:
         raise CommandError(problem)
     try:
         with repair_progress(sys.stderr.isatty() and not args.json) as progress:
-            summary = spark_repair.run_repair(
+            summary = served(args.metrics_port, args.metrics_linger_s, lambda: spark_repair.run_repair(
                 args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s,
                 progress=progress, lock_wait_s=args.lock_wait_s, local_max_mb=args.local_max_mb,
                 local_cores=args.local_cores,
-            )
+            ))
     except ZooKeeperUnreachable as exc:
         raise CommandError(str(exc)) from None
     print(json.dumps(summary.to_dict()) if args.json else "\n".join(summary.lines()))

@@ -300,4 +300,4 @@ class KubeApi:
         # Its name is new, so it is created without looking first: the chart's ServiceAccount may create Events, not
         # read them.
         self.create(event)
-        metrics.record_event(involved["kind"], reason, warning)
+        metrics.record_event(involved, reason, warning)

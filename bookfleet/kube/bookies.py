@@ -66,6 +66,9 @@ drain; its node shutting down): "<pod uid> <reason>". The pod's loss, once it is
 another pod is Ready."""
 LOST = "Lost"
 REPAIRED = "Repaired"
+REPAIR_GAVE_UP = "RepairGaveUp"
+"""The Repaired condition's reason (and the Event's) once every attempt failed: what the operator's
+repairs-given-up gauge counts, and the chart's alert fires on."""
 AUTO_RECOVERY_DISABLED = "AutoRecoveryDisabled"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 NODE_GONE = "Gone"
@@ -540,10 +543,12 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
         return None if replace(observed, pod, plan) else lost_since
     if step.outcome == repairs.Outcome.DISABLED:
         plan.report_disabled()
-    elif step.outcome in (repairs.Outcome.BACKING_OFF, repairs.Outcome.GAVE_UP):
-        message = ("repair failed, retrying with backoff" if step.outcome == repairs.Outcome.BACKING_OFF
-                   else f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until the Bookie changes")
-        plan.condition(REPAIRED, False, "RepairFailed", message, event="RepairFailed", warning=True)
+    elif step.outcome == repairs.Outcome.BACKING_OFF:
+        plan.condition(REPAIRED, False, "RepairFailed", "repair failed, retrying with backoff", event="RepairFailed",
+                       warning=True)
+    elif step.outcome == repairs.Outcome.GAVE_UP:
+        plan.condition(REPAIRED, False, REPAIR_GAVE_UP, f"repair failed {repairs.MAX_ATTEMPTS} times; giving up until "
+                       "the Bookie changes", event=REPAIR_GAVE_UP, warning=True)
     elif step.outcome == repairs.Outcome.QUEUED:
         active = observed.repair.others_active
         plan.condition(REPAIRED, False, "RepairQueued", f"waiting for one of the cluster's {active} active repairs "

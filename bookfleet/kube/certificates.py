@@ -1,11 +1,12 @@
 """Certificates of a BookieCluster: which identities it needs, what to issue or renew (pure: `plan`), the Secret and
 cert-manager Certificate manifests, and `ensure`, the one function the operator's reconcile pass calls.
 
-Identities: one per bookie (role `bookie`, its stable DNS name as SAN) and one replicator (repair drivers and their
-executors). With `tls: Operator` the cluster's CA lives in the Secret `<cluster>-tls-ca` and the operator writes
-each identity's Secret; with `tls: CertManager` cert-manager writes them from Certificates. Either way a Secret holds
-`ca.crt`, `tls.crt`, `tls.key` (the kubernetes.io/tls layout cert-manager uses), mounted as the TLS directory
-(`ca.pem`, `cert.pem`, `key.pem`). The kubelet refreshes mounted Secrets in place and bookies reload changed files,
+Identities: one per bookie (role `bookie`, its stable DNS name as SAN), one replicator (repair drivers and their
+executors) and one per client team the cluster's spec names (role `client`, `spec.security.clientCertificates`).
+With `tls: Operator` the cluster's CA lives in the Secret `<cluster>-tls-ca` and the operator writes each identity's
+Secret; with `tls: CertManager` cert-manager writes them from Certificates. Either way a Secret holds `ca.crt`,
+`tls.crt`, `tls.key` (the kubernetes.io/tls layout cert-manager uses), mounted as the TLS directory (`ca.pem`,
+`cert.pem`, `key.pem`). The kubelet refreshes mounted Secrets in place and bookies reload changed files,
 so renewal needs no restart.
 """
 
@@ -29,6 +30,7 @@ from bookfleet.kube.resources import (
     KEY_KEY,
     bookie_secret_name,
     ca_secret_name,
+    client_secret_name,
     replicator_secret_name,
 )
 from bookfleet.security.certs import CLOCK_SKEW, CertificateAuthority, IssuedCertificate
@@ -50,13 +52,16 @@ class Identity:
 
 
 def identities(cluster: BookieCluster, bookies: list[Bookie]) -> list[Identity]:
-    """The bookies' certificates (their DNS id, without the port) and the replicator's."""
+    """The bookies' certificates (their DNS id, without the port), the replicator's and the client teams' (role
+    client, named as spec.security.clientCertificates names them)."""
     needed = [
         Identity(bookie_secret_name(b.metadata.name), b.metadata.name, (Role.BOOKIE,), (bookie_host(b.spec.bookie_id),))
         for b in bookies
     ]
     name = cluster.metadata.name
     needed.append(Identity(replicator_secret_name(name), f"{name}-replicator", (Role.REPLICATOR,)))
+    needed += [Identity(client_secret_name(name, client), client, (Role.CLIENT,))
+               for client in cluster.spec.security.client_certificates]
     return needed
 
 

@@ -18,16 +18,18 @@ bookies.py, so no repair starts. Changing the spec again restarts it at once (it
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kazoo.client import KazooClient
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from bookfleet.kube import certificates, repairs, resources
+from bookfleet.kube import certificates, metrics, repairs, resources
 from bookfleet.kube.actions import (
     Action,
     Apply,
@@ -41,7 +43,15 @@ from bookfleet.kube.actions import (
     again_on_conflict,
 )
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair, Lookup, pod_ready
+from bookfleet.kube.bookies import (
+    ANNOTATION_PLANNED_RESTART,
+    REPAIR_GAVE_UP,
+    REPAIRED,
+    ForgetCookie,
+    LaunchRepair,
+    Lookup,
+    pod_ready,
+)
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import (
     VALID,
@@ -137,6 +147,28 @@ class Member:
 
 
 @dataclass(frozen=True)
+class FleetFacts:
+    """The fleet's health as its ZooKeeper holds it, through meta's readers: markers and DATA_LOSS records of every
+    ledger (not only those a Ledger resource shows), and the writable registrations' zones."""
+
+    under_replicated: int = 0
+    data_loss: int = 0
+    oldest_marker_ms: int | None = None
+    writable_zones: tuple[str, ...] = ()
+    """The zone of each writable registered bookie ("" for none)."""
+
+    @classmethod
+    def read(cls, zk: KazooClient) -> FleetFacts:
+        """One walk of the marker tree and a read of each marker (multiRead batches), the DATA_LOSS records and the
+        writable registrations: a pass's cost grows with the ledgers marked, none per healthy ledger."""
+        under_replication = UnderReplication(zk)
+        markers = under_replication.markers()
+        return cls(len(markers), len(under_replication.data_losses()),
+                   min((marker.ctime for marker in markers), default=None),
+                   tuple(info.zone for info in BookieRegistry(zk).writable()))
+
+
+@dataclass(frozen=True)
 class ObservedCluster:
     body: dict[str, Any]
     cluster: BookieCluster | None
@@ -146,6 +178,8 @@ class ObservedCluster:
     """The cluster's PVCs by name."""
     recovery_disabled: bool = False
     """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
+    fleet: FleetFacts = field(default_factory=lambda: FleetFacts())
+    """What ZooKeeper says of the fleet's health, for the metrics."""
 
 
 Listing = Callable[[str, str], list[dict[str, Any]]]
@@ -196,7 +230,7 @@ def observe(ctx: OperatorContext, body: dict, sources: ClusterSources | None = N
             seen = observe_drain(ctx, cluster, seen, disabled)
         bookies.append(seen)
     claims = {c["metadata"]["name"]: c for c in sources.claims(ns, name)}
-    return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled)
+    return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled, FleetFacts.read(zk))
 
 
 def draining(bookie: dict[str, Any]) -> bool:
@@ -229,6 +263,16 @@ class ConfigureAutoRecovery:
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         UnderReplication(ctx.zk(self.zookeeper)).configure(self.enabled, self.delay_seconds)
+
+
+@dataclass(frozen=True)
+class RecordFleetHealth:
+    """The fleet's health in the operator's metrics (kube.metrics.FLEETS), served while this replica acts for it."""
+
+    health: metrics.FleetHealth
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        metrics.FLEETS.record(body["metadata"]["namespace"], body["metadata"]["name"], self.health)
 
 
 @dataclass(frozen=True)
@@ -326,7 +370,24 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
     ready = sum(pod_ready(b.pod) for b in serving)
     actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
                                                                refused_expansions(observed))))
-    return Decision(tuple(actions))
+    health = RecordFleetHealth(fleet_health(observed, cluster, rollout, draining[:1], moment))
+    return Decision((health, *actions))  # first: an action that fails later in the pass leaves it recorded
+
+
+def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rollout, drained: list[Member],
+                 moment: dt.datetime) -> metrics.FleetHealth:
+    """The figures the chart's alerts are on (pure): ZooKeeper's facts, writable bookies by zone (every zone of the
+    spec shown, 0 when it has none), the rollout, and the repairs given up: a lost bookie's (its Repaired condition)
+    and the drain's (decided here as its next step is)."""
+    facts = observed.fleet
+    by_zone = dict.fromkeys(cluster.spec.zones, 0) | collections.Counter(facts.writable_zones)
+    gave_up = sum(any(c.get("type") == REPAIRED and c.get("reason") == REPAIR_GAVE_UP
+                      for c in (b.body.get("status") or {}).get("conditions") or []) for b in observed.bookies)
+    limit = cluster.spec.auto_recovery.repair.max_concurrent
+    gave_up += sum(b.remaining_ledgers > 0 and b.decommission_since is not None and repairs.decide_repair(
+        observed.recovery_disabled, b.repair, moment, limit).outcome == repairs.Outcome.GAVE_UP for b in drained)
+    return metrics.FleetHealth(facts.under_replicated, facts.data_loss, facts.oldest_marker_ms, by_zone,
+                               rollout.stuck is not None, gave_up)
 
 
 def apply_owned_objects(cluster: BookieCluster) -> list[Action]:

@@ -107,7 +107,7 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
     def one_pass() -> float | None:
         """A failed pass is logged and retried at the interval, as kopf does for a timer."""
         try:
-            with metrics.reconciling(plural):
+            with metrics.reconciling(plural, body):
                 return reconcile(context(), dict(body))
         except Exception:
             meta = body["metadata"]
@@ -131,10 +131,13 @@ def _without_finalizer(daemon: Callable) -> Callable:
 async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """A loop per BookieCluster: a pass when one of its bookie pods changes (a rollout's next step starts as soon as
     the restarted bookie is Ready), else every INTERVAL seconds."""
-    with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
-        await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
-            "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources), body),
-            stopped, INTERVAL, uid=body["metadata"].get("uid"))
+    try:
+        with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
+            await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
+                "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources),
+                body), stopped, INTERVAL, uid=body["metadata"].get("uid"))
+    finally:
+        metrics.FLEETS.forget(namespace, name)  # its health is served by the replica that acts for it
 
 
 @kopf.on.startup()
@@ -175,7 +178,7 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
     """One Ledger pass, on the feed's worker thread: the body its watch event brought, else a fresh GET."""
     if body is None and (body := context().api.get(api.CUSTOM, "ledgers", *key)) is None:
         return None  # deleted meanwhile
-    with metrics.reconciling("ledgers"):
+    with metrics.reconciling("ledgers", body):
         sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.metadata_watch, FEED.records,
                                         FEED.read_ahead)
         return ledgers.reconcile(context(), body, sources, retry=INTERVAL)
@@ -204,9 +207,8 @@ def stop_ledger_feed(**_: Any) -> None:
 
 def _ledger_changed(body: dict, deleted: bool) -> None:
     """Ledgers are watched (kube.informers), not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed);
-    no finalizer. A deleted Ledger leaves the feed and the operator's ledger-health gauges."""
-    if deleted:
-        metrics.LEDGERS.forget(body["metadata"]["namespace"], body["metadata"]["name"])
-    elif target := _zookeeper_of(body["metadata"]["namespace"], (body.get("spec") or {}).get("cluster", "")):
+    no finalizer. A deleted Ledger leaves the feed."""
+    cluster = (body.get("spec") or {}).get("cluster", "")
+    if not deleted and (target := _zookeeper_of(body["metadata"]["namespace"], cluster)):
         FEED.watch_zookeeper(target)
     FEED.ledger_changed(body, deleted=deleted)

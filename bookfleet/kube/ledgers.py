@@ -21,7 +21,7 @@ from kazoo.protocol.states import WatchedEvent
 from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
-from bookfleet.kube import metrics, repairs, resources
+from bookfleet.kube import repairs, resources
 from bookfleet.kube.actions import Action, Decision, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CORE, CUSTOM
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
@@ -114,18 +114,6 @@ class CreateLedgerMetadata:
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         MetadataStore(ctx.zk(self.zookeeper)).create(self.metadata, body["status"]["ledgerId"])
-
-
-@dataclass(frozen=True)
-class RecordLedgerHealth:
-    """The Ledger's health in the operator's metrics (gauges summed over Ledgers)."""
-
-    under_replicated: bool = False
-    data_loss: bool = False
-
-    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        metrics.LEDGERS.record(meta["namespace"], meta["name"], self.under_replicated, self.data_loss)
 
 
 CREATION_WAITS = frozenset({"NotEnoughBookies", "SecretNotFound"})
@@ -294,23 +282,20 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
                   if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
     if not observed.adopted:
         conditions.append(condition(CREATED, True, CREATED, f"ensemble {', '.join(metadata.segments[0].bookies)}"))
-    reported = report(observed, moment, status, *conditions,
-                      under_replicated=observed.marker is not None, data_loss=loss is not None)
+    reported = report(observed, moment, status, *conditions)
     return replace(reported, actions=(*reported.actions, *health_events(observed.status, status,
                                                                         event_target(observed.cluster))))
 
 
-def report(observed: ObservedLedger, moment: dt.datetime, status: dict[str, Any], *conditions: Condition,
-           under_replicated: bool = False, data_loss: bool = False) -> Decision:
+def report(observed: ObservedLedger, moment: dt.datetime, status: dict[str, Any], *conditions: Condition) -> Decision:
     """Patch `status` with `conditions` set in it, post an Event for each condition that turns to a problem (or
-    to Created), and record the Ledger's health in the metrics; requeued while those conditions say it waits to be
-    created."""
+    to Created); requeued while those conditions say it waits to be created."""
     current = [Condition.model_validate(c) for c in observed.status.get("conditions") or []]
     for new in conditions:
         current = set_condition(current, new, moment)
     wire = [c.to_wire() for c in current]
-    return Decision((PatchStatus("ledgers", {**status, "conditions": wire}), *condition_events(observed.status, wire),
-                     RecordLedgerHealth(under_replicated, data_loss)), requeue=waits_for_creation(wire))
+    return Decision((PatchStatus("ledgers", {**status, "conditions": wire}), *condition_events(observed.status, wire)),
+                    requeue=waits_for_creation(wire))
 
 
 def condition(type_: str, ok: bool, reason: str, message: str = "") -> Condition:

@@ -198,6 +198,36 @@ class AntiAffinity(enum.StrEnum):
     NONE = "none"
 
 
+BOOKIE_CONFIG_KEYS = (
+    "admission-cache-ledgers", "compaction-live-ratio", "disk-check-interval", "disk-usage-recovery-limit",
+    "entrylog-roll-bytes", "event-loop", "flush-interval", "gc-grace", "idle-timeout", "journal-flush-bytes",
+    "journal-max-wait", "journal-roll-bytes", "max-add-bytes", "max-connection-add-bytes", "max-connections",
+    "max-in-flight", "max-long-polls", "max-pending-response-bytes", "memtable-bytes", "quarantine-bytes",
+    "zk-session-timeout",
+)
+"""The `bookfleet bookie` flags spec.bookie.config may set: all of them but those the operator sets itself (identity,
+addresses, directories, ZooKeeper, zone, TLS, the settings above) and --no-verify-ledgers and --http-tls (ledger
+squatting; probes over plain HTTP). The operator may not import the bookie, so the list is written here and a test
+holds it to the bookie's flags."""
+
+
+def _known_bookie_settings(config: dict[str, str]) -> dict[str, str]:
+    unknown = sorted(set(config) - set(BOOKIE_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"unknown bookie settings {', '.join(unknown)} (known: {', '.join(BOOKIE_CONFIG_KEYS)})")
+    return config
+
+
+BookieConfigMap = Annotated[
+    dict[str, Annotated[str, Field(max_length=256)]],
+    AfterValidator(_known_bookie_settings),
+    Field(json_schema_extra={"maxProperties": len(BOOKIE_CONFIG_KEYS), **_validations(
+        (f"self.all(key, key in {list(BOOKIE_CONFIG_KEYS)})",
+         "config keys must be bookie settings the operator does not set itself: " + ", ".join(BOOKIE_CONFIG_KEYS)))}),
+]
+"""At most one value per known key (maxProperties also bounds the CEL rule's cost)."""
+
+
 class BookieSettings(KubeModel):
     """Flags every bookie of the cluster is started with."""
 
@@ -216,6 +246,10 @@ class BookieSettings(KubeModel):
     disk_usage_lwm: float = Field(0.90, gt=0, le=1, description="below this usage a read-only bookie is writable again")
     gc_interval_seconds: int = Field(60, ge=1)
     extra_args: list[str] = Field(default_factory=list, description="appended to the bookie command line")
+    config: BookieConfigMap = Field(
+        default_factory=dict, description="more bookie settings by their flag names (bookfleet bookie --help), e.g. "
+        "journal-max-wait: \"0.002\"; a change rolls the bookies like any other"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BookieSettings:
@@ -293,6 +327,14 @@ class TlsMode(enum.StrEnum):
     DISABLED = "Disabled"
 
 
+ClientCertificateNames = Annotated[
+    list[Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]],
+    AfterValidator(_unique),
+    Field(json_schema_extra={"x-kubernetes-list-type": "set"}),
+]
+"""Names of client-role certificates (DNS labels); duplicates are rejected by both sides."""
+
+
 class Security(KubeModel):
     tls: TlsMode = Field(TlsMode.OPERATOR, description="who issues the bookie protocol's mutual-TLS certificates")
     cert_manager_issuer: str | None = Field(None, description="the cert-manager Issuer (kind/name or name) to use")
@@ -300,6 +342,10 @@ class Security(KubeModel):
     renew_before_days: int = Field(30, ge=1, description="renew a certificate this long before it expires")
     zookeeper_auth_secret: str | None = Field(
         None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
+    )
+    client_certificates: ClientCertificateNames = Field(
+        default_factory=list, description="client-role certificates kept issued and renewed like the bookies', each "
+        "in the Secret <cluster>-tls-client-<name> (ca.crt, tls.crt, tls.key: a client's TLS directory)"
     )
 
 

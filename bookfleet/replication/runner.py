@@ -15,7 +15,6 @@ import subprocess
 import threading
 from collections.abc import Callable
 
-import prometheus_client
 from kazoo.client import KazooClient
 
 from bookfleet import childprocess
@@ -23,6 +22,7 @@ from bookfleet import spark as sparksettings
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.auditor import WEEK, Auditor
+from bookfleet.replication.metricsserver import MetricsServer
 from bookfleet.replication.spark_repair import DEFAULT_OPEN_GRACE_S, ProgressCallback, RepairSummary, run_repair
 
 log = logging.getLogger(__name__)
@@ -141,11 +141,11 @@ class AutoRecoveryRunner:
         self.zk: KazooClient | None = None
         self.auditor: Auditor | None = None
         self.runner: RepairRunner | None = None
-        self.metrics_server = None
+        self.metrics_server: MetricsServer | None = None
 
     def start(self) -> AutoRecoveryRunner:
         if self.metrics_port is not None:
-            self.metrics_server, _ = prometheus_client.start_http_server(self.metrics_port, addr="127.0.0.1")
+            self.metrics_server = MetricsServer(self.metrics_port, "127.0.0.1")
         self.zk = zkclient.connect(self.zk_connect)
         self.auditor = Auditor(self.zk, check_interval=self.check_interval).start()
         self.runner = RepairRunner(self.zk, self.zk_connect, **self.runner_options).start()
@@ -160,7 +160,7 @@ class AutoRecoveryRunner:
             self.zk.stop()
             self.zk.close()
         if self.metrics_server is not None:
-            self.metrics_server.shutdown()
+            self.metrics_server.close()
 
     def __enter__(self) -> AutoRecoveryRunner:
         return self.start()

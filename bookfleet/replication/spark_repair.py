@@ -47,6 +47,7 @@ from bookfleet.meta.metadata import (
 )
 from bookfleet.meta.registry import BookieInfo, BookieRegistry
 from bookfleet.meta.underreplication import Marker, UnderReplication
+from bookfleet.replication.metricsserver import served
 from bookfleet.replication.planner import (
     FragmentPlan,
     choose_replacements,
@@ -628,6 +629,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--local-cores", type=int, default=2, help="cores of that local run (default 2)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--metrics-port", type=int, help="serve the bookfleet_repair_* counters on this port "
+                        "(all addresses) while the run lasts")
+    parser.add_argument("--metrics-linger-s", type=float, default=0.0, help="after the run, if anything scraped "
+                        "those counters, wait at most this long for its next scrape (default 0)")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
@@ -642,6 +647,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--local-max-mb must be >= 0 and --local-cores >= 1, got {args.local_max_mb}, {args.local_cores}"
     if not 0 <= args.lock_wait_s < math.inf:
         return f"--lock-wait-s must be a number of seconds >= 0, got {args.lock_wait_s}"
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be a port number, got {args.metrics_port}"
+    if not 0 <= args.metrics_linger_s < math.inf:
+        return f"--metrics-linger-s must be a number of seconds >= 0, got {args.metrics_linger_s}"
     if any(ledger_id < 0 for ledger_id in args.ledgers or ()):
         return f"--ledger ids must be >= 0, got {min(args.ledgers)}"
     return None
@@ -650,10 +659,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     return sparksettings.job_main(
         argv, "spark_repair.py", "bookfleet repair job", add_arguments, check_arguments,
-        lambda args: run_repair(
+        lambda args: served(args.metrics_port, args.metrics_linger_s, lambda: run_repair(
             args.zk, args.ledgers, args.master, args.throttle_mb_s, open_grace_s=args.open_grace_s,
             lock_wait_s=args.lock_wait_s, local_max_mb=args.local_max_mb, local_cores=args.local_cores,
-        ),
+        )),
     )
 
 

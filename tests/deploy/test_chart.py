@@ -28,8 +28,9 @@ ALL_OPTIONAL = {
     "operator": {"watchNamespace": "storage", "extraArgs": ["--verbose"]},
     "metrics": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}},
     "grafanaDashboard": {"enabled": True},
+    "alerts": {"always": True},
 }
-PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 """monitoring.coreos.com resources: no offline schema, checked by the tests below instead."""
 VALUES = {"default": {}, "all-optional": ALL_OPTIONAL}
 
@@ -358,6 +359,13 @@ def test_pod_settings_reach_the_chart_cluster() -> None:
     assert spec.auto_recovery.planned_restart_delay_seconds == 600
 
 
+def test_client_certificates_reach_the_chart_cluster() -> None:
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"},
+              "security": {"clientCertificates": ["billing"]}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
+
+
 def test_operator_is_probed_for_readiness() -> None:
     (deployment,) = by_kind(render_chart({}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -383,6 +391,46 @@ def test_monitors_scrape_bookie_metrics_in_the_watched_namespace() -> None:
     assert service_monitor["spec"]["endpoints"][0]["port"] in {port["name"] for port in service["spec"]["ports"]}
 
 
+def test_repair_drivers_are_scraped_under_their_cluster_and_bookies_too() -> None:
+    """The dashboard's repair panels: the repair PodMonitor finds the driver's metrics port (not its executors'),
+    whichever monitor kind is on; bookie and repair samples get their BookieCluster's name from the pod label."""
+    built = operator_objects()
+    job = next(obj for obj in built if obj["kind"] == "Job")
+    driver = job["spec"]["template"]
+    executor = next(obj for obj in built if obj["kind"] == "Pod" and obj["metadata"]["name"].endswith("-exec-1"))
+    for enabled in ({"podMonitor": {"enabled": True}}, {"serviceMonitor": {"enabled": True}}):
+        (monitor,) = by_kind(render_chart({"operator": {"watchNamespace": "storage"}, "metrics": enabled}),
+                             "PodMonitor", "repair")
+        assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["storage"]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= driver["metadata"]["labels"].items()
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] in {p["name"] for p in driver["spec"]["containers"][0]["ports"]}
+        assert endpoint["port"] not in {p.get("name") for p in executor["spec"]["containers"][0].get("ports", [])}
+    objects = render_chart(ALL_OPTIONAL)
+    for monitor in (*by_kind(objects, "PodMonitor"), *by_kind(objects, "ServiceMonitor")):
+        (endpoint,) = monitor["spec"].get("podMetricsEndpoints") or monitor["spec"]["endpoints"]
+        if monitor["metadata"]["labels"]["app.kubernetes.io/component"] == "operator":
+            assert endpoint["honorLabels"] is True  # its samples' namespace is their cluster's, not the operator's
+            continue
+        label = resources.LABEL_CLUSTER.replace(".", "_").replace("/", "_")
+        assert {"sourceLabels": [f"__meta_kubernetes_pod_label_{label}"], "targetLabel": "bookiecluster"} in \
+            endpoint["relabelings"]
+        assert resources.LABEL_CLUSTER in driver["metadata"]["labels"]
+
+
+def test_alerts_render_where_the_prometheus_rule_crd_is_and_query_only_exported_metrics() -> None:
+    """Offline (no CRD known) the rule is left out, so an install without the Prometheus Operator works; helm told
+    the CRD exists renders it (test_alerts.py, with promtool); `always` renders it regardless, `enabled` false never."""
+    assert by_kind(render_chart({}), "PrometheusRule") == []
+    assert by_kind(render_chart({"alerts": {"always": True, "enabled": False}}), "PrometheusRule") == []
+    (rule,) = by_kind(render_chart({"alerts": {"always": True, "labels": {"release": "prometheus"}}}),
+                      "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "prometheus"
+    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert set().union(*(metric_names(expr) for expr in exprs)) - exported_metric_names() == set()
+
+
 def test_monitors_scrape_the_operators_metrics_port() -> None:
     """Each operator replica serves /metrics on the port its command names; the monitors find that port by name."""
     objects = render_chart({"metrics": ALL_OPTIONAL["metrics"]})
@@ -405,7 +453,7 @@ def test_monitors_scrape_the_operators_metrics_port() -> None:
 
 
 PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "by", "without", "avg", "max", "min", "le",
-                "irate", "count"}
+                "irate", "count", "on", "group_left", "group_right"}
 
 
 def metric_names(expr: str) -> set[str]:

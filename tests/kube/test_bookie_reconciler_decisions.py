@@ -299,6 +299,14 @@ def test_a_failed_repair_says_so_once_and_is_retried_after_its_backoff():
     assert [a.attempt for a in of_type(retry, LaunchRepair)] == [1]
 
 
+def test_a_repair_that_failed_every_attempt_gives_up_under_a_reason_of_its_own():
+    """What the repairs-given-up gauge counts and its alert fires on: not the backoff's RepairFailed, which passes."""
+    attempts = tuple(job("Failed", attempt=n) for n in range(repairs.MAX_ATTEMPTS))
+    decision = bookies.decide(lost(pod=None, since=3600, attempts=attempts), NOW)
+    assert condition(decision, "Repaired") == ("False", "RepairGaveUp") and events(decision) == ["RepairGaveUp"]
+    assert of_type(decision, LaunchRepair) == []
+
+
 def test_repaired_without_data_gets_fresh_volumes_pod_and_cookie():
     decision = bookies.decide(lost(pod=None, since=3600, claims=(ClaimObserved(CLAIMS[0], False),
                                                                    ClaimObserved(CLAIMS[1], False)),

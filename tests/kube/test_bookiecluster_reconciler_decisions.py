@@ -7,7 +7,7 @@ import datetime as dt
 from dataclasses import replace
 from typing import Any
 
-from bookfleet.kube import clusters, repairs, resources
+from bookfleet.kube import clusters, metrics, repairs, resources
 from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent
 from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
@@ -240,6 +240,14 @@ def test_a_spec_change_rolls_one_bookie_at_a_time():
     assert condition(status, "Upgrading")["status"] == "False"
 
 
+def test_bookie_settings_passed_through_config_reach_the_command_and_roll_like_any_change():
+    tuned = bookie_cluster(3, bookie={"config": {"journal-max-wait": "0.002", "max-connections": "512"}})
+    command = resources.bookie_command(tuned, Bookie.model_validate(bookie_body(0)))
+    assert command[-4:] == ["--journal-max-wait", "0.002", "--max-connections", "512"]
+    assert touching(decide(tuned, up(0), up(1), up(2)), "pods") == [("delete", "bk-0")]
+    assert touching(decide(tuned, up(0, tuned), up(1, tuned), up(2, tuned)), "pods") == []  # rolled: nothing more
+
+
 def test_an_outdated_bookie_waits_while_another_one_is_down():
     new = bookie_cluster(3, image="bookfleet/bookie:9")
     body = bookie_body(1)
@@ -369,3 +377,38 @@ def test_network_policies_switched_off_are_not_applied_and_the_operators_own_are
     assert not [key for key in applied(actions) if key[0] == "NetworkPolicy"]
     assert [(a.plural, a.name) for a in of_type(actions, Delete)] == [("networkpolicies", "bk-bookie"),
                                                                         ("networkpolicies", "bk-repair")]
+
+
+def health(actions: list) -> metrics.FleetHealth:
+    (recorded,) = of_type(actions, clusters.RecordFleetHealth)
+    return recorded.health
+
+
+def test_the_fleets_health_comes_from_zookeepers_facts_with_every_zone_of_the_spec_shown():
+    """Markers and DATA_LOSS records of every ledger (a Ledger resource or not), the oldest marker's time, the
+    writable registrations by zone: a zone of the spec with no writable bookie left shows 0, so an alert sees it."""
+    zoned = bookie_cluster(3, zones=["a", "b", "c"])
+    facts = clusters.FleetFacts(under_replicated=5, data_loss=1, oldest_marker_ms=1_000, writable_zones=("a", "a", ""))
+    body = {**zoned.to_wire(), "status": {}}
+    observed = clusters.ObservedCluster(body, zoned, "", (up(0, zoned), up(1, zoned), up(2, zoned)), {}, fleet=facts)
+    assert health(list(clusters.decide(observed, NOW).actions)) == metrics.FleetHealth(
+        5, 1, 1_000, {"a": 2, "b": 0, "c": 0, "": 1}, rollout_stuck=False, repairs_given_up=0)
+
+
+def test_a_stuck_rollout_and_repairs_given_up_show_in_the_fleets_health():
+    """A lost bookie's repair that gave up (its Repaired condition) and a drain's (decided from its attempts, as its
+    next step is) both count: either leaves ledgers under-replicated until a person looks."""
+    new = bookie_cluster(3, image="bookfleet/bookie:broken", rolloutTimeoutSeconds=60)
+    body = bookie_body(0, **{clusters.ANNOTATION_ROLLOUT_STARTED: "2026-01-02T03:04:05Z",
+                             ANNOTATION_PLANNED_RESTART: "p-bk-0"})
+    broken = clusters.Member(body, pod(new, body, ready=False, uid="q"), False, False)
+    assert health(decide(new, broken, up(1), up(2), moment=NOW + dt.timedelta(seconds=61))).rollout_stuck
+
+    gave_up = up(1)
+    gave_up.body["status"] = {"conditions": [{"type": "Repaired", "status": "False", "reason": "RepairGaveUp"}]}
+    failed = tuple(repair_attempt("Failed", n, NOW - dt.timedelta(hours=1)) for n in range(repairs.MAX_ATTEMPTS))
+    drain = replace(draining(2, remaining=4), repair=repairs.RepairObserved(failed))
+    two = bookie_cluster(2)
+    observed = clusters.ObservedCluster({**two.to_wire(), "status": {}}, two, "", (up(0), gave_up, drain), {})
+    assert health(list(clusters.decide(observed, NOW).actions)).repairs_given_up == 2
+    assert health(decide(two, up(0), up(1))).repairs_given_up == 0

@@ -3,7 +3,6 @@ them into pods and repair jobs, and `ensure` renewing before expiry."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import ssl
 from pathlib import Path
@@ -19,6 +18,7 @@ from bookfleet.security.certs import CertificateAuthority
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, server_context
 from tests.fixtures.models import bookie_cluster
+from tests.fixtures.secrets import SecretStore
 
 NOW = dt.datetime(2026, 11, 26, 3, 0, tzinfo=dt.UTC)
 RENEW = dt.timedelta(days=30)
@@ -32,31 +32,6 @@ def make_cluster(**security: Any) -> BookieCluster:
 def bookies_of(cluster: BookieCluster) -> list[Bookie]:
     created = resources.bookies_for_cluster(cluster)
     return [Bookie.model_validate({**m, "metadata": {**m["metadata"], "uid": f"u{n}"}}) for n, m in enumerate(created)]
-
-
-class SecretStore:
-    """The calls `certificates.ensure` makes, on a dict: an in-memory API for Secrets and Certificates."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], dict] = {}
-
-    def ensure(self, manifest: dict) -> tuple[dict, bool]:
-        key = (manifest["kind"], manifest["metadata"]["name"])
-        created = key not in self.objects
-        self.objects.setdefault(key, manifest)
-        return self.objects[key], created
-
-    def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict | None:
-        assert plural == "secrets"
-        return self.objects.get(("Secret", name))
-
-    def patch(self, api_version: str, plural: str, namespace: str, name: str, patch: dict) -> dict:
-        self.objects[("Secret", name)] = {**self.objects[("Secret", name)], **patch}
-        return self.objects[("Secret", name)]
-
-    def cert(self, secret: str) -> x509.Certificate:
-        data = self.objects[("Secret", secret)]["data"]
-        return x509.load_pem_x509_certificate(base64.b64decode(data[resources.CERT_KEY]))
 
 
 def test_identities_are_one_per_bookie_and_a_replicator() -> None:
@@ -109,10 +84,7 @@ def test_ensure_issues_once_then_renews_before_expiry(tmp_path: Path) -> None:
     assert api.cert("demo-0-tls").issuer == first.issuer  # same CA: peers keep trusting each other
 
     # the Secret, mounted as a directory, is a TLS directory a bookie serves from
-    secret = api.objects[("Secret", "demo-0-tls")]
-    for key, value in secret["data"].items():
-        (tmp_path / key).write_bytes(base64.b64decode(value))
-    assert isinstance(server_context(tmp_path).context, ssl.SSLContext)
+    assert isinstance(server_context(api.mount("demo-0-tls", tmp_path / "tls")).context, ssl.SSLContext)
 
 
 def test_a_pass_with_nothing_to_issue_parses_nothing_new_and_makes_no_ca_key(monkeypatch) -> None:
@@ -130,6 +102,39 @@ def test_a_pass_with_nothing_to_issue_parses_nothing_new_and_makes_no_ca_key(mon
     for day in range(3):
         assert certificates.ensure(api, cluster, bookies_of(cluster), NOW + dt.timedelta(days=day)) == []
     assert (created, parsed) == ([], [])
+
+
+def test_a_client_team_named_in_the_spec_gets_a_client_role_certificate_renewed_like_the_bookies() -> None:
+    """spec.security.clientCertificates: one Secret per name, role client only (no bookie or replicator rights), of
+    the cluster's CA; renewed before expiry; a name dropped from the list is no longer renewed."""
+    cluster = make_cluster(clientCertificates=["billing"])
+    bookies = bookies_of(cluster)
+    (client,) = [i for i in certificates.identities(cluster, bookies) if i.roles == (Role.CLIENT,)]
+    assert (client.secret, client.common_name, client.dns_names) == ("demo-tls-client-billing", "billing", ())
+    api = SecretStore()
+    assert "demo-tls-client-billing" in certificates.ensure(api, cluster, bookies, NOW)
+    cert = api.cert("demo-tls-client-billing")
+    assert cert.issuer == api.cert("demo-0-tls").issuer
+    assert [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATIONAL_UNIT_NAME)] == ["client"]
+    assert certificates.ensure(api, cluster, bookies, NOW + dt.timedelta(days=61)) == [
+        "demo-0-tls", "demo-1-tls", "demo-tls-replicator", "demo-tls-client-billing"]
+    dropped = make_cluster()
+    assert certificates.ensure(api, dropped, bookies, NOW + dt.timedelta(days=122)) == [
+        "demo-0-tls", "demo-1-tls", "demo-tls-replicator"]
+    with pytest.raises(ValueError, match="duplicate entries: billing"):
+        make_cluster(clientCertificates=["billing", "billing"])
+    with pytest.raises(ValueError, match="should match pattern"):
+        make_cluster(clientCertificates=["Billing Team"])
+
+
+def test_cert_manager_issues_a_client_teams_certificate_where_it_is_the_issuer() -> None:
+    cluster = make_cluster(tls="CertManager", certManagerIssuer="fleet-ca", clientCertificates=["billing"])
+    api = SecretStore()
+    certificates.ensure(api, cluster, bookies_of(cluster), NOW)
+    spec = api.objects[("Certificate", "demo-tls-client-billing")]["spec"]
+    assert (spec["secretName"], spec["commonName"], spec["subject"]["organizationalUnits"], spec["dnsNames"]) == (
+        "demo-tls-client-billing", "billing", ["client"], [])
+    assert "client auth" in spec["usages"]
 
 
 def test_cert_manager_mode_creates_certificates_instead() -> None:

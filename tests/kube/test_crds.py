@@ -16,6 +16,7 @@ from bookfleet.cli import main
 from bookfleet.kube import crdgen
 from bookfleet.kube.api import CUSTOM
 from bookfleet.kube.models import (
+    BOOKIE_CONFIG_KEYS,
     DATA_LOSS,
     RESOURCES,
     VALID,
@@ -145,6 +146,35 @@ def test_bookie_settings_rules_match_their_cel_twins() -> None:
         "has(self.namespaceSelector) || has(self.podSelector)"]
     with pytest.raises(ValidationError, match="needs namespaceSelector or podSelector"):
         BookieClusterSpec.model_validate({"zookeeper": "zk:2181", "networkPolicy": {"clients": [{}]}})
+
+
+def test_an_unknown_bookie_setting_is_refused_by_the_model_naming_it_and_its_cel_twin_lists_the_same_keys() -> None:
+    with pytest.raises(ValidationError, match="unknown bookie settings journal-max-waitt, port "):
+        BookieSettings.model_validate({"config": {"journal-max-waitt": "0.002", "port": "3182"}})
+    assert BookieSettings.model_validate({"config": {"journal-max-wait": "0.002"}}).config == {
+        "journal-max-wait": "0.002"}
+    spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    config = spec["properties"]["bookie"]["properties"]["config"]
+    (rule,) = config["x-kubernetes-validations"]
+    assert rule["rule"] == f"self.all(key, key in {list(BOOKIE_CONFIG_KEYS)})"
+    assert config["maxProperties"] == len(BOOKIE_CONFIG_KEYS)  # bounds the rule's cost, as the API server needs
+
+
+def test_the_api_server_refuses_an_unknown_bookie_setting(api_server) -> None:
+    """The CEL rule as a real kube-apiserver compiles and applies it: the cluster is refused before any bookie
+    restarts with a flag it would not know."""
+    api = install_crds(api_server)
+
+    def cluster(name: str, config: dict[str, str]) -> dict:
+        return {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"zookeeper": "zk:2181", "bookie": {"config": config}}}
+
+    with pytest.raises(ApiException) as refused:
+        api.create(cluster("typo", {"journal-max-waitt": "0.002"}))
+    assert refused.value.status == 422 and "config keys must be bookie settings" in refused.value.body
+    created = api.create(cluster("tuned", {"journal-max-wait": "0.002"}))
+    assert created["spec"]["bookie"]["config"] == {"journal-max-wait": "0.002"}
 
 
 def test_names_and_printer_columns() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from bookfleet.kube import ledgers, resources
 from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
 from bookfleet.kube.context import EventTally, ZooKeeperTarget
-from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, RecordLedgerHealth, ReserveLedgerId
+from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, ReserveLedgerId
 from bookfleet.kube.models import Ledger
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo
@@ -86,7 +86,6 @@ def test_invalid_spec_says_why_once():
     actions = decide(first, NOW)
     assert conditions(actions) == {"Valid": ("False", "InvalidSpec")}
     assert events(actions) == [("InvalidSpec", True)]
-    assert RecordLedgerHealth(False, False) in actions
     assert events(decide(next_pass(first, actions), NOW)) == []  # an Event only on change
 
 
@@ -261,11 +260,10 @@ def test_a_repair_still_running_is_followed_after_the_marker_is_gone():
     assert status_of(decide(kept, NOW))["repair"]["state"] == "Succeeded"
 
 
-def test_under_replication_shows_in_status_and_metrics():
+def test_under_replication_shows_in_status():
     marker = Marker(7, frozenset({"b2", "b1"}), int(NOW.timestamp() * 1000), 0)
     actions = decide(existing(marker=marker), NOW)
     assert status_of(actions)["underReplicated"] == {"missingBookies": ["b1", "b2"], "since": "2026-01-02T03:04:05Z"}
-    assert RecordLedgerHealth(under_replicated=True, data_loss=False) in actions
 
 
 def test_data_loss_is_a_warning_and_a_condition():
@@ -273,7 +271,6 @@ def test_data_loss_is_a_warning_and_a_condition():
     assert conditions(actions)["DataLoss"] == ("True", "EntriesLost")
     assert "[3, 4]" in status_of(actions)["conditions"][1]["message"]
     assert events(actions) == [("EntriesLost", True)]
-    assert RecordLedgerHealth(under_replicated=False, data_loss=True) in actions
 
 
 def test_a_ledger_deleted_in_zookeeper_shows_deleted_and_is_never_recreated():

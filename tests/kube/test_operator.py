@@ -297,29 +297,38 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
     assert status(kube, "ledgers", "elsewhere").get("ledgerId") is None
 
 
-def test_operator_metrics_count_passes_decisions_and_ledger_health(kube, operator_process, zk_connect, zk):
+def test_operator_metrics_count_passes_decisions_and_the_fleets_health_under_its_cluster(kube, operator_process,
+                                                                                        zk_connect, zk):
+    """The fleet's health comes from ZooKeeper: a ledger a client made directly (no Ledger resource) counts too."""
     kube.create("bookieclusters", bookie_cluster_manifest(zk_connect))
     ledger_id = MetadataStore(zk).create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
-    UnderReplication(zk).mark(ledger_id, ["b2:3181"])
+    direct = MetadataStore(zk).create(new_metadata(["b1:3181", "b2:3181"], 2, 2))
+    for marked in (ledger_id, direct):
+        UnderReplication(zk).mark(marked, ["b2:3181"])
     UnderReplication(zk).mark_data_loss(ledger_id, [1])
     for name, spec in (("damaged", {"cluster": "bk", "ledgerId": ledger_id}), ("orphan", {"cluster": "gone"})):
         kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
                                 "metadata": {"name": name, "namespace": NS},
                                 "spec": {"ensembleSize": 2, "writeQuorum": 2, "ackQuorum": 2, **spec}})
     metric = operator_process.metric
-    wait_for("ledger health in the metrics", lambda: metric("bookfleet_operator_ledgers_under_replicated",
-                                                            namespace=NS) == 1
-             and metric("bookfleet_operator_ledgers_data_loss", namespace=NS) == 1, timeout=30)
-    for reason in ("EntriesLost", "InvalidSpec"):
-        assert metric("bookfleet_operator_events_total", kind="Ledger", reason=reason, type="Warning") >= 1, reason
+    fleet = {"namespace": NS, "bookiecluster": "bk"}
+    wait_for("the fleet's health in the metrics", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                                 **fleet) == 2
+             and metric("bookfleet_operator_ledgers_data_loss", **fleet) == 1, timeout=30)
+    assert metric("bookfleet_operator_oldest_under_replicated_seconds", **fleet) >= 0
+    wait_for("the damaged Ledger's loss counted", lambda: metric(
+        "bookfleet_operator_events_total", kind="Ledger", reason="EntriesLost", type="Warning", **fleet) >= 1)
     wait_for("the under-replication counted on the cluster", lambda: metric(
-        "bookfleet_operator_events_total", kind="BookieCluster", reason="UnderReplicated", type="Warning") >= 1)
-    assert metric("bookfleet_operator_reconciles_total", resource="ledgers") >= 2
-    assert metric("bookfleet_operator_reconciles_total", resource="bookieclusters") >= 1
-    assert metric("bookfleet_operator_reconcile_seconds_count", resource="ledgers") >= 2
-    kube.delete("ledgers", NS, "damaged")
-    wait_for("a deleted Ledger leaves the gauges", lambda: metric("bookfleet_operator_ledgers_under_replicated",
-                                                                  namespace=NS) == 0, timeout=30)
+        "bookfleet_operator_events_total", kind="BookieCluster", reason="UnderReplicated", type="Warning",
+        **fleet) >= 1)
+    assert metric("bookfleet_operator_events_total", kind="Ledger", reason="InvalidSpec", namespace=NS,
+                  bookiecluster="gone") >= 1
+    assert metric("bookfleet_operator_reconciles_total", resource="ledgers", **fleet) >= 1
+    assert metric("bookfleet_operator_reconciles_total", resource="bookieclusters", **fleet) >= 1
+    assert metric("bookfleet_operator_reconcile_seconds_count", resource="ledgers", **fleet) >= 1
+    UnderReplication(zk).clear(UnderReplication(zk).marker(direct))
+    wait_for("a repaired ledger leaves the count", lambda: metric("bookfleet_operator_ledgers_under_replicated",
+                                                                  **fleet) == 1, timeout=30)
 
 
 def test_operator_issues_certificates_and_its_bookies_serve_mutual_tls(

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from bookfleet import spark
+from bookfleet.bookie import config as bookie_config
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
-from bookfleet.kube.models import Bookie, BookieCluster, Ledger, Retention
+from bookfleet.kube.models import BOOKIE_CONFIG_KEYS, Bookie, BookieCluster, Ledger, Retention
 from bookfleet.replication import spark_repair
 from tests.fixtures.models import bookie_cluster
 
@@ -322,6 +323,37 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert (spec["executor"]["instances"], spec["executor"]["memory"]) == (3, "2g")
     assert spec["timeToLiveSeconds"] == 86400
     assert owner(app) == ("BookieCluster", "demo", "cluster-uid")
+
+
+def test_a_repair_driver_serves_its_counters_on_a_named_port_scrapers_may_reach(cluster: BookieCluster,
+                                                                                   bookie: Bookie) -> None:
+    """The dashboard's repair panels: the driver (Job or SparkApplication) serves bookfleet_repair_* on the port the
+    chart's repair PodMonitor names, lingering for one more scrape; the repair NetworkPolicy lets a scraper in."""
+    job = resources.repair_job(cluster, bookie, LOST)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": resources.METRICS_PORT, "protocol": "TCP"} in container["ports"]
+    application = next(arg for arg in container["command"] if arg.endswith("spark_repair.py"))
+    flags = repair_flags(container["command"][container["command"].index(application) + 1 :])
+    assert (flags.metrics_port, flags.metrics_linger_s) == (resources.METRICS_PORT, resources.METRICS_LINGER_S)
+    app = resources.spark_application(cluster, bookie, LOST)
+    assert repair_flags(app["spec"]["arguments"]).metrics_port == resources.METRICS_PORT
+    assert app["spec"]["driver"]["ports"] == [resources.METRICS_CONTAINER_PORT]
+    _, repair_policy = resources.network_policies(cluster)
+    assert admits(repair_policy, {"app": "prometheus"}, resources.METRICS_PORT)
+    assert not admits(repair_policy, {"app": "prometheus"}, resources.DRIVER_PORT)
+
+
+def test_the_config_keys_are_the_bookies_own_flags_but_those_the_operator_sets() -> None:
+    """models.BOOKIE_CONFIG_KEYS is written down in kube (which may not import the bookie): held here to the bookie's
+    flags, less those bookie_command sets (TLS on, a zone) and the two a cluster must never set."""
+    parser = argparse.ArgumentParser()
+    bookie_config.add_arguments(parser)
+    flags = {action.option_strings[0] for action in parser._actions if action.option_strings} - {"-h"}
+    zoned = bookie_cluster(1, zones=["zone-a"])
+    command = resources.bookie_command(zoned, Bookie.model_validate(resources.bookies_for_cluster(zoned)[0]))
+    managed = {arg for arg in command if arg.startswith("--")}
+    assert "--tls-dir" in managed
+    assert {f"--{key}" for key in BOOKIE_CONFIG_KEYS} == flags - managed - {"--no-verify-ledgers", "--http-tls"}
 
 
 def test_repair_namespace_objects_are_namespaced_and_minimal(cluster: BookieCluster) -> None:

@@ -24,6 +24,7 @@ from bookfleet.bookie.config import BookieConfig
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
+from bookfleet.kube import certificates
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV, ZooKeeperUnreachable
@@ -32,6 +33,8 @@ from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, client_context
 from tests.fixtures.bookies import encode_test_entry
+from tests.fixtures.models import bookie_cluster
+from tests.fixtures.secrets import SecretStore
 
 ZK_AUTH = "fleet:s3cret"
 
@@ -121,6 +124,25 @@ async def test_roles_decide_what_a_peer_may_do(secure_fleet, ca, zk_connect, tmp
             await client.add_entry(key, encode_test_entry(ledger_id, 4, b"x"))
         with pytest.raises(UnauthorizedError, match="may not WRITE_LAC"):
             await client.write_lac(key, ledger_id, 3)
+
+
+async def test_a_client_team_holding_only_its_certificate_secret_writes_and_reads_a_ledger(
+    secure_fleet, ca, zk_connect, tmp_path: Path, monkeypatch
+):
+    """spec.security.clientCertificates: the Secret the operator issues from the cluster's CA, mounted as a pod
+    mounts it (ca.crt, tls.crt, tls.key) and nothing else, is a client's whole identity over mutual TLS."""
+    secure_fleet.start(3)
+    cluster = bookie_cluster(3, name="demo", security={"clientCertificates": ["billing"]})
+    secrets = SecretStore()
+    secrets.ensure(certificates.ca_secret(cluster, ca))  # the cluster's CA: the one the bookies' certificates share
+    assert "demo-tls-client-billing" in certificates.ensure(secrets, cluster, [], datetime.datetime.now(datetime.UTC))
+    monkeypatch.setenv(TLS_DIR_ENV, str(secrets.mount("demo-tls-client-billing", tmp_path / "billing")))
+    async with BookKeeper(zk_connect) as bk:
+        writer = await bk.create_ledger(3, 3, 2)
+        await asyncio.gather(*(writer.add(b"invoice %d" % n) for n in range(3)))
+        await writer.close()
+        reader = await bk.open_ledger(writer.ledger_id)
+        assert [(await reader.read(n)).payload for n in range(3)] == [b"invoice 0", b"invoice 1", b"invoice 2"]
 
 
 async def test_no_squatting_on_future_ledger_ids(zk_connect, tmp_path: Path):

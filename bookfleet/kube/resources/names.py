@@ -84,6 +84,11 @@ def replicator_secret_name(cluster: str) -> str:
     return f"{cluster}-tls-replicator"
 
 
+def client_secret_name(cluster: str, client: str) -> str:
+    """A client team's certificate (spec.security.clientCertificates)."""
+    return f"{cluster}-tls-client-{client}"
+
+
 # --- security: TLS directories from Secrets, the ZooKeeper credential ------------------------------------------
 
 TLS_DIR = "/etc/bookfleet/tls"

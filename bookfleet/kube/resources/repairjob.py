@@ -59,6 +59,12 @@ K8S_MASTER = "k8s://https://kubernetes.default.svc"
 REPAIR_JOB = "spark_repair"
 DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
+METRICS_PORT = 9464
+"""The driver's bookfleet_repair_* counters (container port `metrics`, scraped by the chart's repair PodMonitor)."""
+METRICS_LINGER_S = 120.0
+"""A driver something scraped during its run waits at most this long for one more scrape after it, so its last
+counts are not lost (replication.metricsserver); one nothing scraped ends at once."""
+METRICS_CONTAINER_PORT = {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 EXECUTOR_PREFIX_MAX = 47
 """Spark refuses longer executor pod name prefixes."""
@@ -110,7 +116,8 @@ def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[
         local_cores=repair.executors * repair.executor_cores,
     )
     app = argv.index(spark.app_path(REPAIR_JOB, image))
-    return argv[:app], argv[app], argv[app + 1 :]
+    served = ["--metrics-port", str(METRICS_PORT), "--metrics-linger-s", f"{METRICS_LINGER_S:g}"]
+    return argv[:app], argv[app], [*argv[app + 1 :], *served]
 
 
 def _client_mode(options: list[str]) -> list[str]:
@@ -228,6 +235,7 @@ def repair_job(
         "ports": [
             {"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
             {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"},
+            METRICS_CONTAINER_PORT,
         ],
         "resources": repair.driver_resources.to_wire(),
         "volumeMounts": [SCRATCH, template],
@@ -304,6 +312,7 @@ def spark_application(
             "driver": _spark_pod(repair.driver_pod_template, pod_labels, {
                 **_spark_driver_resources(repair.driver_resources),
                 "serviceAccount": repair.service_account_name,
+                "ports": [METRICS_CONTAINER_PORT],
             }),
             "executor": _spark_pod(repair.executor_pod_template, pod_labels, {
                 "instances": repair.executors,

@@ -50,6 +50,7 @@ from bookfleet.kube.resources.pods import (
     scratch_volume,
     with_overrides,
 )
+from bookfleet.kube.resources.repairjob import METRICS_PORT
 
 JOURNAL_DIR = "/data/journal"
 LEDGER_DIR = "/data/ledgers"
@@ -98,6 +99,7 @@ def bookie_command(cluster: BookieCluster, bookie: Bookie) -> list[str]:
     command += ["--gc-interval", str(settings.gc_interval_seconds)]
     if tls_enabled(cluster):
         command += ["--tls-dir", TLS_DIR]
+    command += [arg for key, value in sorted(settings.config.items()) for arg in (f"--{key}", value)]
     return command + settings.extra_args
 
 
@@ -280,7 +282,8 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
     """Ingress of the cluster's bookies and repair pods; anything not allowed here is denied.
 
     Bookie port: the fleet's peers only. HTTP port (probes, /metrics, read-only): open. Repair drivers and their
-    executors: only each other (executors connect back to the driver; the driver fetches from executors).
+    executors: only each other (executors connect back to the driver; the driver fetches from executors), and the
+    driver's metrics port (read-only), open as the bookies' HTTP port is.
     """
     name, namespace, settings = cluster.metadata.name, cluster.metadata.namespace, cluster.spec.bookie
     repair_pods = {"matchLabels": {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR, LABEL_CLUSTER: name}}
@@ -295,7 +298,8 @@ def network_policies(cluster: BookieCluster) -> list[dict[str, Any]]:
     repairs = {
         "podSelector": repair_pods,
         "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"podSelector": repair_pods}]}],
+        "ingress": [{"from": [{"podSelector": repair_pods}]},
+                    {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}],
     }
     policies = []
     for component, spec in ((BOOKIE, bookies), (REPAIR, repairs)):
