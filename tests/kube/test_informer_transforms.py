@@ -86,7 +86,7 @@ def test_a_rollout_decides_alike_from_cached_pods():
         pods = [server_pod(ready=True, body=body) for body in members]
         return clusters.decide_rollout(cluster, [
             clusters.Member(body, informers.bookie_pod_as_read(pod) if as_cached else pod, registered=True,
-                            forced_read_only=False) for body, pod in zip(members, pods, strict=True)], NOW)
+                            forced_read_only=False) for body, pod in zip(members, pods, strict=True)], {}, NOW)
     cached = rollout(as_cached=True)
     assert cached == rollout(as_cached=False)
     assert cached[1].restarting == "bk-0"

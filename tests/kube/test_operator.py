@@ -271,9 +271,8 @@ def test_ledger_spec_is_checked_against_its_cluster_and_its_zones_are_honoured(k
     kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, zones=["zone-a", "zone-b", "zone-c"]))
     wait_for("bk-0", lambda: kube.get("bookies", NS, "bk-0"))
     for bookie_id, zone in (("in-a:3181", "zone-a"), ("in-b:3181", "zone-b")):
-        zk.create(zkpaths.available(bookie_id),
-                  f'{{"bookie_id": "{bookie_id}", "address": "127.0.0.1:1", "zone": "{zone}"}}'.encode(),
-                  makepath=True, ephemeral=True)
+        registration = BookieInfo(bookie_id=bookie_id, address="127.0.0.1:1", zone=zone)
+        zk.create(zkpaths.available(bookie_id), registration.encode(), makepath=True, ephemeral=True)
 
     def ledger(name: str, **spec: Any) -> None:
         kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",

@@ -28,6 +28,9 @@ class SecretsApi:
         auth = CREDENTIALS.get(name)
         return None if auth is None else {"data": {"auth": base64.b64encode(auth.encode()).decode()}}
 
+    def post_event(self, *event: Any) -> None:
+        raise AssertionError(f"no Event is posted while sessions are opened: {event}")
+
 
 def test_each_cluster_locks_its_nodes_to_its_own_credential(zk_connect, zk, monkeypatch):
     """Three clusters on one ZooKeeper (own chroots): two with their own credentials, one open. Whatever credential
