@@ -12,7 +12,6 @@ import os
 import random
 
 from bookfleet.commanderror import CommandError
-from bookfleet.kube import metrics
 
 
 def register(subparsers) -> None:
@@ -60,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BOOKFLEET_OPERATOR_API_BURST"] = str(args.api_burst)
     os.environ["BOOKFLEET_OPERATOR_NAMESPACES"] = ",".join(args.namespaces or ())
     import kopf
+
+    from bookfleet.kube import metrics  # the operator extra's packages: imported only when the operator runs
 
     importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above
     if args.metrics_port is not None:
