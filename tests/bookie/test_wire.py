@@ -99,7 +99,7 @@ def test_ledger_paths_round_trip(ledger_id):
 
 def test_ledger_path_layout_matches_bookkeeper():
     assert zkpaths.ledger(1) == "/ledgers/00/0000/L0001"
-    assert zkpaths.underreplicated(1) == "/ledgers/underreplication/ledgers/0000/0000/0000/0001/urL1"
+    assert zkpaths.underreplicated(1) == "/ledgers/underreplication/ledgers/0000/0000/0000/0001/urL0000000001"
 
 
 @pytest.mark.parametrize("epoch", [-1, 2**63, 2**64 - 1])

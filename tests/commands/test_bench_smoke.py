@@ -131,7 +131,9 @@ def test_the_zookeeper_side_of_the_scale_bench_measures_every_read_it_names():
     run = json.loads(result.stdout)
     assert run["mark_lost_bookie_items"] == run["remaining_ledgers_items"] == run["repair_planning_items"] == 15
     assert run["auditor_check_metadata_items"] == 30
-    assert run["remaining_ledgers_zk_requests"] == 1
+    # A scan of the metadata (BookKeeper keeps no index by bookie): listings of the ledger levels, then multiRead
+    # requests of up to 250 records, so a handful for 30 ledgers and about 400 at 100,000.
+    assert 1 < run["remaining_ledgers_zk_requests"] <= 6
     assert all(run[f"{read}_zk_requests"] > 0
                for read in ("status", "status_cli", "status_cli_json", "auditor_taking_office", "repair_planning"))
     assert run["status_zk_requests_by_kind"]["GetData"] > 0
