@@ -228,6 +228,9 @@ def test_values_are_checked_against_the_charts_schema() -> None:
         with pytest.raises(helm.HelmError, match=f"at '{path}'"):
             render_chart(values)
     render_chart(ALL_OPTIONAL)  # every documented setting passes
+    # `--set operator.extraArgs={--interval,10}` hands helm a number: passed on as the string it was typed as.
+    (deployment,) = by_kind(render_chart({"operator": {"extraArgs": ["--interval", 10]}}), "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--interval", "10"]
 
 
 def test_zookeeper_data_dir_exists_before_the_entrypoint_writes_myid() -> None:
