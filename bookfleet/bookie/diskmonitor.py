@@ -2,8 +2,9 @@
 
 Usage is the filesystem usage of the ledger dir, or, with a quota, the storage's own bytes over the quota: that is
 what a PVC size means on Kubernetes, and it lets tests fill a "disk" in a few kilobytes. The filesystem's free space
-still caps the quota's: a quota above what the disk holds (a volume expansion the storage class refused, other data
-on the disk) must not let the bookie write on to ENOSPC instead of turning read-only.
+still caps the quota: the room is the quota or what the bookie holds plus the disk's free space, whichever is less,
+so a quota above what the disk holds (a volume expansion the storage class refused, other data on the disk) turns
+the bookie read-only before ENOSPC, and it turns writable again once its own bytes shrink.
 
 Between the threshold and `recovery_limit` lies the reserve for recovery adds (BookKeeper's high-priority writes on a
 read-only bookie): each check measures how many bytes of it are left, and every recovery add taken since is charged
@@ -63,8 +64,10 @@ class DiskMonitor:
         """Measure once and switch state when a threshold is crossed; cheap enough for the event loop."""
         stat = os.statvfs(self.ledger_dir)
         free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
-        if self.quota is not None:
-            free, total = min(free, max(0, self.quota - self.used_bytes())), self.quota
+        if self.quota is not None:  # the room the bookie can have: its quota, or what it holds plus the disk's free
+            used = self.used_bytes()
+            total = min(self.quota, used + free)
+            free = max(0, total - used)
         usage = 1 - free / total if total else 1.0
         self.reserve_left = max(0, int(total * self.recovery_limit) - (total - free))
         read_only = self.read_only
