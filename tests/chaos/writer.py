@@ -138,7 +138,10 @@ class ChaosWriter:
         return future
 
     async def _write(self, bk: BookKeeper, writer: LedgerWriter) -> None:
-        (self.dir / f"{self.name}.ledger").write_text(str(writer.ledger_id))
+        # Renamed into place: the harness may read it between a truncate and a write (it found it empty once).
+        staged = self.dir / f"{self.name}.ledger.partial"
+        staged.write_text(str(writer.ledger_id))
+        staged.replace(self.dir / f"{self.name}.ledger")
         reading = asyncio.ensure_future(self._read_along(bk, writer.ledger_id))
         window = self.rng.choice([1, 8, 64])
         in_flight: list[asyncio.Future[int]] = []
