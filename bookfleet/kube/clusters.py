@@ -418,9 +418,10 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
     status = body.get("status") or {}
     if cluster is None:
         conditions = conditions_with(status, VALID, False, "InvalidSpec", observed.problem)
+        give_up = give_up_turn(observed.turn, observed.turn_holder, observed.key)
         if conditions == status.get("conditions"):
-            return Decision(tuple(give_up_turn(observed)))
-        return Decision((*give_up_turn(observed), PatchStatus("bookieclusters", {"conditions": conditions}),
+            return Decision(tuple(give_up))
+        return Decision((*give_up, PatchStatus("bookieclusters", {"conditions": conditions}),
                          PostEvent("InvalidSpec", observed.problem, warning=True)))
     spec = cluster.spec
     actions: list[Action] = [
@@ -441,7 +442,8 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
         actions += decommission(observed, cluster, draining[0], moment)
     serving = [b for b in wanted if b not in finishing]
     actions += follow_storage(observed, cluster, serving)
-    rollout_actions, rollout = decide_rollout(cluster, serving, observed.claims, moment, observed)
+    rollout_actions, rollout = decide_rollout(cluster, serving, observed.claims, moment, observed.turn_holder,
+                                              observed.turn)
     actions += rollout_actions
     actions += rollout_events(status, cluster, rollout)
     ready = sum(pod_ready(b.pod) for b in serving)
@@ -669,10 +671,12 @@ def adopt_whole_pod_hashes(cluster: BookieCluster, bookies: list[Member], claims
     return actions
 
 
-def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict],
-                   moment: dt.datetime, observed: ObservedCluster) -> tuple[list[Action], Rollout]:
+def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict], moment: dt.datetime,
+                   turn_holder: ClusterKey | None = None, turn: RolloutTurn = ROLLOUT_TURN,
+                   ) -> tuple[list[Action], Rollout]:
     """Restart at most one bookie whose pod is not of the current spec, only while every other one is up, unless
-    the cluster is paused, and only as the holder of the rollout turn (one cluster at a time)."""
+    the cluster is paused, and only as the holder of the rollout turn (`turn_holder`: as observed)."""
+    key = (cluster.metadata.namespace, cluster.metadata.name)
     wanted = {b.name: desired_hash(cluster, b, claims) for b in bookies}
     actions: list[Action] = adopt_whole_pod_hashes(cluster, bookies, claims, wanted)
     adopted = {action.name for action in actions if isinstance(action, Patch)}
@@ -696,23 +700,23 @@ def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mappin
     outdated = [b for b in bookies if b.pod is not None and not b.pod["metadata"].get("deletionTimestamp")
                 and not current[b.name]]
     if not outdated:
-        return actions + give_up_turn(observed), Rollout(updated)
+        return actions + give_up_turn(turn, turn_holder, key), Rollout(updated)
     if cluster.spec.rollout.paused:
-        return actions + give_up_turn(observed), Rollout(updated, outdated=len(outdated), paused=True)
-    if observed.turn_holder not in (None, observed.key):
-        return actions, Rollout(updated, outdated=len(outdated), behind=observed.turn_holder)
+        return actions + give_up_turn(turn, turn_holder, key), Rollout(updated, outdated=len(outdated), paused=True)
+    if turn_holder not in (None, key):
+        return actions, Rollout(updated, outdated=len(outdated), behind=turn_holder)
     for bookie in outdated:
         others_up = all(other.up for other in bookies if other is not bookie)
         if others_up:
-            in_turn = InTurn(observed.turn, observed.key, tuple(restart(cluster, bookie, moment)))
+            in_turn = InTurn(turn, key, tuple(restart(cluster, bookie, moment)))
             return [*actions, in_turn], Rollout(updated, restarting=bookie.name, outdated=len(outdated))
     waiting_for = next(b.name for b in bookies if not b.up)
     return actions, Rollout(updated, waiting_for=waiting_for, outdated=len(outdated))
 
 
-def give_up_turn(observed: ObservedCluster) -> list[Action]:
+def give_up_turn(turn: RolloutTurn, holder: ClusterKey | None, key: ClusterKey) -> list[Action]:
     """The turn released, when this cluster holds it."""
-    return [GiveUpTurn(observed.turn, observed.key)] if observed.turn_holder == observed.key else []
+    return [GiveUpTurn(turn, key)] if holder == key else []
 
 
 def replaced_pod(bookie: Member) -> bool:
