@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     parser.add_argument("--priority", type=int,
                         help="this replica's peering priority (default: random, so two replicas never tie; kopf "
                              "pauses every replica of a tied top priority)")
+    parser.add_argument("--peering-lifetime", type=int, default=60, metavar="SECONDS",
+                        help="how long a replica's last peering heartbeat keeps it the leader: a leader killed -9 is "
+                             "taken over this long after its last heartbeat (default 60, kopf's own)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
     parser.add_argument("--api-qps", type=float, default=50.0,
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
     if args.priority is not None and not args.peering:
         raise CommandError("--priority needs --peering NAME")
+    if args.peering_lifetime < 1:
+        raise CommandError(f"--peering-lifetime must be at least 1 second, got {args.peering_lifetime}")
     if args.api_qps <= 0 or args.api_burst < 1:
         raise CommandError(f"--api-qps must be positive and --api-burst at least 1, got {args.api_qps:g} and "
                            f"{args.api_burst}")
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     # Named namespaces need no scan of all namespaces (which would need cluster-wide `list namespaces`); the CRDs
     # are installed before the operator starts, so kopf's watch for new ones is not needed either.
     settings.scanning.disabled = bool(args.namespaces)
+    settings.peering.lifetime = args.peering_lifetime
     asyncio.run(kopf.operator(
         standalone=args.standalone, clusterwide=not args.namespaces, namespaces=args.namespaces or (),
         liveness_endpoint=args.liveness, settings=settings, **peering,

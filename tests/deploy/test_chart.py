@@ -524,6 +524,8 @@ def test_two_operator_replicas_peer_through_a_kopf_peering_the_chart_installs(ch
 def test_operator_priority_needs_peering(capsys) -> None:
     assert main(["operator", "--priority", "5"]) == 2
     assert "--priority needs --peering NAME" in capsys.readouterr().err
+    assert main(["operator", "--peering", "bookfleet", "--peering-lifetime", "0"]) == 2
+    assert "--peering-lifetime must be at least 1 second, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "--standalone", "--peering", "bookfleet"])
 
