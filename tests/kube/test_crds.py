@@ -38,6 +38,7 @@ from bookfleet.kube.models import (
 )
 from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
+from tests.fixtures.manifests import render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIES = [ROOT / "crds", ROOT / "charts" / "bookfleet" / "crds"]
@@ -405,3 +406,31 @@ def test_the_operator_applies_its_crds_so_a_field_added_later_is_served_and_no_i
     assert crdgen.CRD_FIELD_MANAGER in {entry["manager"] for entry in crd["metadata"]["managedFields"]}
     assert crdgen.apply_crds(api, version="0.0.1") == [], "an older operator leaves a newer one's CRDs alone"
     assert api.get(CUSTOM, "bookieclusters", "default", "bk")["spec"]["rollout"] == {"paused": True}
+
+
+def test_the_charts_operator_account_may_apply_its_crds_and_nothing_else(api_server) -> None:
+    """The chart's ClusterRole lets the operator patch its four CRDs by name (applyCRDs), as a real API server
+    authorizes a server-side apply: it applies them, and may not patch another CRD."""
+    install_crds(api_server)
+    admin = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
+    KubeApi(admin).create(crdgen.KOPF_PEERING)  # the four as `helm install` puts them from crds/
+    account = "system:serviceaccount:bookfleet:bookfleet"
+    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
+    (role,) = [obj for obj in render_chart({}) if obj["kind"] == "ClusterRole"]
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": "bookfleet"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                       "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "User", "name": account}]})
+    operator = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
+    operator.set_default_header("Impersonate-User", account)
+    api = KubeApi(operator)
+    wait_for(lambda: api.get(crdgen.CRDS, "customresourcedefinitions", None, BookieCluster.crd_name()) is not None,
+             30, "the ClusterRole in force")
+    assert len(crdgen.apply_crds(api)) == 4
+    other = {**crdgen.KOPF_PEERING, "metadata": {"name": "others.example.com"},
+             "spec": {**crdgen.KOPF_PEERING["spec"], "group": "example.com",
+                      "names": {"kind": "Other", "plural": "others", "singular": "other"}}}
+    with pytest.raises(ApiException) as refused:
+        api.apply(other, manager=crdgen.CRD_FIELD_MANAGER)
+    assert refused.value.status == 403
