@@ -48,7 +48,8 @@ def register(subparsers) -> None:
                              "operator's version> (default bookfleet/repair)")
     parser.add_argument("--apply-crds", action="store_true",
                         help="server-side apply this operator's CRDs at start (field manager bookfleet; needs "
-                             "create and patch on customresourcedefinitions), unless a newer operator applied them")
+                             "patch on them, and create for one not installed yet), unless a newer operator applied "
+                             "them")
     parser.set_defaults(handler=run, log_level_default="INFO")
 
 
