@@ -40,6 +40,16 @@ def register(subparsers) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve the operator's Prometheus metrics on this port at /metrics (default: not served; "
                              "the chart uses 9090)")
+    parser.add_argument("--bookie-image", metavar="REPOSITORY", default="bookfleet/bookie",
+                        help="repository of the bookie image of clusters that name none: <REPOSITORY>:<this "
+                             "operator's version> (default bookfleet/bookie)")
+    parser.add_argument("--repair-image", metavar="REPOSITORY", default="bookfleet/repair",
+                        help="repository of the repair image of clusters that name none: <REPOSITORY>:<this "
+                             "operator's version> (default bookfleet/repair)")
+    parser.add_argument("--apply-crds", action="store_true",
+                        help="server-side apply this operator's CRDs at start (field manager bookfleet; needs "
+                             "patch on them, and create for one not installed yet), unless a newer operator applied "
+                             "them")
     parser.set_defaults(handler=run, log_level_default="INFO")
 
 
@@ -63,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BOOKFLEET_OPERATOR_API_QPS"] = str(args.api_qps)
     os.environ["BOOKFLEET_OPERATOR_API_BURST"] = str(args.api_burst)
     os.environ["BOOKFLEET_OPERATOR_NAMESPACES"] = ",".join(args.namespaces or ())
+    os.environ["BOOKFLEET_OPERATOR_BOOKIE_IMAGE"] = args.bookie_image
+    os.environ["BOOKFLEET_OPERATOR_REPAIR_IMAGE"] = args.repair_image
+    os.environ["BOOKFLEET_OPERATOR_APPLY_CRDS"] = "1" if args.apply_crds else ""
     import kopf
 
     from bookfleet.kube import metrics  # the operator extra's packages: imported only when the operator runs

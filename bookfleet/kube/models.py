@@ -276,7 +276,8 @@ class RepairSpec(KubeModel):
     throttle_mb_per_s: float = Field(0, ge=0, description="repair bandwidth cap per executor; 0 is unlimited")
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
     image: str = Field(
-        "bookfleet/repair:0.1.0", description="image of repair drivers and their executors (a JRE and pyspark)"
+        "", description="image of repair drivers and their executors (a JRE and pyspark); empty: the repair image of "
+        "the operator's own version, so an upgraded operator repairs with the image it ships with"
     )
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
     active_deadline_seconds: int = Field(
@@ -408,6 +409,15 @@ class VolumeRetentionPolicy(KubeModel):
     when_scaled: Retention = Retention.RETAIN
 
 
+class RolloutSpec(KubeModel):
+    """How pods that are not of the current spec are restarted: one bookie at a time, only while every other one is
+    ready and registered, and one cluster at a time among the clusters an operator manages."""
+
+    paused: bool = Field(False, description="true: no bookie of this cluster is restarted for a new spec or a new "
+                         "operator (a restart already begun is still waited for), and the cluster gives the turn to "
+                         "the next one")
+
+
 class BookieClusterSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=_validations(
@@ -417,7 +427,8 @@ class BookieClusterSpec(KubeModel):
     )
 
     replicas: int = Field(3, ge=1)
-    image: str = "bookfleet/bookie:0.1.0"
+    image: str = Field("", description="the bookies' image; empty: the bookie image of the operator's own version "
+                       "(an operator upgrade then rolls the bookies onto it, one cluster at a time)")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181; immutable")
     storage: Storage = Field(default_factory=Storage)
@@ -435,6 +446,7 @@ class BookieClusterSpec(KubeModel):
     persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="settings of every bookie pod")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     rollout_timeout_seconds: int = Field(
         600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "
         "the rollout (condition RolloutStuck); it is never counted lost"

@@ -18,7 +18,7 @@ from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
 from bookfleet.kube.api import PLURALS
-from bookfleet.kube.models import BookieCluster, cluster_problems
+from bookfleet.kube.models import RESOURCES, BookieCluster, cluster_problems
 from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, VALIDATING_ADMISSION_POLICY, operator_objects, render_chart
 
@@ -173,7 +173,9 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
     nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes_and_volumes]
+    own_crds = {**crds, "resourceNames": [crdgen.crd(resource)["metadata"]["name"] for resource in RESOURCES] + [
+        crdgen.KOPF_PEERING["metadata"]["name"]], "verbs": ["patch"]}  # applied at its start (crdgen.apply_crds)
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, own_crds, nodes_and_volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
@@ -205,10 +207,21 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:6] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet"]
     assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz",
-                           "--metrics-port", "9090"]
+                           "--metrics-port", "9090", "--bookie-image", "bookfleet/bookie", "--repair-image",
+                           "bookfleet/repair", "--apply-crds"]
     parsed = build_parser().parse_args(command[1:])
     assert (parsed.namespaces, parsed.standalone, parsed.peering) == (["bookfleet"], False, "bookfleet")
+    assert parsed.apply_crds and (parsed.bookie_image, parsed.repair_image) == ("bookfleet/bookie", "bookfleet/repair")
     assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
+
+
+def test_without_apply_crds_the_operator_may_not_patch_crds_and_is_not_asked_to() -> None:
+    objects = render_chart({"operator": {"applyCRDs": False}, "image": {"bookie": {"repository": "mirror/bk"}}})
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert ("apiextensions.k8s.io", "customresourcedefinitions", "patch") not in grants(cluster_role["rules"])
+    (deployment,) = by_kind(objects, "Deployment")
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--apply-crds" not in command and command[command.index("--bookie-image") + 1] == "mirror/bk"
 
 
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error() -> None:

@@ -50,9 +50,17 @@ def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
 
 
 def decide(of: BookieCluster, *bookies: clusters.Member, status: dict | None = None,
-           claims: dict | None = None, moment: dt.datetime = NOW) -> list:
+           claims: dict | None = None, moment: dt.datetime = NOW,
+           turn_holder: clusters.ClusterKey | None = None) -> list:
     body = {**of.to_wire(), "status": status or {}}
-    return list(clusters.decide(clusters.ObservedCluster(body, of, "", bookies, claims or {}), moment).actions)
+    observed = clusters.ObservedCluster(body, of, "", bookies, claims or {}, turn_holder=turn_holder)
+    return in_turn(clusters.decide(observed, moment).actions)
+
+
+def in_turn(actions: tuple) -> list:
+    """The actions with a restart's in line: what the pass does when it gets the rollout turn."""
+    return [inner for action in actions
+            for inner in (action.actions if isinstance(action, clusters.InTurn) else (action,))]
 
 
 def of_type(actions: list, kind: type, **fields: Any) -> list:
