@@ -377,10 +377,11 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
 def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rollout, drained: list[Member],
                  moment: dt.datetime) -> metrics.FleetHealth:
     """The figures the chart's alerts are on (pure): ZooKeeper's facts, writable bookies by zone (every zone of the
-    spec shown, 0 when it has none), the rollout, and the repairs given up: a lost bookie's (its Repaired condition)
-    and the drain's (decided here as its next step is)."""
+    spec, or else of its Bookies as their nodes gave them, shown, 0 when it has none), the rollout, and the repairs
+    given up: a lost bookie's (its Repaired condition) and the drain's (decided here as its next step is)."""
     facts = observed.fleet
-    by_zone = dict.fromkeys(cluster.spec.zones, 0) | collections.Counter(facts.writable_zones)
+    zones = cluster.spec.zones or sorted({zone for b in observed.bookies if (zone := b.body["spec"].get("zone"))})
+    by_zone = dict.fromkeys(zones, 0) | collections.Counter(facts.writable_zones)
     gave_up = sum(any(c.get("type") == REPAIRED and c.get("reason") == REPAIR_GAVE_UP
                       for c in (b.body.get("status") or {}).get("conditions") or []) for b in observed.bookies)
     limit = cluster.spec.auto_recovery.repair.max_concurrent

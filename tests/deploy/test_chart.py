@@ -172,8 +172,9 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
-    nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes_and_volumes]
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    volumes = {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes, volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
