@@ -670,15 +670,15 @@ def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, led
         "pod": bookie.metadata.name if pod else None,
         "registered": info is not None,
         "ledgers": ledgers,
-        "diskUsage": disk_usage(info, bookie) if info else None,
+        "diskUsage": disk_usage(info.free_bytes, bookie) if info else None,
         "lostSince": timestamp(lost_since) if lost_since else None,
     }
 
 
-def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
+def disk_usage(free_bytes: int, bookie: Bookie) -> float:
     """Used fraction of the ledger volume, from the free bytes the bookie registers."""
     quota = resources.quantity_bytes(bookie.spec.storage.ledgers.size)
-    return round(min(max(1 - info.free_bytes / quota, 0.0), 1.0), 4) if quota else 0.0
+    return round(min(max(1 - free_bytes / quota, 0.0), 1.0), 4) if quota else 0.0
 
 
 # --- act ---------------------------------------------------------------------------------------------------------
