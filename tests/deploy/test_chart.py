@@ -370,6 +370,18 @@ def test_client_certificates_reach_the_chart_cluster() -> None:
     assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
 
 
+def test_autoscaling_reaches_the_chart_cluster_and_leaves_its_replicas_to_the_operator() -> None:
+    """An upgrade writing the chart's replicas would undo the autoscaler's: with autoscaling, the chart sets none."""
+    policy = {"minReplicas": 3, "maxReplicas": 6}
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181", "autoscaling": policy}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert cluster["spec"]["autoscaling"] == policy and "replicas" not in cluster["spec"]
+    spec = BookieCluster.model_validate(cluster).spec
+    assert spec.autoscaling is not None and spec.autoscaling.scale_up_disk_usage == 0.8
+    (fixed,) = by_kind(render_chart({"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"}}), "BookieCluster")
+    assert fixed["spec"]["replicas"] == 3 and "autoscaling" not in fixed["spec"]
+
+
 def test_operator_is_probed_for_readiness() -> None:
     (deployment,) = by_kind(render_chart({}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
