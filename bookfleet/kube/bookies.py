@@ -605,8 +605,8 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
 def zone_from_node(observed: ObservedBookie) -> list[Action]:
     """A Bookie of a cluster that lists no zones takes its node's zone once its pod is bound: recorded in its spec,
     the zone reaches the bookie as a listed one does (`--zone`, so its registration carries it, and a node affinity
-    that keeps it with its volumes). A pod not yet Ready is restarted at once, before it registers without a zone;
-    a serving one is restarted by the cluster's rollout, one bookie at a time."""
+    that keeps it with its volumes). A pod not yet Ready is restarted at once, mostly before it has registered
+    without a zone; a serving one is restarted by the cluster's rollout, one bookie at a time."""
     bookie, pod, zone = observed.bookie, observed.pod, observed.node_zone
     if zone is None or bookie.spec.zone is not None:
         return []
