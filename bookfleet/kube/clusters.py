@@ -33,7 +33,7 @@ from kazoo.client import KazooClient
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from bookfleet.kube import certificates, metrics, repairs, resources
+from bookfleet.kube import autoscaler, certificates, metrics, repairs, resources
 from bookfleet.kube.actions import (
     Action,
     Apply,
@@ -54,11 +54,13 @@ from bookfleet.kube.bookies import (
     ForgetCookie,
     LaunchRepair,
     Lookup,
+    disk_usage,
     pod_ready,
 )
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import (
     VALID,
+    Autoscaling,
     Bookie,
     BookieCluster,
     DesiredState,
@@ -68,7 +70,7 @@ from bookfleet.kube.models import (
     cluster_problems,
 )
 from bookfleet.meta import bookiestate, cookies
-from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.registry import BookieMode, BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 
 ANNOTATION_DECOMMISSION_SINCE = "bookfleet.io/decommission-since"
@@ -160,16 +162,21 @@ class FleetFacts:
     oldest_marker_ms: int | None = None
     writable_zones: tuple[str, ...] = ()
     """The zone of each writable registered bookie ("" for none)."""
+    free_bytes: Mapping[str, int] = field(default_factory=dict)
+    """The free bytes each registered bookie (writable or read-only) last reported, by bookie id: the autoscaler's
+    disk usage, as fresh as the bookie's last disk check (a settled Bookie's status is a resync old)."""
 
     @classmethod
     def read(cls, zk: KazooClient) -> FleetFacts:
         """One walk of the marker tree and a read of each marker (multiRead batches), the DATA_LOSS records and the
-        writable registrations: a pass's cost grows with the ledgers marked, none per healthy ledger."""
+        registrations: a pass's cost grows with the ledgers marked, none per healthy ledger."""
         under_replication = UnderReplication(zk)
         markers = under_replication.markers()
+        registered = BookieRegistry(zk).all()
         return cls(len(markers), len(under_replication.data_losses()),
                    min((marker.ctime for marker in markers), default=None),
-                   tuple(info.zone for info in BookieRegistry(zk).writable()))
+                   tuple(info.zone for info in registered if info.state == BookieMode.WRITABLE),
+                   {info.bookie_id: info.free_bytes for info in registered})
 
 
 ClusterKey = tuple[str, str]
@@ -447,19 +454,43 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
     actions += rollout_actions
     actions += rollout_events(status, cluster, rollout)
     ready = sum(pod_ready(b.pod) for b in serving)
+    if spec.autoscaling is not None:
+        actions += autoscale(observed, spec.autoscaling, spec.replicas, serving, draining, moment)
     actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
                                                                refused_expansions(observed))))
     health = RecordFleetHealth(fleet_health(observed, cluster, rollout, draining[:1], moment))
     return Decision((health, *actions))  # first: an action that fails later in the pass leaves it recorded
 
 
+def autoscale(observed: ObservedCluster, policy: Autoscaling, replicas: int, serving: list[Member],
+              draining: list[Member], moment: dt.datetime) -> list[Action]:
+    """The autoscaler's step: replicas and the time of the change in one patch, on the version observed (a stale
+    copy of the cluster, without the last change's time, meets 409 Conflict instead of scaling again)."""
+    free = observed.fleet.free_bytes
+    settled = not draining and len(serving) == replicas and all(
+        b.up and b.body["spec"]["bookieId"] in free for b in serving)
+    usage = {b.name: disk_usage(free[b.body["spec"]["bookieId"]], b.model) for b in serving} if settled else {}
+    meta = observed.body["metadata"]
+    scaled_at = (meta.get("annotations") or {}).get(autoscaler.ANNOTATION_SCALED_AT)
+    scale = autoscaler.decide_scale(policy, replicas, usage, settled,
+                                    dt.datetime.fromisoformat(scaled_at.replace("Z", "+00:00")) if scaled_at else None,
+                                    moment)
+    if scale is None:
+        return []
+    return [Patch(CUSTOM, "bookieclusters", meta["namespace"], meta["name"],
+                  {"metadata": {"annotations": {autoscaler.ANNOTATION_SCALED_AT: timestamp(moment)}},
+                   "spec": {"replicas": scale.replicas}}, if_version=meta.get("resourceVersion")),
+            PostEvent(scale.reason, f"replicas {replicas} -> {scale.replicas}: {scale.message}")]
+
+
 def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rollout, drained: list[Member],
                  moment: dt.datetime) -> metrics.FleetHealth:
     """The figures the chart's alerts are on (pure): ZooKeeper's facts, writable bookies by zone (every zone of the
-    spec shown, 0 when it has none), the rollout, and the repairs given up: a lost bookie's (its Repaired condition)
-    and the drain's (decided here as its next step is)."""
+    spec, or else of its Bookies as their nodes gave them, shown, 0 when it has none), the rollout, and the repairs
+    given up: a lost bookie's (its Repaired condition) and the drain's (decided here as its next step is)."""
     facts = observed.fleet
-    by_zone = dict.fromkeys(cluster.spec.zones, 0) | collections.Counter(facts.writable_zones)
+    zones = cluster.spec.zones or sorted({zone for b in observed.bookies if (zone := b.body["spec"].get("zone"))})
+    by_zone = dict.fromkeys(zones, 0) | collections.Counter(facts.writable_zones)
     gave_up = sum(any(c.get("type") == REPAIRED and c.get("reason") == REPAIR_GAVE_UP
                       for c in (b.body.get("status") or {}).get("conditions") or []) for b in observed.bookies)
     limit = cluster.spec.auto_recovery.repair.max_concurrent

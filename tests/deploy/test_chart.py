@@ -172,10 +172,11 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
-    nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    volumes = {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}
     own_crds = {**crds, "resourceNames": [crdgen.crd(resource)["metadata"]["name"] for resource in RESOURCES] + [
         crdgen.KOPF_PEERING["metadata"]["name"]], "verbs": ["patch"]}  # applied at its start (crdgen.apply_crds)
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, own_crds, nodes_and_volumes]
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, own_crds, nodes, volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
@@ -380,6 +381,18 @@ def test_client_certificates_reach_the_chart_cluster() -> None:
               "security": {"clientCertificates": ["billing"]}}
     (cluster,) = by_kind(render_chart(values), "BookieCluster")
     assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
+
+
+def test_autoscaling_reaches_the_chart_cluster_and_leaves_its_replicas_to_the_operator() -> None:
+    """An upgrade writing the chart's replicas would undo the autoscaler's: with autoscaling, the chart sets none."""
+    policy = {"minReplicas": 3, "maxReplicas": 6}
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181", "autoscaling": policy}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert cluster["spec"]["autoscaling"] == policy and "replicas" not in cluster["spec"]
+    spec = BookieCluster.model_validate(cluster).spec
+    assert spec.autoscaling is not None and spec.autoscaling.scale_up_disk_usage == 0.8
+    (fixed,) = by_kind(render_chart({"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"}}), "BookieCluster")
+    assert fixed["spec"]["replicas"] == 3 and "autoscaling" not in fixed["spec"]
 
 
 def test_operator_is_probed_for_readiness() -> None:

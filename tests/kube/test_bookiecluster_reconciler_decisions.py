@@ -403,6 +403,17 @@ def test_the_fleets_health_comes_from_zookeepers_facts_with_every_zone_of_the_sp
         5, 1, 1_000, {"a": 2, "b": 0, "c": 0, "": 1}, rollout_stuck=False, repairs_given_up=0)
 
 
+def test_without_zones_in_the_spec_every_zone_its_bookies_took_from_their_nodes_is_shown():
+    """Zones taken from the nodes are the Bookies': one whose bookies all went read-only still shows, at 0."""
+    flat = bookie_cluster(3)
+    members = [up(i, flat) for i in range(3)]
+    for member, zone in zip(members, ("a", "b", None), strict=True):
+        member.body["spec"]["zone"] = zone
+    facts = clusters.FleetFacts(writable_zones=("a", ""))
+    observed = clusters.ObservedCluster({**flat.to_wire(), "status": {}}, flat, "", tuple(members), {}, fleet=facts)
+    assert health(list(clusters.decide(observed, NOW).actions)).writable_by_zone == {"a": 1, "b": 0, "": 1}
+
+
 def test_a_stuck_rollout_and_repairs_given_up_show_in_the_fleets_health():
     """A lost bookie's repair that gave up (its Repaired condition) and a drain's (decided from its attempts, as its
     next step is) both count: either leaves ledgers under-replicated until a person looks."""

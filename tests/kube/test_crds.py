@@ -23,6 +23,7 @@ from bookfleet.kube.models import (
     DATA_LOSS,
     RESOURCES,
     VALID,
+    Autoscaling,
     BookieCluster,
     BookieClusterSpec,
     BookieSettings,
@@ -151,6 +152,21 @@ def test_bookie_settings_rules_match_their_cel_twins() -> None:
         "has(self.namespaceSelector) || has(self.podSelector)"]
     with pytest.raises(ValidationError, match="needs namespaceSelector or podSelector"):
         BookieClusterSpec.model_validate({"zookeeper": "zk:2181", "networkPolicy": {"clients": [{}]}})
+
+
+def test_autoscaling_rules_match_their_cel_twins() -> None:
+    with pytest.raises(ValidationError, match="minReplicas 4 must not be above maxReplicas 3"):
+        Autoscaling(min_replicas=4, max_replicas=3)
+    with pytest.raises(ValidationError, match=re.escape("scaleDownDiskUsage 0.8 must be below scaleUpDiskUsage 0.8")):
+        Autoscaling(max_replicas=6, scale_down_disk_usage=0.8)
+    spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    autoscaling = spec["properties"]["autoscaling"]
+    assert {rule["rule"] for rule in autoscaling["x-kubernetes-validations"]} == {
+        "self.minReplicas <= self.maxReplicas", "self.scaleDownDiskUsage < self.scaleUpDiskUsage"}
+    assert autoscaling["required"] == ["maxReplicas"]  # the others have defaults, so the rules always see them
+    zoned = BookieClusterSpec(zookeeper="zk:2181", zones=["a", "b", "c"], autoscaling={"minReplicas": 2,
+                                                                                    "maxReplicas": 6})
+    assert cluster_problems(zoned) == ["autoscaling.minReplicas 2 cannot cover 3 zones"]
 
 
 def test_an_unknown_bookie_setting_is_refused_by_the_model_naming_it_and_its_cel_twin_lists_the_same_keys() -> None:
