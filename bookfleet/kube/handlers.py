@@ -145,9 +145,10 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
         with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
             await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
                 "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources),
-                body), POOLS.of(namespace, name), stopped, INTERVAL, uid=body["metadata"].get("uid"))
+                body), lambda: POOLS.of(namespace, name), stopped, INTERVAL, uid=body["metadata"].get("uid"))
     finally:
         metrics.FLEETS.forget(namespace, name)  # its health is served by the replica that acts for it
+        POOLS.release(namespace, name)
 
 
 @kopf.on.startup()
@@ -181,7 +182,7 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
     wait drawn anew (±50 %) so that a fleet's loops, all started with the operator, do not resync together."""
     await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
         "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, caches().bookie_sources, retry=INTERVAL), body),
-        POOLS.of(namespace, body["spec"]["cluster"]), stopped, BOOKIE_RESYNC, jitter=0.5,
+        lambda: POOLS.of(namespace, body["spec"]["cluster"]), stopped, BOOKIE_RESYNC, jitter=0.5,
         uid=body["metadata"].get("uid"))
 
 

@@ -4,10 +4,13 @@ else at the interval; a stopped loop ends. In milliseconds, on a plain event loo
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import threading
 import time
+
+import pytest
 
 from bookfleet import polling
 from bookfleet.kube import ledgerfeed, wakeups
@@ -15,7 +18,7 @@ from bookfleet.meta.metadata import MetadataStore, new_metadata
 
 KEY = ("bookies", "default", "bk-0")
 POOLS = wakeups.ClusterPools(4)
-POOL = POOLS.of("default", "bk")
+POOL = functools.partial(POOLS.of, "default", "bk")
 
 
 class Stopped:
@@ -356,12 +359,13 @@ def test_one_clusters_blocked_passes_leave_another_clusters_loops_running():
 
     async def main() -> None:
         registry, stopped = wakeups.Wakeups(), Stopped()
+        sick_pool = functools.partial(pools.of, "default", "sick")
         stuck = [asyncio.create_task(wakeups.run_loop(registry, ("bookies", "default", f"sick-{i}"), stuck_pass,
-                                                      pools.of("default", "sick"), stopped, 60.0)) for i in range(3)]
+                                                      sick_pool, stopped, 60.0)) for i in range(3)]
         for _ in range(2):
             await asyncio.to_thread(blocked.acquire, timeout=5)
         healthy = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: other_passes.append(1),
-                                                       pools.of("default", "bk"), stopped, 60.0))
+                                                       functools.partial(pools.of, "default", "bk"), stopped, 60.0))
         await asyncio.wait_for(until(other_passes, 1), 5)
         assert not blocked.acquire(blocking=False)  # the sick cluster's third pass still waits for a thread
         release.set()
@@ -369,4 +373,18 @@ def test_one_clusters_blocked_passes_leave_another_clusters_loops_running():
         await asyncio.wait_for(asyncio.gather(healthy, *stuck), 5)
 
     asyncio.run(main())
+    pools.shutdown()
+
+
+def test_a_released_clusters_pool_is_shut_down_and_a_late_pass_gets_a_fresh_one():
+    """A deleted cluster's loop ends and releases its pool (no idle threads left behind per deleted cluster); one of
+    its Bookies' loops still running asks for a pool at its next pass and gets a new one."""
+    pools = wakeups.ClusterPools(2)
+    released = pools.of("default", "gone")
+    assert released.submit(lambda: "passed").result(5) == "passed"
+    pools.release("default", "gone")
+    with pytest.raises(RuntimeError, match="shutdown"):
+        released.submit(lambda: None)
+    fresh = pools.of("default", "gone")
+    assert fresh is not released and fresh.submit(lambda: "passed").result(5) == "passed"
     pools.shutdown()
