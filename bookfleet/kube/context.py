@@ -61,6 +61,7 @@ class ZooKeeperSessions:
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str], tuple[KazooClient, threading.Event]] = {}
         """Each client with kazoo's event that is set while it is connected."""
+        self._connected_once: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def get(self, connect: str, auth: str, wait: float) -> KazooClient:
@@ -72,8 +73,12 @@ class ZooKeeperSessions:
                 client = zkclient.new_client(connect, auth=auth)
                 self._clients[connect, auth] = client, client.start_async()
             client, live = self._clients[connect, auth]
-        if not live.wait(wait if client.client_id else max(wait, OPENING_WAIT)):
+            opening = (connect, auth) not in self._connected_once
+        if not live.wait(max(wait, OPENING_WAIT) if opening else wait):
             raise ZooKeeperUnavailable(f"ZooKeeper at {connect} has no live session (state {client.state})")
+        if opening:
+            with self._lock:
+                self._connected_once.add((connect, auth))
         return client
 
     def close(self) -> None:
