@@ -3,8 +3,13 @@ two real ZooKeepers and real bookie processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.zkserver import ZooKeeperServer
@@ -18,16 +23,33 @@ SICK_BOOKIES = min(32, (os.cpu_count() or 1) + 4) + 2
 sick cluster's loops held one of them for as long as its ZooKeeper stayed away."""
 
 
+@contextlib.contextmanager
+def down(server: ZooKeeperServer, fault: str) -> Iterator[None]:
+    """`stopped`: the server process ends (connections refused); `frozen`: SIGSTOP, connections accepted by the kernel
+    and never answered (a hung JVM, a partition that drops packets), resumed only to be stopped at the end."""
+    if fault == "stopped":
+        server.stop()
+        yield
+        return
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
 def pod_uid(kube: EmulatorThread, name: str) -> str | None:
     return (kube.get("pods", NS, name) or {}).get("metadata", {}).get("uid")
 
 
-def test_one_clusters_zookeeper_down_delays_no_other_cluster(kube, podrunner: PodRunner, operator_process, zk_connect,
-                                                             zk, tmp_path: Path):
+@pytest.mark.parametrize("fault", ["stopped", "frozen"])
+def test_one_clusters_zookeeper_down_delays_no_other_cluster(fault, kube, podrunner: PodRunner, operator_process,
+                                                             zk_connect, zk, tmp_path: Path):
     """Cluster `other` on a ZooKeeper of its own, its pods held Pending (never registered: its Bookies are passed at
-    every interval). With that ZooKeeper stopped, a bookie pod of cluster `bk` is deleted: the pod is made again and
-    its ledgers marked while `other`'s ZooKeeper is still down; and `other`'s own pod deaths are noticed and its pods
-    made again, which needs no ZooKeeper."""
+    every interval). With that ZooKeeper stopped or frozen, a bookie pod of cluster `bk` is deleted: the pod is made
+    again and its ledgers marked while `other`'s ZooKeeper is still down; and `other`'s own pod deaths are noticed
+    and its pods made again, which needs no ZooKeeper."""
     podrunner.held.add("other")
     with ZooKeeperServer(tmp_path / "zk-other") as other_zk:
         kube.create("bookieclusters", bookie_cluster_manifest(zk_connect, delay=0))
@@ -41,18 +63,18 @@ def test_one_clusters_zookeeper_down_delays_no_other_cluster(kube, podrunner: Po
         victim = ledger["segments"][0]["bookies"][0].split(".")[0]
         podrunner.held.add(victim)  # its new pod never registers: the lost-bookie rule marks its ledgers
 
-        other_zk.stop()  # and never started again: all that follows happens while it is down
-        sick_uids = {name: pod_uid(kube, name) for name in sick}
-        for name in sick:
-            kube.delete("pods", NS, name)
-        victim_uid = pod_uid(kube, victim)
-        kube.delete("pods", NS, victim)
+        with down(other_zk, fault):  # all that follows happens while it is down
+            sick_uids = {name: pod_uid(kube, name) for name in sick}
+            for name in sick:
+                kube.delete("pods", NS, name)
+            victim_uid = pod_uid(kube, victim)
+            kube.delete("pods", NS, victim)
 
-        wait_for("the healthy cluster's loss recorded", lambda: status(kube, "bookies", victim).get("lostSince"))
-        wait_for("its pod made again", lambda: pod_uid(kube, victim) not in (None, victim_uid))
-        wait_for("its ledgers marked", lambda: ledger["ledgerId"] in UnderReplication(zk).ledger_ids())
+            wait_for("the healthy cluster's loss recorded", lambda: status(kube, "bookies", victim).get("lostSince"))
+            wait_for("its pod made again", lambda: pod_uid(kube, victim) not in (None, victim_uid))
+            wait_for("its ledgers marked", lambda: ledger["ledgerId"] in UnderReplication(zk).ledger_ids())
 
-        wait_for("the sick cluster's losses recorded without its ZooKeeper", lambda: all(
-            status(kube, "bookies", name).get("lostSince") for name in sick))
-        wait_for("its pods made again on their volumes", lambda: all(
-            pod_uid(kube, name) not in (None, sick_uids[name]) for name in sick))
+            wait_for("the sick cluster's losses recorded without its ZooKeeper", lambda: all(
+                status(kube, "bookies", name).get("lostSince") for name in sick))
+            wait_for("its pods made again on their volumes", lambda: all(
+                pod_uid(kube, name) not in (None, sick_uids[name]) for name in sick))
