@@ -47,7 +47,15 @@ from bookfleet.kube.actions import (
     again_on_conflict,
 )
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, rounded_up, timestamp
+from bookfleet.kube.context import (
+    OperatorContext,
+    ZooKeeperTarget,
+    ZooKeeperUnavailable,
+    conditions_with,
+    now,
+    rounded_up,
+    timestamp,
+)
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState, validated_cluster
 from bookfleet.meta import cookies
 from bookfleet.meta.metadata import MetadataStore
@@ -146,6 +154,9 @@ class ObservedBookie:
     node_zone: str | None = None
     """The topology.kubernetes.io/zone label of the node the pod is bound to, looked at only while the Bookie has no
     zone and its cluster lists none (`zone_from_node`)."""
+    zookeeper_reached: bool = True
+    """False while the cluster's ZooKeeper has no live session: `registration`, `ledgers` and the recovery settings
+    are then not known (the last two are the spec's), and only what the pod tells is decided (`decide`)."""
 
     @property
     def data_present(self) -> bool:
@@ -329,7 +340,8 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
     """Everything a pass decides from; None while the Bookie is gone or being deleted (its pod going with it is no
     loss), or its cluster missing or invalid. The Bookie is read from `sources` (kopf's copy may predate the loss the
     last pass recorded), as are its cluster, pod and claims (default: live GETs). Nodes and volumes are looked at
-    only while the pod is not Ready (a Ready pod's node and volumes are evidently there)."""
+    only while the pod is not Ready (a Ready pod's node and volumes are evidently there). ZooKeeper is read only
+    if its session is live this moment (never waited for): pod death and a pod's recreation are decided without it."""
     sources = sources or BookieSources.live(ctx.api)
     body = sources.bookie(body["metadata"]["namespace"], body["metadata"]["name"])
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -342,7 +354,17 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
     pod = sources.pod(ns, name)
     serving = pod_ready(pod)
     node_name = None if serving or pod is None else (pod.get("spec") or {}).get("nodeName")
-    zk = ctx.zk(ZooKeeperTarget.of(cluster))
+    kubernetes = {"body": body, "bookie": bookie, "cluster": cluster, "pod": pod,
+                  "node_ready": node_ready(ctx.api, node_name) if node_name else None,
+                  "claims": tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
+                                  for claim in resources.claim_names(bookie.metadata.name))}
+    try:
+        zk = ctx.zk(ZooKeeperTarget.of(cluster), wait=0)
+    except ZooKeeperUnavailable:
+        auto_recovery = cluster.spec.auto_recovery
+        return ObservedBookie(**kubernetes, registration=None, ledgers=bookie.status.ledgers or 0,
+                              recovery_delay=auto_recovery.lost_bookie_recovery_delay_seconds,
+                              recovery_disabled=not auto_recovery.enabled, zookeeper_reached=False)
     if sources.watch_registrations:
         sources.watch_registrations(zk)
     under_replication = UnderReplication(zk)
@@ -350,11 +372,7 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
     lost_since = bookie.status.lost_since
     tracks_repair = lost_since is not None and not disabled and bookie.spec.desired_state == DesiredState.WRITABLE
     return ObservedBookie(
-        body=body, bookie=bookie, cluster=cluster, pod=pod,
-        node_ready=node_ready(ctx.api, node_name) if node_name else None,
-        claims=tuple(observe_claim(ctx.api, ns, claim, follow_volume=not serving, claim_of=sources.claim)
-                     for claim in resources.claim_names(bookie.metadata.name)),
-        registration=registration(zk, bookie.spec.bookie_id),
+        **kubernetes, registration=registration(zk, bookie.spec.bookie_id),
         ledgers=ledger_counts(zk).get(bookie.spec.bookie_id, 0),
         recovery_delay=under_replication.recovery_delay(), recovery_disabled=disabled,
         repair=repairs.observe_repair(ctx, cluster, bookie, lost_since) if tracks_repair else repairs.RepairObserved(),
@@ -511,6 +529,18 @@ def repaired_since(conditions: Sequence[dict], lost_since: dt.datetime) -> bool:
     return when is not None and when >= lost_since
 
 
+def back_on_its_volumes(observed: ObservedBookie, plan: Plan) -> dict | None:
+    """A lost bookie's pod made again on its surviving volumes and data (a failed one deleted first, unless on a dead
+    node, whose kubelet would never confirm): the pod alone decides it, no ZooKeeper. Returns the pod as it stays."""
+    pod = observed.pod
+    if pod_failed(pod) and not observed.on_dead_node:
+        plan.actions += delete_pod_on_purpose(observed, force=False)
+        pod = None
+    if pod is None and observed.data_present:
+        plan.actions.append(Ensure(resources.bookie_pod(observed.cluster, observed.bookie)))
+    return pod
+
+
 def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.datetime, plan: Plan) -> dt.datetime | None:
     """One step of a recorded loss; returns the loss time, or None once it is over."""
     bookie, name = observed.bookie, observed.bookie.metadata.name
@@ -525,11 +555,7 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
     if verdict.action == LostBookieAction.NOTHING:
         plan.condition(LOST, False, "BookieReturned", f"bookie {name} came back with its data", event="BookieReturned")
         return None
-    if pod_failed(pod) and not observed.on_dead_node:
-        plan.actions += delete_pod_on_purpose(observed, force=False)
-        pod = None
-    if pod is None and observed.data_present:
-        plan.actions.append(Ensure(resources.bookie_pod(observed.cluster, bookie)))  # back on its volumes and data
+    pod = back_on_its_volumes(observed, plan)
     if verdict.action == LostBookieAction.WAIT:
         if observed.recovery_disabled:
             plan.report_disabled()
@@ -575,10 +601,14 @@ def decide_loss(observed: ObservedBookie, lost_since: dt.datetime, at: dt.dateti
 def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
     """The Bookie's status and the actions that bring its pod, volumes and repair where they should be (pure). The
     status goes first: a loss time is recorded before a repair named after it is launched, and the Events of a change
-    are posted with it."""
+    are posted with it. While the cluster's ZooKeeper has no live session, what the pod tells is decided all the
+    same (its death recorded, a pod made again on surviving volumes); the rest waits for ZooKeeper (whether the bookie
+    is registered, the lost-bookie rule, its repair), at the retry interval."""
     bookie, pod = observed.bookie, observed.pod
     lost_since = bookie.status.lost_since
     if bookie.spec.desired_state != DesiredState.WRITABLE:  # decommissioning: clusters.py drives it
+        if not observed.zookeeper_reached:
+            return Decision((), requeue=True)
         return Decision((PatchStatus("bookies", decide_status(bookie, pod, observed.registration, observed.ledgers,
                                                               lost_since), if_unchanged=True),), requeue=True)
     plan = Plan.of(observed.body)
@@ -594,10 +624,13 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
         plan.actions += zone_from_node(observed)
         plan.actions += volumes_and_pod(observed)
         plan.recheck_at = crash_loop_due(observed, at)
+    elif not observed.zookeeper_reached:
+        back_on_its_volumes(observed, plan)
     else:
         lost_since = decide_loss(observed, lost_since, at, plan)
-    status = {**decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since),
-              "conditions": plan.conditions}
+    known = decide_status(bookie, pod, observed.registration, observed.ledgers, lost_since) \
+        if observed.zookeeper_reached else status_without_zookeeper(bookie, pod, lost_since)
+    status = {**known, "conditions": plan.conditions}
     return Decision((PatchStatus("bookies", status, if_unchanged=True), *plan.events, *plan.actions), plan.recheck_at,
                     requeue=not settled(observed, lost_since))
 
@@ -673,6 +706,13 @@ def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, led
         "diskUsage": disk_usage(info.free_bytes, bookie) if info else None,
         "lostSince": timestamp(lost_since) if lost_since else None,
     }
+
+
+def status_without_zookeeper(bookie: Bookie, pod: dict | None, lost_since: dt.datetime | None) -> dict:
+    """What the status says while ZooKeeper cannot be read: the pod and the loss; the registration, the ledger count
+    and the disk usage stay as last read."""
+    status = {"pod": bookie.metadata.name if pod else None, "lostSince": timestamp(lost_since) if lost_since else None}
+    return {**status, "phase": BookiePhase.LOST.value} if lost_since else status
 
 
 def disk_usage(free_bytes: int, bookie: Bookie) -> float:

@@ -36,6 +36,59 @@ class ZooKeeperTarget:
         return cls(cluster.spec.zookeeper, cluster.metadata.namespace, cluster.spec.security.zookeeper_auth_secret)
 
 
+class ZooKeeperUnavailable(RuntimeError):
+    """A cluster's ZooKeeper has no live session now (never reached yet, or its server gone): a pass fails at once
+    instead of queueing a call that kazoo would hold until the server is back."""
+
+
+CONNECT_WAIT = 10.0
+"""Seconds a pass that cannot do without ZooKeeper waits for its cluster's session to (re)connect: the session
+timeout, on that cluster's own threads only (kube.wakeups.ClusterPools)."""
+
+
+OPENING_WAIT = 1.0
+"""Seconds any caller waits for a session that never connected yet: a reachable ZooKeeper answers within
+milliseconds, so a just-started operator's first passes read it; an unreachable one costs its own cluster's passes
+this much, no more."""
+
+
+class ZooKeeperSessions:
+    """One kazoo client per (connect string, credential), each started in the background (`start_async`: kazoo's
+    own thread connects and reconnects it) and handed out only while connected. The lock guards the dict alone, never
+    a connect: one cluster's unreachable ZooKeeper never holds up another's session (a global lock held across a
+    10 s connect stalled every cluster)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[str, str], tuple[KazooClient, threading.Event]] = {}
+        """Each client with kazoo's event that is set while it is connected."""
+        self._connected_once: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def get(self, connect: str, auth: str, wait: float) -> KazooClient:
+        """The live session, after waiting at most `wait` seconds for it (OPENING_WAIT at least for one never
+        connected yet); ZooKeeperUnavailable otherwise. A call on a session kazoo is reconnecting would wait for the
+        server however long it stays away."""
+        with self._lock:
+            if (connect, auth) not in self._clients:
+                client = zkclient.new_client(connect, auth=auth)
+                self._clients[connect, auth] = client, client.start_async()
+            client, live = self._clients[connect, auth]
+            opening = (connect, auth) not in self._connected_once
+        if not live.wait(max(wait, OPENING_WAIT) if opening else wait):
+            raise ZooKeeperUnavailable(f"ZooKeeper at {connect} has no live session (state {client.state})")
+        if opening:
+            with self._lock:
+                self._connected_once.add((connect, auth))
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client, _ in clients:
+            client.stop()
+            client.close()
+
+
 @dataclass
 class OperatorContext:
     """Shared by all handlers. ZooKeeper sessions are opened once per (connect string, credential) and reused; each
@@ -46,23 +99,17 @@ class OperatorContext:
     event_window: float = 60.0
     """Seconds over which the like Events of many objects are counted into one (`events`)."""
     events: EventTally = field(init=False)
-    _sessions: dict[tuple[str, str], KazooClient] = field(default_factory=dict)
+    sessions: ZooKeeperSessions = field(default_factory=ZooKeeperSessions)
     _credentials: dict[tuple[str, str], str] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.events = EventTally(self.api.post_event, self.event_window)
 
-    def zk(self, target: ZooKeeperTarget) -> KazooClient:
+    def zk(self, target: ZooKeeperTarget, wait: float = CONNECT_WAIT) -> KazooClient:
         """A live session to a cluster's ZooKeeper with that cluster's credential (`--zk` replaces every cluster's
-        own connect string when given, never its credential)."""
-        connect = self.zk_override or target.connect
-        auth = self.credential(target)
-        with self._lock:
-            client = self._sessions.get((connect, auth))
-            if client is None:
-                client = self._sessions[(connect, auth)] = zkclient.connect(connect, auth=auth)
-            return client
+        own connect string when given, never its credential), waiting at most `wait` seconds for it to connect
+        (0: a pass that decides what it can without ZooKeeper, or runs on threads all clusters share)."""
+        return self.sessions.get(self.zk_override or target.connect, self.credential(target), wait)
 
     def credential(self, target: ZooKeeperTarget) -> str:
         """The cluster's credential from its Secret, "" for none; raises CredentialMissing (the pass fails, logged,
@@ -81,11 +128,7 @@ class OperatorContext:
 
     def close(self) -> None:
         self.events.flush()
-        with self._lock:
-            for client in self._sessions.values():
-                client.stop()
-                client.close()
-            self._sessions.clear()
+        self.sessions.close()
 
 
 @dataclass

@@ -13,6 +13,7 @@ something it mirrors changed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -34,7 +35,7 @@ from bookfleet.kube import (
     teardown,
     wakeups,
 )
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
+from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
 from bookfleet.kube.models import GROUP, VERSION
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
@@ -55,9 +56,13 @@ BOOKIE_RESYNC = float(os.environ.get("BOOKFLEET_BOOKIE_RESYNC", str(30 * INTERVA
 """Seconds between the resyncs of a settled Bookie (what no watch covers: its ledger count, its disk usage)."""
 LEDGER_RESYNC = float(os.environ.get("BOOKFLEET_LEDGER_RESYNC", str(60 * INTERVAL)))
 """Seconds between the resyncs of each cluster's Ledgers (what no watch covers); Ledgers otherwise wait on changes."""
+CLUSTER_THREADS = 8
+"""Threads of each BookieCluster's pool, where its cluster's and its Bookies' passes run (kube.wakeups.ClusterPools):
+a pass mostly waits on the API or ZooKeeper, and a cluster's blocked passes hold only these."""
 
 _context: OperatorContext | None = None
 WAKEUPS = wakeups.Wakeups()
+POOLS = wakeups.ClusterPools(CLUSTER_THREADS)
 log = logging.getLogger(__name__)
 
 
@@ -103,6 +108,7 @@ def _close() -> None:
         _context.close()
     if _caches is not None:
         _caches.stop()
+    POOLS.shutdown()
 
 
 def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | None], body: kopf.Body,
@@ -112,6 +118,10 @@ def _one_pass(plural: str, reconcile: Callable[[OperatorContext, dict], float | 
         try:
             with metrics.reconciling(plural, body):
                 return reconcile(context(), dict(body))
+        except ZooKeeperUnavailable as unavailable:  # the cluster's ZooKeeper is down: one line, not a trace
+            meta = body["metadata"]
+            log.warning("reconciling %s %s/%s: %s", plural, meta["namespace"], meta["name"], unavailable)
+            return INTERVAL
         except Exception:
             meta = body["metadata"]
             log.exception("reconciling %s %s/%s failed", plural, meta["namespace"], meta["name"])
@@ -138,10 +148,11 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
         with FEED.acting(namespace, name):  # its Ledgers are passed only while this replica acts for it
             await wakeups.run_loop(WAKEUPS, ("bookieclusters", namespace, name), _one_pass(
                 "bookieclusters", lambda ctx, cluster: clusters.reconcile(ctx, cluster, caches().cluster_sources),
-                body), stopped, INTERVAL, uid=body["metadata"].get("uid"))
+                body), lambda: POOLS.of(namespace, name), stopped, INTERVAL, uid=body["metadata"].get("uid"))
     finally:
         metrics.FLEETS.forget(namespace, name)  # its health is served by the replica that acts for it
         clusters.ROLLOUT_TURN.release((namespace, name))  # a deleted cluster's rollout halts no other
+        POOLS.release(namespace, name)
 
 
 @kopf.on.startup()
@@ -183,7 +194,8 @@ async def run_bookie(body: kopf.Body, namespace: str, name: str, stopped: kopf.D
     wait drawn anew (±50 %) so that a fleet's loops, all started with the operator, do not resync together."""
     await wakeups.run_loop(WAKEUPS, ("bookies", namespace, name), _one_pass(
         "bookies", lambda ctx, bookie: bookies.reconcile(ctx, bookie, caches().bookie_sources, retry=INTERVAL), body),
-        stopped, BOOKIE_RESYNC, jitter=0.5, uid=body["metadata"].get("uid"))
+        lambda: POOLS.of(namespace, body["spec"]["cluster"]), stopped, BOOKIE_RESYNC, jitter=0.5,
+        uid=body["metadata"].get("uid"))
 
 
 def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | None:
@@ -203,7 +215,7 @@ def _zookeeper_of(namespace: str, cluster: str) -> ZooKeeperTarget | None:
         body["spec"]["zookeeper"], namespace, (body["spec"].get("security") or {}).get("zookeeperAuthSecret"))
 
 
-FEED = ledgerfeed.LedgerFeed(_reconcile_ledger, _zookeeper_of, lambda target: context().zk(target),
+FEED = ledgerfeed.LedgerFeed(_reconcile_ledger, _zookeeper_of, lambda target: context().zk(target, wait=0),
                              resync=LEDGER_RESYNC, retry=INTERVAL)
 
 
@@ -222,5 +234,6 @@ def _ledger_changed(body: dict, deleted: bool) -> None:
     no finalizer. A deleted Ledger leaves the feed."""
     cluster = (body.get("spec") or {}).get("cluster", "")
     if not deleted and (target := _zookeeper_of(body["metadata"]["namespace"], cluster)):
-        FEED.watch_zookeeper(target)
+        with contextlib.suppress(ZooKeeperUnavailable):  # its passes ask again
+            FEED.watch_zookeeper(target)
     FEED.ledger_changed(body, deleted=deleted)

@@ -41,6 +41,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.states import WatchedEvent
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
+from bookfleet.kube.context import ZooKeeperUnavailable
 from bookfleet.kube.models import RepairState
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, PendingRead
@@ -244,11 +245,16 @@ class LedgerFeed:
 
     def watch_zookeeper(self, connect: Hashable) -> None:
         """The marker and DATA_LOSS trees of a cluster's ZooKeeper, watched once per ZooKeeper as the operator
-        reaches it (`zookeeper_of`'s answer: connect string and credential)."""
+        reaches it (`zookeeper_of`'s answer: connect string and credential). The session is taken outside the lock
+        (`zk` raises at once while that ZooKeeper has none, and the next pass asks again), so one cluster's ZooKeeper
+        never holds up another's Ledgers."""
         with self._lock:
             if connect in self._caches:
                 return
-            zk = self.zk(connect)
+        zk = self.zk(connect)
+        with self._lock:
+            if connect in self._caches:
+                return
             caches = self._caches[connect] = (TreeCache(zk, zkpaths.UR_LEDGERS), TreeCache(zk, zkpaths.UR_DATALOSS))
             initialized = self._initialized[connect] = (threading.Event(), threading.Event())
         for cache, id_of, ready in zip(caches, (zkpaths.ledger_id_from_marker, zkpaths.ledger_id_from_dataloss),
@@ -402,6 +408,9 @@ class LedgerFeed:
             due = self.reconcile(key, None if payload is None else json.loads(payload))
             if due is not None:
                 self.queue.wake(key, delay=due)
+        except ZooKeeperUnavailable as unavailable:  # its cluster's ZooKeeper is down: no trace per Ledger
+            log.debug("Ledger %s/%s: %s; retried in %s s", *key, unavailable, self.retry)
+            self.queue.wake(key, delay=self.retry)
         except Exception:
             log.exception("reconciling Ledger %s/%s failed; retried in %s s", *key, self.retry)
             self.queue.wake(key, delay=self.retry)

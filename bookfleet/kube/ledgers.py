@@ -184,7 +184,7 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
     if observed.cluster is None:
         return observed
     target = ZooKeeperTarget.of(observed.cluster)
-    zk = ctx.zk(target)
+    zk = ctx.zk(target, wait=0)  # on the feed's threads, which every cluster shares: never wait for a session
     ledger_id = observed.ledger_id
     if ledger_id is not None:
         watch = None if sources.metadata_watch is None else sources.metadata_watch(ledger_id)

@@ -7,8 +7,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Protocol
+
+
+class ClusterPools:
+    """A bounded thread pool per BookieCluster, where its loops' passes run: a pass blocked on its cluster's
+    ZooKeeper or API calls takes a thread of that cluster's pool only (on asyncio's one default pool, six threads on
+    two cores, six passes blocked on one cluster's ZooKeeper stopped every other cluster's passes)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pools: dict[tuple[str, str], ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+
+    def of(self, namespace: str, cluster: str) -> ThreadPoolExecutor:
+        with self._lock:
+            if (namespace, cluster) not in self._pools:
+                self._pools[namespace, cluster] = ThreadPoolExecutor(
+                    self.threads, thread_name_prefix=f"passes-{namespace}/{cluster}")
+            return self._pools[namespace, cluster]
+
+    def release(self, namespace: str, cluster: str) -> None:
+        """The cluster's loop ended (its cluster deleted, or this replica no longer acting): its pool's threads go
+        once their passes finish, so deleted clusters leave no idle threads; a loop still running gets a new pool at
+        its next pass."""
+        with self._lock:
+            pool = self._pools.pop((namespace, cluster), None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def shutdown(self) -> None:
+        """Let every pool's threads go (passes in flight finish on their own)."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=False)
 
 
 class Wakeups:
@@ -60,9 +96,9 @@ class Wakeups:
         if event is not None:
             event.set()
 
-    def start_pass(self, key: Hashable, one_pass: Callable[[], float | None]) -> asyncio.Future:
-        """Run `one_pass` in a worker thread, noted as `key`'s pass in flight until it ends."""
-        running = self._passes[key] = asyncio.ensure_future(asyncio.to_thread(one_pass))
+    def start_pass(self, key: Hashable, one_pass: Callable[[], float | None], pool: Executor) -> asyncio.Future:
+        """Run `one_pass` in a thread of `pool`, noted as `key`'s pass in flight until it ends."""
+        running = self._passes[key] = asyncio.get_running_loop().run_in_executor(pool, one_pass)
         running.add_done_callback(lambda done: self._passes.pop(key) if self._passes.get(key) is done else None)
         return running
 
@@ -96,12 +132,13 @@ class Stopped(Protocol):
     def wait(self) -> Awaitable[object]: ...
 
 
-async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float | None], stopped: Stopped,
-                   interval: float, jitter: float = 0.0, uid: str | None = None) -> None:
-    """Run `one_pass` in a worker thread until `stopped` or the object (`uid`) is gone: again after the seconds it
-    returns (at most the interval; None: the interval), or as soon as `key` is woken. `jitter`: each interval is drawn
-    anew from interval * [1 - jitter, 1 + jitter], so loops started together (a fleet's, at the operator's start)
-    spread out at once.
+async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float | None],
+                   pool: Callable[[], Executor], stopped: Stopped, interval: float, jitter: float = 0.0,
+                   uid: str | None = None) -> None:
+    """Run `one_pass` in a thread of `pool()` (its cluster's, asked at each pass) until `stopped` or the object
+    (`uid`) is gone: again after the seconds it returns (at most the interval; None: the interval), or as soon as
+    `key` is woken. `jitter`: each interval is drawn anew from interval * [1 - jitter, 1 + jitter], so loops started
+    together (a fleet's, at the operator's start) spread out at once.
 
     A loop told to stop during a pass ends at once and leaves the pass to finish on its own: kopf releases a deleted
     object's finalizer straight away only if its daemon ends within a few event-loop cycles, else it waits out the
@@ -110,7 +147,7 @@ async def run_loop(wakeups: Wakeups, key: Hashable, one_pass: Callable[[], float
         await wakeups.pass_ended(key)
         while not stopped and not wakeups.ended(key):
             wake.clear()  # before the pass: a wake-up during it runs another right after
-            running = wakeups.start_pass(key, one_pass)
+            running = wakeups.start_pass(key, one_pass, pool())
             await first_of(asyncio.shield(running), stopped.wait(), timeout=None)
             if not running.done():
                 return

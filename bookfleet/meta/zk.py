@@ -181,16 +181,25 @@ def tls_options(tls_dir: str | Path | None) -> dict:
     return {"use_ssl": True, "ca": str(ca), "certfile": str(cert), "keyfile": str(key), "check_hostname": True}
 
 
-def connect(
+def new_client(
     hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None, **kwargs
 ) -> KazooClient:
-    """A started KazooClient for `hosts` (HOST:PORT[,...][/chroot]), authenticated with `auth` or, when not given
-    (None), with `$BOOKFLEET_ZK_AUTH` if set (NO_AUTH: never); over TLS with `tls_dir` or, when not given,
-    `$BOOKFLEET_ZK_TLS_DIR` if set."""
+    """A KazooClient for `hosts` (HOST:PORT[,...][/chroot]), not started yet, authenticated with `auth` or, when not
+    given (None), with `$BOOKFLEET_ZK_AUTH` if set (NO_AUTH: never); over TLS with `tls_dir` or, when not given,
+    `$BOOKFLEET_ZK_TLS_DIR` if set. `connect` starts it and waits; a caller that must not wait (the operator)
+    starts it with `start_async`."""
     tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
     auth = os.environ.get(ZK_AUTH_ENV) if auth is None else auth
     options = {**retry_options(timeout), **security_options(auth), **tls_options(tls_dir)}
-    client = KazooClient(hosts=hosts, timeout=timeout, **{**options, **kwargs})
+    return KazooClient(hosts=hosts, timeout=timeout, **{**options, **kwargs})
+
+
+def connect(
+    hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None, **kwargs
+) -> KazooClient:
+    """`new_client(...)` started: a live session, or ZooKeeperUnreachable after `timeout` seconds."""
+    tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
+    client = new_client(hosts, timeout, auth, tls_dir, **kwargs)
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError:

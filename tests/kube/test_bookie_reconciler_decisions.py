@@ -63,12 +63,12 @@ def claims(**state: Any) -> tuple[ClaimObserved, ...]:
 def observed(body: dict[str, Any] | None = None, pod: dict | None = None, node_ready: str | None = None,
              claims: tuple[ClaimObserved, ...] = claims(), info: BookieInfo | None = None, disabled: bool = False,
              delay: float = DELAY, attempts: tuple[dict, ...] = (), remaining: tuple[int, ...] | None = None,
-             ) -> bookies.ObservedBookie:
+             reached: bool = True) -> bookies.ObservedBookie:
     body = body or bookie_body()
     return bookies.ObservedBookie(
         body=body, bookie=Bookie.model_validate(body), cluster=bookie_cluster(), pod=pod, node_ready=node_ready,
         claims=claims, registration=info, ledgers=7, recovery_delay=delay, recovery_disabled=disabled,
-        repair=repairs.RepairObserved(attempts, remaining))
+        repair=repairs.RepairObserved(attempts, remaining), zookeeper_reached=reached)
 
 
 def job(state: str, attempt: int = 0, finished: dt.datetime | None = None) -> dict[str, Any]:
@@ -175,6 +175,36 @@ def test_pod_deleted_is_lost_and_recreated_on_its_volumes_within_the_delay():
     assert_lost(decision, DeathKind.POD_DELETED, NOW)
     assert ensured(decision) == ["Pod/bk-0"]
     assert of_type(decision, LaunchRepair) == []
+
+
+def test_without_zookeeper_a_deleted_pod_is_lost_and_recreated_and_the_rest_waits_for_zookeeper():
+    """The cluster's ZooKeeper down: the pod alone says the bookie is gone and gets it a new one on its volumes; the
+    status keeps its registration and ledger count as last read, and the pass comes again at the retry interval."""
+    decision = bookies.decide(observed(pod=None, reached=False), NOW)
+    assert_lost(decision, DeathKind.POD_DELETED, NOW)
+    assert ensured(decision) == ["Pod/bk-0"]
+    assert of_type(decision, LaunchRepair) == [] and decision.requeue
+    assert {"registered", "ledgers", "diskUsage"}.isdisjoint(status_of(decision))
+
+
+def test_without_zookeeper_a_loss_past_its_delay_gets_its_failed_pod_made_again_and_no_repair():
+    """Whether the bookie registered again, the delay and the switch are ZooKeeper's to say: no repair is launched
+    and its Repaired condition is left as it was, but its failed pod is made again on its volumes."""
+    decision = bookies.decide(observed(bookie_body(lost_since=ago(3600)), pod=pod(ready=False, phase="Failed"),
+                                       reached=False), NOW)
+    assert status_of(decision)["phase"] == "Lost" and status_of(decision)["lostSince"] == timestamp(ago(3600))
+    assert of_type(decision, Delete) == [Delete(CORE, "pods", "default", "bk-0")] and ensured(decision) == ["Pod/bk-0"]
+    assert of_type(decision, LaunchRepair) == [] and events(decision) == []
+    assert all(c["type"] != "Repaired" for c in status_of(decision)["conditions"])
+
+
+def test_without_zookeeper_a_serving_bookie_changes_nothing_and_a_decommissioning_one_waits():
+    decision = bookies.decide(observed(pod=pod(), reached=False), NOW)
+    assert after_status(decision) == () and status_of(decision) == {"pod": "bk-0", "lostSince": None,
+                                                                    "conditions": []}
+    draining = bookie_body()
+    draining["spec"]["desiredState"] = DesiredState.DECOMMISSIONED.value
+    assert bookies.decide(observed(draining, pod=pod(), reached=False), NOW).actions == ()
 
 
 def test_a_pod_that_ended_says_how_and_never_calls_a_clean_exit_a_failure():

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import base64
+import threading
 from typing import Any
 
 import pytest
 from kazoo.exceptions import NoAuthError
 
 from bookfleet.kube.clusters import ConfigureAutoRecovery
-from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget
+from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
 from bookfleet.kube.repairs import remaining_ledgers
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.zkserver import free_port
 from tests.fixtures.models import bookie_cluster
 from tests.fixtures.zookeeper import count_requests
 
@@ -68,6 +70,31 @@ def test_one_connect_string_with_two_credentials_gets_two_sessions(zk_connect):
         assert alpha is ctx.zk(ZooKeeperTarget(zk_connect, "ns", "alpha-zk"))
         with pytest.raises(CredentialMissing, match="ns/missing"):
             ctx.zk(ZooKeeperTarget(zk_connect, "ns", "missing"))
+    finally:
+        ctx.close()
+
+
+def test_a_zookeeper_that_never_answers_holds_up_no_other_clusters_session(zk_connect):
+    """A pass waiting for one cluster's unreachable ZooKeeper holds no lock another cluster's session needs, and a
+    pass that must not wait is refused at once."""
+    ctx = OperatorContext(SecretsApi())  # type: ignore[arg-type]
+    nowhere = ZooKeeperTarget(f"127.0.0.1:{free_port()}", "ns")
+    refused: list[Exception] = []
+
+    def wait_for_nowhere() -> None:
+        try:
+            ctx.zk(nowhere, wait=5)
+        except ZooKeeperUnavailable as unavailable:
+            refused.append(unavailable)
+    waiting = threading.Thread(target=wait_for_nowhere)
+    try:
+        waiting.start()
+        assert ctx.zk(ZooKeeperTarget(zk_connect, "ns")).connected
+        assert waiting.is_alive()  # the other session opened while this one still waits
+        with pytest.raises(ZooKeeperUnavailable, match="no live session"):
+            ctx.zk(nowhere, wait=0)
+        waiting.join()
+        assert len(refused) == 1
     finally:
         ctx.close()
 

@@ -4,16 +4,21 @@ else at the interval; a stopped loop ends. In milliseconds, on a plain event loo
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import threading
 import time
+
+import pytest
 
 from bookfleet import polling
 from bookfleet.kube import ledgerfeed, wakeups
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 
 KEY = ("bookies", "default", "bk-0")
+POOLS = wakeups.ClusterPools(4)
+POOL = functools.partial(POOLS.of, "default", "bk")
 
 
 class Stopped:
@@ -37,7 +42,7 @@ def run(scenario, due: float | None, interval: float = 60.0, jitter: float = 0.0
         registry, stopped = wakeups.Wakeups(), Stopped()
         started = time.monotonic()
         loop = asyncio.create_task(wakeups.run_loop(
-            registry, KEY, lambda: passes.append(time.monotonic() - started) or due, stopped, interval, jitter))
+            registry, KEY, lambda: passes.append(time.monotonic() - started) or due, POOL, stopped, interval, jitter))
         await scenario(registry, passes)
         stopped.event.set()
         await asyncio.wait_for(loop, 5)
@@ -96,14 +101,14 @@ def test_a_loop_stopped_during_a_pass_ends_within_kopfs_instant_exit_and_its_nex
 
     async def main() -> None:
         registry, stopped = wakeups.Wakeups(), Stopped()
-        first = asyncio.create_task(wakeups.run_loop(registry, KEY, slow_pass, stopped, 60.0))
+        first = asyncio.create_task(wakeups.run_loop(registry, KEY, slow_pass, POOL, stopped, 60.0))
         await asyncio.to_thread(passing.wait, 5)
         stopped.event.set()
         for _ in range(10):
             await asyncio.sleep(0)
         assert first.done()  # the pass is still in flight
         second = asyncio.create_task(wakeups.run_loop(
-            registry, KEY, lambda: second_loop_passes.append(release.is_set()), Stopped(), 60.0))
+            registry, KEY, lambda: second_loop_passes.append(release.is_set()), POOL, Stopped(), 60.0))
         await asyncio.sleep(0.1)
         assert second_loop_passes == []  # never two passes of one object at once
         release.set()
@@ -122,12 +127,12 @@ def test_a_loop_ends_when_its_object_is_gone_and_a_newer_objects_loop_of_that_na
 
     async def main() -> None:
         registry = wakeups.Wakeups()
-        old = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: None, Stopped(), 60.0, uid="old"))
+        old = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: None, POOL, Stopped(), 60.0, uid="old"))
         await asyncio.sleep(0.05)
         registry.gone(KEY, "old")
         await asyncio.wait_for(old, 5)  # not the 60 s interval, and kopf never said stop
-        newer = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: newer_passes.append(1), Stopped(), 60.0,
-                                                     uid="new"))
+        newer = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: newer_passes.append(1), POOL, Stopped(),
+                                                     60.0, uid="new"))
         await until(newer_passes, 1)
         registry.gone(KEY, "old")  # the informer's late word of the old object
         registry.wake(KEY)
@@ -340,3 +345,46 @@ def test_a_zookeeper_that_cannot_be_reached_leaves_the_read_ahead_to_the_pass_an
         finally:
             feed.stop()
     assert sorted(passes) == [("ns", f"l{index}") for index in range(3)]
+
+
+def test_one_clusters_blocked_passes_leave_another_clusters_loops_running():
+    """Every thread of one cluster's pool held by a pass that never returns (its ZooKeeper gone: kazoo holds a call
+    until the server is back): another cluster's loop still passes, on its own pool."""
+    pools, blocked, release = wakeups.ClusterPools(2), threading.Semaphore(0), threading.Event()
+    other_passes: list[float] = []
+
+    def stuck_pass() -> None:
+        blocked.release()
+        release.wait(10)
+
+    async def main() -> None:
+        registry, stopped = wakeups.Wakeups(), Stopped()
+        sick_pool = functools.partial(pools.of, "default", "sick")
+        stuck = [asyncio.create_task(wakeups.run_loop(registry, ("bookies", "default", f"sick-{i}"), stuck_pass,
+                                                      sick_pool, stopped, 60.0)) for i in range(3)]
+        for _ in range(2):
+            await asyncio.to_thread(blocked.acquire, timeout=5)
+        healthy = asyncio.create_task(wakeups.run_loop(registry, KEY, lambda: other_passes.append(1),
+                                                       functools.partial(pools.of, "default", "bk"), stopped, 60.0))
+        await asyncio.wait_for(until(other_passes, 1), 5)
+        assert not blocked.acquire(blocking=False)  # the sick cluster's third pass still waits for a thread
+        release.set()
+        stopped.event.set()
+        await asyncio.wait_for(asyncio.gather(healthy, *stuck), 5)
+
+    asyncio.run(main())
+    pools.shutdown()
+
+
+def test_a_released_clusters_pool_is_shut_down_and_a_late_pass_gets_a_fresh_one():
+    """A deleted cluster's loop ends and releases its pool (no idle threads left behind per deleted cluster); one of
+    its Bookies' loops still running asks for a pool at its next pass and gets a new one."""
+    pools = wakeups.ClusterPools(2)
+    released = pools.of("default", "gone")
+    assert released.submit(lambda: "passed").result(5) == "passed"
+    pools.release("default", "gone")
+    with pytest.raises(RuntimeError, match="shutdown"):
+        released.submit(lambda: None)
+    fresh = pools.of("default", "gone")
+    assert fresh is not released and fresh.submit(lambda: "passed").result(5) == "passed"
+    pools.shutdown()
