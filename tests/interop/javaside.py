@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bookfleet.bench.bookkeeper import BOOKIE_SETTINGS, JAVA17_OPENS, STORAGE_CLASSES, built_reference
+from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
 from bookfleet.zkserver import free_port
 
 requires_java = pytest.mark.skipif(
@@ -38,6 +39,17 @@ def write_conf(path: Path, zk: str, **settings: object) -> Path:
     return path
 
 
+def tls_settings(tls_dir: Path) -> dict[str, object]:
+    """A Java client's TLS settings for a bookfleet TLS directory (PEM files; BookKeeper asks START_TLS on each
+    connection and checks the bookie's certificate against the CA and the address it dialled)."""
+    return {
+        "tlsProviderFactoryClass": "org.apache.bookkeeper.tls.TLSContextFactory", "tlsProvider": "JDK",
+        "tlsClientAuthentication": "true", "hostnameVerificationEnabled": "true",
+        "tlsKeyStoreType": "PEM", "tlsKeyStore": tls_dir / KEY_FILE, "tlsCertificatePath": tls_dir / CERT_FILE,
+        "tlsTrustStoreType": "PEM", "tlsTrustStore": tls_dir / CA_FILE,
+    }
+
+
 def java_command(main: str, *args: object) -> list[str]:
     """The command line running `main` of the reference with `args`."""
     return ["java", *JVM, "-cp", classpath(), main, *map(str, args)]
@@ -59,6 +71,25 @@ def shell(conf: Path, *command: str) -> str:
 def facts(output: str, prefix: str) -> list[str]:
     """The values of the lines `prefix <value>` an interop program printed."""
     return [line[len(prefix) + 1 :] for line in output.splitlines() if line.startswith(prefix + " ")]
+
+
+def ledger_left_open(conf: Path, ensemble: int, write_quorum: int, ack_quorum: int, entries: int) -> str:
+    """What a Java writer printed before it was killed with SIGKILL, holding its ledger open once each of its
+    `entries` adds was acknowledged (`ledger <id>`, `acked <n>`..., `holding`; or `FAILED ...`)."""
+    writer = subprocess.Popen(
+        java_command("LedgerInterop", conf, "write-and-hold", ensemble, write_quorum, ack_quorum, entries),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    lines = []
+    try:
+        for line in writer.stdout:  # the writer never exits by itself once it holds
+            lines.append(line.strip())
+            if line.startswith(("holding", "FAILED")):
+                break
+    finally:
+        writer.kill()
+        writer.wait(30)
+    return "\n".join(lines)
 
 
 class JavaBookie:

@@ -4,15 +4,12 @@ from Java (fencing, recovery adds, close). One fleet for the module."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-
 import pytest
 
 from bookfleet.fleet import StandaloneCluster
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
-from tests.interop.javaside import facts, java, java_command, requires_java, shell, write_conf
+from tests.interop.javaside import facts, java, ledger_left_open, requires_java, shell, write_conf
 
 pytestmark = requires_java
 
@@ -45,21 +42,8 @@ def test_simpletest_creates_writes_reads_and_deletes_a_ledger(fleet, conf):
 
 
 def test_a_ledger_its_killed_writer_left_open_is_recovered_whole_and_closed_at_its_last_acked_entry(fleet, conf):
-    writer = subprocess.Popen(
-        java_command("LedgerInterop", conf, "write-and-hold", 3, 3, 2, HELD_ENTRIES),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    try:
-        lines = []
-        for line in writer.stdout:  # the writer holds (never exits by itself) once every add is acknowledged
-            lines.append(line.strip())
-            if line.startswith(("holding", "FAILED")):
-                break
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait(30)
-    output = "\n".join(lines)
-    assert lines[-1] == "holding", output
+    output = ledger_left_open(conf, 3, 3, 2, HELD_ENTRIES)
+    assert output.endswith("holding"), output
     (ledger,) = facts(output, "ledger")
     acked = [int(entry) for entry in facts(output, "acked")]
     assert acked == list(range(HELD_ENTRIES)), output
