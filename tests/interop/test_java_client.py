@@ -11,7 +11,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
 from tests.interop.javaside import facts, java, ledger_left_open, requires_java, shell, write_conf
 
-pytestmark = requires_java
+pytestmark = [requires_java, pytest.mark.xdist_group("java-client")]  # one fleet (and JVM set) for the module
 
 PROTOCOLS = {"v3": "false", "v2": "true"}
 HELD_ENTRIES = 25

@@ -30,7 +30,7 @@ from tests.interop.javaside import (
     write_conf,
 )
 
-pytestmark = requires_java
+pytestmark = [requires_java, pytest.mark.xdist_group("java-tls")]  # one fleet (and JVM set) for the module
 
 SIMPLETEST = ("simpletest", "-e", "3", "-w", "2", "-a", "2", "-n", "50")
 HELD_ENTRIES = 10

@@ -14,7 +14,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
 from tests.interop.javaside import JavaBookie, facts, java, requires_java, write_conf
 
-pytestmark = requires_java
+pytestmark = [requires_java, pytest.mark.xdist_group("mixed-ensembles")]  # one fleet (and JVM set) for the module
 
 ENTRIES = 300
 KILL_AFTER = 100
