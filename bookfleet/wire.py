@@ -13,7 +13,10 @@ An entry, on the wire and at rest, is a 32-byte header, a digest and the payload
     ledger_id u64 | entry_id i64 | lac i64 | length u64 | digest | payload
 
 `length` is the ledger's cumulative length including this entry. The digest covers the 32 header bytes plus the
-payload: CRC32C (4 bytes), or HMAC-SHA256 (32 bytes) keyed from the ledger password.
+payload, as Apache BookKeeper's DigestManager computes it, so either side's entries verify on the other: CRC32C
+(4 bytes), CRC32 (8 bytes: the 32-bit CRC as a big-endian u64), HMAC-SHA1 (20 bytes) keyed by SHA-1("mac" +
+password), or none (DUMMY). The master key that guards a ledger on a bookie is BookKeeper's SHA-1("ledger" +
+password), 20 bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import functools
 import hashlib
 import hmac
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -38,7 +42,7 @@ MAX_FRAME_SIZE = 8 * 1024 * 1024
 """The largest frame a bookie accepts; a larger length prefix is answered with TOO_LARGE."""
 
 ENTRY_HEADER = struct.Struct(">QqqQ")
-MASTER_KEY_SIZE = 32
+MASTER_KEY_SIZE = 20
 INVALID_ENTRY_ID = -1
 
 
@@ -83,24 +87,28 @@ class BookieState(enum.IntEnum):
 
 
 class DigestType(enum.StrEnum):
+    """A ledger's entry digest, named in its metadata (BookKeeper's DigestType; MAC is its HMAC)."""
+
     CRC32C = "crc32c"
+    CRC32 = "crc32"
     MAC = "mac"
+    DUMMY = "dummy"
 
 
 # --- bodies ---------------------------------------------------------------------------------------------------
-# ADD_ENTRY   request: master_key[32] | writer_epoch u64 | entry          response: ledger_id u64 | entry_id i64
+# ADD_ENTRY   request: master_key[20] | writer_epoch u64 | entry          response: ledger_id u64 | entry_id i64
 #             (refused FENCED when the bookie knows a higher writer epoch for the ledger, unless RECOVERY_ADD;
 #             a higher one than it knows raises its own)
-# READ_ENTRY  request: ledger_id u64 | entry_id i64 [| master_key[32] with FENCE]
+# READ_ENTRY  request: ledger_id u64 | entry_id i64 [| master_key[20] with FENCE]
 #             response: entry; for entry_id -1: lac i64 | last_entry_id i64 (the bookie's view, for recovery)
 # READ_LAC    request: ledger_id u64 | previous_lac i64 | timeout_ms u32   response: lac i64
 #             (long poll: answers once lac > previous_lac, or with the current lac when the timeout ends)
-# WRITE_LAC   request: master_key[32] | ledger_id u64 | lac i64            response: empty
+# WRITE_LAC   request: master_key[20] | ledger_id u64 | lac i64            response: empty
 # GET_BOOKIE_INFO request: empty        response: free_bytes u64 | total_bytes u64 | state u8
 # FORCE_LEDGER request: ledger_id u64   response: ledger_id u64 (answered once everything before it is synced)
 # READ_RANGE  request: ledger_id u64 | first i64 | last i64 | max_bytes u32
 #             response: count u32 | (size u32 | entry) * count   (the present entries of [first, last], in order)
-# RAISE_EPOCH request: master_key[32] | ledger_id u64 | writer_epoch u64   response: lac i64 | last_entry_id i64
+# RAISE_EPOCH request: master_key[20] | ledger_id u64 | writer_epoch u64   response: lac i64 | last_entry_id i64
 #             (a reopening writer's fence: from now on adds of an older epoch are refused; answered with the
 #             bookie's view once durable; FENCED if the bookie knows a higher epoch or the ledger is fenced)
 LEDGER_ENTRY = struct.Struct(">Qq")
@@ -310,44 +318,69 @@ def unpack_body(layout: struct.Struct, body: bytes | memoryview, what: str) -> t
 
 
 def master_key(password: bytes) -> bytes:
-    """The key that guards adds, fencing and epoch raises on a bookie; derived, so the password never travels."""
-    return hashlib.sha256(b"bookfleet-master-key\0" + password).digest()
+    """The key that guards adds, fencing and epoch raises on a bookie: BookKeeper's SHA-1("ledger" + password), so a
+    Java client and bookfleet's hold the same key for the same ledger; derived, so the password never travels."""
+    return hashlib.sha1(b"ledger" + password).digest()
 
 
 def _mac_key(password: bytes) -> bytes:
-    return hashlib.sha256(b"bookfleet-mac\0" + password).digest()
+    return hashlib.sha1(b"mac" + password).digest()
 
 
-_CRC = struct.Struct(">I")
+_CRC32C = struct.Struct(">I")
+_CRC32 = struct.Struct(">Q")
+_DIGEST_SIZES = {DigestType.CRC32C: 4, DigestType.CRC32: 8, DigestType.MAC: 20, DigestType.DUMMY: 0}
 
 
-def digest_size(digest_type: DigestType) -> int:
-    return 4 if digest_type == DigestType.CRC32C else 32
+def _crc32c_digest(header: bytes, payload: bytes | memoryview) -> bytes:
+    return _CRC32C.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))
+
+
+def _crc32_digest(header: bytes, payload: bytes | memoryview) -> bytes:
+    return _CRC32.pack(zlib.crc32(payload, zlib.crc32(header)))
+
+
+def _no_digest(header: bytes, payload: bytes | memoryview) -> bytes:
+    return b""
+
+
+def _mac_digest(keyed: hmac.HMAC) -> Callable[[bytes, bytes | memoryview], bytes]:
+    """HMAC-SHA1 of header and payload, from a copy of the ledger's keyed state (keying costs two SHA-1 blocks)."""
+
+    def digest(header: bytes, payload: bytes | memoryview) -> bytes:
+        mac = keyed.copy()
+        mac.update(header)
+        mac.update(payload)
+        return mac.digest()
+
+    return digest
+
+
+def digest_size(digest_type: DigestType | str) -> int:
+    return _DIGEST_SIZES[DigestType(digest_type)]
 
 
 def max_payload_size(digest_type: DigestType | str) -> int:
     """The largest entry payload whose ADD_ENTRY frame (header, master key, entry header, digest) a bookie accepts."""
-    return MAX_FRAME_SIZE - HEADER_SIZE - ADD_PREFIX_SIZE - ENTRY_HEADER.size - digest_size(DigestType(digest_type))
+    return MAX_FRAME_SIZE - HEADER_SIZE - ADD_PREFIX_SIZE - ENTRY_HEADER.size - digest_size(digest_type)
 
 
 class Digester:
-    """Computes and checks entry digests for one ledger."""
+    """Computes and checks entry digests for one ledger; `digest(header, payload)` is the ledger's digest function,
+    chosen once."""
 
-    __slots__ = ("_crc", "_key", "digest_type", "size")
+    __slots__ = ("_crc32c", "digest", "digest_type", "size")
 
     def __init__(self, digest_type: DigestType | str, password: bytes = b""):
         self.digest_type = DigestType(digest_type)
-        self.size = digest_size(self.digest_type)
-        self._key = _mac_key(password)
-        self._crc = self.digest_type == DigestType.CRC32C
+        self.size = _DIGEST_SIZES[self.digest_type]
+        self.digest: Callable[[bytes, bytes | memoryview], bytes] = {
+            DigestType.CRC32C: _crc32c_digest,
+            DigestType.CRC32: _crc32_digest,
+            DigestType.DUMMY: _no_digest,
+        }.get(self.digest_type) or _mac_digest(hmac.new(_mac_key(password), digestmod=hashlib.sha1))
+        self._crc32c = self.digest_type == DigestType.CRC32C
         """Decided once: comparing a StrEnum on every entry costs more than the CRC itself."""
-
-    def digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
-        if self._crc:
-            return _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))
-        mac = hmac.new(self._key, header, hashlib.sha256)
-        mac.update(payload)
-        return mac.digest()
 
     def encode(
         self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
@@ -355,8 +388,8 @@ class Digester:
         """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): the payload is copied once. The
         writer's per-add call, so a CRC32C digest is computed here rather than through `digest`."""
         header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
-        if self._crc:
-            return b"".join((prefix, header, _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header))), payload))
+        if self._crc32c:
+            return b"".join((prefix, header, _CRC32C.pack(crc32c.crc32c(payload, crc32c.crc32c(header))), payload))
         return b"".join((prefix, header, self.digest(header, payload), payload))
 
 

@@ -34,6 +34,8 @@ class LedgerShape:
     ensemble_size: int = 3
     write_quorum: int = 2
     ack_quorum: int = 2
+    digest_type: wire.DigestType = wire.DigestType.CRC32C
+    password: bytes = b""
 
 
 async def fill_ledgers(
@@ -46,7 +48,9 @@ async def fill_ledgers(
 
     async def one(bookkeeper: BookKeeper) -> None:
         async with slots:
-            writer = await bookkeeper.create_ledger(shape.ensemble_size, shape.write_quorum, shape.ack_quorum)
+            writer = await bookkeeper.create_ledger(
+                shape.ensemble_size, shape.write_quorum, shape.ack_quorum, shape.digest_type, shape.password
+            )
             block = os.urandom(entry_size + entries)
             payloads = [block[i : i + entry_size] for i in range(entries)]
             for start in range(0, entries, WRITES_IN_FLIGHT):
@@ -110,7 +114,7 @@ async def verify_replicas(
     for ledger_id, meta in metadata.items():
         if meta.last_entry_id + 1 != len(expected[ledger_id]):
             problems.append(f"ledger {ledger_id}: last entry {meta.last_entry_id}, wrote {len(expected[ledger_id])}")
-        digester = wire.Digester(meta.digest_type)
+        digester = wire.Digester(meta.digest_type, meta.password)
         for fragment in meta.fragments():
             if fragment.last_entry_id is None:
                 continue

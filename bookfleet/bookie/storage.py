@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bookfleet import bkwire, wire
+from bookfleet import wire
 from bookfleet.bookie import gc
 from bookfleet.bookie.checkpoint import JournalDamage, LastLogMark
 from bookfleet.bookie.entrylog import EntryLogger
@@ -77,8 +77,8 @@ MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
 _INT64_MAX = wire.INT64_MAX
-_MASTER_KEY_SIZES = (wire.MASTER_KEY_SIZE, bkwire.MASTER_KEY_SIZE)
-"""A ledger's first add brings its key: bookfleet's own (32 bytes) or BookKeeper's (20)."""
+_MASTER_KEY_SIZE = wire.MASTER_KEY_SIZE
+"""A ledger's first add brings its key: BookKeeper's SHA-1 of the password, from either client."""
 
 
 @dataclass(frozen=True)
@@ -733,8 +733,8 @@ class LedgerStorage:
                 self._wake_lac_waiters(ledger_id)
 
     def _create(self, ledger_id: int, master_key: bytes) -> IndexedLedger:
-        if len(master_key) not in _MASTER_KEY_SIZES:
-            raise BadRequest(f"master key of {len(master_key)} bytes, expected one of {_MASTER_KEY_SIZES}")
+        if len(master_key) != _MASTER_KEY_SIZE:
+            raise BadRequest(f"master key of {len(master_key)} bytes, expected {_MASTER_KEY_SIZE}")
         state = self._ledgers[ledger_id] = IndexedLedger(bytes(master_key))
         self._dirty.add(ledger_id)
         self._journal.append(RecordType.MASTER_KEY, LEDGER.pack(ledger_id) + bytes(master_key))

@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     parser.add_argument("--priority", type=int,
                         help="this replica's peering priority (default: random, so two replicas never tie; kopf "
                              "pauses every replica of a tied top priority)")
+    parser.add_argument("--peering-lifetime", type=int, default=60, metavar="SECONDS",
+                        help="how long a replica's last peering heartbeat keeps it the leader: a leader killed -9 is "
+                             "taken over this long after its last heartbeat (default 60, kopf's own)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the pod's service account)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reconciliations (default 10)")
     parser.add_argument("--api-qps", type=float, default=50.0,
@@ -37,6 +40,16 @@ def register(subparsers) -> None:
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve the operator's Prometheus metrics on this port at /metrics (default: not served; "
                              "the chart uses 9090)")
+    parser.add_argument("--bookie-image", metavar="REPOSITORY", default="bookfleet/bookie",
+                        help="repository of the bookie image of clusters that name none: <REPOSITORY>:<this "
+                             "operator's version> (default bookfleet/bookie)")
+    parser.add_argument("--repair-image", metavar="REPOSITORY", default="bookfleet/repair",
+                        help="repository of the repair image of clusters that name none: <REPOSITORY>:<this "
+                             "operator's version> (default bookfleet/repair)")
+    parser.add_argument("--apply-crds", action="store_true",
+                        help="server-side apply this operator's CRDs at start (field manager bookfleet; needs "
+                             "patch on them, and create for one not installed yet), unless a newer operator applied "
+                             "them")
     parser.set_defaults(handler=run, log_level_default="INFO")
 
 
@@ -47,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
     if args.priority is not None and not args.peering:
         raise CommandError("--priority needs --peering NAME")
+    if args.peering_lifetime < 1:
+        raise CommandError(f"--peering-lifetime must be at least 1 second, got {args.peering_lifetime}")
     if args.api_qps <= 0 or args.api_burst < 1:
         raise CommandError(f"--api-qps must be positive and --api-burst at least 1, got {args.api_qps:g} and "
                            f"{args.api_burst}")
@@ -58,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BOOKFLEET_OPERATOR_API_QPS"] = str(args.api_qps)
     os.environ["BOOKFLEET_OPERATOR_API_BURST"] = str(args.api_burst)
     os.environ["BOOKFLEET_OPERATOR_NAMESPACES"] = ",".join(args.namespaces or ())
+    os.environ["BOOKFLEET_OPERATOR_BOOKIE_IMAGE"] = args.bookie_image
+    os.environ["BOOKFLEET_OPERATOR_REPAIR_IMAGE"] = args.repair_image
+    os.environ["BOOKFLEET_OPERATOR_APPLY_CRDS"] = "1" if args.apply_crds else ""
     import kopf
 
     from bookfleet.kube import metrics  # the operator extra's packages: imported only when the operator runs
@@ -73,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     # Named namespaces need no scan of all namespaces (which would need cluster-wide `list namespaces`); the CRDs
     # are installed before the operator starts, so kopf's watch for new ones is not needed either.
     settings.scanning.disabled = bool(args.namespaces)
+    settings.peering.lifetime = args.peering_lifetime
     asyncio.run(kopf.operator(
         standalone=args.standalone, clusterwide=not args.namespaces, namespaces=args.namespaces or (),
         liveness_endpoint=args.liveness, settings=settings, **peering,

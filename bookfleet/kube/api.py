@@ -40,6 +40,7 @@ PLURALS = {
     "Ledger": "ledgers",
     "Secret": "secrets",
     "Certificate": "certificates",
+    "CustomResourceDefinition": "customresourcedefinitions",
 }
 FIELD_MANAGER = "bookfleet-operator"
 """The operator's name in server-side apply: the fields it applies are its own, and changed back when they drift."""
@@ -235,14 +236,14 @@ class KubeApi:
         existing = self.get(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
         return existing or manifest, False
 
-    def apply(self, manifest: dict) -> dict:
-        """Server-side apply as FIELD_MANAGER: creates the object, or makes every field the operator applies what
+    def apply(self, manifest: dict, manager: str = FIELD_MANAGER) -> dict:
+        """Server-side apply as `manager`: creates the object, or makes every field the operator applies what
         `manifest` says (forced: it owns them), leaving fields other managers set alone. An object that already says
         so is not written (the API server makes it a no-op)."""
         meta = manifest["metadata"]
         path = collection_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta.get("namespace"))
         return self._call("PATCH", f"{path}/{meta['name']}", body=manifest,
-                          query={"fieldManager": FIELD_MANAGER, "force": "true"},
+                          query={"fieldManager": manager, "force": "true"},
                           content_type="application/apply-patch+yaml")
 
     def create(self, manifest: dict) -> dict:

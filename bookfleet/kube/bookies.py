@@ -143,6 +143,9 @@ class ObservedBookie:
     recovery_disabled: bool
     repair: repairs.RepairObserved = field(default_factory=repairs.RepairObserved)
     """The repair attempts of the recorded loss (none while no loss is recorded)."""
+    node_zone: str | None = None
+    """The topology.kubernetes.io/zone label of the node the pod is bound to, looked at only while the Bookie has no
+    zone and its cluster lists none (`zone_from_node`)."""
 
     @property
     def data_present(self) -> bool:
@@ -169,6 +172,8 @@ class BookieSources:
     cluster: Lookup
     pod: Lookup
     claim: Lookup
+    node: Lookup
+    """(ignored, name) -> the Node: a zone-less bookie's zone is its node's label."""
     watch_registrations: Callable[[KazooClient], None] | None = None
 
     @classmethod
@@ -176,7 +181,8 @@ class BookieSources:
         return cls(bookie=lambda namespace, name: api.get(CUSTOM, "bookies", namespace, name),
                    cluster=lambda namespace, name: api.get(CUSTOM, "bookieclusters", namespace, name),
                    pod=lambda namespace, name: api.get(CORE, "pods", namespace, name),
-                   claim=lambda namespace, name: api.get(CORE, "persistentvolumeclaims", namespace, name))
+                   claim=lambda namespace, name: api.get(CORE, "persistentvolumeclaims", namespace, name),
+                   node=lambda namespace, name: api.get(CORE, "nodes", None, name))
 
 
 @dataclass(frozen=True)
@@ -352,7 +358,15 @@ def observe(ctx: OperatorContext, body: dict, sources: BookieSources | None = No
         ledgers=ledger_counts(zk).get(bookie.spec.bookie_id, 0),
         recovery_delay=under_replication.recovery_delay(), recovery_disabled=disabled,
         repair=repairs.observe_repair(ctx, cluster, bookie, lost_since) if tracks_repair else repairs.RepairObserved(),
+        node_zone=node_zone(sources.node, pod) if bookie.spec.zone is None and not cluster.spec.zones else None,
     )
+
+
+def node_zone(node_of: Lookup, pod: dict | None) -> str | None:
+    """The zone label of the node the pod is bound to (None: unbound, or a node without one)."""
+    node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+    node = node_of("", node_name) if node_name else None
+    return ((node or {}).get("metadata", {}).get("labels") or {}).get(resources.ZONE_LABEL) or None
 
 
 # --- decide ------------------------------------------------------------------------------------------------------
@@ -577,6 +591,7 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
         lost_since = death.since
         plan.record_loss(death)
     if lost_since is None:
+        plan.actions += zone_from_node(observed)
         plan.actions += volumes_and_pod(observed)
         plan.recheck_at = crash_loop_due(observed, at)
     else:
@@ -585,6 +600,24 @@ def decide(observed: ObservedBookie, at: dt.datetime) -> Decision:
               "conditions": plan.conditions}
     return Decision((PatchStatus("bookies", status, if_unchanged=True), *plan.events, *plan.actions), plan.recheck_at,
                     requeue=not settled(observed, lost_since))
+
+
+def zone_from_node(observed: ObservedBookie) -> list[Action]:
+    """A Bookie of a cluster that lists no zones takes its node's zone once its pod is bound: recorded in its spec,
+    the zone reaches the bookie as a listed one does (`--zone`, so its registration carries it, and a node affinity
+    that keeps it with its volumes). A pod not yet Ready is restarted at once, mostly before it has registered
+    without a zone; a serving one is restarted by the cluster's rollout, one bookie at a time."""
+    bookie, pod, zone = observed.bookie, observed.pod, observed.node_zone
+    if zone is None or bookie.spec.zone is not None:
+        return []
+    meta = bookie.metadata
+    actions: list[Action] = [
+        Patch(CUSTOM, "bookies", meta.namespace, meta.name, {"spec": {"zone": zone}}),
+        PostEvent("ZoneFromNode", f"bookie {meta.name} is in zone {zone}, its node's"),
+    ]
+    if pod is not None and not pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+        actions += delete_pod_on_purpose(observed, force=False)
+    return actions
 
 
 def settled(observed: ObservedBookie, lost_since: dt.datetime | None) -> bool:
@@ -637,15 +670,15 @@ def decide_status(bookie: Bookie, pod: dict | None, info: BookieInfo | None, led
         "pod": bookie.metadata.name if pod else None,
         "registered": info is not None,
         "ledgers": ledgers,
-        "diskUsage": disk_usage(info, bookie) if info else None,
+        "diskUsage": disk_usage(info.free_bytes, bookie) if info else None,
         "lostSince": timestamp(lost_since) if lost_since else None,
     }
 
 
-def disk_usage(info: BookieInfo, bookie: Bookie) -> float:
+def disk_usage(free_bytes: int, bookie: Bookie) -> float:
     """Used fraction of the ledger volume, from the free bytes the bookie registers."""
     quota = resources.quantity_bytes(bookie.spec.storage.ledgers.size)
-    return round(min(max(1 - info.free_bytes / quota, 0.0), 1.0), 4) if quota else 0.0
+    return round(min(max(1 - free_bytes / quota, 0.0), 1.0), 4) if quota else 0.0
 
 
 # --- act ---------------------------------------------------------------------------------------------------------

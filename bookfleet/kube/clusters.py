@@ -9,11 +9,14 @@ ZooKeeper state node (level-based, on every pass), so the bookie itself refuses 
 registrations that placement picks from. Scaled up again before its cookie is gone, a draining bookie turns writable
 again; after, the drain finishes and the ordinal starts afresh.
 
-Rollouts: every bookie pod carries the digest of its manifest (resources.ANNOTATION_CONFIG_HASH). A pod whose digest
-differs from what the current spec builds is restarted, one bookie at a time and only while every other bookie is
-ready and registered; the next waits until the restarted one is ready and registered in a pod of the current spec.
+Rollouts: every bookie pod carries the digest of what the bookie runs (resources.runs_hash: image, command line,
+environment, resources, volumes; not the labels, probes or security contexts the operator adds around it). A pod whose
+digest differs from what the current spec builds is restarted, one bookie at a time and only while every other bookie
+is ready and registered; the next waits until the restarted one is ready and registered in a pod of the current spec.
 One that is not within spec.rolloutTimeoutSeconds halts the rollout (RolloutStuck); it stays a planned restart for
-bookies.py, so no repair starts. Changing the spec again restarts it at once (it is down anyway).
+bookies.py, so no repair starts. Changing the spec again restarts it at once (it is down anyway). Clusters roll one at
+a time (`RolloutTurn`): an operator upgrade that brings a new bookie image rolls the first cluster to completion
+before the next begins, and a stuck one halts them all; spec.rollout.paused holds a cluster's restarts back.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +33,7 @@ from kazoo.client import KazooClient
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from bookfleet.kube import certificates, metrics, repairs, resources
+from bookfleet.kube import autoscaler, certificates, metrics, repairs, resources
 from bookfleet.kube.actions import (
     Action,
     Apply,
@@ -50,11 +54,13 @@ from bookfleet.kube.bookies import (
     ForgetCookie,
     LaunchRepair,
     Lookup,
+    disk_usage,
     pod_ready,
 )
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.kube.models import (
     VALID,
+    Autoscaling,
     Bookie,
     BookieCluster,
     DesiredState,
@@ -64,7 +70,7 @@ from bookfleet.kube.models import (
     cluster_problems,
 )
 from bookfleet.meta import bookiestate, cookies
-from bookfleet.meta.registry import BookieRegistry
+from bookfleet.meta.registry import BookieMode, BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 
 ANNOTATION_DECOMMISSION_SINCE = "bookfleet.io/decommission-since"
@@ -156,16 +162,55 @@ class FleetFacts:
     oldest_marker_ms: int | None = None
     writable_zones: tuple[str, ...] = ()
     """The zone of each writable registered bookie ("" for none)."""
+    free_bytes: Mapping[str, int] = field(default_factory=dict)
+    """The free bytes each registered bookie (writable or read-only) last reported, by bookie id: the autoscaler's
+    disk usage, as fresh as the bookie's last disk check (a settled Bookie's status is a resync old)."""
 
     @classmethod
     def read(cls, zk: KazooClient) -> FleetFacts:
         """One walk of the marker tree and a read of each marker (multiRead batches), the DATA_LOSS records and the
-        writable registrations: a pass's cost grows with the ledgers marked, none per healthy ledger."""
+        registrations: a pass's cost grows with the ledgers marked, none per healthy ledger."""
         under_replication = UnderReplication(zk)
         markers = under_replication.markers()
+        registered = BookieRegistry(zk).all()
         return cls(len(markers), len(under_replication.data_losses()),
                    min((marker.ctime for marker in markers), default=None),
-                   tuple(info.zone for info in BookieRegistry(zk).writable()))
+                   tuple(info.zone for info in registered if info.state == BookieMode.WRITABLE),
+                   {info.bookie_id: info.free_bytes for info in registered})
+
+
+ClusterKey = tuple[str, str]
+"""(namespace, name) of a BookieCluster."""
+
+
+class RolloutTurn:
+    """Which cluster may restart bookies for a new spec or a new operator: one at a time among the clusters this
+    operator manages, so the first cluster to run a new bookie image proves it before any other restarts a bookie
+    for it, and a stuck rollout halts them all. Held in the process (only the acting replica's passes run); a
+    cluster holds it from its first restart until it has no bookie left to restart, is paused, or is deleted. After
+    an operator restart the first cluster with bookies to restart takes it."""
+
+    def __init__(self) -> None:
+        self._holder: ClusterKey | None = None
+        self._lock = threading.Lock()
+
+    def holder(self) -> ClusterKey | None:
+        return self._holder
+
+    def take(self, key: ClusterKey) -> bool:
+        with self._lock:
+            if self._holder not in (None, key):
+                return False
+            self._holder = key
+            return True
+
+    def release(self, key: ClusterKey) -> None:
+        with self._lock:
+            if self._holder == key:
+                self._holder = None
+
+
+ROLLOUT_TURN = RolloutTurn()
 
 
 @dataclass(frozen=True)
@@ -180,6 +225,13 @@ class ObservedCluster:
     """The auto-recovery switch in ZooKeeper (read only while a bookie is being drained)."""
     fleet: FleetFacts = field(default_factory=lambda: FleetFacts())
     """What ZooKeeper says of the fleet's health, for the metrics."""
+    turn: RolloutTurn = ROLLOUT_TURN
+    turn_holder: ClusterKey | None = None
+    """The cluster whose rollout goes on (`RolloutTurn`), as this pass found it."""
+
+    @property
+    def key(self) -> ClusterKey:
+        return self.body["metadata"]["namespace"], self.body["metadata"]["name"]
 
 
 Listing = Callable[[str, str], list[dict[str, Any]]]
@@ -195,6 +247,7 @@ class ClusterSources:
     bookies: Listing
     pod: Lookup
     claims: Listing
+    turn: RolloutTurn = ROLLOUT_TURN
 
     @classmethod
     def live(cls, api: KubeApi) -> ClusterSources:
@@ -211,7 +264,7 @@ def observe(ctx: OperatorContext, body: dict, sources: ClusterSources | None = N
     sources = sources or ClusterSources.live(ctx.api)
     cluster, problem = validate(body)
     if cluster is None:
-        return ObservedCluster(body, None, problem)
+        return ObservedCluster(body, None, problem, turn=sources.turn, turn_holder=sources.turn.holder())
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
     registered = BookieRegistry(zk).ids()
@@ -230,7 +283,8 @@ def observe(ctx: OperatorContext, body: dict, sources: ClusterSources | None = N
             seen = observe_drain(ctx, cluster, seen, disabled)
         bookies.append(seen)
     claims = {c["metadata"]["name"]: c for c in sources.claims(ns, name)}
-    return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled, FleetFacts.read(zk))
+    return ObservedCluster(body, cluster, "", tuple(bookies), claims, disabled, FleetFacts.read(zk), sources.turn,
+                           sources.turn.holder())
 
 
 def draining(bookie: dict[str, Any]) -> bool:
@@ -301,6 +355,31 @@ class SetForcedReadOnly:
 
 
 @dataclass(frozen=True)
+class InTurn:
+    """Restart a bookie for the rollout only as the holder of the rollout turn: another cluster may have taken it
+    since this pass looked (then nothing is done; the next pass finds it taken)."""
+
+    turn: RolloutTurn
+    key: ClusterKey
+    actions: tuple[Action, ...]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        if self.turn.take(self.key):
+            act(ctx, body, self.actions)
+
+
+@dataclass(frozen=True)
+class GiveUpTurn:
+    """The cluster has no bookie left to restart, is paused or invalid: the next cluster's rollout may go on."""
+
+    turn: RolloutTurn
+    key: ClusterKey
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        self.turn.release(self.key)
+
+
+@dataclass(frozen=True)
 class ExpandClaim:
     """Ask for a bigger volume; a refusal (the storage class does not allow expansion) is recorded on the claim and
     said once in a Warning Event, instead of failing every pass."""
@@ -333,6 +412,11 @@ class Rollout:
     restarting: str | None = None
     stuck: str | None = None
     waiting_for: str | None = None
+    outdated: int = 0
+    """Bookies in a pod not of the current spec, not restarted yet."""
+    paused: bool = False
+    behind: ClusterKey | None = None
+    """The cluster whose rollout goes first (this one has bookies to restart and waits for its turn)."""
 
 
 def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
@@ -341,9 +425,10 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
     status = body.get("status") or {}
     if cluster is None:
         conditions = conditions_with(status, VALID, False, "InvalidSpec", observed.problem)
+        give_up = give_up_turn(observed.turn, observed.turn_holder, observed.key)
         if conditions == status.get("conditions"):
-            return Decision()
-        return Decision((PatchStatus("bookieclusters", {"conditions": conditions}),
+            return Decision(tuple(give_up))
+        return Decision((*give_up, PatchStatus("bookieclusters", {"conditions": conditions}),
                          PostEvent("InvalidSpec", observed.problem, warning=True)))
     spec = cluster.spec
     actions: list[Action] = [
@@ -364,23 +449,48 @@ def decide(observed: ObservedCluster, moment: dt.datetime) -> Decision:
         actions += decommission(observed, cluster, draining[0], moment)
     serving = [b for b in wanted if b not in finishing]
     actions += follow_storage(observed, cluster, serving)
-    rollout_actions, rollout = decide_rollout(cluster, serving, observed.claims, moment)
+    rollout_actions, rollout = decide_rollout(cluster, serving, observed.claims, moment, observed.turn_holder,
+                                              observed.turn)
     actions += rollout_actions
     actions += rollout_events(status, cluster, rollout)
     ready = sum(pod_ready(b.pod) for b in serving)
+    if spec.autoscaling is not None:
+        actions += autoscale(observed, spec.autoscaling, spec.replicas, serving, draining, moment)
     actions.append(PatchStatus("bookieclusters", decide_status(status, cluster, ready, bool(draining), rollout,
                                                                refused_expansions(observed))))
     health = RecordFleetHealth(fleet_health(observed, cluster, rollout, draining[:1], moment))
     return Decision((health, *actions))  # first: an action that fails later in the pass leaves it recorded
 
 
+def autoscale(observed: ObservedCluster, policy: Autoscaling, replicas: int, serving: list[Member],
+              draining: list[Member], moment: dt.datetime) -> list[Action]:
+    """The autoscaler's step: replicas and the time of the change in one patch, on the version observed (a stale
+    copy of the cluster, without the last change's time, meets 409 Conflict instead of scaling again)."""
+    free = observed.fleet.free_bytes
+    settled = not draining and len(serving) == replicas and all(
+        b.up and b.body["spec"]["bookieId"] in free for b in serving)
+    usage = {b.name: disk_usage(free[b.body["spec"]["bookieId"]], b.model) for b in serving} if settled else {}
+    meta = observed.body["metadata"]
+    scaled_at = (meta.get("annotations") or {}).get(autoscaler.ANNOTATION_SCALED_AT)
+    scale = autoscaler.decide_scale(policy, replicas, usage, settled,
+                                    dt.datetime.fromisoformat(scaled_at.replace("Z", "+00:00")) if scaled_at else None,
+                                    moment)
+    if scale is None:
+        return []
+    return [Patch(CUSTOM, "bookieclusters", meta["namespace"], meta["name"],
+                  {"metadata": {"annotations": {autoscaler.ANNOTATION_SCALED_AT: timestamp(moment)}},
+                   "spec": {"replicas": scale.replicas}}, if_version=meta.get("resourceVersion")),
+            PostEvent(scale.reason, f"replicas {replicas} -> {scale.replicas}: {scale.message}")]
+
+
 def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rollout, drained: list[Member],
                  moment: dt.datetime) -> metrics.FleetHealth:
     """The figures the chart's alerts are on (pure): ZooKeeper's facts, writable bookies by zone (every zone of the
-    spec shown, 0 when it has none), the rollout, and the repairs given up: a lost bookie's (its Repaired condition)
-    and the drain's (decided here as its next step is)."""
+    spec, or else of its Bookies as their nodes gave them, shown, 0 when it has none), the rollout, and the repairs
+    given up: a lost bookie's (its Repaired condition) and the drain's (decided here as its next step is)."""
     facts = observed.fleet
-    by_zone = dict.fromkeys(cluster.spec.zones, 0) | collections.Counter(facts.writable_zones)
+    zones = cluster.spec.zones or sorted({zone for b in observed.bookies if (zone := b.body["spec"].get("zone"))})
+    by_zone = dict.fromkeys(zones, 0) | collections.Counter(facts.writable_zones)
     gave_up = sum(any(c.get("type") == REPAIRED and c.get("reason") == REPAIR_GAVE_UP
                       for c in (b.body.get("status") or {}).get("conditions") or []) for b in observed.bookies)
     limit = cluster.spec.auto_recovery.repair.max_concurrent
@@ -575,12 +685,34 @@ def pod_hash(pod: dict | None) -> str | None:
     return ((pod or {}).get("metadata", {}).get("annotations") or {}).get(resources.ANNOTATION_CONFIG_HASH)
 
 
-def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict],
-                   moment: dt.datetime) -> tuple[list[Action], Rollout]:
-    """Restart at most one bookie whose pod is not of the current spec, only while every other one is up."""
-    current = {b.name: pod_hash(b.pod) == desired_hash(cluster, b, claims) for b in bookies}
-    updated = sum(current[b.name] and b.up for b in bookies)
+def adopt_whole_pod_hashes(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict],
+                           wanted: Mapping[str, str]) -> list[Action]:
+    """Pods annotated by an operator before resources.runs_hash, with the digest of the whole pod, that match what
+    this operator builds: they run what they should, so they are annotated anew instead of restarted."""
     actions: list[Action] = []
+    for bookie in bookies:
+        found = pod_hash(bookie.pod)
+        if bookie.pod is None or found in (None, wanted[bookie.name]):
+            continue
+        granted = with_storage(bookie, granted_storage(cluster, bookie.name, claims))
+        if found == resources.whole_pod_hash(cluster, granted):
+            meta = bookie.pod["metadata"]
+            actions.append(Patch(CORE, "pods", meta["namespace"], meta["name"], {"metadata": {"annotations": {
+                resources.ANNOTATION_CONFIG_HASH: wanted[bookie.name]}}}))
+    return actions
+
+
+def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mapping[str, dict], moment: dt.datetime,
+                   turn_holder: ClusterKey | None = None, turn: RolloutTurn = ROLLOUT_TURN,
+                   ) -> tuple[list[Action], Rollout]:
+    """Restart at most one bookie whose pod is not of the current spec, only while every other one is up, unless
+    the cluster is paused, and only as the holder of the rollout turn (`turn_holder`: as observed)."""
+    key = (cluster.metadata.namespace, cluster.metadata.name)
+    wanted = {b.name: desired_hash(cluster, b, claims) for b in bookies}
+    actions: list[Action] = adopt_whole_pod_hashes(cluster, bookies, claims, wanted)
+    adopted = {action.name for action in actions if isinstance(action, Patch)}
+    current = {b.name: b.name in adopted or pod_hash(b.pod) == wanted[b.name] for b in bookies}
+    updated = sum(current[b.name] and b.up for b in bookies)
     restarting = [b for b in bookies if ANNOTATION_ROLLOUT_STARTED in b.annotations]
     for bookie in restarting:
         if current[bookie.name] and bookie.up:
@@ -599,13 +731,23 @@ def decide_rollout(cluster: BookieCluster, bookies: list[Member], claims: Mappin
     outdated = [b for b in bookies if b.pod is not None and not b.pod["metadata"].get("deletionTimestamp")
                 and not current[b.name]]
     if not outdated:
-        return actions, Rollout(updated)
+        return actions + give_up_turn(turn, turn_holder, key), Rollout(updated)
+    if cluster.spec.rollout.paused:
+        return actions + give_up_turn(turn, turn_holder, key), Rollout(updated, outdated=len(outdated), paused=True)
+    if turn_holder not in (None, key):
+        return actions, Rollout(updated, outdated=len(outdated), behind=turn_holder)
     for bookie in outdated:
         others_up = all(other.up for other in bookies if other is not bookie)
         if others_up:
-            return actions + restart(cluster, bookie, moment), Rollout(updated, restarting=bookie.name)
+            in_turn = InTurn(turn, key, tuple(restart(cluster, bookie, moment)))
+            return [*actions, in_turn], Rollout(updated, restarting=bookie.name, outdated=len(outdated))
     waiting_for = next(b.name for b in bookies if not b.up)
-    return actions, Rollout(updated, waiting_for=waiting_for)
+    return actions, Rollout(updated, waiting_for=waiting_for, outdated=len(outdated))
+
+
+def give_up_turn(turn: RolloutTurn, holder: ClusterKey | None, key: ClusterKey) -> list[Action]:
+    """The turn released, when this cluster holds it."""
+    return [GiveUpTurn(turn, key)] if holder == key else []
 
 
 def replaced_pod(bookie: Member) -> bool:
@@ -625,8 +767,8 @@ def restart(cluster: BookieCluster, bookie: Member, moment: dt.datetime) -> list
             ANNOTATION_PLANNED_RESTART: bookie.pod["metadata"]["uid"],
             ANNOTATION_ROLLOUT_STARTED: timestamp(moment)}}}),
         Delete(CORE, "pods", ns, bookie.name),
-        PostEvent("RollingUpgrade", f"restarting {bookie.name} with the current spec (image {cluster.spec.image})",
-                  involved=bookie.body),
+        PostEvent("RollingUpgrade", f"restarting {bookie.name} with the current spec (image "
+                  f"{resources.bookie_image(cluster)})", involved=bookie.body),
     ]
 
 
@@ -653,9 +795,10 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
         (READY, ready == replicas, "AllReady" if ready == replicas else "NotAllReady",
          f"{ready}/{replicas} bookies ready"),
         (UPGRADING, rollout.restarting is not None or rollout.waiting_for is not None,
-         "RollingUpgrade" if rollout.restarting or rollout.waiting_for else "UpToDate",
+         "RollingUpgrade" if rollout.restarting or rollout.waiting_for else upgrade_reason(rollout),
          f"restarting {rollout.restarting}" if rollout.restarting
-         else f"waiting for {rollout.waiting_for} to be ready" if rollout.waiting_for else ""),
+         else f"waiting for {rollout.waiting_for} to be ready" if rollout.waiting_for
+         else f"{rollout.outdated} bookie(s) to restart: {waiting_message(rollout)}" if rollout.outdated else ""),
         (ROLLOUT_STUCK, rollout.stuck is not None, "ReadyTimeout" if rollout.stuck else "NotStuck",
          stuck_message(cluster, rollout.stuck) if rollout.stuck else ""),
         (VOLUMES_EXPANDED, not refused, "ExpansionRefused" if refused else "AsRequested",
@@ -665,6 +808,17 @@ def decide_status(status: dict, cluster: BookieCluster, ready: int, draining: bo
     return {"observedGeneration": cluster.metadata.generation, "desiredBookies": replicas, "readyBookies": ready,
             "updatedBookies": rollout.updated,
             "phase": "Ready" if ready == replicas and not draining else "Reconciling", "conditions": conditions}
+
+
+def upgrade_reason(rollout: Rollout) -> str:
+    return "Paused" if rollout.paused else "WaitingForTurn" if rollout.behind else "UpToDate"
+
+
+def waiting_message(rollout: Rollout) -> str:
+    if rollout.paused:
+        return "paused (spec.rollout.paused)"
+    namespace, name = rollout.behind or ("", "")
+    return f"after BookieCluster {namespace}/{name}'s rollout (one cluster at a time)"
 
 
 # --- act -----------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from bookfleet.kube import (
     api,
     bookies,
     clusters,
+    crdgen,
     informers,
     ledgerfeed,
     ledgers,
@@ -46,6 +47,8 @@ EVENT_WINDOW = 6 * INTERVAL
 into one Event per reason on their BookieCluster (kube.context.EventTally)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
+APPLY_CRDS = bool(os.environ.get("BOOKFLEET_OPERATOR_APPLY_CRDS"))
+"""Apply the operator's own CRDs at its start (`bookfleet operator --apply-crds`; kube.crdgen.apply_crds)."""
 NAMESPACES = [ns for ns in os.environ.get("BOOKFLEET_OPERATOR_NAMESPACES", "").split(",") if ns] or None
 """The namespaces the operator watches (`bookfleet operator --namespace`); None: the whole cluster."""
 BOOKIE_RESYNC = float(os.environ.get("BOOKFLEET_BOOKIE_RESYNC", str(30 * INTERVAL)))
@@ -138,6 +141,15 @@ async def run_cluster(body: kopf.Body, namespace: str, name: str, stopped: kopf.
                 body), stopped, INTERVAL, uid=body["metadata"].get("uid"))
     finally:
         metrics.FLEETS.forget(namespace, name)  # its health is served by the replica that acts for it
+        clusters.ROLLOUT_TURN.release((namespace, name))  # a deleted cluster's rollout halts no other
+
+
+@kopf.on.startup()
+def apply_crds(**_: Any) -> None:
+    """Before anything is read: objects are then served with every field this operator knows."""
+    if APPLY_CRDS:
+        api.load_config(KUBECONFIG)
+        log.info("CRDs applied: %s", ", ".join(crdgen.apply_crds(context().api)) or "none (a newer operator's)")
 
 
 @kopf.on.startup()

@@ -263,11 +263,12 @@ class Caches:
                                       transform=without_managed_fields)
                              for version, plural in ((api.BATCH, "jobs"), (api.SPARK, "sparkapplications")))
         self.ledgers = Informer(kube, api.CUSTOM, "ledgers", {}, namespaces, ledger_changed, versions_only=True)
-        self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs, self.ledgers)
+        self.nodes = Informer(kube, api.CORE, "nodes", {}, transform=node_as_read)
+        self._all = (self.bookies, self.pods, self.claims, self.clusters, *self.repairs, self.ledgers, self.nodes)
         self._registrations: dict[tuple[KazooClient, str], set[str]] = {}
         self._registrations_lock = threading.Lock()
         self.bookie_sources = bookies.BookieSources(bookie=self.bookies.get, cluster=self.clusters.get,
-                                                    pod=self.pods.get, claim=self.claims.get,
+                                                    pod=self.pods.get, claim=self.claims.get, node=self.nodes.get,
                                                     watch_registrations=self.watch_registrations)
         self.cluster_sources = clusters.ClusterSources(
             bookies=lambda namespace, name: self.bookies.indexed(BY_CLUSTER, (namespace, name)),
@@ -370,9 +371,19 @@ def bookie_pod_as_read(pod: dict) -> dict:
     return {**pod, "spec": {"nodeName": spec["nodeName"]} if "nodeName" in spec else {}}
 
 
+def node_as_read(node: dict) -> dict:
+    """A Node as the passes read it: its name and its zone (a zone-less bookie takes its node's); its status, a
+    heartbeat's worth of changes, is not kept."""
+    meta = node["metadata"]
+    zone = (meta.get("labels") or {}).get(resources.ZONE_LABEL)
+    return {"metadata": {"name": meta["name"], "resourceVersion": meta.get("resourceVersion"),
+                         "labels": {} if zone is None else {resources.ZONE_LABEL: zone}}}
+
+
 def _key(body: dict) -> tuple[str, str]:
-    """(namespace, name), the namespace interned: a store's keys share one string per namespace."""
-    return sys.intern(body["metadata"]["namespace"]), body["metadata"]["name"]
+    """(namespace, name), the namespace interned: a store's keys share one string per namespace ("" for an object of
+    the whole cluster, a Node)."""
+    return sys.intern(body["metadata"].get("namespace", "")), body["metadata"]["name"]
 
 
 def _version(kept: Kept | None) -> str | None:

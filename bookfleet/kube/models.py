@@ -276,7 +276,8 @@ class RepairSpec(KubeModel):
     throttle_mb_per_s: float = Field(0, ge=0, description="repair bandwidth cap per executor; 0 is unlimited")
     service_account_name: str = Field("bookfleet-repair", pattern=DNS_LABEL)
     image: str = Field(
-        "bookfleet/repair:0.1.0", description="image of repair drivers and their executors (a JRE and pyspark)"
+        "", description="image of repair drivers and their executors (a JRE and pyspark); empty: the repair image of "
+        "the operator's own version, so an upgraded operator repairs with the image it ships with"
     )
     backoff_limit: int = Field(3, ge=0, description="retries of a failed repair pod, with Kubernetes' backoff")
     active_deadline_seconds: int = Field(
@@ -408,6 +409,47 @@ class VolumeRetentionPolicy(KubeModel):
     when_scaled: Retention = Retention.RETAIN
 
 
+class RolloutSpec(KubeModel):
+    """How pods that are not of the current spec are restarted: one bookie at a time, only while every other one is
+    ready and registered, and one cluster at a time among the clusters an operator manages."""
+
+    paused: bool = Field(False, description="true: no bookie of this cluster is restarted for a new spec or a new "
+                         "operator (a restart already begun is still waited for), and the cluster gives the turn to "
+                         "the next one")
+
+
+class Autoscaling(KubeModel):
+    """Bookies that follow their disks: one more when a bookie's ledger volume passes scaleUpDiskUsage, one fewer,
+    drained as any scale-down is, when every bookie is under scaleDownDiskUsage and the others would hold its data
+    under scaleUpDiskUsage; never two at once, within cooldownSeconds of the last, or outside minReplicas..maxReplicas.
+    The operator then owns spec.replicas."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            ("self.minReplicas <= self.maxReplicas", "minReplicas must not be above maxReplicas"),
+            ("self.scaleDownDiskUsage < self.scaleUpDiskUsage", "scaleDownDiskUsage must be below scaleUpDiskUsage"),
+        )
+    )
+
+    min_replicas: int = Field(3, ge=1, description="never fewer bookies (at least the largest ensemble size)")
+    max_replicas: int = Field(ge=1, description="never more bookies")
+    scale_up_disk_usage: float = Field(
+        0.8, gt=0, le=1, description="a bookie whose ledger volume is used this much adds a bookie (below "
+        "bookie.diskUsageThreshold, where it turns read-only)"
+    )
+    scale_down_disk_usage: float = Field(0.4, ge=0, lt=1, description="every bookie used less than this removes one")
+    cooldown_seconds: int = Field(600, ge=0, description="no scaling within this long of the last")
+
+    @model_validator(mode="after")
+    def _check(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} must not be above maxReplicas {self.max_replicas}")
+        if self.scale_down_disk_usage >= self.scale_up_disk_usage:
+            raise ValueError(f"scaleDownDiskUsage {self.scale_down_disk_usage} must be below scaleUpDiskUsage "
+                             f"{self.scale_up_disk_usage}")
+        return self
+
+
 class BookieClusterSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=_validations(
@@ -417,7 +459,8 @@ class BookieClusterSpec(KubeModel):
     )
 
     replicas: int = Field(3, ge=1)
-    image: str = "bookfleet/bookie:0.1.0"
+    image: str = Field("", description="the bookies' image; empty: the bookie image of the operator's own version "
+                       "(an operator upgrade then rolls the bookies onto it, one cluster at a time)")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     zookeeper: str = Field(min_length=1, description="ZooKeeper connect string, e.g. zookeeper:2181; immutable")
     storage: Storage = Field(default_factory=Storage)
@@ -435,9 +478,13 @@ class BookieClusterSpec(KubeModel):
     persistent_volume_claim_retention_policy: VolumeRetentionPolicy = Field(default_factory=VolumeRetentionPolicy)
     pod_template: PodOverrides = Field(default_factory=PodOverrides, description="settings of every bookie pod")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     rollout_timeout_seconds: int = Field(
         600, ge=30, description="a bookie restarted by a rollout and not ready and registered after this long halts "
         "the rollout (condition RolloutStuck); it is never counted lost"
+    )
+    autoscaling: Autoscaling | None = Field(
+        None, description="scale replicas with the bookies' disk usage (absent: replicas is what the spec says)"
     )
 
 
@@ -646,6 +693,8 @@ def cluster_problems(spec: BookieClusterSpec) -> list[str]:
             f"security.renewBeforeDays ({security.renew_before_days}) must be less than certificateDays "
             f"({security.certificate_days})"
         )
+    if spec.zones and spec.autoscaling and spec.autoscaling.min_replicas < len(spec.zones):
+        problems.append(f"autoscaling.minReplicas {spec.autoscaling.min_replicas} cannot cover {len(spec.zones)} zones")
     if spec.zones and spec.replicas < len(spec.zones):
         empty = spec.zones[spec.replicas :]
         problems.append(

@@ -44,7 +44,7 @@ from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication, auditor_vote
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
-from bookfleet.replication.replicacheck import ENDS, ReplicaRange, copy_digester, entries_to_check, verdict
+from bookfleet.replication.replicacheck import ENDS, ReplicaRange, entries_to_check, verdict
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +210,7 @@ class _ReplicaChecker:
             except (BookieError, OSError, wire.ProtocolError) as exc:  # timeouts and connection errors included
                 log.debug("replica of ledger %d entry %d on %s: no answer (%r)", ledger_id, entry_id, bookie, exc)
                 continue
-            # MAC needs the ledger's password, which the auditor lacks: then only the copy's ids are checked.
-            return verdict(data, ledger_id, entry_id, copy_digester(metadata.digest_type, None))
+            return verdict(data, ledger_id, entry_id, wire.Digester(metadata.digest_type, metadata.password))
         self.silent.add(bookie)
         return Reply.UNREACHABLE
 

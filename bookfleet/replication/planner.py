@@ -5,7 +5,7 @@ who takes that position. Pure functions over LedgerMetadata, so the driver plans
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bookfleet.client.writeset import stores_entry, write_set
 from bookfleet.meta.metadata import Fragment, LedgerMetadata
@@ -38,6 +38,9 @@ class FragmentPlan:
     """Bookies of the fragment the lost-bookie rule declared lost (the marker's `lost_bookies`): the only ones
     repair may give up on. The other missing ones (a writer's missed entries, a replica check) may well answer."""
     digest_type: str = "crc32c"
+    password: bytes = field(default=b"", repr=False)
+    """The ledger's password from its metadata, as BookKeeper's replication worker takes it: the copies' digests
+    are verified with it and their adds carry its master key."""
     writer_epoch: int = 0
     """The ledger's writer epoch when planned, carried by the copies: a bookie that knows a newer one never lets them
     replace a copy of its own (see `Storage.add_unpacked`)."""
@@ -147,6 +150,7 @@ def plan_ledger(
                 replacements=replacements,
                 declared_lost=frozenset(fragment.bookies) & frozenset(declared_lost),
                 digest_type=str(metadata.digest_type),
+                password=metadata.password,
                 writer_epoch=metadata.writer_epoch,
                 entry_size_hint=metadata.length // max(1, metadata.last_entry_id + 1),
             )

@@ -84,8 +84,6 @@ class RepairSettings:
 
     addresses: dict[str, str]
     """bookie id -> HOST:PORT, for the survivors and the replacements."""
-    password: bytes = b""
-    """The recovery password (BookKeeper's bookieRecoveryPasswd): digests and the master key come from it."""
     throttle_bytes_per_s: float | None = None
     """Bytes written per second by this task (the driver splits the job's budget across tasks)."""
 
@@ -184,8 +182,8 @@ class FragmentCopier:
         self.plan = plan
         self.connections = connections
         self.bucket = bucket
-        self.digester = wire.Digester(plan.digest_type, settings.password)
-        self.add_prefix = wire.add_prefix(wire.master_key(settings.password), plan.writer_epoch)
+        self.digester = wire.Digester(plan.digest_type, plan.password)
+        self.add_prefix = wire.add_prefix(wire.master_key(plan.password), plan.writer_epoch)
         """Copies are recovery adds, accepted on a fenced ledger; their writer epoch keeps them from replacing a copy
         that a newer writer made."""
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)

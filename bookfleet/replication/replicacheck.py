@@ -6,7 +6,7 @@ check reads from one bookie, how it reads them, and what a copy it got back says
   benchmarks' verification) or a seeded sample (`bookfleet audit --sample`, so a rerun checks the same entries).
 - `read_copies`: those entries from one bookie — READ_RANGE for a whole range, READ_ENTRY each otherwise; an
   entry or ledger the bookie says it lacks is simply absent, any other error is the caller's (never "lacks").
-- `verdict` (pure): HAS, CORRUPT or LACKS for one copy, its digest verified when the checker knows how.
+- `verdict` (pure): HAS, CORRUPT or LACKS for one copy, its digest verified with the ledger's own digest and password.
 """
 
 from __future__ import annotations
@@ -134,26 +134,13 @@ async def read_copies(client: BookieClient, ledger_id: int, entries: list[int], 
     return {entry_id: raw for entry_id, raw in zip(entries, raws, strict=True) if raw is not None}
 
 
-def copy_digester(digest_type: wire.DigestType | str, password: bytes | None) -> wire.Digester | None:
-    """What verifies a copy's digest: CRC32C needs nothing, MAC needs the ledger's password (None: not known, then
-    only the copy's ids are checked)."""
-    digest_type = wire.DigestType(digest_type)
-    if digest_type == wire.DigestType.CRC32C:
-        return wire.Digester(digest_type)
-    return wire.Digester(digest_type, password) if password is not None else None
-
-
-def verdict(raw: bytes | None, ledger_id: int, entry_id: int, digester: wire.Digester | None) -> Reply:
-    """LACKS without a copy; HAS for a copy of this very entry whose digest verifies (ids only without a
-    digester); CORRUPT otherwise."""
+def verdict(raw: bytes | None, ledger_id: int, entry_id: int, digester: wire.Digester) -> Reply:
+    """LACKS without a copy; HAS for a copy of this very entry whose digest verifies with the ledger's own digest
+    type and password (from its metadata, as BookKeeper's replication worker takes them); CORRUPT otherwise."""
     if raw is None:
         return Reply.LACKS
     try:
-        if digester is not None:
-            entry = wire.decode_entry(digester, raw)
-            ids = (entry.ledger_id, entry.entry_id)
-        else:
-            ids = wire.entry_ids(raw)[:2]
+        entry = wire.decode_entry(digester, raw)
     except wire.ProtocolError:
         return Reply.CORRUPT
-    return Reply.HAS if ids == (ledger_id, entry_id) else Reply.CORRUPT
+    return Reply.HAS if (entry.ledger_id, entry.entry_id) == (ledger_id, entry_id) else Reply.CORRUPT

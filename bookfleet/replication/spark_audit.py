@@ -38,7 +38,7 @@ from bookfleet.replication.replicacheck import (
     read_copies,
     verdict,
 )
-from bookfleet.replication.spark_repair import PASSWORD_ENV, TASKS_PER_CORE
+from bookfleet.replication.spark_repair import TASKS_PER_CORE
 
 READS_IN_FLIGHT = 64
 CHECK_TIMEOUT = 120.0
@@ -111,12 +111,12 @@ async def check_replica(
 
 
 async def audit_unit(
-    unit: AuditUnit, connections: Connections, password: bytes, coverage: Coverage, slots: asyncio.Semaphore
+    unit: AuditUnit, connections: Connections, coverage: Coverage, slots: asyncio.Semaphore
 ) -> AuditResult:
-    """Check every bookie of one fragment at once."""
+    """Check every bookie of one fragment at once; digests with the ledger's own type and password."""
     fragment = unit.fragment
     result = AuditResult(fragment.ledger_id)
-    digester = wire.Digester(fragment.digest_type, password)
+    digester = wire.Digester(fragment.digest_type, fragment.password)
     positions = range(fragment.ensemble_size)
     checks = await asyncio.gather(
         *(asyncio.wait_for(check_replica(unit, p, connections, digester, coverage, slots), CHECK_TIMEOUT)
@@ -139,20 +139,20 @@ async def audit_unit(
     return result
 
 
-async def audit_units(units: list[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
+async def audit_units(units: list[AuditUnit], addresses: dict[str, str], sample: float):
     """All fragments of a task concurrently; READS_IN_FLIGHT bounds the reads outstanding."""
     connections = Connections(addresses)
     slots = asyncio.Semaphore(READS_IN_FLIGHT)
     coverage = Coverage.sampled(sample)
     try:
-        return await asyncio.gather(*(audit_unit(unit, connections, password, coverage, slots) for unit in units))
+        return await asyncio.gather(*(audit_unit(unit, connections, coverage, slots) for unit in units))
     finally:
         await connections.close()
 
 
-def audit_partition(units: Iterable[AuditUnit], addresses: dict[str, str], password: bytes, sample: float):
+def audit_partition(units: Iterable[AuditUnit], addresses: dict[str, str], sample: float):
     """The Spark task body."""
-    return asyncio.run(audit_units(list(units), addresses, password, sample))
+    return asyncio.run(audit_units(list(units), addresses, sample))
 
 
 def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
@@ -182,19 +182,16 @@ def plan_audit(zk: KazooClient) -> tuple[list[AuditUnit], int]:
                 lost=(),
                 replacements=(),
                 digest_type=str(metadata.digest_type),
+                password=metadata.password,
             )
             units.append(AuditUnit(plan, skip))
     return units, ledgers
 
 
-def run_audit(
-    zk: str, sample: float = 1.0, master: str | None = sparksettings.DEFAULT_MASTER, password: bytes | None = None
-) -> AuditSummary:
+def run_audit(zk: str, sample: float = 1.0, master: str | None = sparksettings.DEFAULT_MASTER) -> AuditSummary:
     """Audit every ledger's replicas once and mark the ledgers that fall short; the library entry point."""
     if not 0 < sample <= 1:
         raise ValueError(f"sample must be in (0, 1], got {sample}")
-    if password is None:
-        password = os.environ.get(PASSWORD_ENV, "").encode()
     started = time.monotonic()
     summary = AuditSummary(sample=sample)
     with zkclient.session(zk) as client:
@@ -207,7 +204,7 @@ def run_audit(
             slices = min(len(units), max(1, context.defaultParallelism) * TASKS_PER_CORE)
             results = (
                 context.parallelize(units, slices)
-                .mapPartitions(lambda part: audit_partition(part, addresses, password, sample))
+                .mapPartitions(lambda part: audit_partition(part, addresses, sample))
                 .collect()
             )
         short: dict[int, set[str]] = {}

@@ -66,7 +66,6 @@ BATCH_BYTES = 64 * 1024 * 1024
 TASKS_PER_CORE = 2
 """Batches per Spark core: two waves, so the first wave commits while the second copies; more tasks cost more
 than they overlap (each Spark task pays a fixed start-up: job scheduling, the Python worker's file setup)."""
-PASSWORD_ENV = "BOOKFLEET_RECOVERY_PASSWORD"
 CAS_ATTEMPTS = 10
 ZK_THREADS = 16
 """ZooKeeper calls in flight while planning and committing: each ledger costs a few round trips and fsyncs."""
@@ -178,7 +177,6 @@ class RepairJob:
     def __init__(
         self,
         zk: KazooClient,
-        password: bytes = b"",
         throttle_mb_s: float | None = None,
         open_grace_s: float = DEFAULT_OPEN_GRACE_S,
         policy: PlacementPolicy | str = PlacementPolicy.ZONE_AWARE,
@@ -188,7 +186,6 @@ class RepairJob:
         self.metadata = MetadataStore(zk)
         self.registry = BookieRegistry(zk)
         self.under_replication = UnderReplication(zk)
-        self.password = password
         self.throttle_mb_s = throttle_mb_s
         self.open_grace_s = open_grace_s
         self.policy = policy
@@ -320,9 +317,6 @@ class RepairJob:
         except NotEnoughBookies as exc:
             self.fail(ledger_id, f"ledger {ledger_id}: no replacement bookie: {exc}")
             return None
-        if not metadata.password_matches(self.password):
-            self.fail(ledger_id, f"ledger {ledger_id}: the recovery password does not match (set ${PASSWORD_ENV})")
-            return None
         if not plans:
             self.finish(ledger_id, marker, metadata)
             return None
@@ -346,15 +340,16 @@ class RepairJob:
             self.summary.pending.append(ledger_id)
             return None
         try:
-            return asyncio.run(self.recover(ledger_id))
+            return asyncio.run(self.recover(ledger_id, metadata.password))
         except Exception as exc:  # any recovery failure leaves the ledger marked for the next run
             self.fail(ledger_id, f"ledger {ledger_id}: recovery open failed: {exc}")
             return None
 
-    async def recover(self, ledger_id: int) -> LedgerMetadata:
+    async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+        """Recovery open with the ledger's own password (from its metadata), as BookKeeper's admin opens it."""
         bookkeeper = BookKeeper(self.zk)
         try:
-            return await bookkeeper.recover_ledger(ledger_id, self.password)
+            return await bookkeeper.recover_ledger(ledger_id, password)
         finally:
             await bookkeeper.close()
 
@@ -372,7 +367,6 @@ class RepairJob:
             addresses=self.registry.last_known_addresses(
                 bookie for work in works for plan in work.plans for bookie in plan.bookies
             ),
-            password=self.password,
             throttle_bytes_per_s=self.throttle_mb_s * 1e6 / parallelism if self.throttle_mb_s else None,
         )
         done = 0
@@ -576,7 +570,6 @@ def run_repair(
     ledgers: Sequence[int] | None = None,
     master: str | None = sparksettings.DEFAULT_MASTER,
     throttle_mb_s: float | None = None,
-    password: bytes | None = None,
     open_grace_s: float = DEFAULT_OPEN_GRACE_S,
     progress: ProgressCallback | None = None,
     lock_wait_s: float = sparksettings.DEFAULT_LOCK_WAIT_S,
@@ -586,9 +579,6 @@ def run_repair(
     """Repair the marked ledgers (or `ledgers`) once; the library entry point of `bookfleet repair`. A plan of at
     most `local_max_mb` MB runs in this process alone, `local[local_cores]`, whatever the master (sparksettings.
     repair_master; 0: never)."""
-    if password is None:
-        password = os.environ.get(PASSWORD_ENV, "").encode()
-
     def session(planned_bytes: int):
         chosen = sparksettings.repair_master(master, planned_bytes, local_max_mb, local_cores)
         started = time.monotonic()
@@ -598,7 +588,7 @@ def run_repair(
         return spark
 
     with zkclient.session(zk, ZK_SESSION_TIMEOUT) as client:
-        job = RepairJob(client, password, throttle_mb_s, open_grace_s, lock_wait_s=lock_wait_s)
+        job = RepairJob(client, throttle_mb_s, open_grace_s, lock_wait_s=lock_wait_s)
         return job.run(session, ledgers, progress)
 
 

@@ -126,7 +126,7 @@ async def test_v3_serves_every_operation_with_its_txn_id(bookie_fleet):
 async def test_protocols_are_told_apart_per_connection(bookie_fleet):
     """bookfleet's own frames, V2 and V3 on connections of the same bookie, on the same ledger."""
     (bookie,) = bookie_fleet.start(1)
-    key = wire.master_key(b"shared")  # bookfleet's 32-byte key: the bookie keeps whatever key the first add brings
+    key = wire.master_key(b"shared")  # BookKeeper's key: the bookie keeps whatever key the first add brings
     async with await BookieClient.connect(bookie.address) as client:
         await client.add_entry(key, encode_test_entry(4, 0, b"bookfleet"))
     v2, v3 = await BkConnection.open(bookie.port), await BkConnection.open(bookie.port)

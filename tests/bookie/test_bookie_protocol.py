@@ -189,7 +189,7 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
         "wrong version": wire.LENGTH_PREFIX.pack(12) + header.pack(9, 2, 0, 78),
         "unknown op": wire.encode_request(99, 79),
         "short ADD body": wire.encode_request(wire.Op.ADD_ENTRY, 80, b"\0" * 40),
-        "short RAISE_EPOCH body": wire.encode_request(wire.Op.RAISE_EPOCH, 81, b"\0" * 40),
+        "short RAISE_EPOCH body": wire.encode_request(wire.Op.RAISE_EPOCH, 81, b"\0" * (wire.MASTER_KEY_SIZE + 8)),
         "short length": wire.LENGTH_PREFIX.pack(3) + b"abc",
     }
     answers = {}

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import zlib
+
+import crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -36,6 +41,21 @@ def test_mac_digest_depends_on_the_password():
     encoded = wire.encode_entry(wire.Digester("mac", b"right"), 1, 0, -1, 1, b"x")
     with pytest.raises(wire.DigestMismatch):
         wire.decode_entry(wire.Digester("mac", b"wrong"), encoded)
+
+
+def test_keys_and_digests_follow_bookkeepers_digest_manager():
+    """The master key is SHA-1("ledger" + password); MAC is HMAC-SHA1 keyed by SHA-1("mac" + password); CRC32 is the
+    32-bit CRC of header and payload as a big-endian u64; DUMMY is empty. The interop tests check them against the
+    Java client itself."""
+    header, payload = wire.ENTRY_HEADER.pack(7, 3, 2, 10), b"0123456789"
+    assert wire.master_key(b"pw") == hashlib.sha1(b"ledgerpw").digest() and wire.MASTER_KEY_SIZE == 20
+    digests = {kind: wire.Digester(kind, b"pw").digest(header, payload) for kind in wire.DigestType}
+    assert digests[wire.DigestType.MAC] == hmac.new(hashlib.sha1(b"macpw").digest(), header + payload, "sha1").digest()
+    assert digests[wire.DigestType.CRC32] == zlib.crc32(header + payload).to_bytes(8, "big")
+    assert digests[wire.DigestType.CRC32C] == crc32c.crc32c(header + payload).to_bytes(4, "big")
+    assert digests[wire.DigestType.DUMMY] == b""
+    assert {len(digest) for digest in digests.values()} == {20, 8, 4, 0}
+    assert all(wire.digest_size(digest_type) == len(digests[digest_type]) for digest_type in wire.DigestType)
 
 
 def _taken(buffer: bytearray) -> list[tuple[int, int, int, bytes]]:

@@ -435,7 +435,7 @@ def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_
     """A spec change reaches the pods through their config hash, one bookie at a time; an image that never runs
     halts the rollout at its first bookie (RolloutStuck), counts nobody lost and repairs nothing."""
     cluster = installed
-    image = walkthrough.bookie_cluster(cluster).spec.image
+    image = resources.bookie_image(walkthrough.bookie_cluster(cluster))
     walkthrough.patch_cluster(cluster, {"image": MISSING_IMAGE, "rolloutTimeoutSeconds": 30})
 
     def stuck() -> bool:

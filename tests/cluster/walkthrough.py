@@ -351,7 +351,7 @@ def start_client(cluster: LocalCluster, name: str, script: str, node: str | None
     deleted first."""
     spec = bookie_cluster(cluster, on)
     container = {
-        "name": "client", "image": spec.spec.image, "args": ["sh", "-c", script],
+        "name": "client", "image": resources.bookie_image(spec), "args": ["sh", "-c", script],
         "env": resources.security_env(spec, with_tls_dir=True),
         "volumeMounts": [resources.tls_mount(), resources.SCRATCH],
         "securityContext": resources.container_security_context(),
@@ -392,7 +392,7 @@ def parked_repair_pod(cluster: LocalCluster, name: str) -> str:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {resources.LABEL_COMPONENT: resources.REPAIR}},
         "spec": {"nodeSelector": {"bookfleet.io/no-such-node": "true"},
-                 "containers": [{"name": "executor", "image": bookie_cluster(cluster).spec.image,
+                 "containers": [{"name": "executor", "image": resources.bookie_image(bookie_cluster(cluster)),
                                  "securityContext": resources.container_security_context()}],
                  "securityContext": resources.pod_security_context()},
     }

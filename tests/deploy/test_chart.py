@@ -18,7 +18,7 @@ from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
 from bookfleet.kube.api import PLURALS
-from bookfleet.kube.models import BookieCluster, cluster_problems
+from bookfleet.kube.models import RESOURCES, BookieCluster, cluster_problems
 from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, VALIDATING_ADMISSION_POLICY, operator_objects, render_chart
 
@@ -172,8 +172,11 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     objects = render_chart({})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"]}
-    nodes_and_volumes = {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}
-    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, nodes_and_volumes]
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    volumes = {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}
+    own_crds = {**crds, "resourceNames": [crdgen.crd(resource)["metadata"]["name"] for resource in RESOURCES] + [
+        crdgen.KOPF_PEERING["metadata"]["name"]], "verbs": ["patch"]}  # applied at its start (crdgen.apply_crds)
+    assert cluster_role["rules"] == [{**crds, "verbs": ["get", "list", "watch"]}, own_crds, nodes, volumes]
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["name"] == "bookfleet"]
     granted = grants(role["rules"])
     built = {("", "pods"), ("", "persistentvolumeclaims"), ("", "services"), ("batch", "jobs")}
@@ -205,10 +208,21 @@ def test_operator_may_manage_what_it_builds_and_only_read_cluster_wide() -> None
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:6] == ["bookfleet", "--log-level", "INFO", "operator", "--namespace", "bookfleet"]
     assert command[6:] == ["--peering", "bookfleet", "--liveness", "http://0.0.0.0:8080/healthz",
-                           "--metrics-port", "9090"]
+                           "--metrics-port", "9090", "--bookie-image", "bookfleet/bookie", "--repair-image",
+                           "bookfleet/repair", "--apply-crds"]
     parsed = build_parser().parse_args(command[1:])
     assert (parsed.namespaces, parsed.standalone, parsed.peering) == (["bookfleet"], False, "bookfleet")
+    assert parsed.apply_crds and (parsed.bookie_image, parsed.repair_image) == ("bookfleet/bookie", "bookfleet/repair")
     assert ("kopf.dev", "kopfpeerings", "patch") in granted and ("kopf.dev", "kopfpeerings", "watch") in granted
+
+
+def test_without_apply_crds_the_operator_may_not_patch_crds_and_is_not_asked_to() -> None:
+    objects = render_chart({"operator": {"applyCRDs": False}, "image": {"bookie": {"repository": "mirror/bk"}}})
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert ("apiextensions.k8s.io", "customresourcedefinitions", "patch") not in grants(cluster_role["rules"])
+    (deployment,) = by_kind(objects, "Deployment")
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--apply-crds" not in command and command[command.index("--bookie-image") + 1] == "mirror/bk"
 
 
 def test_a_bookie_cluster_without_zookeeper_is_refused_with_a_clear_error() -> None:
@@ -369,6 +383,18 @@ def test_client_certificates_reach_the_chart_cluster() -> None:
     assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
 
 
+def test_autoscaling_reaches_the_chart_cluster_and_leaves_its_replicas_to_the_operator() -> None:
+    """An upgrade writing the chart's replicas would undo the autoscaler's: with autoscaling, the chart sets none."""
+    policy = {"minReplicas": 3, "maxReplicas": 6}
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181", "autoscaling": policy}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert cluster["spec"]["autoscaling"] == policy and "replicas" not in cluster["spec"]
+    spec = BookieCluster.model_validate(cluster).spec
+    assert spec.autoscaling is not None and spec.autoscaling.scale_up_disk_usage == 0.8
+    (fixed,) = by_kind(render_chart({"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"}}), "BookieCluster")
+    assert fixed["spec"]["replicas"] == 3 and "autoscaling" not in fixed["spec"]
+
+
 def test_operator_is_probed_for_readiness() -> None:
     (deployment,) = by_kind(render_chart({}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -511,6 +537,8 @@ def test_two_operator_replicas_peer_through_a_kopf_peering_the_chart_installs(ch
 def test_operator_priority_needs_peering(capsys) -> None:
     assert main(["operator", "--priority", "5"]) == 2
     assert "--priority needs --peering NAME" in capsys.readouterr().err
+    assert main(["operator", "--peering", "bookfleet", "--peering-lifetime", "0"]) == 2
+    assert "--peering-lifetime must be at least 1 second, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "--standalone", "--peering", "bookfleet"])
 

@@ -87,8 +87,8 @@ print(json.dumps({"driver": driver, "application": application["spec"], "pyspark
 
 def check_repair_specs(stdout: str) -> None:
     specs = json.loads(stdout.splitlines()[-1])
-    defaults = BookieCluster.model_validate({"metadata": {"name": "demo"}, "spec": {"zookeeper": "zk:2181"}}).spec
-    repair_image = defaults.auto_recovery.repair.image
+    defaults = BookieCluster.model_validate({"metadata": {"name": "demo"}, "spec": {"zookeeper": "zk:2181"}})
+    repair_image = resources.repair_image(defaults)  # the operator's own version's
     driver, application = specs["driver"], specs["application"]
     assert driver["image"] == application["image"] == repair_image
     assert driver["command"][0] == "spark-submit"
@@ -240,7 +240,7 @@ def test_the_operator_image_launches_a_repair_job_on_a_real_api_server(
         job = wait_for(repair_job, 180, f"the repair Job of bk-0 (operator log: {log})")
     assert UnderReplication(zk).marker(ledger_id).missing_bookies == {lost_id}
     (driver,) = job["spec"]["template"]["spec"]["containers"]
-    repair_image = BookieCluster.model_validate(cluster).spec.auto_recovery.repair.image
+    repair_image = resources.repair_image(BookieCluster.model_validate(cluster))
     assert driver["image"] == repair_image and driver["command"][0] == "spark-submit", driver
 
 

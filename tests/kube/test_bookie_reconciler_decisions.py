@@ -125,6 +125,36 @@ def assert_lost(decision: Decision, kind: DeathKind, since: dt.datetime) -> None
     assert events(decision)[:1] == ["BookieLost"]
 
 
+# --- a zone from the node ----------------------------------------------------------------------------------------
+
+ZONE_PATCH = Patch(CUSTOM, "bookies", "default", "bk-0", {"spec": {"zone": "zone-b"}})
+
+
+def test_a_zone_less_bookie_starting_on_a_zoned_node_takes_its_zone_and_starts_again_with_it():
+    """Bound but not serving yet: restarted at once, so it never registers without the zone (the next pass makes
+    the pod from the Bookie, with --zone)."""
+    decision = bookies.decide(replace(observed(pod=pod(ready=False)), node_zone="zone-b"), NOW)
+    assert of_type(decision, Patch) == [ZONE_PATCH, ANNOTATE]
+    assert of_type(decision, Delete) == [Delete(CORE, "pods", "default", "bk-0")]
+    assert event_messages(decision)["ZoneFromNode"] == "bookie bk-0 is in zone zone-b, its node's"
+    assert ensured(decision) == []
+
+
+def test_a_serving_zone_less_bookie_takes_its_nodes_zone_and_is_left_to_the_rollout():
+    """A bookie from before zones came from nodes keeps serving: the cluster's rollout restarts it, one at a time."""
+    decision = bookies.decide(replace(observed(pod=pod(), info=registered()), node_zone="zone-b"), NOW)
+    assert of_type(decision, Patch) == [ZONE_PATCH]
+    assert of_type(decision, Delete) == []
+
+
+@pytest.mark.parametrize("zone", [None, "zone-b"])
+def test_a_bookie_with_a_zone_or_on_a_node_without_one_keeps_what_it_has(zone):
+    body = bookie_body()
+    body["spec"]["zone"] = zone and "zone-a"
+    decision = bookies.decide(replace(observed(body, pod=pod(ready=False)), node_zone=zone), NOW)
+    assert of_type(decision, Patch) == [] and of_type(decision, Delete) == [] and "ZoneFromNode" not in events(decision)
+
+
 # --- what counts as a lost bookie ------------------------------------------------------------------------------
 
 def test_a_new_bookie_gets_its_volumes_and_pod_and_is_not_lost():
@@ -553,7 +583,7 @@ def cached_sources(zk_connect: str, bookie: dict) -> bookies.BookieSources:
               ("pods", "bk-0"): pod(),
               **{("persistentvolumeclaims", name): {"metadata": {"name": name}, "spec": {}} for name in CLAIMS}}
     return bookies.BookieSources(*(lambda namespace, name, plural=plural: cached.get((plural, name)) for plural in
-                                   ("bookies", "bookieclusters", "pods", "persistentvolumeclaims")))
+                                   ("bookies", "bookieclusters", "pods", "persistentvolumeclaims", "nodes")))
 
 
 def test_a_serving_bookies_pass_reads_everything_from_the_watch_caches(zk_connect):

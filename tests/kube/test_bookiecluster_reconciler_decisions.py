@@ -50,9 +50,17 @@ def claims_of(*names: str, **metadata: Any) -> dict[str, dict]:
 
 
 def decide(of: BookieCluster, *bookies: clusters.Member, status: dict | None = None,
-           claims: dict | None = None, moment: dt.datetime = NOW) -> list:
+           claims: dict | None = None, moment: dt.datetime = NOW,
+           turn_holder: clusters.ClusterKey | None = None) -> list:
     body = {**of.to_wire(), "status": status or {}}
-    return list(clusters.decide(clusters.ObservedCluster(body, of, "", bookies, claims or {}), moment).actions)
+    observed = clusters.ObservedCluster(body, of, "", bookies, claims or {}, turn_holder=turn_holder)
+    return in_turn(clusters.decide(observed, moment).actions)
+
+
+def in_turn(actions: tuple) -> list:
+    """The actions with a restart's in line: what the pass does when it gets the rollout turn."""
+    return [inner for action in actions
+            for inner in (action.actions if isinstance(action, clusters.InTurn) else (action,))]
 
 
 def of_type(actions: list, kind: type, **fields: Any) -> list:
@@ -393,6 +401,17 @@ def test_the_fleets_health_comes_from_zookeepers_facts_with_every_zone_of_the_sp
     observed = clusters.ObservedCluster(body, zoned, "", (up(0, zoned), up(1, zoned), up(2, zoned)), {}, fleet=facts)
     assert health(list(clusters.decide(observed, NOW).actions)) == metrics.FleetHealth(
         5, 1, 1_000, {"a": 2, "b": 0, "c": 0, "": 1}, rollout_stuck=False, repairs_given_up=0)
+
+
+def test_without_zones_in_the_spec_every_zone_its_bookies_took_from_their_nodes_is_shown():
+    """Zones taken from the nodes are the Bookies': one whose bookies all went read-only still shows, at 0."""
+    flat = bookie_cluster(3)
+    members = [up(i, flat) for i in range(3)]
+    for member, zone in zip(members, ("a", "b", None), strict=True):
+        member.body["spec"]["zone"] = zone
+    facts = clusters.FleetFacts(writable_zones=("a", ""))
+    observed = clusters.ObservedCluster({**flat.to_wire(), "status": {}}, flat, "", tuple(members), {}, fleet=facts)
+    assert health(list(clusters.decide(observed, NOW).actions)).writable_by_zone == {"a": 1, "b": 0, "": 1}
 
 
 def test_a_stuck_rollout_and_repairs_given_up_show_in_the_fleets_health():

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import kubernetes_validate
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from bookfleet import __version__
 from bookfleet.cli import main
 from bookfleet.kube import crdgen
-from bookfleet.kube.api import CUSTOM
+from bookfleet.kube.api import CUSTOM, KubeApi
 from bookfleet.kube.models import (
     BOOKIE_CONFIG_KEYS,
     DATA_LOSS,
     RESOURCES,
     VALID,
+    Autoscaling,
     BookieCluster,
     BookieClusterSpec,
     BookieSettings,
@@ -33,7 +37,9 @@ from bookfleet.kube.models import (
     validated_cluster,
     validity_condition,
 )
+from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
+from tests.fixtures.manifests import render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIES = [ROOT / "crds", ROOT / "charts" / "bookfleet" / "crds"]
@@ -146,6 +152,21 @@ def test_bookie_settings_rules_match_their_cel_twins() -> None:
         "has(self.namespaceSelector) || has(self.podSelector)"]
     with pytest.raises(ValidationError, match="needs namespaceSelector or podSelector"):
         BookieClusterSpec.model_validate({"zookeeper": "zk:2181", "networkPolicy": {"clients": [{}]}})
+
+
+def test_autoscaling_rules_match_their_cel_twins() -> None:
+    with pytest.raises(ValidationError, match="minReplicas 4 must not be above maxReplicas 3"):
+        Autoscaling(min_replicas=4, max_replicas=3)
+    with pytest.raises(ValidationError, match=re.escape("scaleDownDiskUsage 0.8 must be below scaleUpDiskUsage 0.8")):
+        Autoscaling(max_replicas=6, scale_down_disk_usage=0.8)
+    spec = version_schema(BookieCluster)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    autoscaling = spec["properties"]["autoscaling"]
+    assert {rule["rule"] for rule in autoscaling["x-kubernetes-validations"]} == {
+        "self.minReplicas <= self.maxReplicas", "self.scaleDownDiskUsage < self.scaleUpDiskUsage"}
+    assert autoscaling["required"] == ["maxReplicas"]  # the others have defaults, so the rules always see them
+    zoned = BookieClusterSpec(zookeeper="zk:2181", zones=["a", "b", "c"], autoscaling={"minReplicas": 2,
+                                                                                    "maxReplicas": 6})
+    assert cluster_problems(zoned) == ["autoscaling.minReplicas 2 cannot cover 3 zones"]
 
 
 def test_an_unknown_bookie_setting_is_refused_by_the_model_naming_it_and_its_cel_twin_lists_the_same_keys() -> None:
@@ -364,3 +385,68 @@ def test_the_api_server_refuses_a_new_zookeeper_or_storage_class_and_takes_a_lar
     assert "zookeeper is immutable" in refusal({"zookeeper": "other-zk:2181"})
     assert "storageClassName is immutable" in refusal({"storage": {"ledgers": {"storageClassName": "fast"}}})
     assert refusal({"storage": {"ledgers": {"size": "20Gi"}}, "replicas": 4}) == ""
+
+
+def without_rollout(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The BookieCluster CRD of release 0.1.0, which had no spec.rollout."""
+    released = copy.deepcopy(manifest)
+    spec = released["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    del spec["properties"]["rollout"]
+    return released
+
+
+def test_the_operator_applies_its_crds_so_a_field_added_later_is_served_and_no_image_is_stored(api_server) -> None:
+    """`helm upgrade` never touches the chart's crds/: a field added by a later release was pruned from every object
+    that set it. The operator applies its own CRDs at its start (server-side, field manager bookfleet); a CRD a newer
+    operator applied is left alone. Objects no longer store an image: empty means the operator's own version's."""
+    api = KubeApi(kubernetes.config.new_client_from_config(str(api_server.kubeconfig)))
+    api.create(without_rollout(crdgen.crd(BookieCluster)))
+    cluster = {"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+               "metadata": {"name": "bk", "namespace": "default"},
+               "spec": {"zookeeper": "zk:2181", "rollout": {"paused": True}}}
+    wait_for(lambda: api.served(CUSTOM, "bookieclusters", "default"), 60, "the released CRD served")
+    created = api.create(cluster)
+    assert "rollout" not in created["spec"], "pruned by the released CRD"
+    assert created["spec"]["image"] == ""
+
+    assert crdgen.apply_crds(api) == [crdgen.crd(resource)["metadata"]["name"] for resource in RESOURCES] + [
+        crdgen.KOPF_PEERING["metadata"]["name"]]
+
+    def paused_kept() -> bool:
+        patched = api.patch(CUSTOM, "bookieclusters", "default", "bk", {"spec": {"rollout": {"paused": True}}})
+        return patched["spec"].get("rollout") == {"paused": True}
+
+    wait_for(paused_kept, 60, "spec.rollout served after the operator applied its CRDs")
+    crd = api.get(crdgen.CRDS, "customresourcedefinitions", None, BookieCluster.crd_name())
+    assert crd["metadata"]["annotations"][crdgen.ANNOTATION_OPERATOR_VERSION] == __version__
+    assert crdgen.CRD_FIELD_MANAGER in {entry["manager"] for entry in crd["metadata"]["managedFields"]}
+    assert crdgen.apply_crds(api, version="0.0.1") == [], "an older operator leaves a newer one's CRDs alone"
+    assert api.get(CUSTOM, "bookieclusters", "default", "bk")["spec"]["rollout"] == {"paused": True}
+
+
+def test_the_charts_operator_account_may_apply_its_crds_and_nothing_else(api_server) -> None:
+    """The chart's ClusterRole lets the operator patch its four CRDs by name (applyCRDs), as a real API server
+    authorizes a server-side apply: it applies them, and may not patch another CRD."""
+    install_crds(api_server)
+    admin = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
+    KubeApi(admin).create(crdgen.KOPF_PEERING)  # the four as `helm install` puts them from crds/
+    account = "system:serviceaccount:bookfleet:bookfleet"
+    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
+    (role,) = [obj for obj in render_chart({}) if obj["kind"] == "ClusterRole"]
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": "bookfleet"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                       "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "User", "name": account}]})
+    operator = kubernetes.config.new_client_from_config(str(api_server.kubeconfig))
+    operator.set_default_header("Impersonate-User", account)
+    api = KubeApi(operator)
+    wait_for(lambda: api.get(crdgen.CRDS, "customresourcedefinitions", None, BookieCluster.crd_name()) is not None,
+             30, "the ClusterRole in force")
+    assert len(crdgen.apply_crds(api)) == 4
+    other = {**crdgen.KOPF_PEERING, "metadata": {"name": "others.example.com"},
+             "spec": {**crdgen.KOPF_PEERING["spec"], "group": "example.com",
+                      "names": {"kind": "Other", "plural": "others", "singular": "other"}}}
+    with pytest.raises(ApiException) as refused:
+        api.apply(other, manager=crdgen.CRD_FIELD_MANAGER)
+    assert refused.value.status == 403

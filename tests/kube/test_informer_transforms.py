@@ -104,6 +104,21 @@ def test_a_cached_claim_or_bookie_drops_only_managed_fields():
         assert informers.without_managed_fields(kept) is kept  # nothing to drop: no copy
 
 
+def test_a_cached_node_keeps_its_name_and_zone_and_the_pass_reads_the_zone_from_it():
+    """Node status (conditions, images, addresses) changes with every heartbeat's news: only the zone is kept."""
+    node = stored({"metadata": {"name": "node-a", "labels": {resources.ZONE_LABEL: "zone-b", resources.HOSTNAME_LABEL:
+                                                              "node-a"}},
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}], "images": [{"names": ["x"]}]}},
+                  "n0")
+    kept = informers.node_as_read(node)
+    assert kept == {"metadata": {"name": "node-a", "resourceVersion": "7", "labels": {resources.ZONE_LABEL: "zone-b"}}}
+    bound = informers.bookie_pod_as_read(server_pod(ready=False))
+    assert bookies.node_zone(lambda namespace, name: kept if name == bound["spec"]["nodeName"] else None,
+                             bound) == "zone-b"
+    unlabelled = informers.node_as_read(stored({"metadata": {"name": "node-a"}}, "n1"))
+    assert bookies.node_zone(lambda namespace, name: unlabelled, bound) is None
+
+
 def test_a_transformed_store_and_whoever_it_tells_get_the_trimmed_body_for_the_same_changes(kube: EmulatorThread):
     """List, watch and a re-list after a lost watch: each change is told once as before, and what is told and what
     the store holds is the trimmed pod (a wake-up reads its labels, a pass its status and node)."""

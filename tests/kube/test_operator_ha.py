@@ -24,8 +24,9 @@ ACTING = "Resuming operations after the pause"
 PAUSED = "Pausing operations in favour of"
 """kopf starts a peered replica paused, logs ACTING when it finds itself the highest priority alive, and PAUSED when
 a higher one appears later."""
-PEERING_LIFETIME = 60
-"""kopf's default peering lifetime: a replica killed -9 counts as gone this long after its last heartbeat."""
+PEERING_LIFETIME = 15
+"""The replicas' `--peering-lifetime` (kopf's default is 60): a replica killed -9 counts as gone this long after its
+last heartbeat."""
 
 
 class Replica:
@@ -38,7 +39,8 @@ class Replica:
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bookfleet", "operator", "--namespace", NS, "--peering", PEERING, *chosen,
-                 "--kubeconfig", str(kube.kubeconfig), "--interval", "0.5"],
+                 "--kubeconfig", str(kube.kubeconfig), "--interval", "0.5",
+                 "--peering-lifetime", str(PEERING_LIFETIME)],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
             )
 

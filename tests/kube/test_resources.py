@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from bookfleet import spark
+from bookfleet import __version__, spark
 from bookfleet.bookie import config as bookie_config
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
@@ -253,7 +253,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "bookfleet-repair" and pod["restartPolicy"] == "Never"
     (container,) = pod["containers"]
-    assert container["image"] == cluster.spec.auto_recovery.repair.image == "bookfleet/repair:0.1.0"
+    assert container["image"] == resources.repair_image(cluster) == f"bookfleet/repair:{__version__}"
     command = container["command"]
     assert command[0] == "spark-submit"
     options = dict(zip(command[1::2], command[2::2], strict=False))
@@ -261,7 +261,7 @@ def test_repair_job_runs_spark_submit_on_kubernetes_in_client_mode(cluster: Book
     assert options["--deploy-mode"] == "client"
     conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
     assert conf["spark.kubernetes.namespace"] == "storage"
-    assert conf["spark.kubernetes.container.image"] == cluster.spec.auto_recovery.repair.image
+    assert conf["spark.kubernetes.container.image"] == resources.repair_image(cluster)
     assert conf["spark.executor.instances"] == "3" and conf["spark.executor.memory"] == "2g"
     assert conf["spark.driver.host"] == "$(POD_IP)" and conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
     # Executors connect to the bind address on Spark 4 (seen on a real cluster: 0.0.0.0:7078, connection refused).
@@ -313,7 +313,7 @@ def test_spark_application_variant(cluster: BookieCluster, bookie: Bookie) -> No
     assert app["apiVersion"] == "sparkoperator.k8s.io/v1beta2" and app["kind"] == "SparkApplication"
     assert app["metadata"]["name"] == resources.repair_name("demo", "demo-1", LOST)
     spec = app["spec"]
-    assert (spec["type"], spec["mode"], spec["image"]) == ("Python", "cluster", cluster.spec.auto_recovery.repair.image)
+    assert (spec["type"], spec["mode"], spec["image"]) == ("Python", "cluster", resources.repair_image(cluster))
     assert spec["mainApplicationFile"].startswith("local://")
     assert spec["arguments"][:2] == ["--zk", "zk.storage.svc:2181"]
     assert spec["driver"]["serviceAccount"] == "bookfleet-repair"

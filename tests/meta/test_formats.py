@@ -80,17 +80,21 @@ def test_what_is_not_bookkeeper_metadata_is_named(data, message):
         LedgerMetadata.decode(data, 7)
 
 
-def test_a_digest_type_this_bookfleet_lacks_is_an_error_not_a_guess():
-    record = LedgerMetadataFormat(quorumSize=1, ensembleSize=1, length=0, state="OPEN", digestType="DUMMY",
-                                  password=b"")
+@pytest.mark.parametrize(
+    ("proto_name", "digest_type"),
+    [("CRC32", wire.DigestType.CRC32), ("HMAC", wire.DigestType.MAC), ("CRC32C", wire.DigestType.CRC32C),
+     ("DUMMY", wire.DigestType.DUMMY)],
+)
+def test_every_bookkeeper_digest_type_is_read_and_written_under_bookkeepers_name(proto_name, digest_type):
+    record = LedgerMetadataFormat(quorumSize=1, ensembleSize=1, length=0, state="OPEN", digestType=proto_name,
+                                  password=b"pw")
     record.segment.add(firstEntryId=0, ensembleMember=["b1"])
     body = record.SerializeToString()
-    data = b"BookieMetadataFormatVersion\t3\n" + bytes([len(body)]) + body
-    if "DUMMY" in wire.DigestType.__members__:
-        assert LedgerMetadata.decode(data).digest_type == wire.DigestType.DUMMY
-    else:
-        with pytest.raises(MetadataError, match="DUMMY"):
-            LedgerMetadata.decode(data)
+    metadata = LedgerMetadata.decode(b"BookieMetadataFormatVersion\t3\n" + bytes([len(body)]) + body)
+    assert metadata.digest_type == digest_type
+    written = LedgerMetadataFormat()
+    written.ParseFromString(metadata.encode().partition(b"\n")[2][1:])
+    assert LedgerMetadataFormat.DigestType.Name(written.digestType) == proto_name
 
 
 def test_registration_round_trips_as_bookie_service_info():

@@ -6,12 +6,14 @@ import asyncio
 
 import pytest
 
+from bookfleet import wire
 from bookfleet.bench.repair import LedgerShape, fill_ledgers, verify_replicas
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.spark_audit import run_audit
 from bookfleet.replication.spark_repair import run_repair
+from tests.fixtures.bookies import lose_bookie
 
 pytestmark = pytest.mark.spark
 
@@ -56,3 +58,24 @@ def test_audit_marks_ledgers_whose_bookie_lost_its_data(spark, zk, zk_connect, b
     unreachable = run_audit(zk_connect)
     assert unreachable.marked == {} and under_replication.ledger_ids() == []
     assert unreachable.failures and all(silent.bookie_id in failure for failure in unreachable.failures)
+
+
+def test_ledgers_of_every_digest_type_are_audited_and_repaired_with_their_own_passwords(
+    spark, zk, zk_connect, bookie_fleet
+):
+    """Each ledger's digest type and password come from its metadata, as BookKeeper's replication worker takes them:
+    no password is configured anywhere, and each ledger has its own."""
+    victim, *_ = bookie_fleet.start(4)
+    expected = {}
+    for number, digest_type in enumerate(wire.DigestType):
+        shape = LedgerShape(3, 2, 2, digest_type, b"password %d" % number)
+        expected |= asyncio.run(fill_ledgers(zk_connect, 2, 9, 200, shape))
+
+    healthy = run_audit(zk_connect)
+    assert (healthy.ledgers, healthy.marked, healthy.failures) == (len(expected), {}, [])
+
+    on_victim = lose_bookie(zk, victim)
+    summary = run_repair(zk_connect)
+    assert (summary.failures, summary.data_loss, summary.ledgers) == ([], {}, len(on_victim))
+    assert asyncio.run(verify_replicas(zk_connect, expected)) == []
+    assert run_audit(zk_connect).marked == {}

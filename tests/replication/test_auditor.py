@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from bookfleet import polling
+from bookfleet import polling, wire
 from bookfleet.client.bookkeeper import BookKeeper
+from bookfleet.client.connection import BookieClient
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
@@ -157,6 +158,29 @@ def test_periodic_replica_check_marks_only_replicas_that_answer_they_are_gone(zk
     wait_for(lambda: _markers(zk) == expected, what="marking by the periodic check")
     assert auditor.check_now() == sorted(expected)  # idempotent: same markers again
     assert store.ledgers_on_bookie(down.bookie_id)  # the silent bookie had replicas, and none was marked
+
+
+def test_replica_check_verifies_a_mac_copy_with_the_ledgers_own_password(zk, fleet):
+    """A copy whose ids are right but whose HMAC is not the ledger's (forged, or corrupt in a way that keeps the
+    header) is found: the check takes the ledger's password from its metadata, as BookKeeper's auditor does."""
+    password = b"the ledger's own"
+
+    async def write_and_forge() -> tuple[int, str]:
+        async with BookKeeper(zk) as bk:
+            writer = await bk.create_ledger(3, 2, 2, digest_type="mac", password=password)
+            for e in range(4):
+                await writer.add(b"entry %d" % e)
+            await writer.close()
+        holder = writer.metadata.segments[0].bookies[0]  # entry 0's write set starts there
+        address = {bookie.bookie_id: bookie.address for bookie in fleet}[holder]
+        forged = wire.encode_entry(wire.Digester("mac", b"not the password"), writer.ledger_id, 0, -1, 7, b"entry 0")
+        async with await BookieClient.connect(address) as client:
+            await client.add_entry(wire.master_key(password), forged, recovery=True)
+        return writer.ledger_id, holder
+
+    ledger_id, holder = asyncio.run(write_and_forge())
+    assert check_ledgers(zk, [ledger_id]) == [ledger_id]
+    assert _markers(zk) == {ledger_id: {holder}}
 
 
 def test_replica_check_of_a_frozen_bookie_times_out_retries_and_marks_nothing(zk, fleet):

@@ -296,7 +296,7 @@ def test_a_repair_after_a_reopen_copies_the_new_writers_entries_only(spark, zk, 
     lost = bookies[store.read(ledger_id)[0].segments[0].bookies[0]]
     lost.kill9()
     assert mark_lost_bookie(zk, lost.bookie_id) == [ledger_id]
-    summary = run_repair(zk_connect, password=PASSWORD)
+    summary = run_repair(zk_connect)  # the ledger's password comes from its metadata
     assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {}), summary
     repaired = store.read(ledger_id)[0]
     assert lost.bookie_id not in {bookie for segment in repaired.segments for bookie in segment.bookies}

@@ -14,7 +14,6 @@ from bookfleet.replication.replicacheck import (
     Coverage,
     ReplicaRange,
     Scope,
-    copy_digester,
     entries_to_check,
     verdict,
 )
@@ -61,7 +60,7 @@ def test_a_replica_range_comes_from_a_closed_fragment_only():
 
 
 def test_verdict_of_a_copy():
-    crc = copy_digester("crc32c", None)
+    crc = wire.Digester("crc32c")
     good = wire.encode_entry(crc, 7, 3, 2, 30, b"payload")
     assert verdict(good, 7, 3, crc) is Reply.HAS
     assert verdict(None, 7, 3, crc) is Reply.LACKS
@@ -70,7 +69,5 @@ def test_verdict_of_a_copy():
     assert verdict(good[:5], 7, 3, crc) is Reply.CORRUPT  # shorter than a header
     mac = wire.Digester("mac", b"secret")
     signed = wire.encode_entry(mac, 7, 3, 2, 30, b"payload")
-    assert copy_digester("mac", None) is None  # without the password only the ids are checked
-    assert verdict(signed, 7, 3, None) is Reply.HAS and verdict(signed, 8, 3, None) is Reply.CORRUPT
-    assert verdict(signed, 7, 3, copy_digester("mac", b"secret")) is Reply.HAS
-    assert verdict(signed, 7, 3, copy_digester("mac", b"wrong")) is Reply.CORRUPT
+    assert verdict(signed, 7, 3, mac) is Reply.HAS and verdict(signed, 8, 3, mac) is Reply.CORRUPT
+    assert verdict(signed, 7, 3, wire.Digester("mac", b"wrong")) is Reply.CORRUPT

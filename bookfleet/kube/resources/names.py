@@ -38,8 +38,8 @@ ANNOTATION_BOOKIE_ID = "bookfleet.io/bookie-id"
 """On a repair: the id of the bookie whose ledgers it repairs. Which ledgers those are is in ZooKeeper (the
 under-replication markers name the bookie), never in the object: an annotation holds 256 KiB, ~24,000 ids."""
 ANNOTATION_CONFIG_HASH = "bookfleet.io/config-hash"
-"""On a bookie pod: the digest of everything else in the pod as built; a pod whose digest differs from the one the
-current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, storage all reach the pod this way)."""
+"""On a bookie pod: the digest of what the bookie runs (workload.runs_hash); a pod whose digest differs from the one
+the current spec builds is rolled (image, resources, settings, ZooKeeper, TLS, storage all reach the pod this way)."""
 
 BOOKIE = "bookie"
 REPAIR = "repair"

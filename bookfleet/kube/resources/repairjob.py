@@ -17,6 +17,7 @@ from bookfleet.kube.models import (
     PodOverrides,
     ResourceRequirements,
 )
+from bookfleet.kube.resources.images import repair_image
 from bookfleet.kube.resources.names import (
     ANNOTATION_BOOKIE_ID,
     ANNOTATION_LOST_SINCE,
@@ -88,10 +89,6 @@ admission policy lets the repair account change or delete only pods labelled as 
 
 
 
-def _repair_image(cluster: BookieCluster) -> str:
-    return cluster.spec.auto_recovery.repair.image
-
-
 def driver_lock_wait(cluster: BookieCluster) -> float:
     """The driver's --lock-wait-s: the default, but at most half the Job's activeDeadlineSeconds, so a driver waiting
     for another repair's locks ends by itself (the Job Succeeded, what is still locked left marked for the next
@@ -101,7 +98,7 @@ def driver_lock_wait(cluster: BookieCluster) -> float:
 
 def _submit_parts(cluster: BookieCluster, ledgers: Iterable[int]) -> tuple[list[str], str, list[str]]:
     """spark-submit's options, application file and application arguments, as the Spark module builds them."""
-    repair, image = cluster.spec.auto_recovery.repair, _repair_image(cluster)
+    repair, image = cluster.spec.auto_recovery.repair, repair_image(cluster)
     argv = spark.spark_submit_options(
         K8S_MASTER,
         cluster.spec.zookeeper,
@@ -228,7 +225,7 @@ def repair_job(
     template = {"name": "executor-template", "mountPath": EXECUTOR_TEMPLATE_DIR, "readOnly": True}
     container = {
         "name": "driver",
-        "image": _repair_image(cluster),
+        "image": repair_image(cluster),
         "imagePullPolicy": cluster.spec.image_pull_policy,
         "command": repair_command(cluster, name, ledgers),
         "env": downward + security_env(cluster, with_tls_dir=True),
@@ -295,7 +292,7 @@ def spark_application(
             "type": "Python",
             "pythonVersion": "3",
             "mode": "cluster",
-            "image": _repair_image(cluster),
+            "image": repair_image(cluster),
             "imagePullPolicy": cluster.spec.image_pull_policy,
             "mainApplicationFile": app,
             "arguments": app_args,

@@ -16,6 +16,7 @@ from bookfleet.kube.models import (
     Volume,
     zone_of,
 )
+from bookfleet.kube.resources.images import bookie_image
 from bookfleet.kube.resources.names import (
     ANNOTATION_CONFIG_HASH,
     APP,
@@ -143,12 +144,21 @@ def _zone_spread(cluster: BookieCluster) -> list[dict[str, Any]]:
 
 
 def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
-    """The bookie's Pod, owned by its Bookie; hostname + subdomain make its id resolve through the headless Service."""
+    """The bookie's Pod, owned by its Bookie; hostname + subdomain make its id resolve through the headless Service.
+    Annotated with the digest of what the bookie runs (`runs_hash`), which a rollout compares."""
+    manifest = bookie_pod_as_built(cluster, bookie)
+    manifest["metadata"]["annotations"] = {**manifest["metadata"].get("annotations", {}),
+                                           ANNOTATION_CONFIG_HASH: runs_hash(cluster, manifest)}
+    return manifest
+
+
+def bookie_pod_as_built(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
+    """The bookie's Pod without its digest annotation."""
     name, namespace = bookie.metadata.name, bookie.metadata.namespace
     settings = cluster.spec.bookie
     container = {
         "name": BOOKIE,
-        "image": cluster.spec.image,
+        "image": bookie_image(cluster),
         "imagePullPolicy": cluster.spec.image_pull_policy,
         "command": bookie_command(cluster, bookie),
         "ports": [
@@ -183,15 +193,36 @@ def bookie_pod(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any]:
         pod_spec["topologySpreadConstraints"] = _zone_spread(cluster)
     metadata = object_metadata(name, namespace, labels(cluster.metadata.name, BOOKIE, name))
     with_overrides(metadata, pod_spec, cluster.spec.pod_template)
-    manifest = owned_by({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}, bookie)
-    manifest["metadata"]["annotations"] = {**metadata.get("annotations", {}),
-                                           ANNOTATION_CONFIG_HASH: config_hash(manifest)}
-    return manifest
+    return owned_by({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}, bookie)
 
 
-def config_hash(manifest: dict[str, Any]) -> str:
-    """A short digest of a manifest as built (canonical JSON), to tell whether a running pod matches it."""
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+RUNS = ("image", "imagePullPolicy", "command", "env", "ports", "resources", "volumeMounts")
+"""The fields of the bookie container that make what the bookie runs; its probes and security context are what the
+operator adds around it."""
+
+
+def runs_hash(cluster: BookieCluster, manifest: dict[str, Any]) -> str:
+    """The digest of what the bookie runs: its container's image, command line, environment, ports, resources and
+    mounts, the volumes, and the spec's own scheduling choices (podTemplate, antiAffinity). Not what the operator adds
+    around it (labels, probes, security contexts, spreading, owner): an operator upgrade that changes only those
+    restarts no bookie; its pods get them when they are next created."""
+    pod_spec = manifest["spec"]
+    (container,) = pod_spec["containers"]
+    return digest({"container": {key: container[key] for key in RUNS if key in container},
+                   "volumes": pod_spec["volumes"], "podTemplate": cluster.spec.pod_template.to_wire(),
+                   "antiAffinity": cluster.spec.anti_affinity.value})
+
+
+def whole_pod_hash(cluster: BookieCluster, bookie: Bookie) -> str:
+    """The digest operators before `runs_hash` annotated pods with: of the whole pod as built. A pod carrying it is
+    current while it matches what this operator builds (then re-annotated in place, without a restart), so the
+    upgrade to an operator with `runs_hash` restarts no bookie."""
+    return digest(bookie_pod_as_built(cluster, bookie))
+
+
+def digest(value: Any) -> str:
+    """A short digest of a JSON value (canonical JSON)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def bookie_pvcs(cluster: BookieCluster, bookie: Bookie) -> list[dict[str, Any]]:
