@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,26 @@ _LEDGER_ID_OFFSET = {
     Op.READ_RANGE: 0,
     Op.RAISE_EPOCH: wire.MASTER_KEY_SIZE,
 }
+
+
+_TLS_HANDSHAKE_RECORD = 0x16
+"""The first byte of a TLS ClientHello; a plain frame's length prefix never starts with it (frames are smaller)."""
+
+
+async def _peek_byte(transport: asyncio.Transport) -> int:
+    """The first byte the peer sent, left unread for the transport (peeked on a duplicate of its socket)."""
+    loop = asyncio.get_running_loop()
+    with transport.get_extra_info("socket").dup() as sock:
+        readable = loop.create_future()
+        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        try:
+            await readable
+        finally:
+            loop.remove_reader(sock.fileno())
+        first = sock.recv(1, socket.MSG_PEEK)
+    if not first:
+        raise ConnectionResetError("connection closed")
+    return first[0]
 
 
 def _describe(frame: wire.Frame) -> str:
@@ -136,7 +157,38 @@ class Connection(asyncio.Protocol):
         # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
         self._handshaking = True
         transport.pause_reading()
-        self._handshake = self._loop.create_task(self._start_tls(transport))
+        self._handshake = self._loop.create_task(self._tls_or_start_tls(transport))
+
+    async def _tls_or_start_tls(self, transport: asyncio.Transport) -> None:
+        """TLS from the first byte (a handshake record), or a plain connection that may only ask for START_TLS, as
+        BookKeeper's clients do: until then it carries no role, so every other request is refused."""
+        try:
+            first = await asyncio.wait_for(_peek_byte(transport), TLS_HANDSHAKE_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            log.warning("dropped connection from %s: nothing read before TLS: %s", self.peer, exc)
+            transport.close()
+            return
+        if first == _TLS_HANDSHAKE_RECORD:
+            await self._start_tls(transport)
+            return
+        self.principal = roles.BEFORE_TLS
+        self._handshaking = False
+        transport.resume_reading()
+
+    def start_tls_after_answer(self) -> None:
+        """START_TLS was accepted: its answer goes out in plain, then the handshake; the next frame after it
+        chooses the connection's protocol again (BookKeeper's V2 clients ask START_TLS in V3)."""
+        self._handshaking = True
+        self._loop.call_soon(self._upgrade)
+
+    def _upgrade(self) -> None:
+        self._flush()
+        if self.buffer:
+            self.close_unreadable("data sent after START_TLS before its handshake")
+            return
+        self.protocol, self._session = None, None
+        self.transport.pause_reading()
+        self._handshake = self._loop.create_task(self._start_tls(self.transport))
 
     async def _start_tls(self, transport: asyncio.Transport) -> None:
         """Mutual TLS handshake on the accepted socket; a refused peer is logged with the reason and dropped."""
@@ -257,6 +309,9 @@ class Connection(asyncio.Protocol):
         if end - pos <= wire.LENGTH_PREFIX.size:
             return False
         self.protocol = bkwire.frame_protocol(buffer[pos + wire.LENGTH_PREFIX.size])
+        if self.principal is roles.BEFORE_TLS and self.protocol != bkwire.Protocol.V3:
+            self.close_unreadable("a plain connection to a TLS bookie may only ask V3 START_TLS")
+            return False
         if self.protocol == bkwire.Protocol.V2:
             self._session = V2Session(self)
         elif self.protocol == bkwire.Protocol.V3:
@@ -268,6 +323,8 @@ class Connection(asyncio.Protocol):
         its add, or it cannot be read and the connection is closed). An add counts toward the same add-byte limits
         as bookfleet's own, from the moment it starts until it is answered."""
         session = self._session
+        if self._handshaking:  # START_TLS was taken: nothing more is read in plain
+            return False
         if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
             self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
             return False
