@@ -26,15 +26,13 @@ import datetime as dt
 import enum
 import functools
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cachetools
 from kazoo.client import KazooClient
 
-from bookfleet.kube import repairs, resources
+from bookfleet.kube import ledgerscan, repairs, resources
 from bookfleet.kube.actions import (
     Action,
     Decision,
@@ -58,7 +56,6 @@ from bookfleet.kube.context import (
 )
 from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState, validated_cluster
 from bookfleet.meta import cookies
-from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
@@ -83,17 +80,17 @@ NODE_GONE = "Gone"
 """The Ready status `observe` gives a node that no longer exists."""
 
 
-LEDGER_COUNT_MAX_AGE = 60.0
+LEDGER_COUNT_MAX_AGE = dt.timedelta(seconds=60)
 """How stale a Bookie status's ledger count may be: counting scans every ledger's metadata (BookKeeper keeps no index
-by bookie), so one scan per ZooKeeper session serves all the Bookie passes of its cluster for this long. Only the
-status shows the count; what a repair still has to do (repairs.remaining_ledgers) is always read afresh."""
+by bookie), so one scan of a cluster's (kube.ledgerscan) serves all the Bookie passes of its cluster for this long.
+Only the status shows the count; what a repair still has to do (repairs.remaining_ledgers) asks for a scan begun
+after the moment that matters to it."""
 
 
-@cachetools.cached(cachetools.TTLCache(maxsize=256, ttl=LEDGER_COUNT_MAX_AGE), key=lambda zk: zk.client_id,
-                   lock=threading.Lock())
 def ledger_counts(zk: KazooClient) -> dict[str, int]:
-    """bookie id -> how many ledgers its metadata names it in, per session (its id: one per cluster credential)."""
-    return {bookie: len(ledgers) for bookie, ledgers in MetadataStore(zk).ledgers_by_bookie().items()}
+    """bookie id -> how many ledgers its metadata names it in."""
+    by_bookie = ledgerscan.SCANS.by_bookie(zk, dt.datetime.now(dt.UTC) - LEDGER_COUNT_MAX_AGE)
+    return {bookie: len(ledgers) for bookie, ledgers in by_bookie.items()}
 
 
 class DeathKind(enum.StrEnum):

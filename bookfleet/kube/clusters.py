@@ -49,6 +49,7 @@ from bookfleet.kube.actions import (
 from bookfleet.kube.api import CORE, CUSTOM, KubeApi
 from bookfleet.kube.bookies import (
     ANNOTATION_PLANNED_RESTART,
+    LEDGER_COUNT_MAX_AGE,
     REPAIR_GAVE_UP,
     REPAIRED,
     ForgetCookie,
@@ -297,8 +298,10 @@ def observe_drain(ctx: OperatorContext, cluster: BookieCluster, bookie: Member,
     attempts of its drain (decide chooses the next one; act launches it)."""
     zk = ctx.zk(ZooKeeperTarget.of(cluster))
     bookie_id = bookie.body["spec"]["bookieId"]
-    remaining = len(repairs.remaining_ledgers(zk, bookie_id))
     since = bookie.decommission_since
+    # Begun after the drain began (a ledger created on it before then counts); before that, a recent one will do.
+    began_after = since or now() - LEDGER_COUNT_MAX_AGE
+    remaining = len(repairs.remaining_ledgers(zk, bookie_id, began_after))
     repair = repairs.observe_repair(ctx, cluster, bookie.model, since) if remaining and since and not disabled \
         else repairs.RepairObserved()
     return replace(bookie, cookie=cookies.exists(zk, bookie_id), remaining_ledgers=remaining, repair=repair)

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube import resources
+from bookfleet.kube import ledgerscan, resources
 from bookfleet.kube.api import BATCH, SPARK, KubeApi
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
-from bookfleet.meta.metadata import MetadataStore
 from bookfleet.replication.auditor import mark_lost_bookie
 
 log = logging.getLogger(__name__)
@@ -107,15 +106,16 @@ def bookie_key(job: dict) -> BookieKey | None:
     return (meta["namespace"], cluster, bookie_id) if cluster and bookie_id else None
 
 
-def remaining_ledgers(zk: KazooClient, bookie_id: str) -> list[int]:
-    """Ledgers that still need `bookie_id`: those whose metadata names it (a scan of the metadata).
+def remaining_ledgers(zk: KazooClient, bookie_id: str, began_after: dt.datetime) -> list[int]:
+    """Ledgers that still need `bookie_id`: those whose metadata names it, from a scan begun after `began_after`
+    (kube.ledgerscan: one scan serves the passes of every bookie of the cluster).
 
     The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
     repair swaps it out of the metadata by compare-and-set. A marker still naming it on a ledger it was
     swapped out of waits on the other bookies it names; their own losses (or the next repair run) see to it. Walking
     every marker here made each pass of a lost or draining bookie cost a read per under-replicated ledger.
     """
-    return MetadataStore(zk).ledgers_on_bookie(bookie_id)
+    return ledgerscan.ledgers_on(zk, bookie_id, began_after)
 
 
 def launch(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie, since: dt.datetime, attempt: int) -> dict:
@@ -164,7 +164,8 @@ def observe_repair(ctx: OperatorContext, cluster: BookieCluster, bookie: Bookie,
                  and job_state(j) in (RepairState.PENDING, RepairState.RUNNING))
     if not attempts or job_state(attempts[-1]) != RepairState.SUCCEEDED:
         return RepairObserved(attempts, others_active=others)
-    left = remaining_ledgers(ctx.zk(ZooKeeperTarget.of(cluster)), bookie.spec.bookie_id)
+    ended = finished_at(attempts[-1]) or dt.datetime.now(dt.UTC)  # what it moved is in a scan begun later
+    left = remaining_ledgers(ctx.zk(ZooKeeperTarget.of(cluster)), bookie.spec.bookie_id, ended)
     if left:
         log.warning("repair %s succeeded but %d ledger(s) still need %s", attempts[-1]["metadata"]["name"], len(left),
                     bookie.spec.bookie_id)

@@ -16,6 +16,7 @@ Then a whole zone is lost (zone_lost): marking its bookies' ledgers, and `bookfl
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import subprocess
 import sys
 import time
@@ -92,7 +93,7 @@ def measure(zk: Any, port: int, victim: str) -> dict[str, Any]:
         **_timed(zk, port, "auditor_taking_office", lambda: auditor.clear_stale_markers(zk)),
         **_timed(zk, port, "auditor_check_metadata", lambda: auditor.read_checks(store, store.ledger_ids())),
         **_timed(zk, port, "repair_planning", lambda: job.prepare(None)),
-        **_timed(zk, port, "remaining_ledgers", lambda: remaining_ledgers(zk, victim)),
+        **_timed(zk, port, "remaining_ledgers", lambda: remaining_ledgers(zk, victim, dt.datetime.now(dt.UTC))),
     }
     for ledger_id in list(job.under_replication.held):  # planned, never copied: the locks go back
         job.under_replication.release(ledger_id)
