@@ -531,7 +531,7 @@ def v3_request_head(operation: int, txn_id: int, message_size: int) -> bytes:
     length prefix, the header (version 3, the operation, `txn_id`) and the message's tag and length."""
     before_txn, tag = _REQUEST_HEADS[operation]
     header = before_txn + varint(txn_id)
-    head = b"".join((b"\x0a", varint(len(header)), header, tag, varint(message_size)))
+    head = b"".join((b"\x0a", _SMALL_VARINTS[len(header)], header, tag, varint(message_size)))  # a header < 128 B
     return _LENGTH.pack(len(head) + message_size) + head
 
 
@@ -548,10 +548,13 @@ _OK = b"\x10\x00"
 
 def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     """The whole OK answer frame of an add, as protobuf lays the Response out (a bookie packs one per add)."""
-    header = _ADD_ACK_HEADER + varint(txn_id)
-    answer = b"\x08\x00\x10" + varint(ledger_id) + b"\x18" + varint(entry_id)
-    body = b"".join((b"\x0a", varint(len(header)), header, _OK, b"\xaa\x06", varint(len(answer)), answer))
-    return _LENGTH.pack(len(body)) + body
+    txn = varint(txn_id)
+    answer = b"".join((b"\x08\x00\x10", varint(ledger_id), b"\x18", varint(entry_id)))
+    size = 12 + len(txn) + len(answer)  # header, status and answer, each shorter than 128 bytes
+    return b"".join((
+        _LENGTH.pack(size), b"\x0a", _SMALL_VARINTS[5 + len(txn)], _ADD_ACK_HEADER, txn, _OK, b"\xaa\x06",
+        _SMALL_VARINTS[len(answer)], answer,
+    ))
 
 
 def ok_add_ack_txn(buffer: bytearray, start: int, end: int) -> int:
