@@ -10,8 +10,9 @@ for their commit or for their ledger's admission lookup stay under `max_connecti
 `max_long_polls` READ_LAC long polls wait (more are answered at once). Across connections: `max_connections`, and
 `max_add_bytes` of adds waiting in all. A connection idle for `idle_timeout` is closed. Long polls answer at once
 when their client stops sending (EOF) or goes away, as if their timeout had ended.
-A frame that breaks the format gets one error answer and closes that connection only; a field out of its range
-(wire.InvalidField) gets BAD_REQUEST naming the field and the connection goes on.
+A frame that breaks the format closes that connection only, unanswered (BookKeeper's protocols have nothing to match
+an answer with); a field out of its range (wire.InvalidField) gets BAD_REQUEST naming the field and the connection
+goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
 every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
 not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
@@ -42,8 +43,9 @@ MAX_READ_LAC_WAIT = 120.0
 """Longest READ_LAC long poll a client may ask for; longer requests are cut to this."""
 
 READ_RANGE_MAX_BYTES = (wire.MAX_FRAME_SIZE - 1024) * 9 // 10
-"""Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its 4-byte
-size prefix adds at most a ninth, and the response header fits in the 1024 bytes kept aside."""
+"""Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its protobuf tag
+and length (2 bytes below 128 bytes, 4 below 2 MiB) add at most a ninth, and the response's envelope fits in the 1024
+bytes kept aside."""
 READ_RANGE_MAX_ENTRIES = 10_000
 """Entries one READ_RANGE answer may carry, whatever span it asked for: the answer stops early, as it does at
 max_bytes, and the reader asks again from the entry after the last one it got."""
