@@ -209,10 +209,14 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
 
 
 def _zookeeper_of(namespace: str, cluster: str) -> ZooKeeperTarget | None:
-    """The cluster's ZooKeeper and credential (from the BookieClusters' watch): the feed watches each once."""
+    """The cluster's ZooKeeper, credential and TLS Secret (from the BookieClusters' watch): the feed watches each
+    once."""
     body = _cluster(namespace, cluster)
-    return None if body is None else ZooKeeperTarget(
-        body["spec"]["zookeeper"], namespace, (body["spec"].get("security") or {}).get("zookeeperAuthSecret"))
+    if body is None:
+        return None
+    security = body["spec"].get("security") or {}
+    return ZooKeeperTarget(body["spec"]["zookeeper"], namespace, security.get("zookeeperAuthSecret"),
+                           security.get("zookeeperTlsSecret"))
 
 
 FEED = ledgerfeed.LedgerFeed(_reconcile_ledger, _zookeeper_of, lambda target: context().zk(target, wait=0),
