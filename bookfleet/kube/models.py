@@ -348,10 +348,10 @@ class Security(KubeModel):
         None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
     )
     zookeeper_tls_secret: str | None = Field(
-        None, pattern=DNS_SUBDOMAIN, description="kubernetes.io/tls Secret (ca.crt, tls.crt, tls.key) for TLS to "
-        "ZooKeeper: every session of the cluster (bookies, repair drivers, the operator) checks ZooKeeper's "
-        "certificate against ca.crt and presents tls.crt, as ZooKeeper's ssl.clientAuth=need asks; zookeeper must "
-        "then name ZooKeeper's secureClientPort (absent: plain TCP)"
+        None, pattern=DNS_SUBDOMAIN, max_length=253, description="kubernetes.io/tls Secret (ca.crt, tls.crt, "
+        "tls.key) for TLS to ZooKeeper: every session of the cluster (bookies, repair drivers, the operator) checks "
+        "ZooKeeper's certificate against ca.crt and presents tls.crt, as ZooKeeper's ssl.clientAuth=need asks; "
+        "zookeeper must then name ZooKeeper's secureClientPort (absent: plain TCP)"
     )
     client_certificates: ClientCertificateNames = Field(
         default_factory=list, description="client-role certificates kept issued and renewed like the bookies', each "
