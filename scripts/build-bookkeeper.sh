@@ -19,6 +19,10 @@ done
 VERSION="$(sed -n 's:.*<bookkeeper.version>\(.*\)</bookkeeper.version>.*:\1:p' "$BENCH/pom.xml")"
 OUT="${BOOKFLEET_BOOKKEEPER_DIR:-$HOME/.cache/bookfleet/bookkeeper-$VERSION}"
 mkdir -p "$OUT"
+# One build at a time per directory: two at once (pytest workers, checkouts side by side) compiled into one temporary
+# directory, and a partial set of classes was recorded under the full sources' checksum.
+exec 9>"$OUT/.build.lock"
+flock 9
 
 if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
     started=$SECONDS
