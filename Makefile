@@ -37,8 +37,9 @@ $(CHECKOV_STAMP):
 run: setup
 	$(VENV)/bin/bookfleet demo
 
-# Two workers: most tests wait on processes and disks, not the CPU; the cluster tier stays on one worker (conftest).
-TEST_WORKERS ?= 2
+# Three workers on two cores: most tests wait on processes, timeouts and disks, not the CPU; the cluster tier stays
+# on one worker (conftest), and the other two share the rest.
+TEST_WORKERS ?= 3
 
 test: setup $(CHECKOV_STAMP) kube-binaries promtool bookkeeper-reference
 	$(VENV)/bin/ruff check bookfleet tests

@@ -70,7 +70,7 @@ async def test_only_certificates_of_the_cluster_ca_get_in(secure_fleet, ca, tmp_
     async with await BookieClient.connect(bookie.address, tls=good) as client:
         assert (await client.bookie_info()).state == wire.BookieState.WRITABLE
 
-    with pytest.raises(UnauthorizedError, match="no certificate .* may not GET_BOOKIE_INFO"):
+    with pytest.raises(UnauthorizedError, match=r"no certificate .* may not GET_BOOKIE_INFO"):
         async with await BookieClient.connect(bookie.address) as plain:  # no TLS at all: V3 in plain, no role
             await plain.bookie_info()
 
