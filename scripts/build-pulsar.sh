@@ -11,15 +11,5 @@ if ! command -v mvn >/dev/null 2>&1; then
 fi
 VERSION="$(sed -n 's:.*<pulsar.version>\(.*\)</pulsar.version>.*:\1:p' "$POM")"
 OUT="${BOOKFLEET_PULSAR_DIR:-$HOME/.cache/bookfleet/pulsar-$VERSION}"
-mkdir -p "$OUT"
-
-if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
-    started=$SECONDS
-    echo "build-pulsar: fetching Apache Pulsar $VERSION's broker with Maven (cold: a few minutes, about 250 MB) ..." >&2
-    rm -rf "$OUT/lib.tmp"
-    mvn -q -B -f "$POM" dependency:copy-dependencies -DoutputDirectory="$OUT/lib.tmp" >&2
-    rm -rf "$OUT/lib" && mv "$OUT/lib.tmp" "$OUT/lib"
-    echo "$VERSION" > "$OUT/lib.version"
-    echo "build-pulsar: jars fetched in $((SECONDS - started)) s" >&2
-fi
+bash "$(dirname "$0")/fetch-jars.sh" "$POM" "$VERSION" "$OUT"
 echo "$OUT"

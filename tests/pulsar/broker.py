@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from bookfleet.bench.bookkeeper import JAVA17_OPENS
 from bookfleet.commanderror import CommandError
 from bookfleet.zkserver import free_port
+from tests.interop.javaside import JavaProcess
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-pulsar.sh"
 CLUSTER = "bookfleet"
@@ -62,13 +62,14 @@ def broker_settings(zk: str, broker_port: int, web_port: int) -> dict[str, objec
     }
 
 
-class PulsarBroker:
+class PulsarBroker(JavaProcess):
     """One broker process on the fleet whose ZooKeeper is `zk`; `start` returns once its health check (which writes
     and reads a heartbeat topic, so through the bookies) answers ok."""
 
     def __init__(self, directory: Path, zk: str):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        super().__init__(self.directory / "broker.log")
         self.zk = zk
         self.lib = built_broker()
         self.broker_port, self.web_port = free_port(), free_port()
@@ -77,8 +78,6 @@ class PulsarBroker:
         self.conf = self.directory / "broker.conf"
         settings = broker_settings(zk, self.broker_port, self.web_port)
         self.conf.write_text("".join(f"{name}={value}\n" for name, value in settings.items()))
-        self.log_path = self.directory / "broker.log"
-        self.process: subprocess.Popen | None = None
 
     def _java(self, main: str, *args: object) -> list[str]:
         return ["java", *JVM, "-cp", f"{self.lib}/*", main, *map(str, args)]
@@ -96,22 +95,9 @@ class PulsarBroker:
         if done.returncode != 0:
             raise RuntimeError(f"Pulsar's cluster metadata setup exited {done.returncode}:\n{done.stdout[-4000:]}")
 
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
     def start(self, timeout: float = 120.0) -> PulsarBroker:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self._java("org.apache.pulsar.PulsarBrokerStarter", "--broker-conf", self.conf),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        deadline = time.monotonic() + timeout
-        while not self._healthy():
-            if not self.running or time.monotonic() > deadline:
-                self.kill9()
-                raise RuntimeError(f"Pulsar broker did not become healthy:\n{self.log_tail()}")
-            time.sleep(0.5)
+        self.launch(self._java("org.apache.pulsar.PulsarBrokerStarter", "--broker-conf", self.conf), self._healthy,
+                    timeout, "Pulsar broker did not become healthy")
         return self
 
     def _healthy(self) -> bool:
@@ -137,25 +123,8 @@ class PulsarBroker:
         self.kill9()
         return self.start()
 
-    def kill9(self) -> None:
-        if self.running:
-            self.process.kill()
-        if self.process is not None:
-            self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.running:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
     def __enter__(self) -> PulsarBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.stop(timeout=60)
