@@ -10,6 +10,12 @@ there is no generated code and no protoc step. Two deliberate choices, both invi
   schema does not know arrives as its number instead of disappearing into unknown fields.
 
 Fields bookfleet does not read (the request context, 200) are kept by protobuf as unknown fields and ignored.
+
+bookfleet's own fields and operations have numbers from 1000 on, far above any BookKeeper uses, so a stock
+bookie or client skips them as unknown fields: an add's writer epoch (AddRequest.writerEpoch), the bookie's error
+message (Response.errorMessage), a read-only bookie's state (GetBookieInfoResponse.readOnly), and two operations
+only bookfleet's client sends, and only to bookfleet bookies: RAISE_EPOCH (a reopening writer's fence) and
+READ_RANGE (the present entries of a span, for repair).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 _F = descriptor_pb2.FieldDescriptorProto
 _INT64, _UINT64, _INT32, _UINT32 = _F.TYPE_INT64, _F.TYPE_UINT64, _F.TYPE_INT32, _F.TYPE_UINT32
-_BYTES, _STRING, _MESSAGE = _F.TYPE_BYTES, _F.TYPE_STRING, _F.TYPE_MESSAGE
+_BYTES, _STRING, _MESSAGE, _BOOL = _F.TYPE_BYTES, _F.TYPE_STRING, _F.TYPE_MESSAGE, _F.TYPE_BOOL
+_REPEATED = "repeated"
+"""The last element of a field's tuple that makes it repeated."""
 _PACKAGE = "bookfleet.bkprotocol"
 
 
@@ -53,6 +61,10 @@ class OperationType(enum.IntEnum):
     GET_BOOKIE_INFO = 8
     START_TLS = 9
     FORCE_LEDGER = 10
+    RAISE_EPOCH = 1000
+    """bookfleet's own: from now on the bookie refuses adds of an older writer epoch."""
+    READ_RANGE = 1001
+    """bookfleet's own: the present entries of [firstEntryId, lastEntryId], in order, up to maxBytes."""
 
 
 class ReadFlag(enum.IntEnum):
@@ -73,20 +85,23 @@ class BookieInfoWanted(enum.IntFlag):
     FREE_DISK_SPACE = 2
 
 
-# message name -> (field name, number, type[, message type name]); repeated fields are not used.
+# message name -> (field name, number, type[, message type name | _REPEATED]); numbers >= 1000 are bookfleet's.
 _MESSAGES: dict[str, list[tuple]] = {
     "BKPacketHeader": [("version", 1, _INT32), ("operation", 2, _INT32), ("txnId", 3, _UINT64),
                        ("priority", 4, _UINT32)],
     "ReadRequest": [("ledgerId", 1, _INT64), ("entryId", 2, _INT64), ("masterKey", 3, _BYTES),
                     ("previousLAC", 4, _INT64), ("timeOut", 5, _INT64), ("flag", 100, _INT32)],
     "AddRequest": [("ledgerId", 1, _INT64), ("entryId", 2, _INT64), ("masterKey", 3, _BYTES), ("body", 4, _BYTES),
-                   ("writeFlags", 5, _INT32), ("flag", 100, _INT32)],
+                   ("writeFlags", 5, _INT32), ("flag", 100, _INT32), ("writerEpoch", 1000, _UINT64)],
     "AuthMessage": [("authPluginName", 1, _STRING), ("payload", 2, _BYTES)],
     "WriteLacRequest": [("ledgerId", 1, _INT64), ("lac", 2, _INT64), ("masterKey", 3, _BYTES), ("body", 4, _BYTES)],
     "ReadLacRequest": [("ledgerId", 1, _INT64)],
     "GetBookieInfoRequest": [("requested", 1, _INT64)],
     "StartTLSRequest": [],
     "ForceLedgerRequest": [("ledgerId", 1, _INT64)],
+    "RaiseEpochRequest": [("ledgerId", 1, _INT64), ("masterKey", 2, _BYTES), ("writerEpoch", 3, _UINT64)],
+    "ReadRangeRequest": [("ledgerId", 1, _INT64), ("firstEntryId", 2, _INT64), ("lastEntryId", 3, _INT64),
+                         ("maxBytes", 4, _INT64)],
     "ReadResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64), ("entryId", 3, _INT64), ("body", 4, _BYTES),
                      ("maxLAC", 5, _INT64), ("lacUpdateTimestamp", 6, _INT64)],
     "AddResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64), ("entryId", 3, _INT64)],
@@ -94,7 +109,11 @@ _MESSAGES: dict[str, list[tuple]] = {
     "ForceLedgerResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64)],
     "ReadLacResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64), ("lacBody", 3, _BYTES),
                         ("lastEntryBody", 4, _BYTES)],
-    "GetBookieInfoResponse": [("status", 1, _INT32), ("totalDiskCapacity", 2, _INT64), ("freeDiskSpace", 3, _INT64)],
+    "GetBookieInfoResponse": [("status", 1, _INT32), ("totalDiskCapacity", 2, _INT64), ("freeDiskSpace", 3, _INT64),
+                              ("readOnly", 1000, _BOOL)],
+    "RaiseEpochResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64), ("lac", 3, _INT64),
+                           ("lastEntryId", 4, _INT64)],
+    "ReadRangeResponse": [("status", 1, _INT32), ("ledgerId", 2, _INT64), ("entries", 3, _BYTES, _REPEATED)],
     "StartTLSResponse": [],
     "Request": [("header", 1, _MESSAGE, "BKPacketHeader"), ("readRequest", 100, _MESSAGE, "ReadRequest"),
                 ("addRequest", 101, _MESSAGE, "AddRequest"), ("authRequest", 102, _MESSAGE, "AuthMessage"),
@@ -102,7 +121,9 @@ _MESSAGES: dict[str, list[tuple]] = {
                 ("readLacRequest", 104, _MESSAGE, "ReadLacRequest"),
                 ("getBookieInfoRequest", 105, _MESSAGE, "GetBookieInfoRequest"),
                 ("startTLSRequest", 106, _MESSAGE, "StartTLSRequest"),
-                ("forceLedgerRequest", 107, _MESSAGE, "ForceLedgerRequest")],
+                ("forceLedgerRequest", 107, _MESSAGE, "ForceLedgerRequest"),
+                ("raiseEpochRequest", 1000, _MESSAGE, "RaiseEpochRequest"),
+                ("readRangeRequest", 1001, _MESSAGE, "ReadRangeRequest")],
     "Response": [("header", 1, _MESSAGE, "BKPacketHeader"), ("status", 2, _INT32),
                  ("readResponse", 100, _MESSAGE, "ReadResponse"), ("addResponse", 101, _MESSAGE, "AddResponse"),
                  ("authResponse", 102, _MESSAGE, "AuthMessage"),
@@ -110,7 +131,10 @@ _MESSAGES: dict[str, list[tuple]] = {
                  ("readLacResponse", 104, _MESSAGE, "ReadLacResponse"),
                  ("getBookieInfoResponse", 105, _MESSAGE, "GetBookieInfoResponse"),
                  ("startTLSResponse", 106, _MESSAGE, "StartTLSResponse"),
-                 ("forceLedgerResponse", 107, _MESSAGE, "ForceLedgerResponse")],
+                 ("forceLedgerResponse", 107, _MESSAGE, "ForceLedgerResponse"),
+                 ("raiseEpochResponse", 1000, _MESSAGE, "RaiseEpochResponse"),
+                 ("readRangeResponse", 1001, _MESSAGE, "ReadRangeResponse"),
+                 ("errorMessage", 1100, _STRING)],
 }
 
 
@@ -119,10 +143,12 @@ def _build() -> dict[str, type]:
     schema = descriptor_pb2.FileDescriptorProto(name="bookfleet/bkprotocol.proto", package=_PACKAGE, syntax="proto2")
     for name, fields in _MESSAGES.items():
         message = schema.message_type.add(name=name)
-        for field_name, number, field_type, *type_name in fields:
-            field = message.field.add(name=field_name, number=number, type=field_type, label=_F.LABEL_OPTIONAL)
-            if type_name:
-                field.type_name = f".{_PACKAGE}.{type_name[0]}"
+        for field_name, number, field_type, *kind in fields:
+            repeated = kind == [_REPEATED]
+            label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
+            field = message.field.add(name=field_name, number=number, type=field_type, label=label)
+            if kind and not repeated:
+                field.type_name = f".{_PACKAGE}.{kind[0]}"
     pool = descriptor_pool.DescriptorPool()
     pool.Add(schema)
     return {
@@ -134,3 +160,10 @@ _CLASSES = _build()
 Request = _CLASSES["Request"]
 Response = _CLASSES["Response"]
 AuthMessage = _CLASSES["AuthMessage"]
+AddRequest = _CLASSES["AddRequest"]
+ReadRequest = _CLASSES["ReadRequest"]
+WriteLacRequest = _CLASSES["WriteLacRequest"]
+GetBookieInfoRequest = _CLASSES["GetBookieInfoRequest"]
+ForceLedgerRequest = _CLASSES["ForceLedgerRequest"]
+RaiseEpochRequest = _CLASSES["RaiseEpochRequest"]
+ReadRangeRequest = _CLASSES["ReadRangeRequest"]

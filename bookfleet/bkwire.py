@@ -1,11 +1,15 @@
 """Apache BookKeeper's wire protocol (4.17), V2 and V3, as a bookie receives and answers it.
 
-Both are length-prefixed like bookfleet's own frames (`wire.py`); what follows the 4-byte length tells them apart,
-so a bookie decides per connection from its first frame (`frame_protocol`):
+Both are length-prefixed; what follows the 4-byte length tells them apart, so a bookie decides per connection
+from its first frame (`frame_protocol`), and closes a connection that opens with neither:
 
-    bookfleet: version u8 = 1 | ...                          (wire.py, until its clients speak BookKeeper's)
     V2:        header i32 = version 2 << 24 | op << 16 | flags, then the op's fields
     V3:        a protobuf `Request` (bkprotocol.py), whose first byte is field 1's tag, 0x0A
+
+bookfleet's own client speaks V3 (client/connection.py), with bookfleet's extensions (bkprotocol.py's fields and
+operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestPrefix`,
+`v3_request_head`) and the answer to an add (`encode_v3_add_ack`, `ok_add_ack_txn`) are written by hand here, as
+protobuf lays them out, because they are the add path's per-entry work.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -33,32 +37,30 @@ from typing import NamedTuple
 from google.protobuf.message import DecodeError
 
 from bookfleet import bkprotocol, wire
-from bookfleet.bkprotocol import OperationType, StatusCode
+from bookfleet.bkprotocol import AddFlag, OperationType, StatusCode
 from bookfleet.wire import InvalidField, ProtocolError, Status
 
-MASTER_KEY_SIZE = 20
-"""BookKeeper's master key: SHA-1("ledger" + password)."""
+MASTER_KEY_SIZE = wire.MASTER_KEY_SIZE
 V2_VERSION = 2
 V3_FIRST_BYTE = 0x0A
-"""A V3 Request starts with its header, field 1 of wire type 2: tag byte 0x0A (no V2 or bookfleet header does)."""
+"""A V3 Request starts with its header, field 1 of wire type 2: tag byte 0x0A (no V2 header does)."""
 AUTH_DISABLED_PLUGIN = "AuthDisabledPlugin"
 """The plugin name a bookie without authentication answers an AUTH request with; its client then goes on."""
 
 
 class Protocol(enum.Enum):
-    BOOKFLEET = "bookfleet"
     V2 = "v2"
     V3 = "v3"
 
 
-def frame_protocol(first_byte: int) -> Protocol:
-    """Which protocol a connection speaks, from the first byte after its first frame's length prefix (what is
-    neither V2 nor V3 is left to bookfleet's own decoder, which answers what it cannot read)."""
+def frame_protocol(first_byte: int) -> Protocol | None:
+    """Which protocol a connection speaks, from the first byte after its first frame's length prefix; None for
+    neither (the bookie closes the connection)."""
     if first_byte == V2_VERSION:
         return Protocol.V2
     if first_byte == V3_FIRST_BYTE:
         return Protocol.V3
-    return Protocol.BOOKFLEET
+    return None
 
 
 class V2Op(enum.IntEnum):
@@ -111,6 +113,25 @@ def status_codes(status: Status) -> tuple[V2Status, StatusCode]:
     tries another bookie; so is a bookie that cannot vouch for what it lacks, to a V2 client, which knows no rc
     for it: an error, never "no such entry")."""
     return _STATUS_CODES[status]
+
+
+_CLIENT_STATUS: dict[int, Status] = {
+    StatusCode.EOK: Status.OK,
+    StatusCode.ENOLEDGER: Status.NO_SUCH_LEDGER,
+    StatusCode.ENOENTRY: Status.NO_SUCH_ENTRY,
+    StatusCode.EFENCED: Status.FENCED,
+    StatusCode.EUA: Status.UNAUTHORIZED,
+    StatusCode.EREADONLY: Status.READ_ONLY,
+    StatusCode.EBADREQ: Status.BAD_REQUEST,
+    StatusCode.EUNKNOWNLEDGERSTATE: Status.UNKNOWN_LEDGER_STATE,
+}
+
+
+def client_status(code: int) -> Status:
+    """The status a client acts on for a V3 answer's status: what the client tells apart keeps its own status
+    (fenced, read-only, no such ledger or entry, cannot vouch); anything else (EIO, EBADVERSION, ETOOMANYREQUESTS,
+    a code this schema does not know) is an error of the bookie, to try elsewhere."""
+    return _CLIENT_STATUS.get(code, Status.INTERNAL_ERROR)
 
 
 # --- V2 ---------------------------------------------------------------------------------------------------------
@@ -252,6 +273,8 @@ _REQUEST_FIELD = {
     OperationType.GET_BOOKIE_INFO: "getBookieInfoRequest",
     OperationType.START_TLS: "startTLSRequest",
     OperationType.FORCE_LEDGER: "forceLedgerRequest",
+    OperationType.RAISE_EPOCH: "raiseEpochRequest",
+    OperationType.READ_RANGE: "readRangeRequest",
 }
 """The Request field that carries each operation's fields."""
 RESPONSE_FIELD = {
@@ -263,6 +286,8 @@ RESPONSE_FIELD = {
     OperationType.GET_BOOKIE_INFO: "getBookieInfoResponse",
     OperationType.START_TLS: "startTLSResponse",
     OperationType.FORCE_LEDGER: "forceLedgerResponse",
+    OperationType.RAISE_EPOCH: "raiseEpochResponse",
+    OperationType.READ_RANGE: "readRangeResponse",
 }
 """The Response field that carries each operation's answer."""
 
@@ -320,6 +345,8 @@ _REQUIRED = {
     OperationType.WRITE_LAC: ("ledgerId", "lac", "masterKey", "body"),
     OperationType.READ_LAC: ("ledgerId",),
     OperationType.FORCE_LEDGER: ("ledgerId",),
+    OperationType.RAISE_EPOCH: ("ledgerId", "masterKey", "writerEpoch"),
+    OperationType.READ_RANGE: ("ledgerId", "firstEntryId", "lastEntryId", "maxBytes"),
 }
 
 
@@ -342,6 +369,7 @@ def _check_v3_fields(operation: OperationType, fields) -> None:
                 f"the request ledger {fields.ledgerId} entry {fields.entryId}"
             )
         wire.check_lac(lac, "entry header's lac")
+        wire.check_writer_epoch(fields.writerEpoch)
     elif operation == OperationType.READ_ENTRY:
         if fields.entryId != wire.INVALID_ENTRY_ID:
             wire.check_entry_id(fields.entryId)
@@ -356,6 +384,15 @@ def _check_v3_fields(operation: OperationType, fields) -> None:
     elif operation == OperationType.WRITE_LAC:
         wire.check_lac(fields.lac)
         _check_key(fields.masterKey)
+    elif operation == OperationType.RAISE_EPOCH:
+        _check_key(fields.masterKey)
+        wire.check_writer_epoch(fields.writerEpoch)
+    elif operation == OperationType.READ_RANGE:
+        wire.check_entry_id(fields.firstEntryId, "first entry id")
+        if fields.lastEntryId < fields.firstEntryId:
+            raise InvalidField(f"last entry id {fields.lastEntryId} is before first entry id {fields.firstEntryId}")
+        if fields.maxBytes < 0:
+            raise InvalidField(f"READ_RANGE maxBytes {fields.maxBytes} is negative")
 
 
 def _check_key(key: bytes) -> None:
@@ -372,10 +409,13 @@ def v3_response(operation: int, txn_id: int, status: StatusCode):
     return response
 
 
-def v3_refusal(request: V3Request, status: StatusCode):
-    """The answer refusing a request with `status`: the envelope's status, and the operation's own answer with the
-    same status and the request's ledger and entry ids (the fields a BookKeeper client reads from it)."""
+def v3_refusal(request: V3Request, status: StatusCode, message: str = ""):
+    """The answer refusing a request with `status`: the envelope's status and the bookie's `message` (bookfleet's
+    field, skipped by a stock client), and the operation's own answer with the same status and the request's ledger
+    and entry ids (the fields a BookKeeper client reads from it)."""
     response = v3_response(request.operation, request.txn_id, status)
+    if message:
+        response.errorMessage = message
     field = RESPONSE_FIELD.get(request.operation)
     if field is None or request.operation in (OperationType.AUTH, OperationType.START_TLS):
         return response
@@ -405,3 +445,178 @@ def decode_auth_message(data: bytes | memoryview):
 def auth_disabled_answer() -> bytes:
     """The AuthMessage a bookie without authentication answers any AUTH request with."""
     return bkprotocol.AuthMessage(authPluginName=AUTH_DISABLED_PLUGIN, payload=b"").SerializeToString()
+
+
+# --- V3, bookfleet's client and the add path ----------------------------------------------------------------------
+
+
+def _encode_varint(value: int) -> bytes:
+    """A protobuf varint (a negative int64 takes ten bytes, as protobuf encodes it)."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL_VARINTS = tuple(_encode_varint(value) for value in range(1 << 14))
+
+
+def varint(value: int) -> bytes:
+    """A protobuf varint; the ones below 2^14 from a table, those below 2^28 (txnIds, entry ids and sizes) in one
+    step."""
+    if 0 <= value < 16384:
+        return _SMALL_VARINTS[value]
+    if 0 < value < 2097152:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+    if 0 < value < 268435456:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21))
+    return _encode_varint(value)
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return varint(number << 3 | wire_type)
+
+
+_VARINT, _LENGTH_DELIMITED = 0, 2
+_LENGTH = struct.Struct(">I")
+
+
+class AddRequestPrefix:
+    """What precedes an entry in an encoded AddRequest (the operation's message inside a V3 Request) of one writer:
+    ledger id, master key, recovery flag and writer epoch once, then per entry its id and the entry's length. The
+    entry follows it (`wire.encode_entry`'s `prefix`), so a whole write set shares one encoded message."""
+
+    __slots__ = ("_fixed",)
+
+    def __init__(self, ledger_id: int, master_key: bytes, writer_epoch: int, recovery: bool = False):
+        recovery_flag = _tag(100, _VARINT) + varint(AddFlag.RECOVERY_ADD) if recovery else b""
+        self._fixed = b"".join((
+            _tag(1, _VARINT), varint(ledger_id), _tag(3, _LENGTH_DELIMITED), varint(len(master_key)), master_key,
+            recovery_flag, _tag(1000, _VARINT), varint(writer_epoch),
+        ))
+
+    def prefix(self, entry_id: int, entry_size: int) -> bytes:
+        return b"".join((self._fixed, b"\x10", varint(entry_id), b"\x22", varint(entry_size)))
+
+    def message(self, entry: bytes) -> bytes:
+        """The whole AddRequest of an encoded entry (a copy of it: for entries already encoded, as repair's)."""
+        return self.prefix(wire.entry_ids(entry)[1], len(entry)) + entry
+
+
+def _request_heads() -> dict[int, tuple[bytes, bytes]]:
+    """Per operation, the bytes of a Request's header before its txnId, and the tag of the operation's message."""
+    heads = {}
+    for operation, field in _REQUEST_FIELD.items():
+        number = bkprotocol.Request.DESCRIPTOR.fields_by_name[field].number
+        before_txn = b"\x08" + varint(bkprotocol.ProtocolVersion.VERSION_THREE) + b"\x10" + varint(operation) + b"\x18"
+        heads[operation] = before_txn, _tag(number, _LENGTH_DELIMITED)
+    return heads
+
+
+_REQUEST_HEADS = _request_heads()
+
+
+def v3_request_head(operation: int, txn_id: int, message_size: int) -> bytes:
+    """A V3 request frame up to its operation's message (of `message_size` bytes, which follows it unchanged): the
+    length prefix, the header (version 3, the operation, `txn_id`) and the message's tag and length."""
+    before_txn, tag = _REQUEST_HEADS[operation]
+    header = before_txn + varint(txn_id)
+    head = b"".join((b"\x0a", _SMALL_VARINTS[len(header)], header, tag, varint(message_size)))  # a header < 128 B
+    return _LENGTH.pack(len(head) + message_size) + head
+
+
+def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
+    """A V3 request frame carrying `message` (the operation's own protobuf message)."""
+    data = message.SerializeToString()
+    return v3_request_head(operation, txn_id, len(data)) + data
+
+
+_ADD_ACK_HEADER = b"\x08\x03\x10\x02\x18"
+"""An ADD answer's header up to its txnId: version 3, operation ADD_ENTRY."""
+_OK = b"\x10\x00"
+
+
+def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """The whole OK answer frame of an add, as protobuf lays the Response out (a bookie packs one per add)."""
+    txn = varint(txn_id)
+    answer = b"".join((b"\x08\x00\x10", varint(ledger_id), b"\x18", varint(entry_id)))
+    size = 12 + len(txn) + len(answer)  # header, status and answer, each shorter than 128 bytes
+    return b"".join((
+        _LENGTH.pack(size), b"\x0a", _SMALL_VARINTS[5 + len(txn)], _ADD_ACK_HEADER, txn, _OK, b"\xaa\x06",
+        _SMALL_VARINTS[len(answer)], answer,
+    ))
+
+
+def ok_add_ack_txn(buffer: bytearray, start: int, end: int) -> int:
+    """The txnId of the V3 answer in buffer[start:end] if it is an OK ADD answer laid out as protobuf (and so every
+    bookie) writes one: header first with version, operation and txnId only, then the EOK status; otherwise -1 (the
+    caller parses the answer whole). Reads in place: the client's per-ack work."""
+    if end - start < 10 or buffer[start] != 0x0A or not buffer.startswith(_ADD_ACK_HEADER, start + 2):
+        return -1
+    header_end = start + 2 + buffer[start + 1]
+    pos, txn_id, shift = start + 7, 0, 0
+    while pos < header_end:
+        byte = buffer[pos]
+        txn_id |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            break
+        shift += 7
+    if pos != header_end or not buffer.startswith(_OK, pos) or header_end + 2 > end:
+        return -1
+    return txn_id
+
+
+def decode_v3_response(frame: bytes | memoryview):
+    """A V3 answer (the frame without its length prefix); ProtocolError when it is no protobuf Response or has no
+    header (the client cannot tell which request it answers)."""
+    response = bkprotocol.Response()
+    try:
+        response.ParseFromString(frame)
+    except DecodeError as exc:
+        raise ProtocolError(f"V3 answer of {len(frame)} bytes is not a protobuf Response: {exc}") from None
+    if not response.header.HasField("txnId") or not response.HasField("status"):
+        raise ProtocolError("V3 answer without a txnId or a status")
+    return response
+
+
+ADD_FRAME_OVERHEAD = 96
+"""An upper bound on what a V3 add frame holds beside its master key and entry: the length prefix, the header with
+a 10-byte txnId, the message's tag and length, ledger and entry ids, the recovery flag, the writer epoch and the
+entry's tag and length, each varint at its longest."""
+
+
+def max_payload_size(digest_type: wire.DigestType | str) -> int:
+    """The largest entry payload whose V3 ADD frame (envelope, master key, entry header, digest) a bookie accepts."""
+    entry_overhead = wire.ENTRY_HEADER.size + wire.digest_size(wire.DigestType(digest_type))
+    return wire.MAX_FRAME_SIZE - ADD_FRAME_OVERHEAD - wire.MASTER_KEY_SIZE - entry_overhead
+
+
+
+def checked_add_fields(request: V3Request) -> tuple[int, int, bytes, bytes, bool, int, int] | None:
+    """(ledger_id, entry_id, master_key, entry, recovery, writer_epoch, lac) of a V3 ADD that passes every check
+    `check_v3_request` makes, each field read once; None for anything else (the session's full checks then name the
+    fault). The bookie's per-add check: a quarter of the generic one's cost."""
+    fields = request.fields
+    if request.version != bkprotocol.ProtocolVersion.VERSION_THREE or fields is None:
+        return None
+    ledger_id, entry_id, key, entry = fields.ledgerId, fields.entryId, fields.masterKey, fields.body
+    writer_epoch = fields.writerEpoch
+    if not (
+        0 <= ledger_id <= _INT64_MAX and 0 <= entry_id <= _INT64_MAX and 0 <= writer_epoch <= _INT64_MAX
+        and len(key) == MASTER_KEY_SIZE and len(entry) >= _ENTRY_HEADER.size
+        and fields.HasField("ledgerId") and fields.HasField("entryId")
+    ):
+        return None
+    header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(entry)
+    if header_ledger != ledger_id or header_entry != entry_id or not -1 <= lac <= _INT64_MAX:
+        return None
+    return ledger_id, entry_id, key, entry, fields.flag == AddFlag.RECOVERY_ADD, writer_epoch, lac
+
+
+_INT64_MAX = wire.INT64_MAX
+_ENTRY_HEADER = wire.ENTRY_HEADER

@@ -1,12 +1,8 @@
-"""The bookie wire format, defined once for bookie, client, repair and audit alike.
+"""Entries, digests and the field checks, defined once for bookie, client, repair and audit alike.
 
-A frame on TCP is a 4-byte big-endian length followed by that many bytes: a 12-byte header and a body.
-
-    request header:  version u8 | op u8 | flags u16 | request_id u64
-    response header: version u8 | op u8 | status u16 | request_id u64
-
-Responses carry the request's id, so requests pipeline and responses may come back out of order. A response
-whose status is not OK carries a UTF-8 message as its body.
+The frames around them are Apache BookKeeper's V2 and V3 (`bkwire.py`): a 4-byte big-endian length followed by
+that many bytes, at most MAX_FRAME_SIZE. `Status` is the bookie's own vocabulary of outcomes, which bkwire maps
+onto each protocol's status codes and back.
 
 An entry, on the wire and at rest, is a 32-byte header, a digest and the payload:
 
@@ -22,47 +18,22 @@ password), 20 bytes.
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import hmac
 import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import crc32c
 
-PROTOCOL_VERSION = 1
 LENGTH_PREFIX = struct.Struct(">I")
-REQUEST_HEADER = struct.Struct(">BBHQ")
-RESPONSE_HEADER = struct.Struct(">BBHQ")
-HEADER_SIZE = REQUEST_HEADER.size
 MAX_FRAME_SIZE = 8 * 1024 * 1024
-"""The largest frame a bookie accepts; a larger length prefix is answered with TOO_LARGE."""
+"""The largest frame a bookie accepts; a larger length prefix closes the connection."""
 
 ENTRY_HEADER = struct.Struct(">QqqQ")
 MASTER_KEY_SIZE = 20
 INVALID_ENTRY_ID = -1
-
-
-class Op(enum.IntEnum):
-    ADD_ENTRY = 1
-    READ_ENTRY = 2
-    READ_LAC = 3
-    WRITE_LAC = 4
-    GET_BOOKIE_INFO = 5
-    FORCE_LEDGER = 6
-    READ_RANGE = 7
-    RAISE_EPOCH = 8
-
-
-class Flag(enum.IntFlag):
-    NONE = 0
-    RECOVERY_ADD = 1
-    """ADD_ENTRY: written by recovery or repair; accepted on a fenced ledger."""
-    FENCE = 2
-    """READ_ENTRY: fence the ledger before reading; needs the master key."""
 
 
 class Status(enum.IntEnum):
@@ -93,44 +64,6 @@ class DigestType(enum.StrEnum):
     CRC32 = "crc32"
     MAC = "mac"
     DUMMY = "dummy"
-
-
-# --- bodies ---------------------------------------------------------------------------------------------------
-# ADD_ENTRY   request: master_key[20] | writer_epoch u64 | entry          response: ledger_id u64 | entry_id i64
-#             (refused FENCED when the bookie knows a higher writer epoch for the ledger, unless RECOVERY_ADD;
-#             a higher one than it knows raises its own)
-# READ_ENTRY  request: ledger_id u64 | entry_id i64 [| master_key[20] with FENCE]
-#             response: entry; for entry_id -1: lac i64 | last_entry_id i64 (the bookie's view, for recovery)
-# READ_LAC    request: ledger_id u64 | previous_lac i64 | timeout_ms u32   response: lac i64
-#             (long poll: answers once lac > previous_lac, or with the current lac when the timeout ends)
-# WRITE_LAC   request: master_key[20] | ledger_id u64 | lac i64            response: empty
-# GET_BOOKIE_INFO request: empty        response: free_bytes u64 | total_bytes u64 | state u8
-# FORCE_LEDGER request: ledger_id u64   response: ledger_id u64 (answered once everything before it is synced)
-# READ_RANGE  request: ledger_id u64 | first i64 | last i64 | max_bytes u32
-#             response: count u32 | (size u32 | entry) * count   (the present entries of [first, last], in order)
-# RAISE_EPOCH request: master_key[20] | ledger_id u64 | writer_epoch u64   response: lac i64 | last_entry_id i64
-#             (a reopening writer's fence: from now on adds of an older epoch are refused; answered with the
-#             bookie's view once durable; FENCED if the bookie knows a higher epoch or the ledger is fenced)
-LEDGER_ENTRY = struct.Struct(">Qq")
-READ_LAC_REQUEST = struct.Struct(">QqI")
-LAC = struct.Struct(">q")
-LAC_AND_LAST = struct.Struct(">qq")
-WRITE_LAC_BODY = struct.Struct(">Qq")
-BOOKIE_INFO = struct.Struct(">QQB")
-LEDGER_ID = struct.Struct(">Q")
-READ_RANGE_REQUEST = struct.Struct(">QqqI")
-COUNT = struct.Struct(">I")
-WRITER_EPOCH = struct.Struct(">Q")
-ADD_PREFIX_SIZE = MASTER_KEY_SIZE + WRITER_EPOCH.size
-"""What precedes the entry in an ADD_ENTRY body: master key and writer epoch."""
-RAISE_EPOCH_BODY = struct.Struct(">QQ")
-"""RAISE_EPOCH after the master key: ledger_id, writer_epoch."""
-ADD_REQUEST_HEAD = struct.Struct(f">BBHQ{MASTER_KEY_SIZE}sQQqqQ")
-"""An ADD_ENTRY request's header, master key, writer epoch and entry header: every field of an add in one unpack."""
-ADD_RESPONSE = struct.Struct(">IBBHQQq")
-"""A whole OK ADD_ENTRY response frame: length prefix, header, ledger_id, entry_id."""
-ADD_ACK_LENGTH = ADD_RESPONSE.size - LENGTH_PREFIX.size
-"""The length prefix of an OK ADD_ENTRY response."""
 
 
 class ProtocolError(Exception):
@@ -172,139 +105,6 @@ def check_writer_epoch(epoch: int, what: str = "writer epoch") -> int:
     if not 0 <= epoch <= INT64_MAX:
         raise InvalidField(f"{what} {epoch} is outside [0, {INT64_MAX}]")
     return epoch
-
-
-def add_prefix(master_key: bytes, writer_epoch: int) -> bytes:
-    """The start of an ADD_ENTRY body, before the encoded entry (pass it as encode_entry's `prefix`)."""
-    return master_key + WRITER_EPOCH.pack(writer_epoch)
-
-
-def encode_entry_list(entries: list[bytes]) -> bytes:
-    """READ_RANGE response body: count u32 | (size u32 | entry) * count."""
-    parts = [COUNT.pack(len(entries))]
-    for entry in entries:
-        parts += (COUNT.pack(len(entry)), entry)
-    return b"".join(parts)
-
-
-def decode_entry_list(body: bytes | memoryview) -> list[bytes]:
-    view = memoryview(body)
-    (count,) = unpack_body(COUNT, view, "READ_RANGE response")
-    entries = []
-    pos = COUNT.size
-    for index in range(count):
-        (size,) = unpack_body(COUNT, view[pos:], f"READ_RANGE entry {index} size")
-        pos += COUNT.size
-        if pos + size > len(view):
-            raise ProtocolError(f"READ_RANGE entry {index} of {size} bytes runs past the {len(view)}-byte response")
-        entries.append(bytes(view[pos : pos + size]))
-        pos += size
-    return entries
-
-
-# --- frames ---------------------------------------------------------------------------------------------------
-
-
-def encode_request(op: Op, request_id: int, body: bytes = b"", flags: int = 0) -> bytes:
-    return encode_request_head(op, request_id, len(body), flags) + body
-
-
-def encode_request_head(op: Op, request_id: int, body_size: int, flags: int = 0) -> bytes:
-    """Length prefix and header of a request whose body follows: a body shared by several requests (one entry sent
-    to its whole write set) is then never copied per request."""
-    return FRAME_HEAD.pack(HEADER_SIZE + body_size, PROTOCOL_VERSION, op, flags, request_id)
-
-
-FRAME_HEAD = struct.Struct(">I" + REQUEST_HEADER.format.lstrip(">"))
-"""Length prefix and header of a frame (request or response: the layouts are the same), packed or read at once."""
-
-
-def encode_response(op: int, request_id: int, status: Status = Status.OK, body: bytes = b"") -> bytes:
-    header = RESPONSE_HEADER.pack(PROTOCOL_VERSION, op, status, request_id)
-    return LENGTH_PREFIX.pack(HEADER_SIZE + len(body)) + header + body
-
-
-def encode_error(op: int, request_id: int, status: Status, message: str) -> bytes:
-    return encode_response(op, request_id, status, message.encode())
-
-
-encode_add_response: Callable[[int, int, int], bytes] = functools.partial(
-    ADD_RESPONSE.pack, ADD_ACK_LENGTH, PROTOCOL_VERSION, int(Op.ADD_ENTRY), int(Status.OK)
-)
-"""encode_add_response(request_id, ledger_id, entry_id): the whole OK ADD_ENTRY response frame, packed in C (a
-bookie packs one per add; the answers of one group commit go out joined)."""
-
-
-class Frame(NamedTuple):
-    """A decoded frame: `code` is the flags of a request or the status of a response."""
-
-    op: int
-    code: int
-    request_id: int
-    body: bytes | memoryview
-
-
-def check_frame_length(length: int, max_frame_size: int = MAX_FRAME_SIZE) -> None:
-    if length < HEADER_SIZE:
-        raise ProtocolError(f"frame of {length} bytes is shorter than the {HEADER_SIZE}-byte header")
-    if length > max_frame_size:
-        raise ProtocolError(f"frame of {length} bytes exceeds the {max_frame_size}-byte limit")
-
-
-def decode_header(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int, int]:
-    """(op, code, request_id) of the header at `offset` (the caller knows it is there); checks the version."""
-    version, op, code, request_id = REQUEST_HEADER.unpack_from(data, offset)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
-    return op, code, request_id
-
-
-def decode_frame(frame: bytes | memoryview) -> Frame:
-    """Decode a frame without its length prefix."""
-    view = memoryview(frame)
-    if len(view) < HEADER_SIZE:
-        raise ProtocolError(f"frame of {len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    return Frame(*decode_header(view), view[HEADER_SIZE:])
-
-
-def take_frames(
-    buffer: bytearray, on_frame: Callable[[int, int, int, int, int], None], max_frame_size: int = MAX_FRAME_SIZE
-) -> None:
-    """Call `on_frame(op, code, request_id, start, end)` for every whole frame at the front of `buffer`, its body
-    being buffer[start:end], then take them off (a partial frame stays). Per frame: one unpack of length prefix and
-    header, the checks inline and no copy, so an answer whose body nobody reads (an add's ack) costs no allocation.
-    Raises ProtocolError on a bad length or version; the frames before it were handed over and are taken off."""
-    pos = 0
-    end = len(buffer)
-    unpack, head_size = FRAME_HEAD.unpack_from, FRAME_HEAD.size
-    try:
-        while end - pos >= head_size:
-            length, version, op, code, request_id = unpack(buffer, pos)
-            if not HEADER_SIZE <= length <= max_frame_size:
-                check_frame_length(length, max_frame_size)
-            start = pos + LENGTH_PREFIX.size
-            if end - start < length:
-                return
-            if version != PROTOCOL_VERSION:
-                decode_header(buffer, start)  # raises, naming the version
-            pos = start + length
-            on_frame(op, code, request_id, start + HEADER_SIZE, pos)
-        if end - pos >= LENGTH_PREFIX.size:  # a partial head whose length already shows it can never be a frame
-            (length,) = LENGTH_PREFIX.unpack_from(buffer, pos)
-            check_frame_length(length, max_frame_size)
-    finally:
-        del buffer[:pos]
-
-
-def split_frames(buffer: bytearray, max_frame_size: int = MAX_FRAME_SIZE) -> list[Frame]:
-    """Decode and take every whole frame off the front of `buffer` (bodies are bytes); a partial frame stays."""
-    frames: list[Frame] = []
-
-    def decode(op: int, code: int, request_id: int, start: int, end: int) -> None:
-        frames.append(Frame(op, code, request_id, bytes(buffer[start:end])))
-
-    take_frames(buffer, decode, max_frame_size)
-    return frames
 
 
 def unpack_body(layout: struct.Struct, body: bytes | memoryview, what: str) -> tuple:
@@ -360,11 +160,6 @@ def digest_size(digest_type: DigestType | str) -> int:
     return _DIGEST_SIZES[DigestType(digest_type)]
 
 
-def max_payload_size(digest_type: DigestType | str) -> int:
-    """The largest entry payload whose ADD_ENTRY frame (header, master key, entry header, digest) a bookie accepts."""
-    return MAX_FRAME_SIZE - HEADER_SIZE - ADD_PREFIX_SIZE - ENTRY_HEADER.size - digest_size(digest_type)
-
-
 class Digester:
     """Computes and checks entry digests for one ledger; `digest(header, payload)` is the ledger's digest function,
     chosen once."""
@@ -385,7 +180,7 @@ class Digester:
     def encode(
         self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
     ) -> bytes:
-        """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): the payload is copied once. The
+        """The encoded entry, after `prefix` (bkwire.AddRequestPrefix's): the payload is copied once. The
         writer's per-add call, so a CRC32C digest is computed here rather than through `digest`."""
         header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
         if self._crc32c:
@@ -409,7 +204,7 @@ class DigestMismatch(ProtocolError):
 def encode_entry(
     digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
 ) -> bytes:
-    """The encoded entry, after `prefix` (an ADD_ENTRY body's add_prefix): see Digester.encode."""
+    """The encoded entry, after `prefix` (bkwire.AddRequestPrefix's): see Digester.encode."""
     return digester.encode(ledger_id, entry_id, lac, length, payload, prefix)
 
 

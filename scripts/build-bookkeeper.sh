@@ -18,6 +18,11 @@ for tool in mvn javac; do
 done
 VERSION="$(sed -n 's:.*<bookkeeper.version>\(.*\)</bookkeeper.version>.*:\1:p' "$BENCH/pom.xml")"
 OUT="${BOOKFLEET_BOOKKEEPER_DIR:-$HOME/.cache/bookfleet/bookkeeper-$VERSION}"
+mkdir -p "$OUT"
+# One build at a time per directory: two at once (pytest workers, checkouts side by side) compiled into one temporary
+# directory, and a partial set of classes was recorded under the full sources' checksum.
+exec 9>"$OUT/.build.lock"
+flock 9
 bash "$HERE/scripts/fetch-jars.sh" "$BENCH/pom.xml" "$VERSION" "$OUT"
 
 SOURCE_SUM="$(cat "${SOURCES[@]}" | sha256sum | cut -d' ' -f1)"

@@ -5,6 +5,10 @@
 set -euo pipefail
 POM="$1" VERSION="$2" OUT="$3"
 mkdir -p "$OUT"
+# One fetch at a time per directory (checkouts side by side); its own lock file, as a caller may hold one on the
+# directory for what it builds beside the jars.
+exec 8>"$OUT/.fetch.lock"
+flock 8
 if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
     started=$SECONDS
     echo "fetching the jars of $(basename "$(dirname "$POM")") $VERSION with Maven (once per version) ..." >&2

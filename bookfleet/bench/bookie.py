@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bookfleet import eventloop, wire
+from bookfleet import bkwire, eventloop, wire
 from bookfleet.bench.baseline import (
     add_event_loop_argument,
     chosen_event_loop,
@@ -75,7 +75,9 @@ async def _load(
     tls: ReloadingContext | None,
 ) -> dict:
     digester = wire.Digester(wire.DigestType.CRC32C)
-    prefix = wire.add_prefix(wire.master_key(b"bench"), 0)
+    key = wire.master_key(b"bench")
+    requests = {ledger_id: bkwire.AddRequestPrefix(ledger_id, key, 0) for ledger_id in ledger_ids}
+    entry_size_encoded = wire.ENTRY_HEADER.size + digester.size + entry_size
     payload = os.urandom(entry_size)
     latencies = latency_samples()
     record = latencies.append
@@ -89,6 +91,7 @@ async def _load(
         entry_id = next_ids[0]
         next_ids[0] += 1
         length = (entry_id + 1) * entry_size
+        prefix = requests[ledger_id].prefix(entry_id, entry_size_encoded)
         body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, length, payload, prefix)
         client.add_entry_callback(body, acked, (clock(), client, ledger_id, next_ids))
 

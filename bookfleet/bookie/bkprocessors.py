@@ -14,8 +14,13 @@ DEFERRED_SYNC write flag is ignored), high priority (V2 flag, V3 header priority
 bookie refuses every other add (BookKeeper lets high-priority adds through when it has room), READ_LAC answers with the
 last entry only (the bookie keeps an explicit LAC's value, not the digest-signed body BookKeeper hands back, so
 the client takes the LAC the last entry carries), and a WRITE_LAC's body is not kept. A read-only bookie takes
-a recovery add into its disk's reserve under bookfleet's rule (the entry's stored ensemble names it). The writer
-epoch of bookfleet's own adds has no V2 or V3 form yet: BookKeeper's clients fence by recovery alone.
+a recovery add into its disk's reserve under bookfleet's rule (the entry's stored ensemble names it).
+
+bookfleet's own client speaks V3 with bookfleet's extensions (bkprotocol.py, numbers from 1000): an add's writer
+epoch (absent, 0, from a stock client, which fences by recovery alone), RAISE_EPOCH and READ_RANGE, the error
+message of a refusal and a read-only bookie's state in GET_BOOKIE_INFO. The V3 add has a fast path
+(bookie/connection.py) that applies it at once and answers it with its group commit; these processors take the adds
+that need more (roles, an admission lookup, a read-only bookie's reserve).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from typing import Any, Protocol
 
 from bookfleet import bkwire, wire
 from bookfleet.bkprotocol import AddFlag, BookieInfoWanted, OperationType, ReadFlag, StatusCode
+from bookfleet.bkprotocol import OperationType as Op
 from bookfleet.bkwire import V2Flag, V2Op, V2Request, V2Status, V3Request
 from bookfleet.bookie import errors
 from bookfleet.bookie.serving import Peer, Server
 from bookfleet.security import roles
-from bookfleet.wire import Op, Status
+from bookfleet.wire import Status
 
 log = logging.getLogger(__name__)
 
@@ -77,32 +83,33 @@ def status_of(exc: BaseException) -> Status:
     return Status.INTERNAL_ERROR
 
 
-def _authorize(conn: SessionConnection, op: Op, special_flag: int = 0) -> None:
+def _authorize(conn: SessionConnection, op: Op, special: bool = False) -> None:
     """The role check of a TLS peer, with bookfleet's permission table (the same rights, whatever the protocol)."""
     if conn.principal is not None:
         try:
-            roles.authorize(conn.principal, op, special_flag)
+            roles.authorize(conn.principal, op, special)
         except roles.Forbidden as exc:
             raise errors.RoleForbidden(str(exc)) from None
 
 
 async def _add(
-    conn: SessionConnection, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int
+    conn: SessionConnection, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int,
+    writer_epoch: int = 0,
 ) -> None:
     """An add of either protocol: roles, the admission lookups when it needs them (a read-only bookie's reserve for
     a recovery add among them), then the shared add path; returns once the entry is durable."""
-    _authorize(conn, Op.ADD_ENTRY, wire.Flag.RECOVERY_ADD if recovery else 0)
+    _authorize(conn, Op.ADD_ENTRY, recovery)
     server = conn.server
     reserved = False
     if server.add_needs_check(ledger_id, recovery, conn.principal):
         reserved = await server.admit_add(ledger_id, entry_id, len(entry), recovery, conn.principal)
     lac = wire.entry_ids(entry)[2]
-    await server.add_entry(entry, master_key, recovery, ledger_id, entry_id, lac, reserved)
+    await server.add_entry(entry, master_key, recovery, ledger_id, entry_id, lac, reserved, writer_epoch)
 
 
 async def _read(conn: SessionConnection, ledger_id: int, entry_id: int, fence_key: bytes | None) -> bytes:
     """A read of either protocol, fencing first with `fence_key`; entry -1 is the last entry stored here."""
-    _authorize(conn, Op.READ_ENTRY, wire.Flag.FENCE if fence_key is not None else 0)
+    _authorize(conn, Op.READ_ENTRY, fence_key is not None)
     server = conn.server
     if fence_key is not None:
         await server.fence(ledger_id, fence_key)
@@ -118,15 +125,15 @@ async def _read(conn: SessionConnection, ledger_id: int, entry_id: int, fence_ke
 class _Session:
     """What both protocols' sessions share: starting a processor on the connection and answering what it raised."""
 
-    _BOOKFLEET_OP: dict[int, Op]
-    """Each operation's bookfleet equivalent, for the error metrics."""
+    _OPERATION: dict[int, Op]
+    """Each operation's V3 equivalent, for the error metrics."""
 
     def __init__(self, conn: SessionConnection):
         self.conn = conn
 
-    def _start(self, processor: Coroutine[Any, Any, bytes], answer: Callable[[Status], bytes], op: int,
+    def _start(self, processor: Coroutine[Any, Any, bytes], answer: Callable[[Status, str], bytes], op: int,
                add_size: int = 0) -> None:
-        """Run `processor` (whose result is the whole answer frame); `answer(status)` frames its refusal."""
+        """Run `processor` (whose result is the whole answer frame); `answer(status, message)` frames its refusal."""
         conn = self.conn
         if conn.server.stopping:
             processor.close()
@@ -140,7 +147,9 @@ class _Session:
     async def _refuse(exc: Exception) -> bytes:
         raise exc
 
-    def _answered(self, answer: Callable[[Status], bytes], op: int, exc: BaseException | None, frame: bytes) -> None:
+    def _answered(
+        self, answer: Callable[[Status, str], bytes], op: int, exc: BaseException | None, frame: bytes
+    ) -> None:
         conn = self.conn
         if exc is None:
             conn.send(frame)
@@ -153,14 +162,14 @@ class _Session:
             log.error("BookKeeper request from %s failed", conn.peer, exc_info=exc)
         elif status == Status.INTERNAL_ERROR:
             log.error("BookKeeper request from %s failed: %s", conn.peer, exc)
-        conn.server.metrics.count_error(self._BOOKFLEET_OP.get(op, 0), status)
-        conn.send(answer(status))
+        conn.server.metrics.count_error(self._OPERATION.get(op, 0), status)
+        conn.send(answer(status, str(exc)))
 
 
 class V2Session(_Session):
     """A V2 connection: requests matched by (ledger, entry, op), answers repeating them."""
 
-    _BOOKFLEET_OP = {V2Op.ADD: Op.ADD_ENTRY, V2Op.READ: Op.READ_ENTRY, V2Op.BATCH_READ: Op.READ_RANGE}
+    _OPERATION = {V2Op.ADD: Op.ADD_ENTRY, V2Op.READ: Op.READ_ENTRY, V2Op.BATCH_READ: Op.READ_RANGE}
     min_frame = bkwire.V2_MIN_FRAME
     decode = staticmethod(bkwire.decode_v2_request)
 
@@ -184,7 +193,8 @@ class V2Session(_Session):
         return await processor(request)
 
     @staticmethod
-    def _refusal(request: V2Request, status: Status) -> bytes:
+    def _refusal(request: V2Request, status: Status, message: str) -> bytes:
+        """V2 has no field for the message: the rc alone."""
         rc = bkwire.status_codes(status)[0]
         if request.op == V2Op.BATCH_READ:
             return bkwire.encode_v2_batch_response(rc, request.ledger_id, request.entry_id, request.request_id, [])
@@ -222,14 +232,13 @@ class V2Session(_Session):
         )
 
 
+_OPERATIONS = frozenset(OperationType)
+
+
 class V3Session(_Session):
     """A V3 connection: protobuf requests, answered with their txnId."""
 
-    _BOOKFLEET_OP = {
-        OperationType.ADD_ENTRY: Op.ADD_ENTRY, OperationType.READ_ENTRY: Op.READ_ENTRY,
-        OperationType.READ_LAC: Op.READ_LAC, OperationType.WRITE_LAC: Op.WRITE_LAC,
-        OperationType.FORCE_LEDGER: Op.FORCE_LEDGER, OperationType.GET_BOOKIE_INFO: Op.GET_BOOKIE_INFO,
-    }
+    _OPERATION = {operation: operation for operation in OperationType}
     min_frame = 1
     decode = staticmethod(bkwire.decode_v3_request)
 
@@ -244,6 +253,8 @@ class V3Session(_Session):
             OperationType.GET_BOOKIE_INFO: self._bookie_info,
             OperationType.AUTH: self._auth,
             OperationType.START_TLS: self._start_tls,
+            OperationType.RAISE_EPOCH: self._raise_epoch,
+            OperationType.READ_RANGE: self._read_range,
         }
 
     @staticmethod
@@ -252,7 +263,7 @@ class V3Session(_Session):
 
     def start(self, request: V3Request, size: int) -> None:
         self._start(
-            self._answer(request), functools.partial(self._refusal, request), request.operation,
+            self._answer(request), functools.partial(self.refusal, request), request.operation,
             size if self.is_add(request) else 0,
         )
 
@@ -263,12 +274,18 @@ class V3Session(_Session):
         return bkwire.encode_v3(response)
 
     @staticmethod
-    def _refusal(request: V3Request, status: Status) -> bytes:
-        return bkwire.encode_v3(bkwire.v3_refusal(request, bkwire.status_codes(status)[1]))
+    def refusal(request: V3Request, status: Status, message: str) -> bytes:
+        """The answer refusing `request`; its message names the operation and ledger (`ADD_ENTRY for ledger 5: ...`)."""
+        name = OperationType(request.operation).name if request.operation in _OPERATIONS else str(request.operation)
+        ledger_id = getattr(request.fields, "ledgerId", None) if request.fields is not None else None
+        about = name if ledger_id is None else f"{name} for ledger {ledger_id}"
+        return bkwire.encode_v3(bkwire.v3_refusal(request, bkwire.status_codes(status)[1], f"{about}: {message}"))
 
     async def _add(self, fields, response) -> None:
         recovery = fields.flag == AddFlag.RECOVERY_ADD
-        await _add(self.conn, fields.body, fields.masterKey, recovery, fields.ledgerId, fields.entryId)
+        await _add(
+            self.conn, fields.body, fields.masterKey, recovery, fields.ledgerId, fields.entryId, fields.writerEpoch
+        )
         response.addResponse.SetInParent()
         answer = response.addResponse
         answer.status, answer.ledgerId, answer.entryId = StatusCode.EOK, fields.ledgerId, fields.entryId
@@ -331,6 +348,25 @@ class V3Session(_Session):
             answer.freeDiskSpace = free
         if fields.requested & BookieInfoWanted.TOTAL_DISK_CAPACITY:
             answer.totalDiskCapacity = total
+        if self.conn.server.read_only is not None:
+            answer.readOnly = True
+
+    async def _raise_epoch(self, fields, response) -> None:
+        """bookfleet's RAISE_EPOCH: answered with the bookie's LAC and last entry once the epoch is durable."""
+        _authorize(self.conn, Op.RAISE_EPOCH)
+        lac, last = await self.conn.server.raise_writer_epoch(fields.ledgerId, fields.writerEpoch, fields.masterKey)
+        answer = response.raiseEpochResponse
+        answer.status, answer.ledgerId, answer.lac, answer.lastEntryId = StatusCode.EOK, fields.ledgerId, lac, last
+
+    async def _read_range(self, fields, response) -> None:
+        """bookfleet's READ_RANGE: the present entries of the span, within the server's caps."""
+        _authorize(self.conn, Op.READ_RANGE)
+        entries = await self.conn.server.read_range(
+            fields.ledgerId, fields.firstEntryId, fields.lastEntryId, fields.maxBytes
+        )
+        answer = response.readRangeResponse
+        answer.status, answer.ledgerId = StatusCode.EOK, fields.ledgerId
+        answer.entries.extend(entries)
 
     async def _auth(self, fields, response) -> None:
         """Authentication is off (BookKeeper's default provider): any AUTH is answered so, and the client goes on."""

@@ -1,8 +1,11 @@
 """One client connection of the bookie's server (`bookfleet.bookie.server`, which holds the limits and the
 protocol rules): frames split out of the byte stream, requests started in order within the server's limits, adds
 applied at once and answered together per group commit, answers written in completion order. The connection knows
-its server only as a `serving.Server` (the add path's admission, apply and release among it); a BookKeeper protocol
-session (bookie/bkprocessors.py) uses the connection through `step`, `send` and `holding_add_bytes`."""
+its server only as a `serving.Server` (the add path's admission, apply and release among it). Its first frame
+chooses the protocol, BookKeeper's V2 or V3 (a connection that opens with neither is closed); the protocol's session
+(bookie/bkprocessors.py) decodes and answers each request through `step`, `send` and `holding_add_bytes`. A V3 add
+that needs no lookup (no TLS roles, an admitted ledger, a writable bookie) takes the fast path here: applied at once
+and answered with its group commit's other adds, in one write."""
 
 from __future__ import annotations
 
@@ -15,39 +18,22 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from bookfleet import bkwire, wire
+from bookfleet.bkprotocol import OperationType
+from bookfleet.bkwire import V3Request
 from bookfleet.bookie import errors
-from bookfleet.bookie.bkprocessors import V2Session, V3Session
+from bookfleet.bookie.bkprocessors import V2Session, V3Session, status_of
 from bookfleet.security import roles
-from bookfleet.wire import Op, Status
+from bookfleet.wire import Status
 
 if TYPE_CHECKING:
     from bookfleet.bookie.serving import Server
 
 log = logging.getLogger(__name__)
 
+_checked_add_fields = bkwire.checked_add_fields
+
 TLS_HANDSHAKE_TIMEOUT = 10.0
 """Seconds a peer has to finish the TLS handshake before its connection is dropped."""
-
-_RECOVERY_ADD = int(wire.Flag.RECOVERY_ADD)  # plain ints: IntFlag arithmetic costs an enum lookup per request
-_ADD_ENTRY = int(Op.ADD_ENTRY)
-_FENCE = int(wire.Flag.FENCE)
-_MIN_ADD_BODY = wire.ADD_PREFIX_SIZE + wire.ENTRY_HEADER.size
-_ADD_HEAD = wire.ADD_REQUEST_HEAD
-_ENTRY_OFFSET = wire.HEADER_SIZE + wire.ADD_PREFIX_SIZE
-"""Where an add's entry starts in its frame (after the length prefix)."""
-_VERSION = wire.PROTOCOL_VERSION
-_encode_ack = wire.encode_add_response
-
-_LEDGER_ID_OFFSET = {
-    Op.ADD_ENTRY: wire.ADD_PREFIX_SIZE,
-    Op.READ_ENTRY: 0,
-    Op.READ_LAC: 0,
-    Op.WRITE_LAC: wire.MASTER_KEY_SIZE,
-    Op.FORCE_LEDGER: 0,
-    Op.READ_RANGE: 0,
-    Op.RAISE_EPOCH: wire.MASTER_KEY_SIZE,
-}
-
 
 _TLS_HANDSHAKE_RECORD = 0x16
 """The first byte of a TLS ClientHello; a plain frame's length prefix never starts with it (frames are smaller)."""
@@ -69,24 +55,16 @@ async def _peek_byte(transport: asyncio.Transport) -> int:
     return first[0]
 
 
-def _describe(frame: wire.Frame) -> str:
-    """`ADD_ENTRY for ledger 5`, for error messages; only computed when something went wrong."""
-    name = Op(frame.op).name
-    offset = _LEDGER_ID_OFFSET.get(frame.op)
-    if offset is None or len(frame.body) < offset + 8:
-        return name
-    (ledger_id,) = wire.LEDGER_ID.unpack_from(frame.body, offset)
-    return f"{name} for ledger {ledger_id}"
-
-
 class _WaitingAdds:
     """The adds of one connection waiting for one group commit."""
 
-    __slots__ = ("acks", "size", "starts")
+    __slots__ = ("acks", "requests", "size", "starts")
 
     def __init__(self) -> None:
         self.acks: list[bytes] = []
-        """The OK answer of each add, packed when it arrived (wire.encode_add_response)."""
+        """The OK answer of each add, packed when it arrived (bkwire.encode_v3_add_ack)."""
+        self.requests: list[V3Request] = []
+        """The adds themselves, to refuse each if the commit fails."""
         self.starts: list[float] = []
         """When each add was received (perf_counter of the read that brought it)."""
         self.size = 0
@@ -107,10 +85,8 @@ class Connection(asyncio.Protocol):
         """Bytes of this connection's adds waiting for their commit."""
         self.principal: roles.Principal | None = None
         """The authenticated peer (TLS only); None on a plain connection."""
-        self.protocol: bkwire.Protocol | None = None
-        """What the first frame spoke; None until it arrives."""
         self._session: V2Session | V3Session | None = None
-        """The BookKeeper protocol's session (a V2 or V3 connection); None on bookfleet's own."""
+        """The protocol's session, chosen by the first frame; None until it arrives."""
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
@@ -186,7 +162,7 @@ class Connection(asyncio.Protocol):
         if self.buffer:
             self.close_unreadable("data sent after START_TLS before its handshake")
             return
-        self.protocol, self._session = None, None
+        self._session = None
         self.transport.pause_reading()
         self._handshake = self._loop.create_task(self._start_tls(self.transport))
 
@@ -246,9 +222,8 @@ class Connection(asyncio.Protocol):
         self._processing = True
         buffer = self.buffer
         pos, end = 0, len(buffer)
-        unpack_length, server, limits = wire.LENGTH_PREFIX.unpack_from, self.server, self.server.limits
-        max_in_flight, max_pending = server.max_in_flight, limits.max_pending_response_bytes
-        connection_room = limits.max_connection_add_bytes - self.add_bytes
+        unpack_length, server = wire.LENGTH_PREFIX.unpack_from, self.server
+        max_in_flight, max_pending = server.max_in_flight, server.limits.max_pending_response_bytes
         partial = False
         self._admission_blocked = False  # decided again below
         self._received_at = time.perf_counter()
@@ -260,38 +235,13 @@ class Connection(asyncio.Protocol):
                     partial = True
                     break
                 (length,) = unpack_length(buffer, pos)
-                if self.protocol is None and not self._choose_protocol(buffer, pos, end):
-                    partial = True
+                if self._session is None and not self._choose_protocol(buffer, pos, end):
+                    partial = not self._rejected
                     break
-                if self._session is not None:
-                    if not self._take_bookkeeper(buffer, pos, end, length):
-                        partial = not self._rejected and not self._admission_blocked
-                        break
-                    pos += wire.LENGTH_PREFIX.size + length
-                    continue
-                if not wire.HEADER_SIZE <= length <= wire.MAX_FRAME_SIZE:
-                    try:
-                        wire.check_frame_length(length)
-                    except wire.ProtocolError as exc:
-                        self._reject_prefix(length, buffer[pos + wire.LENGTH_PREFIX.size :], exc)
-                        return
-                start = pos + wire.LENGTH_PREFIX.size
-                if end - start < length:
-                    partial = True
+                if not self._take(buffer, pos, end, length):
+                    partial = not self._rejected and not self._admission_blocked
                     break
-                if buffer[start + 1] == _ADD_ENTRY:  # the common case (room on both counts) costs no call
-                    short_of_room = length > connection_room or length > limits.max_add_bytes - server.add_bytes
-                    if short_of_room and not server.admit_adds(self, length):
-                        self._admission_blocked = True
-                        break
-                    connection_room -= length
-                    pos = start + length
-                    self._add(buffer, start, pos)
-                else:
-                    pos = start + length
-                    self._dispatch(buffer, start, pos)
-                if self._rejected:
-                    return
+                pos += wire.LENGTH_PREFIX.size + length
             if self._rejected:
                 return
             del buffer[:pos]
@@ -300,28 +250,30 @@ class Connection(asyncio.Protocol):
         self._update_reading()
         if self._eof:
             if partial:
-                self._reject(0, 0, Status.BAD_REQUEST, f"connection ended inside a frame ({len(buffer)} bytes)")
+                self.close_unreadable(f"connection ended inside a frame ({len(buffer)} bytes)")
             elif not buffer and not self.in_flight:
                 self._loop.call_soon(self.close_after_flush)
 
     def _choose_protocol(self, buffer: bytearray, pos: int, end: int) -> bool:
-        """Decide the connection's protocol from the byte after its first length prefix (False: not here yet)."""
+        """Choose the connection's session from the byte after its first length prefix (False: not here yet, or
+        neither V2 nor V3, and the connection is being closed)."""
         if end - pos <= wire.LENGTH_PREFIX.size:
             return False
-        self.protocol = bkwire.frame_protocol(buffer[pos + wire.LENGTH_PREFIX.size])
-        if self.principal is roles.BEFORE_TLS and self.protocol != bkwire.Protocol.V3:
+        first_byte = buffer[pos + wire.LENGTH_PREFIX.size]
+        protocol = bkwire.frame_protocol(first_byte)
+        if protocol is None:
+            self.close_unreadable(f"first frame starts with byte {first_byte:#04x}: neither BookKeeper V2 nor V3")
+            return False
+        if self.principal is roles.BEFORE_TLS and protocol != bkwire.Protocol.V3:
             self.close_unreadable("a plain connection to a TLS bookie may only ask V3 START_TLS")
             return False
-        if self.protocol == bkwire.Protocol.V2:
-            self._session = V2Session(self)
-        elif self.protocol == bkwire.Protocol.V3:
-            self._session = V3Session(self)
+        self._session = V2Session(self) if protocol == bkwire.Protocol.V2 else V3Session(self)
         return True
 
-    def _take_bookkeeper(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
-        """Decode and start the BookKeeper frame at buffer[pos:] (False: it is not whole yet, it waits for room for
-        its add, or it cannot be read and the connection is closed). An add counts toward the same add-byte limits
-        as bookfleet's own, from the moment it starts until it is answered."""
+    def _take(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
+        """Decode and start the frame at buffer[pos:] (False: it is not whole yet, it waits for room for its add, or
+        it cannot be read and the connection is closed). An add counts toward the add-byte limits from the moment it
+        starts until it is answered."""
         session = self._session
         if self._handshaking:  # START_TLS was taken: nothing more is read in plain
             return False
@@ -345,8 +297,50 @@ class Connection(asyncio.Protocol):
             if short_of_room and not server.admit_adds(self, length):
                 self._admission_blocked = True
                 return False
+            if type(session) is V3Session and self._fast_add(request):
+                return True
         session.start(request, length)
         return True
+
+    def _fast_add(self, request: V3Request) -> bool:
+        """Apply a V3 add at once and answer it with its group commit (the adds of one commit together), unless it
+        needs more than its fields (TLS roles, an admission lookup, a bookie shutting down or read-only, a field out
+        of range): False, and the session takes it."""
+        server = self.server
+        if self.principal is not None or server.stopping or server.read_only is not None:
+            return False
+        checked = _checked_add_fields(request)
+        if checked is None:
+            return False
+        ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = checked
+        if server.admission is not None and not server.admission.admitted(ledger_id):
+            return False
+        try:
+            synced = server.add_entry(entry, key, recovery, ledger_id, entry_id, lac, False, writer_epoch)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._refuse_add(request, exc)
+            return True
+        self.in_flight += 1
+        waiting = self._adds.get(synced)
+        if waiting is None:
+            waiting = self._adds[synced] = _WaitingAdds()
+            synced.add_done_callback(self._adds_synced)
+        waiting.acks.append(bkwire.encode_v3_add_ack(request.txn_id, ledger_id, entry_id))
+        waiting.requests.append(request)
+        waiting.starts.append(self._received_at)
+        size = len(entry)
+        waiting.size += size
+        self.add_bytes += size
+        server.add_bytes += size
+        return True
+
+    def _refuse_add(self, request: V3Request, error: BaseException) -> None:
+        """Answer a fast-path add that storage refused (or whose commit failed) with the bookie's status."""
+        status = status_of(error)
+        if status == Status.INTERNAL_ERROR:
+            log.error("ADD_ENTRY for ledger %d from %s failed: %s", request.fields.ledgerId, self.peer, error)
+        self.server.metrics.count_error(OperationType.ADD_ENTRY, status)
+        self.send(self._session.refusal(request, status, str(error)))
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -363,88 +357,6 @@ class Connection(asyncio.Protocol):
             self._process()
 
     # --- requests ---------------------------------------------------------------------------------------------
-
-    def _dispatch(self, buffer: bytearray, start: int, end: int) -> None:
-        """Start the request framed in buffer[start:end] (checked to hold at least a header)."""
-        try:
-            op, flags, request_id = wire.decode_header(buffer, start)
-        except wire.ProtocolError as exc:
-            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
-            self._reject(op, request_id, Status.BAD_REQUEST, str(exc))
-            return
-        handler = self.server.handlers.get(op)
-        if handler is None and op != Op.ADD_ENTRY:
-            self._reject(op, request_id, Status.BAD_REQUEST, f"unknown op {op}")
-            return
-        if self.server.stopping:
-            self.send(wire.encode_error(op, request_id, Status.SHUTTING_DOWN, "bookie is shutting down"))
-            return
-        start += wire.HEADER_SIZE
-        if self.principal is not None:
-            try:
-                roles.authorize(self.principal, op, flags)
-            except roles.Forbidden as exc:
-                self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), errors.RoleForbidden(str(exc)))
-                return
-        if handler is None and end - start >= _MIN_ADD_BODY:
-            (ledger_id,) = wire.LEDGER_ID.unpack_from(buffer, start + wire.ADD_PREFIX_SIZE)
-            if self.server.add_needs_check(ledger_id, flags & _RECOVERY_ADD != 0, self.principal):
-                request = buffer[start - wire.HEADER_SIZE : end]  # copied: it waits for ZooKeeper
-                frame = wire.Frame(op, flags, request_id, memoryview(request)[wire.HEADER_SIZE :])
-                checked_add = self.server.checked_add(request, self.principal)
-                self.in_flight += 1
-                self.step(self.holding_add_bytes(checked_add, end - start), functools.partial(self._answer, frame))
-                return
-        if handler is not None:
-            frame = wire.Frame(op, flags, request_id, memoryview(buffer[start:end]))
-            self.in_flight += 1
-            self.step(handler(frame, self), functools.partial(self._answer, frame))
-            return
-        self._add(buffer, start - wire.HEADER_SIZE, end, checked=True)
-
-    def _add(self, buffer: bytearray, start: int, end: int, checked: bool = False) -> None:
-        """Apply the ADD_ENTRY request framed in buffer[start:end] at once and answer it with its group commit (the
-        adds of one commit together). Every field comes from one unpack and the entry is copied once, straight out
-        of the receive buffer. Unless `checked` (by _dispatch), a request that needs more than that (another
-        protocol version, TLS roles, an admission lookup, a bookie shutting down or read-only, too short) goes to
-        _dispatch."""
-        server = self.server
-        if end - start < _ENTRY_OFFSET + wire.ENTRY_HEADER.size:
-            if not checked:
-                self._dispatch(buffer, start, end)
-                return
-            _, op, flags, request_id = wire.REQUEST_HEADER.unpack_from(buffer, start)
-            size = end - start - wire.HEADER_SIZE
-            message = f"ADD_ENTRY body of {size} bytes is shorter than the master key, epoch and an entry header"
-            self._failed(wire.Frame(op, flags, request_id, memoryview(b"")), wire.ProtocolError(message))
-            return
-        version, _, flags, request_id, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(buffer, start)
-        if not checked and (
-            version != _VERSION
-            or self.principal is not None
-            or server.stopping
-            or server.read_only is not None
-            or (server.admission is not None and not server.admission.admitted(ledger_id))
-        ):
-            self._dispatch(buffer, start, end)
-            return
-        try:
-            synced = server.apply_add(buffer, start, end, key, flags, epoch, ledger_id, entry_id, lac)
-        except (Exception, asyncio.CancelledError) as exc:
-            body = memoryview(buffer[start + wire.HEADER_SIZE : end])
-            self._failed(wire.Frame(_ADD_ENTRY, flags, request_id, body), exc)
-            return
-        self.in_flight += 1
-        waiting = self._adds.get(synced)
-        if waiting is None:
-            waiting = self._adds[synced] = _WaitingAdds()
-            synced.add_done_callback(self._adds_synced)
-        waiting.acks.append(_encode_ack(request_id, ledger_id, entry_id))
-        waiting.starts.append(self._received_at)
-        size = end - start - _ENTRY_OFFSET
-        waiting.size += size
-        self.add_bytes += size
-        server.add_bytes += size
 
     async def holding_add_bytes(self, add: Coroutine[Any, Any, bytes], size: int) -> bytes:
         """An add that waits for its ledger's admission lookup counts, all the while, toward the same add-byte
@@ -466,13 +378,9 @@ class Connection(asyncio.Protocol):
             self.send(b"".join(adds.acks))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
-            status = error.status if isinstance(error, errors.StatusError) else Status.INTERNAL_ERROR
             log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
-            for ack in adds.acks:
-                request_id, ledger_id = wire.ADD_RESPONSE.unpack(ack)[4:6]
-                self.server.metrics.count_error(Op.ADD_ENTRY, status)
-                message = f"ADD_ENTRY for ledger {ledger_id}: {error}"
-                self.send(wire.encode_error(Op.ADD_ENTRY, request_id, status, message))
+            for request in adds.requests:
+                self._refuse_add(request, error)
         self.add_bytes -= adds.size
         self.server.release_adds(adds.size)
         self._finished(len(adds.acks))
@@ -502,33 +410,6 @@ class Connection(asyncio.Protocol):
                 waiting.add_done_callback(functools.partial(self.step, request, answer))
             return
         self._finished()
-
-    def _answer(self, frame: wire.Frame, exc: BaseException | None, body: bytes) -> None:
-        """Answer a bookfleet request with its body, or with what it raised."""
-        if exc is None:
-            self.send(wire.encode_response(frame.op, frame.request_id, Status.OK, body))
-        else:
-            self._failed(frame, exc)
-
-    def _failed(self, frame: wire.Frame, exc: BaseException) -> None:
-        """Answer a request that raised; a malformed body closes the connection."""
-        if isinstance(exc, wire.ProtocolError):
-            self._reject(frame.op, frame.request_id, Status.BAD_REQUEST, f"{Op(frame.op).name}: {exc}")
-        elif isinstance(exc, wire.InvalidField):
-            self._answer_error(frame, Status.BAD_REQUEST, exc)
-        elif isinstance(exc, errors.StatusError):
-            if exc.status == Status.INTERNAL_ERROR:
-                log.error("%s from %s failed: %s", _describe(frame), self.peer, exc)
-            self._answer_error(frame, exc.status, exc)
-        elif isinstance(exc, asyncio.CancelledError):
-            self._answer_error(frame, Status.SHUTTING_DOWN, "cancelled while the bookie shuts down")
-        else:
-            log.error("%s from %s failed", _describe(frame), self.peer, exc_info=exc)
-            self._answer_error(frame, Status.INTERNAL_ERROR, exc)
-
-    def _answer_error(self, frame: wire.Frame, status: Status, exc: Exception | str) -> None:
-        self.server.metrics.count_error(frame.op, status)
-        self.send(wire.encode_error(frame.op, frame.request_id, status, f"{_describe(frame)}: {exc}"))
 
     def _finished(self, count: int = 1) -> None:
         self.in_flight -= count
@@ -577,28 +458,6 @@ class Connection(asyncio.Protocol):
                 self._process()
             elif self._reading_paused:
                 self._update_reading()  # paused while these answers waited: read on
-
-    def _reject_prefix(self, length: int, rest: bytearray, exc: wire.ProtocolError) -> None:
-        """A length prefix that cannot start a frame: too large (TOO_LARGE) or shorter than a header."""
-        status = Status.TOO_LARGE if length > wire.MAX_FRAME_SIZE else Status.BAD_REQUEST
-        op, request_id = 0, 0
-        if length >= wire.HEADER_SIZE and len(rest) >= wire.HEADER_SIZE:
-            _, op, _, request_id = wire.REQUEST_HEADER.unpack_from(rest)
-        self._reject(op, request_id, status, str(exc))
-
-    def _reject(self, op: int, request_id: int, status: Status, message: str) -> None:
-        """Answer a broken frame once and close this connection; other connections never notice."""
-        if self._rejected:
-            return
-        if self._session is not None:
-            self.close_unreadable(message)
-            return
-        self._rejected = True
-        log.warning("closing connection from %s: %s", self.peer, message)
-        self.server.metrics.count_error(op, status)
-        self.send(wire.encode_error(op, request_id, status, message))
-        self.buffer.clear()
-        self._loop.call_soon(self.close_after_flush)
 
     def close_unreadable(self, message: str) -> None:
         """Close a connection whose frame cannot be read, after the answers already due; nothing answers the frame

@@ -14,8 +14,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
+from bookfleet.bkprotocol import OperationType as Op
 from bookfleet.security.tls import ReloadingContext
-from bookfleet.wire import Op, Status
+from bookfleet.wire import Status
 
 LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 

@@ -10,8 +10,9 @@ for their commit or for their ledger's admission lookup stay under `max_connecti
 `max_long_polls` READ_LAC long polls wait (more are answered at once). Across connections: `max_connections`, and
 `max_add_bytes` of adds waiting in all. A connection idle for `idle_timeout` is closed. Long polls answer at once
 when their client stops sending (EOF) or goes away, as if their timeout had ended.
-A frame that breaks the format gets one error answer and closes that connection only; a field out of its range
-(wire.InvalidField) gets BAD_REQUEST naming the field and the connection goes on.
+A frame that breaks the format closes that connection only, unanswered (BookKeeper's protocols have nothing to match
+an answer with); a field out of its range (wire.InvalidField) gets BAD_REQUEST naming the field and the connection
+goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
 every request is checked against its roles (`bookfleet.security.roles`); a connection that opens in plain (as
 BookKeeper's clients do) has no role until its V3 START_TLS handshake. With `admission`, a ledger this bookie does
@@ -26,18 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from bookfleet import wire
 from bookfleet.bookie import errors
 from bookfleet.bookie.admission import LedgerAdmission
-from bookfleet.bookie.connection import _ADD_HEAD, _ENTRY_OFFSET, _FENCE, _RECOVERY_ADD, Connection
+from bookfleet.bookie.connection import Connection
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.bookie.serving import ServerLimits
 from bookfleet.security import roles
 from bookfleet.security.tls import ReloadingContext, TlsConfigError
-from bookfleet.wire import Op
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +44,9 @@ MAX_READ_LAC_WAIT = 120.0
 """Longest READ_LAC long poll a client may ask for; longer requests are cut to this."""
 
 READ_RANGE_MAX_BYTES = (wire.MAX_FRAME_SIZE - 1024) * 9 // 10
-"""Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its 4-byte
-size prefix adds at most a ninth, and the response header fits in the 1024 bytes kept aside."""
+"""Entry bytes one READ_RANGE answer may carry: an entry is at least 36 bytes (header and CRC32C), so its protobuf tag
+and length (2 bytes below 128 bytes, 4 below 2 MiB) add at most a ninth, and the response's envelope fits in the 1024
+bytes kept aside."""
 READ_RANGE_MAX_ENTRIES = 10_000
 """Entries one READ_RANGE answer may carry, whatever span it asked for: the answer stops early, as it does at
 max_bytes, and the reader asks again from the entry after the last one it got."""
@@ -88,15 +88,6 @@ class BookieServer:
         self._admission_waiters: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._idle_sweeper: asyncio.Task[None] | None = None
-        self.handlers: dict[int, Callable[[wire.Frame, Connection], Coroutine[Any, Any, bytes]]] = {
-            Op.READ_ENTRY: self._read_entry,
-            Op.READ_LAC: self._read_lac,
-            Op.WRITE_LAC: self._write_lac,
-            Op.GET_BOOKIE_INFO: self._bookie_info,
-            Op.FORCE_LEDGER: self._force_ledger,
-            Op.READ_RANGE: self._read_range,
-            Op.RAISE_EPOCH: self._raise_epoch,
-        }
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -155,33 +146,18 @@ class BookieServer:
             conn.close_after_flush()
         await asyncio.sleep(0)
 
-    # --- one handler per op: parse the body, call storage, return the response body -----------------------
-
-    def apply_add(
-        self, request: bytearray, start: int, end: int, master_key: bytes, flags: int, writer_epoch: int,
-        ledger_id: int, entry_id: int, lac: int, reserved: bool = False,
-    ) -> asyncio.Future[None]:
-        """The one way an add reaches storage: the ADD_ENTRY request in request[start:end] (from its header on),
-        whose fields the caller unpacked in one go, applied at once; returns the future of its group commit. The
-        entry is copied once, straight out of the receive buffer. `reserved`: a recovery add granted room in the
-        disk's reserve (`_reserve_room`), taken even while read-only."""
-        if self.read_only is not None and not reserved:
-            raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
-        with memoryview(request) as view:
-            entry = bytes(view[start + _ENTRY_OFFSET : end])
-        return self.storage.add_unpacked(
-            ledger_id, entry_id, lac, entry, master_key, flags & _RECOVERY_ADD != 0, writer_epoch
-        )
+    # --- what every session calls: the add path, fencing, LACs, epochs and ranges --------------------------
 
     def add_entry(
         self, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int, lac: int,
-        reserved: bool = False,
+        reserved: bool = False, writer_epoch: int = 0,
     ) -> asyncio.Future[None]:
-        """The one add of every protocol but bookfleet's own fast path (`apply_add`): the read-only check (unless
-        `reserved`, as there), then storage; returns the future of its group commit."""
+        """The one way an add reaches storage, applied at once: the read-only check (unless `reserved`: a recovery
+        add granted room in the disk's reserve, `_reserve_room`), then storage; returns the future of its group
+        commit."""
         if self.read_only is not None and not reserved:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
-        return self.storage.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery)
+        return self.storage.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery, writer_epoch)
 
     def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper: a ledger not admitted yet, a client's recovery add (allowed
@@ -210,15 +186,6 @@ class BookieServer:
             except roles.Forbidden as exc:
                 raise errors.RoleForbidden(str(exc)) from None
         return self.read_only is not None and await self._reserve_room(recovery, ledger_id, entry_id, entry_size)
-
-    async def checked_add(self, request: bytearray, principal: roles.Principal | None) -> bytes:
-        """An add that waits for the admission lookup first (`request`: its frame from the header on, copied out of
-        the receive buffer), then takes the one add path."""
-        _, _, flags, _, key, epoch, ledger_id, entry_id, lac, _ = _ADD_HEAD.unpack_from(request)
-        recovery = flags & _RECOVERY_ADD != 0
-        reserved = await self.admit_add(ledger_id, entry_id, len(request) - _ENTRY_OFFSET, recovery, principal)
-        await self.apply_add(request, 0, len(request), key, flags, epoch, ledger_id, entry_id, lac, reserved)
-        return wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
 
     async def _reserve_room(self, recovery: bool, ledger_id: int, entry_id: int, entry_size: int) -> bool:
         """Room in the disk's reserve for a recovery add to this read-only bookie, or ReadOnly saying why not: not a
@@ -264,64 +231,17 @@ class BookieServer:
             conn.long_polls -= 1
             self.metrics.long_polls.dec()
 
-    async def _read_entry(self, frame: wire.Frame, conn: Connection) -> bytes:
-        ledger_id, entry_id = wire.unpack_body(wire.LEDGER_ENTRY, frame.body, "READ_ENTRY")
-        wire.check_ledger_id(ledger_id)
-        if entry_id != wire.INVALID_ENTRY_ID:
-            wire.check_entry_id(entry_id)
-        if frame.code & _FENCE:
-            key = bytes(frame.body[wire.LEDGER_ENTRY.size :])
-            if len(key) != wire.MASTER_KEY_SIZE:
-                raise wire.ProtocolError(f"READ_ENTRY with FENCE needs a {wire.MASTER_KEY_SIZE}-byte master key")
-            await self.fence(ledger_id, key)
-        if entry_id == wire.INVALID_ENTRY_ID:
-            return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
-        entry = await self.storage.read_entry(ledger_id, entry_id)
-        self.metrics.observe_read(len(entry))
-        return entry
-
-    async def _read_lac(self, frame: wire.Frame, conn: Connection) -> bytes:
-        ledger_id, previous, timeout_ms = wire.unpack_body(wire.READ_LAC_REQUEST, frame.body, "READ_LAC")
-        wire.check_ledger_id(ledger_id)
-        wire.check_lac(previous, "previous lac")
-        return wire.LAC.pack(await self.wait_for_lac(conn, ledger_id, previous, timeout_ms / 1000))
-
-    async def _write_lac(self, frame: wire.Frame, conn: Connection) -> bytes:
-        key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
-        ledger_id, lac = wire.unpack_body(wire.WRITE_LAC_BODY, frame.body[wire.MASTER_KEY_SIZE :], "WRITE_LAC")
-        await self.write_lac(ledger_id, lac, key)
-        return b""
-
-    async def _raise_epoch(self, frame: wire.Frame, conn: Connection) -> bytes:
-        key = bytes(frame.body[: wire.MASTER_KEY_SIZE])
-        ledger_id, epoch = wire.unpack_body(wire.RAISE_EPOCH_BODY, frame.body[wire.MASTER_KEY_SIZE :], "RAISE_EPOCH")
-        wire.check_ledger_id(ledger_id)
-        wire.check_writer_epoch(epoch)
+    async def raise_writer_epoch(self, ledger_id: int, writer_epoch: int, master_key: bytes) -> tuple[int, int]:
+        """A reopening writer's fence (RAISE_EPOCH), durable before it returns the bookie's (lac, last entry id)."""
         if self.admission is not None:
             await self.admission.admit(ledger_id)
-        await self.storage.raise_writer_epoch(ledger_id, epoch, key)
-        return wire.LAC_AND_LAST.pack(self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id))
+        await self.storage.raise_writer_epoch(ledger_id, writer_epoch, master_key)
+        return self.storage.lac(ledger_id), self.storage.last_entry_id(ledger_id)
 
-    async def _bookie_info(self, frame: wire.Frame, conn: Connection) -> bytes:
-        free, total = self.space()
-        state = wire.BookieState.READ_ONLY if self.read_only is not None else wire.BookieState.WRITABLE
-        return wire.BOOKIE_INFO.pack(free, total, state)
-
-    async def _force_ledger(self, frame: wire.Frame, conn: Connection) -> bytes:
-        (ledger_id,) = wire.unpack_body(wire.LEDGER_ID, frame.body, "FORCE_LEDGER")
-        wire.check_ledger_id(ledger_id)
-        await self.storage.force(ledger_id)
-        return wire.LEDGER_ID.pack(ledger_id)
-
-    async def _read_range(self, frame: wire.Frame, conn: Connection) -> bytes:
-        ledger_id, first, last, max_bytes = wire.unpack_body(wire.READ_RANGE_REQUEST, frame.body, "READ_RANGE")
-        wire.check_ledger_id(ledger_id)
-        wire.check_entry_id(first, "first entry id")
-        if last < first:
-            raise wire.InvalidField(f"last entry id {last} is before first entry id {first}")
+    async def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+        """The present entries of [first, last] (READ_RANGE), cut to this server's caps on bytes and entries."""
         entries = await self.storage.read_range(
             ledger_id, first, last, min(max_bytes, READ_RANGE_MAX_BYTES), READ_RANGE_MAX_ENTRIES
         )
-        body = wire.encode_entry_list(entries)
-        self.metrics.observe_read(len(body), count=len(entries))
-        return body
+        self.metrics.observe_read(sum(map(len, entries)), count=len(entries))
+        return entries

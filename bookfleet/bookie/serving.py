@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from bookfleet import wire
     from bookfleet.bookie.admission import LedgerAdmission
     from bookfleet.bookie.http import BookieMetrics
     from bookfleet.bookie.storage import LedgerStorage
@@ -66,15 +65,6 @@ class AddPath(Protocol):
     def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper before it is applied."""
 
-    def checked_add(self, request: bytearray, principal: roles.Principal | None) -> Coroutine[Any, Any, bytes]:
-        """A bookfleet add that waits for its lookups first, then is applied; its answer's body."""
-
-    def apply_add(
-        self, request: bytearray, start: int, end: int, master_key: bytes, flags: int, writer_epoch: int,
-        ledger_id: int, entry_id: int, lac: int, reserved: bool = False,
-    ) -> asyncio.Future[None]:
-        """A bookfleet add applied at once, straight out of the receive buffer; the future of its group commit."""
-
     async def admit_add(
         self, ledger_id: int, entry_id: int, entry_size: int, recovery: bool, principal: roles.Principal | None
     ) -> bool:
@@ -82,9 +72,9 @@ class AddPath(Protocol):
 
     def add_entry(
         self, entry: bytes, master_key: bytes, recovery: bool, ledger_id: int, entry_id: int, lac: int,
-        reserved: bool = False,
+        reserved: bool = False, writer_epoch: int = 0,
     ) -> asyncio.Future[None]:
-        """An add of another protocol applied; the future of its group commit."""
+        """An add applied at once; the future of its group commit."""
 
 
 class Server(AddPath, Protocol):
@@ -101,9 +91,6 @@ class Server(AddPath, Protocol):
     tls: ReloadingContext | None
     connections: set[Any]
     refused_connections: int
-    handlers: dict[int, Callable[[wire.Frame, Any], Coroutine[Any, Any, bytes]]]
-    """bookfleet's requests other than ADD_ENTRY, by op: each handler takes the frame and the connection."""
-
     space: Callable[[], tuple[int, int]]
     """The disk's free and total bytes."""
 
@@ -114,3 +101,7 @@ class Server(AddPath, Protocol):
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None: ...
 
     async def wait_for_lac(self, conn: Peer, ledger_id: int, previous: int, timeout: float) -> int: ...
+
+    async def raise_writer_epoch(self, ledger_id: int, writer_epoch: int, master_key: bytes) -> tuple[int, int]: ...
+
+    async def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]: ...

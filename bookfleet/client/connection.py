@@ -1,8 +1,12 @@
-"""One pipelined TCP connection to one bookie: request ids, futures, typed calls per op.
+"""One pipelined TCP connection to one bookie, in Apache BookKeeper's protocol V3: txnIds, futures, typed calls
+per op.
 
 Requests are written as soon as they are made and answered in whatever order the bookie completes them; a reader
 (the protocol's `data_received`) resolves the matching future. There is no per-request lock: the event loop is the
-only writer, so the connection is as cheap as the wire format allows.
+only writer, so the connection is as cheap as the wire format allows. What BookKeeper lacks rides where a stock
+bookie ignores it (bkprotocol.py's fields from 1000 on): an add's writer epoch, the bookie's error message, its
+read-only state; RAISE_EPOCH and READ_RANGE are bookfleet operations, sent only to bookfleet bookies (a ledger's
+writer reopens and repair reads on the fleet's own bookies).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bookfleet import wire
+from bookfleet import bkprotocol, bkwire, wire
+from bookfleet.bkprotocol import BookieInfoWanted, ReadFlag, StatusCode
+from bookfleet.bkprotocol import OperationType as Op
 from bookfleet.security import tls as tlsconfig
 from bookfleet.security.roles import Principal, Role
-from bookfleet.wire import Op, Status
+from bookfleet.wire import Status
 
 
 class BookieError(Exception):
@@ -30,12 +36,17 @@ class BookieError(Exception):
         self.message = message
 
     @staticmethod
-    def from_status(status: int, message: str) -> BookieError:
-        try:
-            status = Status(status)
-        except ValueError:
-            return BookieError(Status.INTERNAL_ERROR, f"unknown status {status}: {message}")
+    def from_status(status: Status, message: str) -> BookieError:
         return _ERROR_CLASSES.get(status, BookieError)(status, message)
+
+    @staticmethod
+    def from_answer(response) -> BookieError:
+        """The error of a V3 answer whose status is not EOK: its class from the status (bkwire.client_status), its
+        message the bookie's own (bookfleet's field) or the status code's name (a stock bookie sends none)."""
+        code = response.status
+        name = StatusCode(code).name if code in StatusCode._value2member_map_ else f"status {code}"
+        message = response.errorMessage or f"{name} from a bookie that gave no message"
+        return BookieError.from_status(bkwire.client_status(code), message)
 
 
 class NoSuchLedgerOnBookieError(BookieError):
@@ -128,7 +139,7 @@ class _ClientProtocol(asyncio.Protocol):
         if self.client is None:  # nothing was asked yet; keep the bytes until the client is bound
             return
         try:
-            wire.take_frames(self.buffer, self.client._answer)  # response and request heads share a layout
+            self.client._take_answers(self.buffer)
         except wire.ProtocolError as exc:
             self.client._fail(ConnectionError(f"bookie {self.address} sent a bad frame: {exc}"))
 
@@ -163,12 +174,12 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 """What waits for a request's answer: a future of the response body, or (on_answer, arg) of a callback add."""
 
 
-_OK, _ADD_ENTRY, _RECOVERY_ADD = int(Status.OK), int(Op.ADD_ENTRY), int(wire.Flag.RECOVERY_ADD)
-"""Plain ints for the per-add work (an enum attribute costs a lookup each time)."""
-_ACK_BODY_SIZE = wire.LEDGER_ENTRY.size
-_pack_frame_head, _HEADER_SIZE, _VERSION = wire.FRAME_HEAD.pack, wire.HEADER_SIZE, wire.PROTOCOL_VERSION
-"""wire.encode_request_head without its Python call, for every request."""
-_MAX_BODY_SIZE = wire.MAX_FRAME_SIZE - wire.HEADER_SIZE
+_ADD_ENTRY = int(Op.ADD_ENTRY)
+"""A plain int for the per-add work (an enum attribute costs a lookup each time)."""
+_request_head, _ok_add_ack_txn = bkwire.v3_request_head, bkwire.ok_add_ack_txn
+_unpack_length, _LENGTH_SIZE = wire.LENGTH_PREFIX.unpack_from, wire.LENGTH_PREFIX.size
+_MAX_MESSAGE_SIZE = wire.MAX_FRAME_SIZE - 64
+"""The largest operation message sent: what the envelope (header, tag, lengths) leaves of a bookie's frame limit."""
 
 
 def _settle(waiter: _Waiter, error: BaseException) -> None:
@@ -255,69 +266,87 @@ class BookieClient:
     ) -> tuple[int, int]:
         """Store an encoded entry (see wire.encode_entry); returns (ledger_id, entry_id) once it is durable. A bookie
         that knows a newer writer epoch of the ledger refuses it with FencedError (unless `recovery`)."""
-        flags = wire.Flag.RECOVERY_ADD if recovery else 0
-        body = await self._call(Op.ADD_ENTRY, wire.add_prefix(master_key, writer_epoch) + entry, flags)
-        return wire.LEDGER_ENTRY.unpack(body)
+        request = bkwire.AddRequestPrefix(wire.entry_ids(entry)[0], master_key, writer_epoch, recovery)
+        answer = (await self._call(Op.ADD_ENTRY, request.message(entry))).addResponse
+        return answer.ledgerId, answer.entryId
 
-    def add_entry_callback(self, body: bytes, on_answer: AnswerCallback, arg: Any, recovery: bool = False) -> None:
-        """ADD_ENTRY of `body` = wire.add_prefix (master key, writer epoch) + encoded entry (built once, shared by a
-        whole write set, never copied here); `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called
-        straight from the reader: no future, no callback object, no event-loop turn. The ledger writer's hot path;
-        ignores write backpressure."""
-        self._enqueue(_ADD_ENTRY, body, _RECOVERY_ADD if recovery else 0, (on_answer, arg))
+    def add_entry_callback(self, request: bytes, on_answer: AnswerCallback, arg: Any) -> None:
+        """ADD_ENTRY of `request`, an encoded AddRequest (bkwire.AddRequestPrefix's prefix + the encoded entry, built
+        once and shared by a whole write set, never copied here); `on_answer(arg, None)` once durable or
+        `on_answer(arg, error)`, called straight from the reader: no future, no callback object, no event-loop turn.
+        The ledger writer's hot path; ignores write backpressure."""
+        self._enqueue(_ADD_ENTRY, request, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
         answers, so a NoSuchEntry is a promise that it will never accept that entry from the old writer."""
-        body = wire.LEDGER_ENTRY.pack(ledger_id, entry_id)
-        if fence_key is None:
-            return await self._call(Op.READ_ENTRY, body)
-        return await self._call(Op.READ_ENTRY, body + fence_key, wire.Flag.FENCE)
+        return (await self._read(ledger_id, entry_id, fence_key)).body
 
     async def read_lac_and_last(
         self, ledger_id: int, fence: bool = False, master_key: bytes | None = None
     ) -> tuple[int, int]:
-        """The bookie's (lac, last_entry_id) of a ledger; with `fence`, fences it first (needs the master key)."""
-        body = wire.LEDGER_ENTRY.pack(ledger_id, wire.INVALID_ENTRY_ID)
-        if fence:
-            if master_key is None:
-                raise ValueError(f"fencing ledger {ledger_id} needs its master key")
-            body += master_key
-        answer = await self._call(Op.READ_ENTRY, body, wire.Flag.FENCE if fence else 0)
-        return wire.unpack_body(wire.LAC_AND_LAST, answer, "READ_ENTRY -1 response")
+        """The bookie's (lac, last_entry_id) of a ledger; with `fence`, fences it first (needs the master key). A
+        read of entry -1, answered with the last entry the bookie holds and the LAC it knows (maxLAC, or the entry's
+        own without one: a fencing read's answer has none); (-1, -1) when it holds no entry of the ledger."""
+        if fence and master_key is None:
+            raise ValueError(f"fencing ledger {ledger_id} needs its master key")
+        try:
+            answer = await self._read(ledger_id, wire.INVALID_ENTRY_ID, master_key if fence else None)
+        except NoSuchEntryError:
+            return wire.INVALID_ENTRY_ID, wire.INVALID_ENTRY_ID
+        _, last, entry_lac = wire.entry_ids(answer.body)
+        return (answer.maxLAC if answer.HasField("maxLAC") else entry_lac), last
 
     async def read_lac(self, ledger_id: int, previous: int = wire.INVALID_ENTRY_ID, timeout: float = 0.0) -> int:
-        """The ledger's LAC; waits up to `timeout` seconds for it to move past `previous` (long poll)."""
-        body = wire.READ_LAC_REQUEST.pack(ledger_id, previous, max(0, int(timeout * 1000)))
-        (lac,) = wire.unpack_body(wire.LAC, await self._call(Op.READ_LAC, body), "READ_LAC response")
-        return lac
+        """The ledger's LAC; waits up to `timeout` seconds for it to move past `previous` (a V3 long poll: a read of
+        entry -1 with previousLAC and timeOut, the next entry piggybacked)."""
+        request = bkprotocol.ReadRequest(
+            ledgerId=ledger_id, entryId=wire.INVALID_ENTRY_ID, previousLAC=previous,
+            timeOut=max(0, int(timeout * 1000)), flag=ReadFlag.ENTRY_PIGGYBACK,
+        )
+        answer = (await self._call(Op.READ_ENTRY, request.SerializeToString())).readResponse
+        return answer.maxLAC if answer.HasField("maxLAC") else previous
 
     async def raise_writer_epoch(self, master_key: bytes, ledger_id: int, writer_epoch: int) -> tuple[int, int]:
         """Make the bookie refuse adds of writer epochs below `writer_epoch` (durably); returns its (lac,
-        last_entry_id) of the ledger as of then. FencedError if it knows a newer epoch or the ledger is fenced."""
-        answer = await self._call(
-            Op.RAISE_EPOCH, master_key + wire.RAISE_EPOCH_BODY.pack(ledger_id, writer_epoch)
-        )
-        return wire.unpack_body(wire.LAC_AND_LAST, answer, "RAISE_EPOCH response")
+        last_entry_id) of the ledger as of then. FencedError if it knows a newer epoch or the ledger is fenced.
+        bookfleet's own operation: a bookfleet bookie's."""
+        request = bkprotocol.RaiseEpochRequest(ledgerId=ledger_id, masterKey=master_key, writerEpoch=writer_epoch)
+        answer = (await self._call(Op.RAISE_EPOCH, request.SerializeToString())).raiseEpochResponse
+        return answer.lac, answer.lastEntryId
 
     async def write_lac(self, master_key: bytes, ledger_id: int, lac: int) -> None:
-        await self._call(Op.WRITE_LAC, master_key + wire.WRITE_LAC_BODY.pack(ledger_id, lac))
+        """The explicit LAC (its body, BookKeeper's digest-signed copy for its readers, is left empty: bookfleet's
+        readers take the LAC from the bookie's answer)."""
+        request = bkprotocol.WriteLacRequest(ledgerId=ledger_id, lac=lac, masterKey=master_key, body=b"")
+        await self._call(Op.WRITE_LAC, request.SerializeToString())
 
     async def bookie_info(self) -> BookieSpace:
-        body = await self._call(Op.GET_BOOKIE_INFO, b"")
-        free, total, state = wire.unpack_body(wire.BOOKIE_INFO, body, "GET_BOOKIE_INFO response")
-        return BookieSpace(free, total, wire.BookieState(state))
+        wanted = BookieInfoWanted.FREE_DISK_SPACE | BookieInfoWanted.TOTAL_DISK_CAPACITY
+        request = bkprotocol.GetBookieInfoRequest(requested=wanted)
+        answer = (await self._call(Op.GET_BOOKIE_INFO, request.SerializeToString())).getBookieInfoResponse
+        state = wire.BookieState.READ_ONLY if answer.readOnly else wire.BookieState.WRITABLE
+        return BookieSpace(answer.freeDiskSpace, answer.totalDiskCapacity, state)
 
     async def force_ledger(self, ledger_id: int) -> None:
         """Returns once everything added to the ledger before this call is durable."""
-        await self._call(Op.FORCE_LEDGER, wire.LEDGER_ID.pack(ledger_id))
+        await self._call(Op.FORCE_LEDGER, bkprotocol.ForceLedgerRequest(ledgerId=ledger_id).SerializeToString())
 
     async def read_range(
         self, ledger_id: int, first: int, last: int, max_bytes: int = wire.MAX_FRAME_SIZE // 2
     ) -> list[bytes]:
-        """The present entries of [first, last] in order, up to about `max_bytes` (at least one entry)."""
-        body = await self._call(Op.READ_RANGE, wire.READ_RANGE_REQUEST.pack(ledger_id, first, last, max_bytes))
-        return wire.decode_entry_list(body)
+        """The present entries of [first, last] in order, up to about `max_bytes` (at least one entry). bookfleet's
+        own operation: a bookfleet bookie's."""
+        request = bkprotocol.ReadRangeRequest(
+            ledgerId=ledger_id, firstEntryId=first, lastEntryId=last, maxBytes=max_bytes
+        )
+        return list((await self._call(Op.READ_RANGE, request.SerializeToString())).readRangeResponse.entries)
+
+    async def _read(self, ledger_id: int, entry_id: int, fence_key: bytes | None):
+        request = bkprotocol.ReadRequest(ledgerId=ledger_id, entryId=entry_id)
+        if fence_key is not None:
+            request.masterKey, request.flag = fence_key, ReadFlag.FENCE_LEDGER
+        return (await self._call(Op.READ_ENTRY, request.SerializeToString())).readResponse
 
     async def close(self) -> None:
         if not self._transport.is_closing():
@@ -333,33 +362,30 @@ class BookieClient:
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
-    def _request(self, op: Op, body: bytes, flags: int = 0) -> asyncio.Future[bytes]:
-        """Queue one request; its future resolves with the response body or fails with BookieError or
-        ConnectionError. A caller that gives up just drops the future: the late answer is ignored."""
-        future = self._loop.create_future()
-        self._enqueue(op, body, flags, future)
-        return future
-
-    def _enqueue(self, op: int, body: bytes, flags: int, waiter: _Waiter) -> None:
+    def _enqueue(self, operation: int, message: bytes, waiter: _Waiter) -> None:
+        """Queue one request of `operation` carrying `message` (its operation's encoded message); `waiter` gets the
+        Response or fails with BookieError or ConnectionError. A caller that gives up just drops its future: the late
+        answer is ignored."""
         if self._error is not None:
             _settle(waiter, self._error)
             return
-        if len(body) > _MAX_BODY_SIZE:  # the bookie would close the shared connection
-            size = wire.HEADER_SIZE + len(body)
-            message = f"{Op(op).name} frame of {size} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit; not sent"
-            _settle(waiter, TooLargeError(Status.TOO_LARGE, message))
+        if len(message) > _MAX_MESSAGE_SIZE:  # the bookie would close the shared connection
+            text = f"{Op(operation).name} of {len(message)} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
+            _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
             return
-        request_id = next(self._ids)
-        self._pending[request_id] = waiter
+        txn_id = next(self._ids)
+        self._pending[txn_id] = waiter
         if not self._outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing += (_pack_frame_head(_HEADER_SIZE + len(body), _VERSION, op, flags, request_id), body)
-        self._outgoing_bytes += len(body)
+        self._outgoing += (_request_head(operation, txn_id, len(message)), message)
+        self._outgoing_bytes += len(message)
         if self._outgoing_bytes >= FLUSH_BYTES:
             self._flush()
 
-    async def _call(self, op: Op, body: bytes, flags: int = 0) -> bytes:
-        future = self._request(op, body, flags)
+    async def _call(self, operation: int, message: bytes):
+        """The Response to one request, once its status is EOK."""
+        future = self._loop.create_future()
+        self._enqueue(operation, message, future)
         if not self._protocol.can_write.is_set():
             await self._protocol.can_write.wait()
         return await future
@@ -373,33 +399,46 @@ class BookieClient:
         if not self._transport.is_closing():
             self._transport.writelines(outgoing)
 
-    def _answer(self, op: int, status: int, request_id: int, start: int, end: int) -> None:
-        """One answer, its body in the protocol's buffer[start:end]: an OK ack of a callback add is passed on without
-        reading its body; any other body is copied out for its future or decoded as the bookie's error message."""
-        waiter = self._pending.pop(request_id, None)
-        if type(waiter) is tuple:
-            if status == _OK and op == _ADD_ENTRY and end - start == _ACK_BODY_SIZE:
-                waiter[0](waiter[1], None)
-                return
-            body = self._protocol.buffer[start:end]
-            if status == _OK:
-                message = f"answered ADD_ENTRY request {request_id} with op {op} and a {len(body)}-byte body"
-                _settle(waiter, ConnectionError(f"bookie {self.address} {message}"))
-                self._fail(ConnectionError(f"bookie {self.address} {message}"))
-            else:
-                _settle(waiter, BookieError.from_status(status, body.decode(errors="replace")))
-            return
-        body = bytes(self._protocol.buffer[start:end])
+    def _take_answers(self, buffer: bytearray) -> None:
+        """Hand every whole answer at the front of `buffer` to its waiter and take them off (a partial one stays).
+        An OK add answer of a callback add is recognized in place (bkwire.ok_add_ack_txn): no copy, no parse; any
+        other answer is parsed whole. ProtocolError on a frame that cannot be an answer; those before it were
+        handed over and are taken off."""
+        pos, end, pending = 0, len(buffer), self._pending
+        try:
+            while end - pos >= _LENGTH_SIZE:
+                (length,) = _unpack_length(buffer, pos)
+                if length > wire.MAX_FRAME_SIZE:
+                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit")
+                start = pos + _LENGTH_SIZE
+                if end - start < length:
+                    return
+                pos = start + length
+                txn_id = _ok_add_ack_txn(buffer, start, pos)
+                if txn_id >= 0 and type(waiter := pending.get(txn_id)) is tuple:
+                    del pending[txn_id]
+                    waiter[0](waiter[1], None)
+                    continue
+                self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
+        finally:
+            del buffer[:pos]
+
+    def _answer(self, response) -> None:
+        """Resolve the waiter of one parsed answer: the Response, or the bookie's error."""
+        waiter = self._pending.pop(response.header.txnId, None)
         if waiter is None:
-            if request_id == 0:  # ids start at 1: this is about the connection itself, which the bookie closes
-                self._fail(ConnectionError(f"bookie {self.address}: {body.decode(errors='replace')}"))
-            return
-        if waiter.done():  # the answer to a request its caller gave up on (cancelled or timed out)
-            return
-        if status == Status.OK:
-            waiter.set_result(body)
-        else:
-            waiter.set_exception(BookieError.from_status(status, body.decode(errors="replace")))
+            return  # the answer to a request its caller gave up on, or a stray txnId: nothing waits for it
+        if response.status != StatusCode.EOK:
+            _settle(waiter, BookieError.from_answer(response))
+        elif type(waiter) is tuple:
+            if response.header.operation != _ADD_ENTRY:
+                message = f"answered ADD_ENTRY request {response.header.txnId} as operation {response.header.operation}"
+                self._fail(ConnectionError(f"bookie {self.address} {message}"))
+                _settle(waiter, ConnectionError(f"bookie {self.address} {message}"))
+            else:
+                waiter[0](waiter[1], None)
+        elif not waiter.done():  # not cancelled or timed out by its caller
+            waiter.set_result(response)
 
     def _fail(self, error: ConnectionError) -> None:
         if self._error is None:

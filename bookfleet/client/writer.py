@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial, reduce
 
-from bookfleet import wire
+from bookfleet import bkwire, wire
 from bookfleet.client.connection import WRITE_BUFFER_HIGH, FencedError
 from bookfleet.client.ensemblechange import EnsembleChange
 from bookfleet.client.errors import (
@@ -119,7 +119,6 @@ class LedgerWriter(EnsembleChange):
         self._master_key = wire.master_key(password)
         self.writer_epoch = metadata.writer_epoch
         """Carried by every add: bookies refuse it once a later writer has reopened the ledger (a higher epoch)."""
-        self._add_prefix = wire.add_prefix(self._master_key, self.writer_epoch)
         self._digester = wire.Digester(metadata.digest_type, password)
         self._ensemble: list[str] = []
         self._answer_handlers: list[Callable[[_Add, BaseException | None], None]] = []
@@ -163,11 +162,14 @@ class LedgerWriter(EnsembleChange):
         """Set by a waiting drain: resolved once no add is pending (or the writer failed)."""
         self._closing = False
         self._housekeeper: asyncio.Task | None = None
-        self.max_payload = wire.max_payload_size(metadata.digest_type)
+        self.max_payload = bkwire.max_payload_size(metadata.digest_type)
         self._recovery = recovery
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY but stores the new segments only with the close, and writes no explicit LAC (closing
         makes the tail visible)."""
+        self._add_request = bkwire.AddRequestPrefix(ledger_id, self._master_key, self.writer_epoch, recovery)
+        """Each add's AddRequest before its entry: ledger, master key, writer epoch and recovery flag once."""
+        self._entry_overhead = wire.ENTRY_HEADER.size + self._digester.size
         self._lease = lease
         """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
         self._unstored_changes: list[Callable[[LedgerMetadata], LedgerMetadata]] = []
@@ -245,7 +247,8 @@ class LedgerWriter(EnsembleChange):
             return
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
-        body = self._digester.encode(self.ledger_id, entry_id, lac, length, payload, self._add_prefix)
+        prefix = self._add_request.prefix(entry_id, self._entry_overhead + len(payload))
+        body = self._digester.encode(self.ledger_id, entry_id, lac, length, payload, prefix)
         add = _Add(entry_id, length, body, on_done, time.monotonic())
         self._pending.append(add)
         for position in self._write_sets[entry_id % len(self._write_sets)]:
@@ -271,7 +274,7 @@ class LedgerWriter(EnsembleChange):
             self._backlogs[position] = collections.deque((add,))
             client.when_writable(partial(self._send_backlog, position, bookie))
         else:
-            client.add_entry_callback(add.body, self._answer_handlers[position], add, self._recovery)
+            client.add_entry_callback(add.body, self._answer_handlers[position], add)
 
     def _send_backlog(self, position: int, bookie: str) -> None:
         """The socket to `bookie` drained: send it the adds that waited, up to WRITE_BUFFER_HIGH bytes per turn."""
@@ -286,7 +289,7 @@ class LedgerWriter(EnsembleChange):
         while backlog and budget > 0 and not client.backed_up:
             add = backlog.popleft()
             if add.owed & bit:
-                client.add_entry_callback(add.body, handler, add, self._recovery)
+                client.add_entry_callback(add.body, handler, add)
                 budget -= len(add.body)
         if backlog:
             client.when_writable(partial(self._send_backlog, position, bookie))

@@ -4,36 +4,44 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 
 from bookfleet.kube.api import CORE, KubeApi
 from bookfleet.kube.models import BookieCluster, Condition, ConditionStatus, set_condition
-from bookfleet.kube.resources import ZK_AUTH_KEY
+from bookfleet.kube.resources import CA_KEY, CERT_KEY, KEY_KEY, ZK_AUTH_KEY
 from bookfleet.meta import zk as zkclient
+from bookfleet.security.certs import IssuedCertificate, write_tls_dir
 
 
 class CredentialMissing(LookupError):
-    """A cluster names a ZooKeeper credential Secret that does not exist (yet) or lacks the key."""
+    """A cluster names a ZooKeeper credential or TLS Secret that does not exist (yet) or lacks a key."""
 
 
 @dataclass(frozen=True)
 class ZooKeeperTarget:
-    """A cluster's ZooKeeper as the operator reaches it: connect string, and the Secret holding the credential its
-    nodes are locked to (None: an open ZooKeeper). Decided actions carry it, so each writes with its own cluster's
-    identity."""
+    """A cluster's ZooKeeper as the operator reaches it: connect string, the Secret holding the credential its
+    nodes are locked to (None: an open ZooKeeper), and the Secret with its TLS identity (None: plain TCP). Decided
+    actions carry it, so each writes with its own cluster's identity."""
 
     connect: str
     namespace: str
     auth_secret: str | None = None
+    tls_secret: str | None = None
 
     @classmethod
     def of(cls, cluster: BookieCluster) -> ZooKeeperTarget:
-        return cls(cluster.spec.zookeeper, cluster.metadata.namespace, cluster.spec.security.zookeeper_auth_secret)
+        security = cluster.spec.security
+        return cls(cluster.spec.zookeeper, cluster.metadata.namespace, security.zookeeper_auth_secret,
+                   security.zookeeper_tls_secret)
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -46,6 +54,12 @@ CONNECT_WAIT = 10.0
 timeout, on that cluster's own threads only (kube.wakeups.ClusterPools)."""
 
 
+ZOOKEEPER_TLS_REFRESH = 60.0
+"""Seconds the operator uses a ZooKeeper TLS Secret as read before reading it again: one GET a minute per Secret,
+and a certificate renewed days before it expires (cert-manager's default: a third of its life) reaches the
+operator's sessions long before the old one stops working."""
+
+
 OPENING_WAIT = 1.0
 """Seconds any caller waits for a session that never connected yet: a reachable ZooKeeper answers within
 milliseconds, so a just-started operator's first passes read it; an unreachable one costs its own cluster's passes
@@ -53,32 +67,35 @@ this much, no more."""
 
 
 class ZooKeeperSessions:
-    """One kazoo client per (connect string, credential), each started in the background (`start_async`: kazoo's
-    own thread connects and reconnects it) and handed out only while connected. The lock guards the dict alone, never
-    a connect: one cluster's unreachable ZooKeeper never holds up another's session (a global lock held across a
-    10 s connect stalled every cluster)."""
+    """One kazoo client per (connect string, credential, TLS directory), each started in the background
+    (`start_async`: kazoo's own thread connects and reconnects it) and handed out only while connected. The TLS
+    directory is in the key because a plain cluster on the same connect string must never ride another's TLS session.
+    The lock guards the dict alone, never a connect: one cluster's unreachable ZooKeeper never holds up another's
+    session (a global lock held across a 10 s connect stalled every cluster)."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple[str, str], tuple[KazooClient, threading.Event]] = {}
+        self._clients: dict[tuple[str, str, str], tuple[KazooClient, threading.Event]] = {}
         """Each client with kazoo's event that is set while it is connected."""
-        self._connected_once: set[tuple[str, str]] = set()
+        self._connected_once: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
 
-    def get(self, connect: str, auth: str, wait: float) -> KazooClient:
-        """The live session, after waiting at most `wait` seconds for it (OPENING_WAIT at least for one never
-        connected yet); ZooKeeperUnavailable otherwise. A call on a session kazoo is reconnecting would wait for the
-        server however long it stays away."""
+    def get(self, connect: str, auth: str, tls_dir: str, wait: float) -> KazooClient:
+        """The live session (over TLS with the identity in `tls_dir`, plain TCP for NO_TLS), after waiting at most
+        `wait` seconds for it (OPENING_WAIT at least for one never connected yet); ZooKeeperUnavailable otherwise. A
+        call on a session kazoo is reconnecting would wait for the server however long it stays away."""
+        key = (connect, auth, tls_dir)
         with self._lock:
-            if (connect, auth) not in self._clients:
-                client = zkclient.new_client(connect, auth=auth)
-                self._clients[connect, auth] = client, client.start_async()
-            client, live = self._clients[connect, auth]
-            opening = (connect, auth) not in self._connected_once
+            if key not in self._clients:
+                client = zkclient.new_client(connect, auth=auth, tls_dir=tls_dir)
+                self._clients[key] = client, client.start_async()
+            client, live = self._clients[key]
+            opening = key not in self._connected_once
         if not live.wait(max(wait, OPENING_WAIT) if opening else wait):
-            raise ZooKeeperUnavailable(f"ZooKeeper at {connect} has no live session (state {client.state})")
+            over = " over TLS" if tls_dir else " over plain TCP"
+            raise ZooKeeperUnavailable(f"ZooKeeper at {connect} has no live session{over} (state {client.state})")
         if opening:
             with self._lock:
-                self._connected_once.add((connect, auth))
+                self._connected_once.add(key)
         return client
 
     def close(self) -> None:
@@ -91,8 +108,9 @@ class ZooKeeperSessions:
 
 @dataclass
 class OperatorContext:
-    """Shared by all handlers. ZooKeeper sessions are opened once per (connect string, credential) and reused; each
-    cluster's credential is read once from its Secret (the nodes' ACLs name it, so it cannot change under them)."""
+    """Shared by all handlers. ZooKeeper sessions are opened once per (connect string, credential, TLS directory)
+    and reused; each cluster's credential is read once from its Secret (the nodes' ACLs name it, so it cannot change
+    under them), its ZooKeeper TLS Secret every `zookeeper_tls_refresh` seconds (certificates are renewed)."""
 
     api: KubeApi
     zk_override: str | None = None
@@ -100,7 +118,12 @@ class OperatorContext:
     """Seconds over which the like Events of many objects are counted into one (`events`)."""
     events: EventTally = field(init=False)
     sessions: ZooKeeperSessions = field(default_factory=ZooKeeperSessions)
+    zookeeper_tls_refresh: float = ZOOKEEPER_TLS_REFRESH
     _credentials: dict[tuple[str, str], str] = field(default_factory=dict)
+    _tls_read: dict[tuple[str, str], float] = field(default_factory=dict)
+    """When each ZooKeeper TLS Secret (namespace, name) was last read into its directory (time.monotonic)."""
+    _tls_root: Path | None = None
+    _tls_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.events = EventTally(self.api.post_event, self.event_window)
@@ -109,7 +132,8 @@ class OperatorContext:
         """A live session to a cluster's ZooKeeper with that cluster's credential (`--zk` replaces every cluster's
         own connect string when given, never its credential), waiting at most `wait` seconds for it to connect
         (0: a pass that decides what it can without ZooKeeper, or runs on threads all clusters share)."""
-        return self.sessions.get(self.zk_override or target.connect, self.credential(target), wait)
+        return self.sessions.get(self.zk_override or target.connect, self.credential(target),
+                                 self.zookeeper_tls(target), wait)
 
     def credential(self, target: ZooKeeperTarget) -> str:
         """The cluster's credential from its Secret, "" for none; raises CredentialMissing (the pass fails, logged,
@@ -126,9 +150,37 @@ class OperatorContext:
             self._credentials[key] = base64.b64decode(data[ZK_AUTH_KEY]).decode().strip()
         return self._credentials[key]
 
+    def zookeeper_tls(self, target: ZooKeeperTarget) -> str:
+        """The directory (private to this process) holding the cluster's ZooKeeper TLS Secret's files, NO_TLS for
+        none. kazoo reads the files at each connect, so the Secret read again every `zookeeper_tls_refresh` seconds
+        and written over its files (key first) puts a renewed certificate into the session's next reconnect. Raises
+        CredentialMissing (the pass fails and is retried) while the Secret or one of its keys is not there."""
+        if target.tls_secret is None:
+            return zkclient.NO_TLS
+        key = (target.namespace, target.tls_secret)
+        with self._tls_lock:
+            if self._tls_root is None:
+                self._tls_root = Path(tempfile.mkdtemp(prefix="bookfleet-zk-tls-"))
+            directory = self._tls_root / target.namespace / target.tls_secret
+            read = self._tls_read.get(key)
+        if read is not None and time.monotonic() - read < self.zookeeper_tls_refresh:
+            return str(directory)
+        data = (self.api.get(CORE, "secrets", *key) or {}).get("data") or {}
+        if not {CA_KEY, CERT_KEY, KEY_KEY} <= data.keys():
+            raise CredentialMissing(f"Secret {target.namespace}/{target.tls_secret} with keys {CA_KEY}, {CERT_KEY}, "
+                                    f"{KEY_KEY} (the cluster's zookeeperTlsSecret) not found")
+        pem = {name: base64.b64decode(data[name]) for name in (CA_KEY, CERT_KEY, KEY_KEY)}
+        issued = IssuedCertificate(cert_pem=pem[CERT_KEY], key_pem=pem[KEY_KEY], ca_pem=pem[CA_KEY])
+        with self._tls_lock:  # one writer at a time: write_tls_dir's temporary files have fixed names
+            write_tls_dir(directory, issued)
+            self._tls_read[key] = time.monotonic()
+        return str(directory)
+
     def close(self) -> None:
         self.events.flush()
         self.sessions.close()
+        if self._tls_root is not None:
+            shutil.rmtree(self._tls_root, ignore_errors=True)
 
 
 @dataclass

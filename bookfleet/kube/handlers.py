@@ -36,7 +36,7 @@ from bookfleet.kube import (
     wakeups,
 )
 from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
-from bookfleet.kube.models import GROUP, VERSION
+from bookfleet.kube.models import GROUP, VERSION, validated_cluster
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
@@ -209,10 +209,10 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
 
 
 def _zookeeper_of(namespace: str, cluster: str) -> ZooKeeperTarget | None:
-    """The cluster's ZooKeeper and credential (from the BookieClusters' watch): the feed watches each once."""
+    """The cluster's ZooKeeper, credential and TLS Secret (from the BookieClusters' watch): the feed watches each
+    once, on the session the cluster's Ledger passes use."""
     body = _cluster(namespace, cluster)
-    return None if body is None else ZooKeeperTarget(
-        body["spec"]["zookeeper"], namespace, (body["spec"].get("security") or {}).get("zookeeperAuthSecret"))
+    return None if body is None else ZooKeeperTarget.of(validated_cluster(body))
 
 
 FEED = ledgerfeed.LedgerFeed(_reconcile_ledger, _zookeeper_of, lambda target: context().zk(target, wait=0),

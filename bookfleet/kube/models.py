@@ -25,6 +25,9 @@ Quantity = Annotated[int | str, Field(description="a Kubernetes quantity, e.g. 1
 """Kubernetes accepts `cpu: 1` and `memory: 1Gi` alike, so quantities are int-or-string."""
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Secret's name: checked where it is written, since a wrong one would fail only in a pod volume or a repair's
+Spark setting."""
 
 
 def _unique(items: list[str]) -> list[str]:
@@ -343,6 +346,12 @@ class Security(KubeModel):
     renew_before_days: int = Field(30, ge=1, description="renew a certificate this long before it expires")
     zookeeper_auth_secret: str | None = Field(
         None, description="Secret whose key `auth` holds the ZooKeeper digest credential USER:PASSWORD"
+    )
+    zookeeper_tls_secret: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN, max_length=253, description="kubernetes.io/tls Secret (ca.crt, tls.crt, "
+        "tls.key) for TLS to ZooKeeper: every session of the cluster (bookies, repair drivers, the operator) checks "
+        "ZooKeeper's certificate against ca.crt and presents tls.crt, as ZooKeeper's ssl.clientAuth=need asks; "
+        "zookeeper must then name ZooKeeper's secureClientPort (absent: plain TCP)"
     )
     client_certificates: ClientCertificateNames = Field(
         default_factory=list, description="client-role certificates kept issued and renewed like the bookies', each "

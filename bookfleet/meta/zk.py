@@ -47,6 +47,8 @@ ZK_TLS_DIR_ENV = "BOOKFLEET_ZK_TLS_DIR"
 NO_AUTH = ""
 """`auth=NO_AUTH`: an open session whatever `$BOOKFLEET_ZK_AUTH` says (a process serving several fleets, each with
 its own credential or none, never falls back on one of its own)."""
+NO_TLS = ""
+"""`tls_dir=NO_TLS`: plain TCP whatever `$BOOKFLEET_ZK_TLS_DIR` says (the same, for TLS to ZooKeeper)."""
 
 
 PIPELINE_WINDOW = 500
@@ -186,9 +188,9 @@ def new_client(
 ) -> KazooClient:
     """A KazooClient for `hosts` (HOST:PORT[,...][/chroot]), not started yet, authenticated with `auth` or, when not
     given (None), with `$BOOKFLEET_ZK_AUTH` if set (NO_AUTH: never); over TLS with `tls_dir` or, when not given,
-    `$BOOKFLEET_ZK_TLS_DIR` if set. `connect` starts it and waits; a caller that must not wait (the operator)
-    starts it with `start_async`."""
-    tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
+    `$BOOKFLEET_ZK_TLS_DIR` if set (NO_TLS: never). `connect` starts it and waits; a caller that must not wait (the
+    operator) starts it with `start_async`."""
+    tls_dir = os.environ.get(ZK_TLS_DIR_ENV) if tls_dir is None else tls_dir
     auth = os.environ.get(ZK_AUTH_ENV) if auth is None else auth
     options = {**retry_options(timeout), **security_options(auth), **tls_options(tls_dir)}
     return KazooClient(hosts=hosts, timeout=timeout, **{**options, **kwargs})
@@ -198,7 +200,7 @@ def connect(
     hosts: str, timeout: float = 10.0, auth: str | None = None, tls_dir: str | Path | None = None, **kwargs
 ) -> KazooClient:
     """`new_client(...)` started: a live session, or ZooKeeperUnreachable after `timeout` seconds."""
-    tls_dir = tls_dir or os.environ.get(ZK_TLS_DIR_ENV)
+    tls_dir = os.environ.get(ZK_TLS_DIR_ENV) if tls_dir is None else tls_dir
     client = new_client(hosts, timeout, auth, tls_dir, **kwargs)
     try:
         client.start(timeout=timeout)

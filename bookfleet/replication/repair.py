@@ -24,7 +24,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from bookfleet import eventloop, wire
+from bookfleet import bkwire, eventloop, wire
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
 from bookfleet.replication.planner import FragmentPlan
 
@@ -183,7 +183,9 @@ class FragmentCopier:
         self.connections = connections
         self.bucket = bucket
         self.digester = wire.Digester(plan.digest_type, plan.password)
-        self.add_prefix = wire.add_prefix(wire.master_key(plan.password), plan.writer_epoch)
+        self.add_request = bkwire.AddRequestPrefix(
+            plan.ledger_id, wire.master_key(plan.password), plan.writer_epoch, recovery=True
+        )
         """Copies are recovery adds, accepted on a fenced ledger; their writer epoch keeps them from replacing a copy
         that a newer writer made."""
         self.result = FragmentResult(plan.ledger_id, plan.segment_index)
@@ -305,7 +307,7 @@ class FragmentCopier:
         # callback adds, one future per chunk: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded
         acks = ChunkAcks(len(entries))
         for raw in entries:
-            client.add_entry_callback(self.add_prefix + raw, acks.answer, None, recovery=True)
+            client.add_entry_callback(self.add_request.message(raw), acks.answer, None)
         await acks.done
 
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from bookfleet import wire
-from bookfleet.wire import Op
+from bookfleet.bkprotocol import OperationType as Op
 
 
 class Role(enum.StrEnum):
@@ -75,13 +74,13 @@ _PERMISSIONS: dict[tuple[int, bool], tuple[Role, ...]] = {
 CLOSED_LEDGER_WRITERS = (Role.REPLICATOR, Role.ADMIN)
 """Who may add (with RECOVERY_ADD) to a ledger whose metadata says it is closed: the repair, never a client."""
 
-_SPECIAL_FLAG = {Op.ADD_ENTRY: int(wire.Flag.RECOVERY_ADD), Op.READ_ENTRY: int(wire.Flag.FENCE)}
+_SPECIAL_FLAG = {Op.ADD_ENTRY: "RECOVERY_ADD", Op.READ_ENTRY: "FENCE"}
 
 
 def _operation_name(op: int, special: bool) -> str:
     name = Op(op).name
     if special:
-        name += " with " + wire.Flag(_SPECIAL_FLAG[op]).name
+        name += " with " + _SPECIAL_FLAG[op]
     return name
 
 
@@ -93,9 +92,9 @@ def _require(principal: Principal, allowed: tuple[Role, ...], what: str) -> None
         )
 
 
-def authorize(principal: Principal, op: int, flags: int) -> None:
-    """Raise Forbidden unless `principal` may send `op` with `flags`."""
-    special = bool(flags & _SPECIAL_FLAG.get(op, 0))
+def authorize(principal: Principal, op: int, special: bool = False) -> None:
+    """Raise Forbidden unless `principal` may send `op` (with its special flag when `special`: a recovery add, a
+    fencing read)."""
     _require(principal, _PERMISSIONS.get((op, special), ()), _operation_name(op, special))
 
 

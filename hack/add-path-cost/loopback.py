@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from bookfleet import eventloop, wire
+from bookfleet import bkwire, eventloop, wire
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import Connection
 from bookfleet.bookie.http import BookieMetrics
@@ -69,13 +69,15 @@ class MemoryTransport(asyncio.Transport):
 
 
 def _canned_acks(client_protocol: _ClientProtocol):
-    """A bookie that answers each ADD_ENTRY frame at once with OK, reading only the request id."""
+    """A bookie that answers each V3 ADD_ENTRY frame at once with OK, reading only the txnId."""
 
     def receive(data: bytes) -> None:
-        acks = []
-        wire.take_frames(bytearray(data), lambda op, _flags, request_id, start, end: acks.append(
-            wire.encode_add_response(request_id, LEDGER_ID, 0)
-        ))
+        acks, pos = [], 0
+        while pos < len(data):
+            (length,) = wire.LENGTH_PREFIX.unpack_from(data, pos)
+            request = bkwire.decode_v3_request(data[pos + 4 : pos + 4 + length])
+            acks.append(bkwire.encode_v3_add_ack(request.txn_id, LEDGER_ID, 0))
+            pos += 4 + length
         client_protocol.data_received(b"".join(acks))
 
     return receive

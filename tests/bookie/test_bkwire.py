@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookfleet import bkprotocol, bkwire, wire
+from bookfleet import bkprotocol, bkwire
 from bookfleet.bkprotocol import OperationType, ReadFlag, StatusCode
 from bookfleet.bkwire import Protocol, V2Flag, V2Op, V2Status
 from bookfleet.wire import InvalidField, ProtocolError, Status
@@ -26,8 +26,67 @@ def body(frame: bytes) -> bytes:
 def test_the_first_byte_tells_the_protocol():
     assert bkwire.frame_protocol(body(v2_read(1, 0))[0]) == Protocol.V2
     assert bkwire.frame_protocol(body(v3_request(OperationType.READ_LAC, 1, ledgerId=1))[0]) == Protocol.V3
-    assert bkwire.frame_protocol(body(wire.encode_request(wire.Op.READ_ENTRY, 1))[0]) == Protocol.BOOKFLEET
-    assert bkwire.frame_protocol(0x61) == Protocol.BOOKFLEET  # bookfleet's decoder answers what nobody speaks
+    assert bkwire.frame_protocol(0x01) is None  # bookfleet's own frames (version 1) are gone: the bookie closes
+    assert bkwire.frame_protocol(0x61) is None
+
+
+def test_bookfleet_client_requests_are_v3_requests_a_stock_decoder_reads():
+    """The client's hand-laid add (AddRequestPrefix + v3_request_head) is the protobuf Request, writer epoch and
+    all; the bookie's hand-laid ack is the protobuf Response, recognized in place by the client."""
+    entry = bk_entry(7, 300, b"payload")
+    message = bkwire.AddRequestPrefix(7, MASTER_KEY, 2**40, recovery=True).message(entry)
+    frame = bkwire.v3_request_head(OperationType.ADD_ENTRY, 2**35, len(message)) + message
+    request = bkwire.decode_v3_request(body(frame))
+    bkwire.check_v3_request(request)
+    fields = request.fields
+    assert (request.operation, request.txn_id, request.version) == (OperationType.ADD_ENTRY, 2**35, 3)
+    assert (fields.ledgerId, fields.entryId, fields.masterKey, fields.body) == (7, 300, MASTER_KEY, entry)
+    assert (fields.flag, fields.writerEpoch) == (bkprotocol.AddFlag.RECOVERY_ADD, 2**40)
+
+    ack = bytearray(bkwire.encode_v3_add_ack(2**35, 7, 300))
+    response = bkwire.decode_v3_response(body(bytes(ack)))
+    assert (response.header.txnId, response.status, response.addResponse.entryId) == (2**35, StatusCode.EOK, 300)
+    assert bkwire.ok_add_ack_txn(ack, 4, len(ack)) == 2**35
+    refusal = bytearray(bkwire.encode_v3(bkwire.v3_refusal(request, StatusCode.EFENCED, "fenced")))
+    assert bkwire.ok_add_ack_txn(refusal, 4, len(refusal)) == -1  # parsed whole, status and message read
+    assert bkwire.decode_v3_response(body(bytes(refusal))).errorMessage == "fenced"
+
+
+@pytest.mark.parametrize(("operation", "fields", "error"), [
+    (OperationType.RAISE_EPOCH, {"ledgerId": 1, "masterKey": MASTER_KEY}, "without writerEpoch"),
+    (OperationType.RAISE_EPOCH, {"ledgerId": 1, "masterKey": b"k", "writerEpoch": 1}, "master key of 1 bytes"),
+    (OperationType.RAISE_EPOCH, {"ledgerId": 1, "masterKey": MASTER_KEY, "writerEpoch": 2**63}, "writer epoch"),
+    (OperationType.READ_RANGE, {"ledgerId": 1, "firstEntryId": 5, "lastEntryId": 4, "maxBytes": 1}, "before first"),
+    (OperationType.READ_RANGE, {"ledgerId": 1, "firstEntryId": -2, "lastEntryId": 4, "maxBytes": 1}, "first entry"),
+    (OperationType.READ_RANGE, {"ledgerId": 1, "firstEntryId": 0, "lastEntryId": 4, "maxBytes": -1}, "negative"),
+    (OperationType.READ_RANGE, {"ledgerId": -1, "firstEntryId": 0, "lastEntryId": 4, "maxBytes": 1}, "ledger id"),
+])
+def test_bookfleet_operations_fields_are_checked(operation, fields, error):
+    request = bkwire.decode_v3_request(body(v3_request(operation, 1, **fields)))
+    with pytest.raises(InvalidField, match=error):
+        bkwire.check_v3_request(request)
+
+
+def test_an_add_with_a_writer_epoch_out_of_range_is_refused():
+    entry = bk_entry(7, 0, b"x")
+    request = bkwire.decode_v3_request(body(v3_request(
+        OperationType.ADD_ENTRY, 1, ledgerId=7, entryId=0, masterKey=MASTER_KEY, body=entry, writerEpoch=2**63
+    )))
+    with pytest.raises(InvalidField, match="writer epoch"):
+        bkwire.check_v3_request(request)
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    (StatusCode.EFENCED, Status.FENCED), (StatusCode.EREADONLY, Status.READ_ONLY),
+    (StatusCode.ENOLEDGER, Status.NO_SUCH_LEDGER), (StatusCode.ENOENTRY, Status.NO_SUCH_ENTRY),
+    (StatusCode.EUNKNOWNLEDGERSTATE, Status.UNKNOWN_LEDGER_STATE), (StatusCode.EUA, Status.UNAUTHORIZED),
+    (StatusCode.EIO, Status.INTERNAL_ERROR), (StatusCode.ETOOMANYREQUESTS, Status.INTERNAL_ERROR),
+    (999, Status.INTERNAL_ERROR),
+])
+def test_the_client_keeps_the_distinctions_it_acts_on(code, status):
+    """Fenced, read-only, absent and cannot-vouch are told apart (the writer, recovery and repair act on each); the
+    rest is an error of that bookie."""
+    assert bkwire.client_status(code) == status
 
 
 def test_v2_requests_as_bookkeeper_lays_them_out():

@@ -12,15 +12,19 @@ import socket
 import pytest
 
 from bookfleet import wire
+from bookfleet.bkprotocol import OperationType
 from bookfleet.bookie.checkpoint import LastLogMark
 from bookfleet.bookie.journal import JournalPosition, journal_seqs
 from bookfleet.client.connection import BadRequestError, BookieClient
 from bookfleet.fleet import BookieFleet
 from bookfleet.polling import wait_for
+from tests.fixtures.bkclient import v3_request
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, http_get, rss_bytes
 
 POISON = 2**63
 """A ledger id a u64 field carries and no SQLite integer holds: it used to break every later flush."""
+POISON_ON_THE_WIRE = POISON - 2**64
+"""POISON as V3's int64 ledgerId carries it (the same varint): protobuf will not set 2**63 itself in one."""
 
 
 def metric(bookie, name: str) -> float:
@@ -34,8 +38,8 @@ async def test_ids_out_of_range_are_refused_and_flushes_checkpoints_and_restarts
         poison_entry = wire.encode_entry(wire.Digester("crc32c"), POISON, 0, -1, 1, b"poison")
         answers = await asyncio.gather(
             client.add_entry(MASTER_KEY, poison_entry),
-            client.read_lac_and_last(POISON, fence=True, master_key=MASTER_KEY),
-            client.write_lac(MASTER_KEY, POISON, 0),
+            client.read_lac_and_last(POISON_ON_THE_WIRE, fence=True, master_key=MASTER_KEY),
+            client.write_lac(MASTER_KEY, POISON_ON_THE_WIRE, 0),
             client.add_entry(MASTER_KEY, wire.encode_entry(wire.Digester("crc32c"), 3, -5, -1, 1, b"negative id")),
             client.read_range(3, -1, 4),
             return_exceptions=True,
@@ -63,11 +67,11 @@ async def test_ids_out_of_range_are_refused_and_flushes_checkpoints_and_restarts
     assert "Traceback" not in log and "flush failed" not in log
 
     messages = [str(answer) for answer in answers]
-    assert all(isinstance(answer, BadRequestError) for answer in answers), messages
-    assert f"entry header's ledger id {POISON} is outside [0, {2**63 - 1}]" in messages[0]
-    assert f"READ_ENTRY for ledger {POISON}: ledger id {POISON} is outside" in messages[1]
-    assert f"ledger id {POISON} is outside" in messages[2]
-    assert "entry header's entry id -5 is outside" in messages[3]
+    assert all(isinstance(answer, BadRequestError) for answer in answers), "\n".join(messages)
+    assert f"ledger id {POISON_ON_THE_WIRE} is outside [0, {2**63 - 1}]" in messages[0]
+    assert f"READ_ENTRY for ledger {POISON_ON_THE_WIRE}: ledger id {POISON_ON_THE_WIRE} is outside" in messages[1]
+    assert f"WRITE_LAC for ledger {POISON_ON_THE_WIRE}: ledger id {POISON_ON_THE_WIRE} is outside" in messages[2]
+    assert "ADD_ENTRY for ledger 3: entry id -5 is outside" in messages[3]
     assert "first entry id -1 is outside" in messages[4]
 
 
@@ -87,7 +91,7 @@ async def test_read_flood_from_a_client_that_never_reads_stays_bounded_and_other
     before = rss_bytes(bookie.process.pid)
 
     # 300 READ_RANGEs of 4 MiB answers each: 13 KB of requests asking for 1.2 GiB.
-    request = wire.encode_request(wire.Op.READ_RANGE, 1, wire.READ_RANGE_REQUEST.pack(5, 0, 63, 8 << 20))
+    request = v3_request(OperationType.READ_RANGE, 1, ledgerId=5, firstEntryId=0, lastEntryId=63, maxBytes=8 << 20)
     flood = await asyncio.to_thread(flood_without_reading, bookie.port, request, 300)
     peak = before
     async with await BookieClient.connect(bookie.address) as other:
@@ -211,7 +215,8 @@ async def test_adds_waiting_for_admission_count_toward_the_add_byte_limits(zk_co
         (bookie,) = await asyncio.to_thread(fleet.start, 1)  # its ZooKeeper link is this event loop's proxy
         before = rss_bytes(bookie.process.pid)
         proxy.stall()  # the bookie's ZooKeeper session stays connected and answers nothing
-        add = wire.encode_request(wire.Op.ADD_ENTRY, 1, MASTER_KEY + encode_test_entry(77, 0, os.urandom(1 << 20)))
+        entry = encode_test_entry(77, 0, os.urandom(1 << 20))
+        add = v3_request(OperationType.ADD_ENTRY, 1, ledgerId=77, entryId=0, masterKey=MASTER_KEY, body=entry)
         sent = await asyncio.to_thread(send_until_refused, bookie.port, add, 128)
         grown = rss_bytes(bookie.process.pid) - before
         proxy.flow()

@@ -1,4 +1,5 @@
-"""A real bookie process over TCP: every op, fencing, the LAC long poll, probes, registration, hostile clients."""
+"""A real bookie process over TCP, spoken to by bookfleet's client in BookKeeper V3 with bookfleet's extensions: every
+op, fencing, the LAC long poll, probes, registration, hostile clients."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import struct
 
 import pytest
 
-from bookfleet import wire
+from bookfleet import bkprotocol, bkwire, wire
+from bookfleet.bkprotocol import OperationType, StatusCode
 from bookfleet.client.connection import (
     BadRequestError,
     BookieClient,
@@ -23,6 +25,7 @@ from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry
 from bookfleet.polling import wait_for
+from tests.fixtures.bkclient import v3_request
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry, http_get, rss_bytes
 
 OTHER_KEY = wire.master_key(b"someone else")
@@ -150,8 +153,8 @@ async def test_writer_epoch_refuses_older_writers_across_a_crash(bookie_fleet, z
         assert await client.read_lac_and_last(ledger_id) == (5, 6)
 
 
-def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[list[wire.Frame], bool]:
-    """Send raw bytes; return the frames the bookie answered and whether it closed the connection."""
+def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[list, bool]:
+    """Send raw bytes; return the V3 answers the bookie sent and whether it closed the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(payload)
         if half_close:
@@ -164,12 +167,12 @@ def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[l
             closed = True
         except TimeoutError:
             pass
-    return wire.split_frames(received), closed
-
-
-def status_of(frames: list[wire.Frame]) -> tuple[wire.Status, str]:
-    (frame,) = frames
-    return wire.Status(frame.code), bytes(frame.body).decode()
+    answers, pos = [], 0
+    while pos + 4 <= len(received):
+        (length,) = struct.unpack_from(">I", received, pos)
+        answers.append(bkprotocol.Response.FromString(bytes(received[pos + 4 : pos + 4 + length])))
+        pos += 4 + length
+    return answers, closed
 
 
 async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
@@ -183,36 +186,41 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
         return 300
 
     writer = asyncio.create_task(steady_writer())
-    header = wire.REQUEST_HEADER
-    hostile = {
-        "huge length prefix": wire.LENGTH_PREFIX.pack(2**31) + header.pack(1, 2, 0, 77),
-        "wrong version": wire.LENGTH_PREFIX.pack(12) + header.pack(9, 2, 0, 78),
-        "unknown op": wire.encode_request(99, 79),
-        "short ADD body": wire.encode_request(wire.Op.ADD_ENTRY, 80, b"\0" * 40),
-        "short RAISE_EPOCH body": wire.encode_request(wire.Op.RAISE_EPOCH, 81, b"\0" * (wire.MASTER_KEY_SIZE + 8)),
-        "short length": wire.LENGTH_PREFIX.pack(3) + b"abc",
+    # Frames that cannot be read: closed without an answer (nothing to match one with), as a BookKeeper bookie does.
+    unreadable = {
+        "huge length prefix": wire.LENGTH_PREFIX.pack(2**31) + b"\x0a" + b"\0" * 11,
+        "bookfleet's old frame": wire.LENGTH_PREFIX.pack(12) + bytes([1, 2, 0, 0]) + b"\0" * 8,
+        "neither V2 nor V3": wire.LENGTH_PREFIX.pack(3) + b"abc",
+        "no protobuf": wire.LENGTH_PREFIX.pack(4) + b"\x0a\xff\xff\xff",
+        "header without txnId": wire.LENGTH_PREFIX.pack(6) + b"\x0a\x04\x08\x03\x10\x02",
     }
-    answers = {}
-    for name, payload in hostile.items():
-        frames, closed = await asyncio.to_thread(raw_exchange, port, payload)
-        assert closed, name
-        answers[name] = status_of(frames)
-    assert answers["huge length prefix"][0] == wire.Status.TOO_LARGE
-    assert "exceeds" in answers["huge length prefix"][1]
-    assert answers["wrong version"] == (
-        wire.Status.BAD_REQUEST,
-        "protocol version 9 is not supported (this side speaks 1)",
-    )
-    assert answers["unknown op"] == (wire.Status.BAD_REQUEST, "unknown op 99")
-    assert answers["short ADD body"][0] == wire.Status.BAD_REQUEST and "ADD_ENTRY" in answers["short ADD body"][1]
-    assert answers["short length"][0] == wire.Status.BAD_REQUEST
-    assert answers["short RAISE_EPOCH body"][0] == wire.Status.BAD_REQUEST
-    assert "RAISE_EPOCH body of 8 bytes is shorter than 16" in answers["short RAISE_EPOCH body"][1]
+    for name, payload in unreadable.items():
+        answers, closed = await asyncio.to_thread(raw_exchange, port, payload)
+        assert closed and not answers, name
+    # Well-framed requests with a field out of range: refused EBADREQ naming it, and the connection goes on.
+    refused = {
+        "unknown operation": (bkwire.encode_v3(bkwire.v3_response(99, 79, 0)), "V3 operation 99 is not served"),
+        "short ADD entry": (v3_request(
+            OperationType.ADD_ENTRY, 80, ledgerId=9, entryId=0, masterKey=MASTER_KEY, body=b"\0" * 10
+        ), "ADD_ENTRY for ledger 9: ADD entry of 10 bytes is shorter than its header"),
+        "RAISE_EPOCH without an epoch": (v3_request(
+            OperationType.RAISE_EPOCH, 81, ledgerId=9, masterKey=MASTER_KEY
+        ), "RAISE_EPOCH for ledger 9: V3 RAISE_EPOCH request without writerEpoch"),
+        "READ_RANGE backwards": (v3_request(
+            OperationType.READ_RANGE, 82, ledgerId=9, firstEntryId=5, lastEntryId=4, maxBytes=1
+        ), "last entry id 4 is before first entry id 5"),
+    }
+    follow_up = v3_request(OperationType.GET_BOOKIE_INFO, 83, requested=1)
+    for name, (payload, message) in refused.items():
+        answers, closed = await asyncio.to_thread(raw_exchange, port, payload + follow_up, True)
+        assert closed, name  # the client's half close ends it, after both answers
+        assert [a.status for a in answers] == [StatusCode.EBADREQ, StatusCode.EOK], name
+        assert message in answers[0].errorMessage, name
 
-    # A frame cut short by the end of the stream, and plain garbage: an error if one can be sent, then closed.
-    truncated = wire.encode_request(wire.Op.READ_ENTRY, 81, wire.LEDGER_ENTRY.pack(9, 0))[:-5]
-    frames, closed = await asyncio.to_thread(raw_exchange, port, truncated, True)
-    assert closed and status_of(frames)[0] == wire.Status.BAD_REQUEST and "inside a frame" in status_of(frames)[1]
+    # A frame cut short by the end of the stream, and plain garbage: closed.
+    truncated = v3_request(OperationType.READ_ENTRY, 81, ledgerId=9, entryId=0)[:-5]
+    answers, closed = await asyncio.to_thread(raw_exchange, port, truncated, True)
+    assert closed and not answers
     for seed in range(5):
         garbage = struct.pack(">I", 1000 + seed) + os.urandom(2000)
         _, closed = await asyncio.to_thread(raw_exchange, port, garbage)
@@ -221,7 +229,8 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     # A client that floods requests and never reads: the bookie stops reading it instead of buffering without end.
     flood = socket.create_connection(("127.0.0.1", port))
     flood.setblocking(False)
-    chunk = wire.encode_request(wire.Op.READ_RANGE, 1, wire.READ_RANGE_REQUEST.pack(9, 0, 299, 1 << 20)) * 1000
+    span = {"ledgerId": 9, "firstEntryId": 0, "lastEntryId": 299, "maxBytes": 1 << 20}
+    chunk = v3_request(OperationType.READ_RANGE, 1, **span) * 1000
     limit, sent = 2000 * len(chunk), 0
     deadline = asyncio.get_running_loop().time() + 2
     while sent < limit and asyncio.get_running_loop().time() < deadline:

@@ -1,11 +1,16 @@
-"""The connection to one bookie without a bookie: how requests made in one event-loop turn reach the socket."""
+"""The connection to one bookie without a bookie: how requests made in one event-loop turn reach the socket, and how
+answers are split out of the byte stream."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 
-from bookfleet import wire
-from bookfleet.client.connection import FLUSH_BYTES, BookieClient, _ClientProtocol
+import pytest
+
+from bookfleet import bkprotocol, bkwire, wire
+from bookfleet.bkprotocol import OperationType, StatusCode
+from bookfleet.client.connection import FLUSH_BYTES, BookieClient, FencedError, _ClientProtocol
 
 
 class RecordingTransport:
@@ -13,12 +18,27 @@ class RecordingTransport:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.closed = False
 
     def is_closing(self) -> bool:
-        return False
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
 
     def writelines(self, pieces: list[bytes]) -> None:
         self.writes.append(b"".join(pieces))
+
+
+def split_requests(stream: bytes) -> list:
+    """The V3 Requests in `stream`, whole frames only."""
+    requests, pos = [], 0
+    while pos < len(stream):
+        (length,) = struct.unpack_from(">I", stream, pos)
+        requests.append(bkprotocol.Request.FromString(stream[pos + 4 : pos + 4 + length]))
+        pos += 4 + length
+    assert pos == len(stream)
+    return requests
 
 
 async def test_a_turn_that_makes_many_requests_writes_them_as_they_pass_flush_bytes_in_order():
@@ -26,16 +46,61 @@ async def test_a_turn_that_makes_many_requests_writes_them_as_they_pass_flush_by
     being made, in writes of about FLUSH_BYTES, and the rest with the end of the turn."""
     transport = RecordingTransport()
     client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
-    body = b"b" * 1000
-    count = 3 * FLUSH_BYTES // len(body) + 5
+    entry = wire.encode_entry(wire.Digester("crc32c"), 3, 0, -1, 950, b"b" * 950)
+    message = bkwire.AddRequestPrefix(3, wire.master_key(b"pw"), 0).message(entry)
+    count = 3 * FLUSH_BYTES // len(message) + 5
     for _ in range(count):
-        client.add_entry_callback(body, lambda arg, error: None, None)
-    frame = wire.LENGTH_PREFIX.size + wire.HEADER_SIZE + len(body)
-    per_write = -(-FLUSH_BYTES // len(body))  # the request whose body reaches FLUSH_BYTES is written with the others
-    assert [len(w) for w in transport.writes] == [per_write * frame] * 3
+        client.add_entry_callback(message, lambda arg, error: None, None)
+    per_write = -(-FLUSH_BYTES // len(message))  # the request whose message reaches FLUSH_BYTES goes with the others
+    assert [len(split_requests(w)) for w in transport.writes] == [per_write] * 3
     await asyncio.sleep(0)
     assert len(transport.writes) == 4
-    stream = bytearray(b"".join(transport.writes))
-    frames = wire.split_frames(stream)
-    assert [f.request_id for f in frames] == list(range(1, count + 1)) and not stream
-    assert all(f.body == body for f in frames)
+    requests = split_requests(b"".join(transport.writes))
+    assert [r.header.txnId for r in requests] == list(range(1, count + 1))
+    assert all(r.header.operation == OperationType.ADD_ENTRY and r.addRequest.body == entry for r in requests)
+
+
+def answer(txn_id: int, status: int = StatusCode.EOK, message: str = "") -> bytes:
+    response = bkwire.v3_response(OperationType.FORCE_LEDGER, txn_id, status)
+    response.forceLedgerResponse.status, response.forceLedgerResponse.ledgerId = status, 5
+    if message:
+        response.errorMessage = message
+    return bkwire.encode_v3(response)
+
+
+async def test_answers_are_matched_by_txn_id_and_a_partial_one_waits():
+    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    first, second = (asyncio.ensure_future(client.force_ledger(5)) for _ in range(2))
+    await asyncio.sleep(0)
+    buffer = bytearray(answer(2, StatusCode.EFENCED, "FORCE_LEDGER for ledger 5: fenced") + answer(1)[:7])
+    client._take_answers(buffer)
+    with pytest.raises(FencedError, match="FORCE_LEDGER for ledger 5: fenced"):
+        await second
+    assert not first.done() and buffer == answer(1)[:7]
+    buffer += answer(1)[7:]
+    client._take_answers(buffer)
+    assert await first is None and not buffer
+
+
+async def test_an_answer_without_a_message_names_its_status():
+    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    call = asyncio.ensure_future(client.force_ledger(5))
+    await asyncio.sleep(0)
+    client._take_answers(bytearray(answer(1, StatusCode.EFENCED)))
+    with pytest.raises(FencedError, match="EFENCED from a bookie that gave no message"):
+        await call
+
+
+@pytest.mark.parametrize(("bad", "error"), [
+    (wire.LENGTH_PREFIX.pack(2**31), "exceeds"),
+    (wire.LENGTH_PREFIX.pack(3) + b"\xff\xff\xff", "not a protobuf Response"),
+    (wire.LENGTH_PREFIX.pack(2) + b"\x10\x00", "without a txnId"),
+])
+async def test_answers_before_a_bad_one_are_handed_over_and_the_bad_one_named(bad, error):
+    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    good = asyncio.ensure_future(client.force_ledger(5))
+    await asyncio.sleep(0)
+    buffer = bytearray(answer(1) + bad)
+    with pytest.raises(wire.ProtocolError, match=error):
+        client._take_answers(buffer)
+    assert await good is None

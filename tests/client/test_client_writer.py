@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from kazoo.exceptions import ConnectionLoss as KazooConnectionLoss
 
-from bookfleet import wire
+from bookfleet import bkprotocol, wire
 from bookfleet.client.bookkeeper import BookKeeper, WrongPasswordError
 from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient
 from bookfleet.client.errors import EntryTooLargeError, LedgerClosedError, LedgerWriteError
@@ -339,9 +339,8 @@ class ScriptedBookies:
         """Per bookie, its WRITE_LAC in flight: the test answers it (or fails it) by hand."""
 
     def connected(self, bookie: str) -> SimpleNamespace:
-        def add_entry_callback(body: bytes, on_answer: Callable, arg: object, recovery: bool = False) -> None:
-            entry = wire.decode_entry(wire.Digester(wire.DigestType.CRC32C), body[wire.ADD_PREFIX_SIZE :])
-            self._adds[bookie, entry.entry_id] = on_answer, arg
+        def add_entry_callback(request: bytes, on_answer: Callable, arg: object) -> None:
+            self._adds[bookie, bkprotocol.AddRequest.FromString(request).entryId] = on_answer, arg
 
         async def write_lac(master_key: bytes, ledger_id: int, lac: int) -> None:
             self.lac_writes[bookie] = asyncio.get_running_loop().create_future()

@@ -383,6 +383,19 @@ def test_client_certificates_reach_the_chart_cluster() -> None:
     assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
 
 
+def test_a_zookeeper_tls_secret_reaches_the_chart_cluster_only_for_a_zookeeper_of_its_own() -> None:
+    """The chart's ZooKeeper serves plain TCP: TLS to ZooKeeper needs bookieCluster.zookeeper, else a clear error."""
+    values = {"bookieCluster": {"enabled": True, "zookeeper": "zk.example:2281"},
+              "security": {"zookeeperTlsSecret": "zk-client"}}
+    (cluster,) = by_kind(render_chart(values), "BookieCluster")
+    assert BookieCluster.model_validate(cluster).spec.security.zookeeper_tls_secret == "zk-client"
+    (default,) = by_kind(render_chart({"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"}}), "BookieCluster")
+    assert "zookeeperTlsSecret" not in default["spec"]["security"]
+    with pytest.raises(helm.HelmError, match=r"security\.zookeeperTlsSecret needs bookieCluster\.zookeeper"):
+        render_chart({"zookeeper": {"enabled": True}, "bookieCluster": {"enabled": True},
+                      "security": {"zookeeperTlsSecret": "zk-client"}})
+
+
 def test_autoscaling_reaches_the_chart_cluster_and_leaves_its_replicas_to_the_operator() -> None:
     """An upgrade writing the chart's replicas would undo the autoscaler's: with autoscaling, the chart sets none."""
     policy = {"minReplicas": 3, "maxReplicas": 6}

@@ -1,24 +1,30 @@
-"""The operator's ZooKeeper sessions against a real ZooKeeper: each cluster writes with its own credential."""
+"""The operator's ZooKeeper sessions against a real ZooKeeper: each cluster writes with its own credential, and over
+TLS when it names a ZooKeeper TLS Secret."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from bookfleet.kube import ledgerscan
+from bookfleet.kube import api, ledgerscan, resources
 from bookfleet.kube.clusters import ConfigureAutoRecovery
 from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
+from bookfleet.kube.models import BookieCluster
 from bookfleet.kube.repairs import remaining_ledgers
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.zkserver import free_port
-from tests.fixtures.models import bookie_cluster
+from bookfleet.security.certs import CertificateAuthority, IssuedCertificate, write_tls_dir
+from bookfleet.security.tls import tls_files
+from bookfleet.zkserver import ZooKeeperServer, free_port
+from tests.fixtures.kube import NS
+from tests.fixtures.models import bookie_cluster, bookie_cluster_manifest
 from tests.fixtures.zookeeper import count_requests
 
 CREDENTIALS = {"alpha-zk": "alpha:secret-a", "beta-zk": "beta:secret-b"}
@@ -139,3 +145,41 @@ def test_one_scan_serves_every_bookies_pass_begun_after_what_each_waits_for(zk, 
     assert remaining_ledgers(zk, "x:1", repairs_ended) == [moved], "an older scan shows more left, never fewer"
     assert remaining_ledgers(zk, "x:1", dt.datetime.now(dt.UTC)) == []
     assert len(requests) > one_scan
+
+
+def tls_secret(name: str, issued: IssuedCertificate) -> dict[str, Any]:
+    """A kubernetes.io/tls Secret holding `issued`, as a user (or cert-manager) writes one."""
+    data = {resources.CA_KEY: issued.ca_pem, resources.CERT_KEY: issued.cert_pem, resources.KEY_KEY: issued.key_pem}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "kubernetes.io/tls",
+            "data": {key: base64.b64encode(value).decode() for key, value in data.items()}}
+
+
+def test_a_cluster_with_a_zookeeper_tls_secret_speaks_tls_and_one_without_is_refused(kube, tmp_path, monkeypatch):
+    """Against a ZooKeeper that serves only TLS and needs a client certificate (as `standalone --secure` runs it),
+    with the Secret read from the API emulator: the cluster naming a Secret of that ZooKeeper's CA writes its
+    settings over TLS; a cluster on the same connect string without one gets no session, neither the TLS one (the
+    setting is part of the session's key) nor the process's $BOOKFLEET_ZK_TLS_DIR; a renewed Secret is what the
+    session's files hold at its next read."""
+    ca = CertificateAuthority.create()
+    server_dir = write_tls_dir(tmp_path / "server", ca.issue("zookeeper", [], ("127.0.0.1", "localhost")))
+    process_dir = write_tls_dir(tmp_path / "process", ca.issue("process", []))
+    monkeypatch.setenv(zkclient.ZK_TLS_DIR_ENV, str(process_dir))  # the process's own must never leak in
+    api.load_config(str(kube.kubeconfig))
+    kube.create("secrets", tls_secret("zk-client", ca.issue("bookfleet", [])), NS)
+    with ZooKeeperServer(tmp_path / "zookeeper", tls_dir=server_dir) as server:
+        secure, plain = (BookieCluster.model_validate(kube.create("bookieclusters", bookie_cluster_manifest(
+            server.connect, name=name, security=security), NS)) for name, security in (
+                ("secure", {"tls": "Disabled", "zookeeperTlsSecret": "zk-client"}), ("plain", {"tls": "Disabled"})))
+        ctx = OperatorContext(api.KubeApi(), zookeeper_tls_refresh=0)
+        try:
+            ConfigureAutoRecovery(ZooKeeperTarget.of(secure), True, 42).apply(ctx, {})
+            with pytest.raises(ZooKeeperUnavailable, match="over plain TCP"):
+                ctx.zk(ZooKeeperTarget.of(plain), wait=3)
+            renewed = ca.issue("bookfleet", [])
+            kube.patch("secrets", NS, "zk-client", {"data": tls_secret("zk-client", renewed)["data"]})
+            _, cert, _ = tls_files(Path(ctx.zookeeper_tls(ZooKeeperTarget.of(secure))))
+            assert cert.read_bytes() == renewed.cert_pem
+        finally:
+            ctx.close()
+        with zkclient.session(server.connect, tls_dir=process_dir) as session:
+            assert UnderReplication(session).recovery_delay() == 42

@@ -15,7 +15,9 @@ from bookfleet.bookie import config as bookie_config
 from bookfleet.cli import build_parser
 from bookfleet.kube import resources
 from bookfleet.kube.models import BOOKIE_CONFIG_KEYS, Bookie, BookieCluster, Ledger, Retention
+from bookfleet.meta.zk import ZK_TLS_DIR_ENV
 from bookfleet.replication import spark_repair
+from bookfleet.security.tls import TLS_DIR_ENV
 from tests.fixtures.models import bookie_cluster
 
 LOST = dt.datetime(2024, 5, 1, 12, 30, 15, 250_000, tzinfo=dt.UTC)
@@ -448,3 +450,45 @@ def test_repair_drivers_and_executors_take_their_pod_templates(cluster: BookieCl
         assert app[side]["priorityClassName"] == "storage-critical" and app[side]["labels"]["team"] == "storage"
         assert app[side]["labels"][resources.LABEL_COMPONENT] == resources.REPAIR
     assert app["driver"]["serviceAccount"] == "custom" and app["imagePullSecrets"] == ["registry"]
+
+
+def test_a_zookeeper_tls_secret_reaches_every_zookeeper_session_of_the_cluster(cluster: BookieCluster,
+                                                                                bookie: Bookie) -> None:
+    """spec.security.zookeeperTlsSecret: the bookie and the repair driver (Job or SparkApplication) get the Secret
+    mounted whole and $BOOKFLEET_ZK_TLS_DIR pointing at it, beside the cluster's own TLS directory; executors, which
+    never open a ZooKeeper session, get neither. Setting it changes what the bookie runs, so the bookies roll."""
+    security = {"tls": "Operator", "zookeeperTlsSecret": "zk-client"}
+    secure = overridden(cluster, security=security)
+    zk_tls_env = {"name": ZK_TLS_DIR_ENV, "value": resources.ZK_TLS_DIR}
+
+    def zookeeper_tls(container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ZooKeeper TLS mount's volume, checked to be the Secret at ZK_TLS_DIR beside the bookie TLS one."""
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts[resources.ZK_TLS_DIR]["readOnly"] and resources.TLS_DIR in mounts
+        assert len({v["name"] for v in volumes}) == len(volumes)
+        (volume,) = [v for v in volumes if v["name"] == mounts[resources.ZK_TLS_DIR]["name"]]
+        return volume["secret"]
+
+    pod = valid(resources.bookie_pod(secure, bookie))
+    (container,) = pod["spec"]["containers"]
+    assert zk_tls_env in container["env"]
+    assert zookeeper_tls(container, pod["spec"]["volumes"])["secretName"] == "zk-client"
+    plain = resources.bookie_pod(overridden(cluster, security={"tls": "Operator"}), bookie)
+    (plain_container,) = plain["spec"]["containers"]
+    assert zk_tls_env not in plain_container.get("env", [])
+    assert resources.ZK_TLS_DIR not in {m["mountPath"] for m in plain_container["volumeMounts"]}
+    assert resources.runs_hash(secure, pod) != resources.runs_hash(cluster, plain)
+
+    job = valid(resources.repair_job(secure, bookie, LOST))["spec"]["template"]["spec"]
+    (driver,) = job["containers"]
+    assert zk_tls_env in driver["env"]
+    assert zookeeper_tls(driver, job["volumes"])["secretName"] == "zk-client"
+    executor_conf = [arg for arg in driver["command"] if "executor" in arg]
+    assert not [arg for arg in executor_conf if "zk-client" in arg or ZK_TLS_DIR_ENV in arg]
+    assert [arg for arg in executor_conf if TLS_DIR_ENV in arg], "executors still get the bookie TLS directory"
+
+    conf = resources.spark_application(secure, bookie, LOST)["spec"]["sparkConf"]
+    assert conf["spark.kubernetes.driver.secrets.zk-client"] == resources.ZK_TLS_DIR
+    assert conf[f"spark.kubernetes.driverEnv.{ZK_TLS_DIR_ENV}"] == resources.ZK_TLS_DIR
+    assert not [key for key in conf if key.startswith("spark.kubernetes.executor") and "zk-client" in key]
+    assert f"spark.executorEnv.{ZK_TLS_DIR_ENV}" not in conf

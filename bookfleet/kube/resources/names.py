@@ -18,7 +18,7 @@ from bookfleet.kube.models import (
     CustomResource,
     TlsMode,
 )
-from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV
 from bookfleet.security.tls import KUBERNETES_FILES, TLS_DIR_ENV
 
 APP = "bookfleet"
@@ -97,6 +97,10 @@ TLS_VOLUME = "tls"
 CA_KEY, CERT_KEY, KEY_KEY = KUBERNETES_FILES
 """A TLS Secret's keys (kubernetes.io/tls layout, as cert-manager writes it), which are also the file names."""
 ZK_AUTH_KEY = "auth"
+ZK_TLS_DIR = "/etc/bookfleet/zk-tls"
+"""Where pods see the ZooKeeper TLS Secret (spec.security.zookeeperTlsSecret): a directory of its own, since that
+Secret is issued by ZooKeeper's CA, not the cluster's."""
+ZK_TLS_VOLUME = "zk-tls"
 
 
 def tls_enabled(cluster: BookieCluster) -> bool:
@@ -112,14 +116,25 @@ def tls_volume(secret: str) -> dict[str, Any]:
 
 
 def security_env(cluster: BookieCluster, with_tls_dir: bool) -> list[dict[str, Any]]:
-    """The ZooKeeper credential from its Secret, and where the TLS directory is for a client."""
+    """The ZooKeeper credential from its Secret, where the ZooKeeper TLS directory is (`mount_zookeeper_tls`), and
+    where the TLS directory is for a client."""
     env: list[dict[str, Any]] = []
     secret = cluster.spec.security.zookeeper_auth_secret
     if secret:
         env.append({"name": ZK_AUTH_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": ZK_AUTH_KEY}}})
+    if cluster.spec.security.zookeeper_tls_secret:
+        env.append({"name": ZK_TLS_DIR_ENV, "value": ZK_TLS_DIR})
     if with_tls_dir and tls_enabled(cluster):
         env.append({"name": TLS_DIR_ENV, "value": TLS_DIR})
     return env
+
+
+def mount_zookeeper_tls(cluster: BookieCluster, container: dict[str, Any], volumes: list[dict[str, Any]]) -> None:
+    """The cluster's ZooKeeper TLS Secret mounted whole at ZK_TLS_DIR (the kubelet's refreshes show, and kazoo
+    reads the files at each connect), when the cluster has one."""
+    if secret := cluster.spec.security.zookeeper_tls_secret:
+        container["volumeMounts"].append({"name": ZK_TLS_VOLUME, "mountPath": ZK_TLS_DIR, "readOnly": True})
+        volumes.append({"name": ZK_TLS_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}})
 
 
 def labels(cluster: str, component: str, bookie: str | None = None) -> dict[str, str]:

@@ -27,8 +27,10 @@ from bookfleet.kube.resources.names import (
     REPAIR,
     TLS_DIR,
     ZK_AUTH_KEY,
+    ZK_TLS_DIR,
     hashed_name,
     labels,
+    mount_zookeeper_tls,
     object_metadata,
     owned_by,
     quantity_bytes,
@@ -47,7 +49,7 @@ from bookfleet.kube.resources.pods import (
     scratch_volume,
     with_overrides,
 )
-from bookfleet.meta.zk import ZK_AUTH_ENV
+from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV
 from bookfleet.security.tls import TLS_DIR_ENV
 
 EXECUTOR_CONTAINER = "executor"
@@ -132,15 +134,20 @@ _SPARK_ENV = {"driver": "spark.kubernetes.driverEnv", "executor": "spark.executo
 
 def _spark_security(cluster: BookieCluster, *pods: str) -> dict[str, str]:
     """Spark settings that give the driver and/or executor pods Spark creates the replicator's TLS directory and
-    the ZooKeeper credential."""
+    the ZooKeeper credential, and the driver alone the ZooKeeper TLS directory: executors only copy entries between
+    bookies and never open a ZooKeeper session (bookfleet.replication.spark_repair)."""
     settings = {}
     secret = cluster.spec.security.zookeeper_auth_secret
+    zookeeper_tls = cluster.spec.security.zookeeper_tls_secret
     for pod in pods:
         if tls_enabled(cluster):
             settings[f"spark.kubernetes.{pod}.secrets.{replicator_secret_name(cluster.metadata.name)}"] = TLS_DIR
             settings[f"{_SPARK_ENV[pod]}.{TLS_DIR_ENV}"] = TLS_DIR
         if secret:
             settings[f"spark.kubernetes.{pod}.secretKeyRef.{ZK_AUTH_ENV}"] = f"{secret}:{ZK_AUTH_KEY}"
+    if zookeeper_tls and "driver" in pods:
+        settings[f"spark.kubernetes.driver.secrets.{zookeeper_tls}"] = ZK_TLS_DIR
+        settings[f"{_SPARK_ENV['driver']}.{ZK_TLS_DIR_ENV}"] = ZK_TLS_DIR
     return settings
 
 
@@ -250,6 +257,7 @@ def repair_job(
     if tls_enabled(cluster):  # the driver's TLS directory: the replicator's certificate
         container["volumeMounts"].append(tls_mount())
         volumes.append(tls_volume(replicator_secret_name(cluster.metadata.name)))
+    mount_zookeeper_tls(cluster, container, volumes)
     metadata = object_metadata(name, namespace, job_labels)
     metadata["annotations"] = repair_annotations(bookie, lost_since)
     pod_metadata: dict[str, Any] = {"labels": job_labels}

@@ -34,6 +34,7 @@ from bookfleet.kube.resources.names import (
     bookie_name,
     bookie_secret_name,
     labels,
+    mount_zookeeper_tls,
     object_metadata,
     owned_by,
     pvc_name,
@@ -177,6 +178,7 @@ def bookie_pod_as_built(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any
     if tls_enabled(cluster):
         container["volumeMounts"].append(tls_mount())
         volumes.append(tls_volume(bookie_secret_name(name)))
+    mount_zookeeper_tls(cluster, container, volumes)
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": service_name(cluster.metadata.name),
