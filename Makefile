@@ -8,7 +8,7 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup lock images run test test-cluster kube-binaries promtool bookkeeper-reference bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition chaos floors bench lint crds clean
+.PHONY: setup lock images run test test-cluster kube-binaries promtool bookkeeper-reference pulsar-broker pulsar-demo bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -41,7 +41,7 @@ run: setup
 # on one worker (conftest), and the other two share the rest.
 TEST_WORKERS ?= 3
 
-test: setup $(CHECKOV_STAMP) kube-binaries promtool bookkeeper-reference
+test: setup $(CHECKOV_STAMP) kube-binaries promtool bookkeeper-reference pulsar-broker
 	$(VENV)/bin/ruff check bookfleet tests
 	$(VENV)/bin/lint-imports
 	BOOKFLEET_REQUIRE_SCAN=1 BOOKFLEET_CHECKOV=$(CHECKOV_HOME)/bin/checkov $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=40
@@ -62,6 +62,17 @@ promtool:
 # once per pinned version into ~/.cache/bookfleet/bookkeeper-<v>/ (cold: about 2 min), the bench compiled beside them.
 bookkeeper-reference:
 	@bash scripts/build-bookkeeper.sh >/dev/null
+
+# Apache Pulsar's broker (tests/pulsar: a real broker keeping its topics on a bookfleet fleet): its jars fetched with
+# Maven once per pinned version into ~/.cache/bookfleet/pulsar-<v>/ (cold: a few minutes, about 250 MB).
+pulsar-broker:
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then bash scripts/build-pulsar.sh >/dev/null; \
+	else echo "no JDK (java, mvn): the Pulsar broker tests will be skipped"; fi
+
+# A Pulsar broker on a 4-bookie standalone fleet: a partitioned topic produced while a bookie is killed -9 and
+# auto-recovery repairs it, consumed back, each message found in the ledger entry bookfleet stores (JSON figures).
+pulsar-demo: setup pulsar-broker
+	$(PY) -m tests.pulsar
 
 # The cluster tier with its long forms (BOOKFLEET_CLUSTER_LONG: scenarios of minutes each that `make test` skips,
 # among them a bookie image on the real node). The zone loss, on a cluster of its own, is in `make chaos`.

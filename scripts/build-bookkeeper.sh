@@ -23,16 +23,7 @@ mkdir -p "$OUT"
 # directory, and a partial set of classes was recorded under the full sources' checksum.
 exec 9>"$OUT/.build.lock"
 flock 9
-
-if [[ "$(cat "$OUT/lib.version" 2>/dev/null)" != "$VERSION" ]]; then
-    started=$SECONDS
-    echo "build-bookkeeper: fetching Apache BookKeeper $VERSION with Maven (cold: about a minute) ..." >&2
-    rm -rf "$OUT/lib.tmp"
-    mvn -q -B -f "$BENCH/pom.xml" dependency:copy-dependencies -DoutputDirectory="$OUT/lib.tmp" >&2
-    rm -rf "$OUT/lib" && mv "$OUT/lib.tmp" "$OUT/lib"
-    echo "$VERSION" > "$OUT/lib.version"
-    echo "build-bookkeeper: jars fetched in $((SECONDS - started)) s" >&2
-fi
+bash "$HERE/scripts/fetch-jars.sh" "$BENCH/pom.xml" "$VERSION" "$OUT"
 
 SOURCE_SUM="$(cat "${SOURCES[@]}" | sha256sum | cut -d' ' -f1)"
 if [[ "$(cat "$OUT/classes.sha256" 2>/dev/null)" != "$SOURCE_SUM" ]]; then

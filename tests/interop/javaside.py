@@ -7,10 +7,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from bookfleet import childprocess
 from bookfleet.bench.bookkeeper import BOOKIE_SETTINGS, JAVA17_OPENS, STORAGE_CLASSES, built_reference
 from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
 from bookfleet.zkserver import free_port
@@ -92,13 +94,55 @@ def ledger_left_open(conf: Path, ensemble: int, write_quorum: int, ack_quorum: i
     return "\n".join(lines)
 
 
-class JavaBookie:
+class JavaProcess:
+    """A long-running Java program of the tests (a stock bookie, a Pulsar broker), its output in `log_path`; it ends
+    with the test process however that ends."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def launch(self, command: list[str], ready: Callable[[], object], timeout: float, what: str) -> None:
+        """Start `command` and return once `ready()` is true; kill it and raise if it dies or `timeout` passes."""
+        with open(self.log_path, "ab") as log:
+            self.process = childprocess.popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if not self.running or time.monotonic() > deadline:
+                self.kill9()
+                raise RuntimeError(f"{what}:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def kill9(self) -> None:
+        if self.running:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+class JavaBookie(JavaProcess):
     """A stock BookKeeper bookie (DbLedgerStorage) registered under the fleet's `/ledgers`, identified as
     `127.0.0.1:<port>`; `start` returns once its registration is in ZooKeeper."""
 
     def __init__(self, directory: Path, zk: str, **settings: object):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        super().__init__(self.directory / "bookie.log")
         self.zk = zk
         self.port = free_port()
         self.bookie_id = f"127.0.0.1:{self.port}"
@@ -107,39 +151,9 @@ class JavaBookie:
             journalDirectories=self.directory / "journal", ledgerDirectories=self.directory / "ledgers",
             ledgerStorageClass=STORAGE_CLASSES["db"],
         )
-        self.log_path = self.directory / "bookie.log"
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def start(self, zk_session, timeout: float = 60.0) -> JavaBookie:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(java_command(BOOKIE_MAIN, "-c", self.conf), stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         registration = f"/ledgers/available/{self.bookie_id}"
-        deadline = time.monotonic() + timeout
-        while zk_session.exists(registration) is None:
-            if not self.running or time.monotonic() > deadline:
-                self.kill9()
-                raise RuntimeError(f"Java bookie {self.bookie_id} did not register:\n{self.log_tail()}")
-            time.sleep(0.2)
+        self.launch(java_command(BOOKIE_MAIN, "-c", self.conf), lambda: zk_session.exists(registration), timeout,
+                    f"Java bookie {self.bookie_id} did not register")
         return self
-
-    def kill9(self) -> None:
-        if self.running:
-            self.process.kill()
-        if self.process is not None:
-            self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.running:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""

@@ -1,0 +1,43 @@
+"""`make pulsar-demo`: a Pulsar broker on a 4-bookie bookfleet fleet; 100,000 messages to a 4-partition topic while
+a bookie is killed -9 and auto-recovery repairs it; the run's figures as one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from tests.pulsar import scenario
+from tests.pulsar.fleet import bookkeeper_fleet_with_broker, fleet_with_broker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.pulsar", description=__doc__)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--data-dir", type=Path, help="keep the fleet's and the broker's files here")
+    parser.add_argument(
+        "--against-bookkeeper", action="store_true",
+        help="no faults: the producer's rate on bookfleet's bookies, then on Apache BookKeeper's (one line each)",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="bookfleet-pulsar-") as scratch:
+        directory = args.data_dir or Path(scratch)
+        if not args.against_bookkeeper:
+            with fleet_with_broker(directory) as (cluster, broker):
+                print(json.dumps(scenario.run(cluster, broker, "demo", args.messages, args.partitions)))
+            return
+        with fleet_with_broker(directory / "bookfleet") as (_, broker):
+            ours = scenario.throughput(broker, "rate", args.messages, args.partitions)
+        print(json.dumps({"bookies": "bookfleet", **ours}), flush=True)
+        with bookkeeper_fleet_with_broker(directory / "bookkeeper") as broker:
+            theirs = scenario.throughput(broker, "rate", args.messages, args.partitions)
+        print(json.dumps({"bookies": "apache-bookkeeper", **theirs}))
+        ratio = ours["produce_rate_msg_s"] / theirs["produce_rate_msg_s"]
+        print(json.dumps({"bookfleet_over_bookkeeper": round(ratio, 2)}))
+
+
+main()
