@@ -29,7 +29,7 @@ KEYSTORE_FILE = "keystore.pem"
 """ZooKeeper's PEM key store: the private key and the certificate in one file."""
 
 
-class ZooKeeperUnavailable(RuntimeError):
+class ZooKeeperStartError(RuntimeError):
     """The ZooKeeper server could not be started; the message says why and what to install."""
 
 
@@ -146,7 +146,7 @@ class ZooKeeperServer:
 
     def start(self, timeout: float = 30.0) -> ZooKeeperServer:
         if not Path("/usr/share/java/zookeeper.jar").exists() or not shutil.which("java"):
-            raise ZooKeeperUnavailable(
+            raise ZooKeeperStartError(
                 "ZooKeeper needs /usr/share/java/zookeeper.jar and java: run `make setup` "
                 "(apt-get install zookeeper default-jre-headless)"
             )
@@ -173,7 +173,7 @@ class ZooKeeperServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ZooKeeperUnavailable(
+                raise ZooKeeperStartError(
                     f"ZooKeeper exited with code {self.process.returncode}; see {self.data_dir / 'zookeeper.log'}"
                 )
             with contextlib.suppress(OSError):
@@ -181,7 +181,7 @@ class ZooKeeperServer:
                     return self
             time.sleep(0.05)
         self.stop()
-        raise ZooKeeperUnavailable(f"ZooKeeper did not answer on port {self.port} within {timeout:.0f}s")
+        raise ZooKeeperStartError(f"ZooKeeper did not answer on port {self.port} within {timeout:.0f}s")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

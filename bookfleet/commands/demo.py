@@ -76,7 +76,7 @@ class Demo:
 
     def play(self) -> int:
         from bookfleet.fleet import BookieStartError, StandaloneCluster
-        from bookfleet.zkserver import ZooKeeperUnavailable
+        from bookfleet.zkserver import ZooKeeperStartError
 
         args, console = self.args, self.console
         console.print(Panel.fit(
@@ -87,7 +87,7 @@ class Demo:
         cluster = StandaloneCluster(self.data_dir, args.bookies, secure=args.secure)
         try:
             cluster.start()
-        except (BookieStartError, ZooKeeperUnavailable) as exc:
+        except (BookieStartError, ZooKeeperStartError) as exc:
             raise CommandError(str(exc)) from None
         try:
             return self.scenario(cluster)

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def handle(args) -> int:
     from bookfleet.fleet import BookieStartError, StandaloneCluster
     from bookfleet.meta.zk import ZooKeeperUnreachable
-    from bookfleet.zkserver import ZooKeeperUnavailable
+    from bookfleet.zkserver import ZooKeeperStartError
 
     if args.bookies < 1:
         raise CommandError(f"--bookies must be at least 1, not {args.bookies}")
@@ -42,7 +42,7 @@ def handle(args) -> int:
     cluster = StandaloneCluster(args.data_dir, args.bookies, args.zk, args.zk_port, secure=args.secure)
     try:
         cluster.start()
-    except (BookieStartError, ZooKeeperUnavailable, ZooKeeperUnreachable) as exc:
+    except (BookieStartError, ZooKeeperStartError, ZooKeeperUnreachable) as exc:
         raise CommandError(str(exc)) from None
     recovery = None
     try:
