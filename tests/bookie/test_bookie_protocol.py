@@ -241,7 +241,7 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     assert sent < limit, "the bookie kept reading a client that never reads its answers"
     assert rss_bytes(bookie.process.pid) < 400 * 2**20
 
-    assert await asyncio.wait_for(writer, 30) == 300
+    assert await asyncio.wait_for(writer, 90) == 300  # a bound on being blocked, not a speed: the machine may be busy
 
     # The in-flight bound: with 8 long polls running, a 9th request waits until one of them has answered.
     answered: list[str] = []
