@@ -381,7 +381,11 @@ def client_log(cluster: LocalCluster, name: str, timeout: float = 300) -> str:
                      interval=1.0)
     log = cluster.container_log(NAMESPACE, name, "client")
     if phase != "Succeeded":
-        raise AssertionError(f"client pod {name} failed:\n{log}")
+        tails = {pod["metadata"]["name"]: cluster.container_log(NAMESPACE, pod["metadata"]["name"], "bookie")
+                 for pod in bookie_pods(cluster)}
+        bookies = "".join(f"\n--- {pod}, its last lines:\n" + "\n".join(tail.splitlines()[-15:])
+                          for pod, tail in tails.items())
+        raise AssertionError(f"client pod {name} failed:\n{log}{bookies}")
     return log
 
 
