@@ -69,17 +69,16 @@ class MemoryTransport(asyncio.Transport):
 
 
 def _canned_acks(client_protocol: _ClientProtocol):
-    """A bookie that answers each V3 ADD_ENTRY frame at once with OK, read in place as the bookie's fast path does
-    (only its txnId is used)."""
-    reader = bkwire.AddRequestReader()
+    """A bookie that answers each V3 ADD_ENTRY frame at once with OK, reading only the txnId."""
 
     def receive(data: bytes) -> None:
-        buffer, adds, pos = bytearray(data), [], 0
-        while pos < len(buffer):
-            (length,) = wire.LENGTH_PREFIX.unpack_from(buffer, pos)
-            adds.append((reader.read(buffer, pos + 4, pos + 4 + length)[0], LEDGER_ID, 0))
+        acks, pos = [], 0
+        while pos < len(data):
+            (length,) = wire.LENGTH_PREFIX.unpack_from(data, pos)
+            request = bkwire.decode_v3_request(data[pos + 4 : pos + 4 + length])
+            acks.append(bkwire.encode_v3_add_ack(request.txn_id, LEDGER_ID, 0))
             pos += 4 + length
-        client_protocol.data_received(bkwire.encode_v3_add_acks(adds))
+        client_protocol.data_received(b"".join(acks))
 
     return receive
 
