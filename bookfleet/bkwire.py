@@ -524,9 +524,12 @@ def v3_request_head(operation: int, txn_id: int, message_size: int) -> bytes:
     """A V3 request frame up to its operation's message (of `message_size` bytes, which follows it unchanged): the
     length prefix, the header (version 3, the operation, `txn_id`) and the message's tag and length."""
     before_txn, tag = _REQUEST_HEADS[operation]
-    header = before_txn + varint(txn_id)
-    head = b"".join((b"\x0a", _SMALL_VARINTS[len(header)], header, tag, varint(message_size)))  # a header < 128 B
-    return _LENGTH.pack(len(head) + message_size) + head
+    txn, size = varint(txn_id), varint(message_size)
+    header_size = len(before_txn) + len(txn)  # < 128 bytes
+    return b"".join((
+        _LENGTH.pack(2 + header_size + len(tag) + len(size) + message_size), b"\x0a", _SMALL_VARINTS[header_size],
+        before_txn, txn, tag, size,
+    ))
 
 
 def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
@@ -538,17 +541,31 @@ def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
 _ADD_ACK_HEADER = b"\x08\x03\x10\x02\x18"
 """An ADD answer's header up to its txnId: version 3, operation ADD_ENTRY."""
 _OK = b"\x10\x00"
+_OK_ADD_ANSWER = _OK + _tag(101, _LENGTH_DELIMITED)
+"""The EOK status, then Response.addResponse's tag."""
+
+
+def encode_v3_add_acks(adds: list[tuple[int, int, int]]) -> bytes:
+    """The OK answer frames of adds given as (txnId, ledger id, entry id), as protobuf lays each Response out: a
+    bookie answers the adds of one group commit together, and they are mostly of one ledger (its part is encoded
+    once)."""
+    parts: list[bytes] = []
+    ledger_id, ledger_part = -1, b""
+    for txn_id, add_ledger_id, entry_id in adds:
+        if add_ledger_id != ledger_id:
+            ledger_id, ledger_part = add_ledger_id, b"\x08\x00\x10" + varint(add_ledger_id) + b"\x18"
+        txn, entry = varint(txn_id), varint(entry_id)
+        answer_size = len(ledger_part) + len(entry)
+        parts += (  # header, status and answer, each shorter than 128 bytes
+            _LENGTH.pack(12 + len(txn) + answer_size), b"\x0a", _SMALL_VARINTS[5 + len(txn)], _ADD_ACK_HEADER, txn,
+            _OK_ADD_ANSWER, _SMALL_VARINTS[answer_size], ledger_part, entry,
+        )
+    return b"".join(parts)
 
 
 def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
-    """The whole OK answer frame of an add, as protobuf lays the Response out (a bookie packs one per add)."""
-    txn = varint(txn_id)
-    answer = b"".join((b"\x08\x00\x10", varint(ledger_id), b"\x18", varint(entry_id)))
-    size = 12 + len(txn) + len(answer)  # header, status and answer, each shorter than 128 bytes
-    return b"".join((
-        _LENGTH.pack(size), b"\x0a", _SMALL_VARINTS[5 + len(txn)], _ADD_ACK_HEADER, txn, _OK, b"\xaa\x06",
-        _SMALL_VARINTS[len(answer)], answer,
-    ))
+    """The whole OK answer frame of one add."""
+    return encode_v3_add_acks([(txn_id, ledger_id, entry_id)])
 
 
 def ok_add_ack_txn(buffer: bytearray, start: int, end: int) -> int:
@@ -597,10 +614,15 @@ def max_payload_size(digest_type: wire.DigestType | str) -> int:
 
 
 
-def checked_add_fields(request: V3Request) -> tuple[int, int, bytes, bytes, bool, int, int] | None:
-    """(ledger_id, entry_id, master_key, entry, recovery, writer_epoch, lac) of a V3 ADD that passes every check
-    `check_v3_request` makes, each field read once; None for anything else (the session's full checks then name the
-    fault). The bookie's per-add check: a quarter of the generic one's cost."""
+AddFields = tuple[int, int, int, bytes, bytes, bool, int, int]
+"""(txn_id, ledger_id, entry_id, master_key, entry, recovery, writer_epoch, lac) of a V3 ADD that passed every check
+`check_v3_request` makes: the bookie's fast path applies it as it is."""
+
+
+def checked_add_fields(request: V3Request) -> AddFields | None:
+    """The fields of a decoded V3 ADD that passes every check `check_v3_request` makes, each field read once; None
+    for anything else (the session's full checks then name the fault). The bookie's per-add check for an add in
+    another layout than `AddRequestReader`'s: a quarter of the generic one's cost."""
     fields = request.fields
     if request.version != bkprotocol.ProtocolVersion.VERSION_THREE or fields is None:
         return None
@@ -615,8 +637,116 @@ def checked_add_fields(request: V3Request) -> tuple[int, int, bytes, bytes, bool
     header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(entry)
     if header_ledger != ledger_id or header_entry != entry_id or not -1 <= lac <= _INT64_MAX:
         return None
-    return ledger_id, entry_id, key, entry, fields.flag == AddFlag.RECOVERY_ADD, writer_epoch, lac
+    recovery = fields.flag == AddFlag.RECOVERY_ADD
+    return request.txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac
+
+
+def add_request_of(txn_id: int, ledger_id: int, entry_id: int) -> V3Request:
+    """An ADD request as far as its refusal names it (the bookie's fast path keeps only these of an add)."""
+    fields = bkprotocol.AddRequest(ledgerId=ledger_id, entryId=entry_id)
+    return V3Request(OperationType.ADD_ENTRY, txn_id, bkprotocol.ProtocolVersion.VERSION_THREE, 0, fields)
 
 
 _INT64_MAX = wire.INT64_MAX
 _ENTRY_HEADER = wire.ENTRY_HEADER
+_ADD_REQUEST_TAG = b"\xaa\x06"
+"""Request.addRequest: field 101, length-delimited."""
+_ADD_REQUEST_HEADER = b"\x08\x03\x10\x02\x18"
+"""A V3 ADD request's header up to its txnId: version 3, operation ADD_ENTRY."""
+_RECOVERY_FLAG = _tag(100, _VARINT) + varint(AddFlag.RECOVERY_ADD)
+_WRITER_EPOCH_TAG = _tag(1000, _VARINT)
+
+
+class _OtherLayout(Exception):
+    """The request is not laid out as `AddRequestReader` reads: the generic decoder takes it."""
+
+
+def _varint_at(buffer: bytearray, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at buffer[pos]: at most 9 bytes, so at most INT64_MAX (a longer
+    one, e.g. a negative int64, is _OtherLayout); IndexError past the buffer's end."""
+    byte = buffer[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    value, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = buffer[pos]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos + 1
+        shift += 7
+        if shift > 56:
+            raise _OtherLayout
+
+
+class AddRequestReader:
+    """Reads a V3 ADD request in place, if it is laid out as bookfleet's client writes it (`v3_request_head`,
+    `AddRequestPrefix`): a header of version 3, ADD_ENTRY and the txnId alone, then the AddRequest with ledgerId,
+    masterKey, [flag RECOVERY_ADD], writerEpoch, entryId and body, each once and nothing else. Anything else (another
+    order, a field more or repeated, a value out of range) reads as None and goes to the generic decoder, which
+    decodes and checks it as protobuf would; what this reads is what that decodes. The entry is the one copy made.
+
+    One per connection: it keeps the bytes of the last writer's fields that do not change from add to add (ledger,
+    key, flag, epoch), read and checked once, and reads only txnId, entry id and length of each add that repeats
+    them."""
+
+    __slots__ = ("_fixed", "_fixed_fields")
+
+    def __init__(self) -> None:
+        self._fixed = b"\x00"  # no AddRequest starts with it
+        self._fixed_fields: tuple[int, bytes, bool, int] = (0, b"", False, 0)
+
+    def read(self, buffer: bytearray, start: int, end: int) -> AddFields | None:
+        """The checked fields of the request in buffer[start:end] (a frame without its length prefix); None when it
+        is not an ADD laid out this way or a field is out of range."""
+        try:
+            if buffer[start] != 0x0A or not buffer.startswith(_ADD_REQUEST_HEADER, start + 2):
+                return None
+            txn_id, pos = _varint_at(buffer, start + 7)
+            if pos != start + 2 + buffer[start + 1] or not buffer.startswith(_ADD_REQUEST_TAG, pos):
+                return None
+            size, pos = _varint_at(buffer, pos + 2)
+            if pos + size != end:
+                return None
+            fixed = self._fixed
+            if buffer.startswith(fixed, pos):
+                pos += len(fixed)
+            else:
+                pos = self._read_fixed(buffer, pos)
+            if buffer[pos] != 0x10:
+                return None
+            entry_id, pos = _varint_at(buffer, pos + 1)
+            if buffer[pos] != 0x22:
+                return None
+            entry_size, pos = _varint_at(buffer, pos + 1)
+            if pos + entry_size != end or entry_size < _ENTRY_HEADER.size:
+                return None
+        except (IndexError, _OtherLayout):
+            return None
+        ledger_id, key, recovery, writer_epoch = self._fixed_fields
+        header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(buffer, pos)
+        if header_ledger != ledger_id or header_entry != entry_id or not -1 <= lac <= _INT64_MAX:
+            return None
+        with memoryview(buffer) as view:
+            entry = bytes(view[pos:end])
+        return txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac
+
+    def _read_fixed(self, buffer: bytearray, start: int) -> int:
+        """Read and keep the fields at buffer[start:] that one writer repeats in every add; the position after them.
+        _OtherLayout when they are not there as expected."""
+        if buffer[start] != 0x08:
+            raise _OtherLayout
+        ledger_id, pos = _varint_at(buffer, start + 1)
+        if buffer[pos] != 0x1A or buffer[pos + 1] != MASTER_KEY_SIZE:
+            raise _OtherLayout
+        key = bytes(buffer[pos + 2 : pos + 2 + MASTER_KEY_SIZE])
+        pos += 2 + MASTER_KEY_SIZE
+        recovery = buffer.startswith(_RECOVERY_FLAG, pos)
+        if recovery:
+            pos += len(_RECOVERY_FLAG)
+        if not buffer.startswith(_WRITER_EPOCH_TAG, pos):
+            raise _OtherLayout
+        writer_epoch, pos = _varint_at(buffer, pos + len(_WRITER_EPOCH_TAG))
+        self._fixed = bytes(buffer[start:pos])
+        self._fixed_fields = ledger_id, key, recovery, writer_epoch
+        return pos

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from bookfleet import bkwire, wire
 from bookfleet.bkprotocol import OperationType
-from bookfleet.bkwire import V3Request
 from bookfleet.bookie import errors
 from bookfleet.bookie.bkprocessors import V2Session, V3Session, status_of
 from bookfleet.security import roles
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_checked_add_fields = bkwire.checked_add_fields
+_checked_add_fields, _encode_add_acks = bkwire.checked_add_fields, bkwire.encode_v3_add_acks
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
 """Seconds a peer has to finish the TLS handshake before its connection is dropped."""
@@ -58,13 +57,11 @@ async def _peek_byte(transport: asyncio.Transport) -> int:
 class _WaitingAdds:
     """The adds of one connection waiting for one group commit."""
 
-    __slots__ = ("acks", "requests", "size", "starts")
+    __slots__ = ("adds", "size", "starts")
 
     def __init__(self) -> None:
-        self.acks: list[bytes] = []
-        """The OK answer of each add, packed when it arrived (bkwire.encode_v3_add_ack)."""
-        self.requests: list[V3Request] = []
-        """The adds themselves, to refuse each if the commit fails."""
+        self.adds: list[tuple[int, int, int]] = []
+        """(txnId, ledger id, entry id) of each add: what its answer, OK or a refusal, names."""
         self.starts: list[float] = []
         """When each add was received (perf_counter of the read that brought it)."""
         self.size = 0
@@ -91,6 +88,7 @@ class Connection(asyncio.Protocol):
         self._outgoing_bytes = 0
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
         """Adds waiting for each group commit."""
+        self._add_reader = bkwire.AddRequestReader()
         self._reading_paused = False
         self._writing_paused = False
         self._admission_blocked = False
@@ -273,7 +271,8 @@ class Connection(asyncio.Protocol):
     def _take(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
         """Decode and start the frame at buffer[pos:] (False: it is not whole yet, it waits for room for its add, or
         it cannot be read and the connection is closed). An add counts toward the add-byte limits from the moment it
-        starts until it is answered."""
+        starts until it is answered. A V3 add that takes the fast path is read in place when laid out as bookfleet's
+        client writes it (bkwire.AddRequestReader), else decoded as any request."""
         session = self._session
         if self._handshaking:  # START_TLS was taken: nothing more is read in plain
             return False
@@ -283,63 +282,78 @@ class Connection(asyncio.Protocol):
         start = pos + wire.LENGTH_PREFIX.size
         if end - start < length:
             return False
+        fast = type(session) is V3Session and self._fast_adds_allowed()
+        if fast:
+            add = self._add_reader.read(buffer, start, start + length)
+            if add is not None and self._admitted(add[1]):
+                if not self._room_for_add(length):
+                    return False
+                self._fast_add(add)
+                return True
         try:
             request = session.decode(bytes(buffer[start : start + length]))  # a copy: the buffer is never pinned
         except wire.ProtocolError as exc:
             self.close_unreadable(str(exc))
             return False
         if session.is_add(request):
-            server, limits = self.server, self.server.limits
-            short_of_room = (
-                length > limits.max_connection_add_bytes - self.add_bytes
-                or length > limits.max_add_bytes - server.add_bytes
-            )
-            if short_of_room and not server.admit_adds(self, length):
-                self._admission_blocked = True
+            if not self._room_for_add(length):
                 return False
-            if type(session) is V3Session and self._fast_add(request):
+            if fast and (add := _checked_add_fields(request)) is not None and self._admitted(add[1]):
+                self._fast_add(add)
                 return True
         session.start(request, length)
         return True
 
-    def _fast_add(self, request: V3Request) -> bool:
-        """Apply a V3 add at once and answer it with its group commit (the adds of one commit together), unless it
-        needs more than its fields (TLS roles, an admission lookup, a bookie shutting down or read-only, a field out
-        of range): False, and the session takes it."""
+    def _fast_adds_allowed(self) -> bool:
+        """Whether a V3 add may take the fast path, if its fields pass and its ledger is admitted: not when it needs
+        more than its fields (TLS roles, a bookie shutting down or read-only)."""
         server = self.server
-        if self.principal is not None or server.stopping or server.read_only is not None:
+        return self.principal is None and not server.stopping and server.read_only is None
+
+    def _admitted(self, ledger_id: int) -> bool:
+        admission = self.server.admission
+        return admission is None or admission.admitted(ledger_id)
+
+    def _room_for_add(self, size: int) -> bool:
+        """Whether an add of `size` bytes fits the add-byte limits (else the connection waits for room to be
+        admitted)."""
+        server, limits = self.server, self.server.limits
+        short_of_room = (
+            size > limits.max_connection_add_bytes - self.add_bytes or size > limits.max_add_bytes - server.add_bytes
+        )
+        if short_of_room and not server.admit_adds(self, size):
+            self._admission_blocked = True
             return False
-        checked = _checked_add_fields(request)
-        if checked is None:
-            return False
-        ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = checked
-        if server.admission is not None and not server.admission.admitted(ledger_id):
-            return False
+        return True
+
+    def _fast_add(self, add: bkwire.AddFields) -> None:
+        """Apply a checked V3 add at once and answer it with its group commit (the adds of one commit together)."""
+        server = self.server
+        txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = add
         try:
             synced = server.add_entry(entry, key, recovery, ledger_id, entry_id, lac, False, writer_epoch)
         except (Exception, asyncio.CancelledError) as exc:
-            self._refuse_add(request, exc)
-            return True
+            self._refuse_add(txn_id, ledger_id, entry_id, exc)
+            return
         self.in_flight += 1
         waiting = self._adds.get(synced)
         if waiting is None:
             waiting = self._adds[synced] = _WaitingAdds()
             synced.add_done_callback(self._adds_synced)
-        waiting.acks.append(bkwire.encode_v3_add_ack(request.txn_id, ledger_id, entry_id))
-        waiting.requests.append(request)
+        waiting.adds.append((txn_id, ledger_id, entry_id))
         waiting.starts.append(self._received_at)
         size = len(entry)
         waiting.size += size
         self.add_bytes += size
         server.add_bytes += size
-        return True
 
-    def _refuse_add(self, request: V3Request, error: BaseException) -> None:
+    def _refuse_add(self, txn_id: int, ledger_id: int, entry_id: int, error: BaseException) -> None:
         """Answer a fast-path add that storage refused (or whose commit failed) with the bookie's status."""
         status = status_of(error)
         if status == Status.INTERNAL_ERROR:
-            log.error("ADD_ENTRY for ledger %d from %s failed: %s", request.fields.ledgerId, self.peer, error)
+            log.error("ADD_ENTRY for ledger %d from %s failed: %s", ledger_id, self.peer, error)
         self.server.metrics.count_error(OperationType.ADD_ENTRY, status)
+        request = bkwire.add_request_of(txn_id, ledger_id, entry_id)
         self.send(self._session.refusal(request, status, str(error)))
 
     def pause_writing(self) -> None:
@@ -375,15 +389,15 @@ class Connection(asyncio.Protocol):
         adds = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
         if error is None:
-            self.send(b"".join(adds.acks))
+            self.send(_encode_add_acks(adds.adds))
             self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
         else:
-            log.error("%d adds from %s failed: %s", len(adds.acks), self.peer, error)
-            for request in adds.requests:
-                self._refuse_add(request, error)
+            log.error("%d adds from %s failed: %s", len(adds.adds), self.peer, error)
+            for add in adds.adds:
+                self._refuse_add(*add, error)
         self.add_bytes -= adds.size
         self.server.release_adds(adds.size)
-        self._finished(len(adds.acks))
+        self._finished(len(adds.adds))
         self._flush()
 
     def step(

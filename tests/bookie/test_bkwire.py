@@ -212,3 +212,47 @@ def test_any_bytes_decode_or_refuse_cleanly(data):
             check(request)
         except (ProtocolError, InvalidField):
             pass
+
+
+_ADD_FRAMES = st.builds(
+    dict,
+    txn_id=st.integers(0, 2**63 - 1), ledger_id=st.integers(0, 2**63 - 1) | st.just(2**63),
+    entry_id=st.integers(-1, 2**63 - 1), lac=st.integers(-2, 2**63 - 1),
+    writer_epoch=st.integers(0, 2**64 - 1), recovery=st.booleans(), header_ledger_delta=st.sampled_from([0, 0, 1]),
+)
+
+
+def _client_add_frame(txn_id, ledger_id, entry_id, lac, writer_epoch, recovery, header_ledger_delta) -> bytes:
+    """An add frame as bookfleet's client lays it out (fields out of range too: the prefix encodes any int)."""
+    header = bkwire.wire.ENTRY_HEADER.pack((ledger_id + header_ledger_delta) % 2**64, entry_id, lac, 7)
+    entry = header + b"\x00" * 4 + b"payload"
+    message = bkwire.AddRequestPrefix(ledger_id, MASTER_KEY, writer_epoch, recovery).prefix(entry_id, len(entry))
+    return bkwire.v3_request_head(OperationType.ADD_ENTRY, txn_id, len(message) + len(entry)) + message + entry
+
+
+def _generic_add_fields(frame: bytes):
+    """What the generic decoder and checks make of a frame: the checked add fields, or None when refused."""
+    try:
+        request = bkwire.decode_v3_request(frame)
+        bkwire.check_v3_request(request)
+    except (ProtocolError, InvalidField):
+        return None
+    return bkwire.checked_add_fields(request)
+
+
+@given(_ADD_FRAMES, st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3),
+       st.integers(-3, 3), st.binary(max_size=3), st.binary(max_size=3))
+def test_the_in_place_add_reader_reads_what_the_generic_decoder_accepts(fields, changes, resize, before, after):
+    """The bookie's fast path reads its client's adds in place, and whatever it reads out of any bytes (a field out of
+    range, a byte changed, a frame cut short or longer, its fixed fields cached from the frame before) is exactly
+    what the generic decoder decodes and its checks accept: nothing the generic path refuses gets past it."""
+    frame = body(_client_add_frame(**fields))
+    reader = bkwire.AddRequestReader()
+    unchanged = reader.read(bytearray(before + frame + after), len(before), len(before) + len(frame))
+    assert unchanged == _generic_add_fields(frame)  # the client's own layout: read in place whenever valid
+    hostile = bytearray(frame)
+    for position, value in changes:
+        hostile[position % len(hostile)] = value
+    hostile = hostile[: len(hostile) + resize] if resize < 0 else hostile + bytes(resize)
+    read = reader.read(bytearray(before) + hostile + after, len(before), len(before) + len(hostile))
+    assert read is None or read == _generic_add_fields(bytes(hostile))

@@ -175,6 +175,15 @@ def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[l
     return answers, closed
 
 
+def client_laid_add(txn_id: int, entry: bytes, writer_epoch: int = 0, entry_id: int | None = None) -> bytes:
+    """An ADD frame as bookfleet's client lays it out (AddRequestPrefix, v3_request_head), its request's entry id
+    `entry_id` when given (else the entry header's)."""
+    ledger_id, header_entry_id = wire.entry_ids(entry)[:2]
+    prefix = bkwire.AddRequestPrefix(ledger_id, MASTER_KEY, writer_epoch)
+    message = prefix.prefix(header_entry_id if entry_id is None else entry_id, len(entry)) + entry
+    return bkwire.v3_request_head(OperationType.ADD_ENTRY, txn_id, len(message)) + message
+
+
 async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
     (bookie,) = bookie_fleet.start(1, max_in_flight=8)
     port = bookie.port
@@ -209,6 +218,13 @@ async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):
         "READ_RANGE backwards": (v3_request(
             OperationType.READ_RANGE, 82, ledgerId=9, firstEntryId=5, lastEntryId=4, maxBytes=1
         ), "last entry id 4 is before first entry id 5"),
+        # Laid out as bookfleet's client writes an add (the bookie's in-place reader), a field out of range.
+        "client-laid ADD, writer epoch out of range": (
+            client_laid_add(84, encode_test_entry(9, 0, b"x"), writer_epoch=2**63), "writer epoch 9223372036854775808"
+        ),
+        "client-laid ADD, entry header of another entry": (
+            client_laid_add(85, encode_test_entry(9, 1, b"x"), entry_id=0), "entry header names ledger 9 entry 1"
+        ),
     }
     follow_up = v3_request(OperationType.GET_BOOKIE_INFO, 83, requested=1)
     for name, (payload, message) in refused.items():
