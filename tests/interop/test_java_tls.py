@@ -1,8 +1,7 @@
 """Apache BookKeeper 4.17.2's client against bookfleet bookies serving mutual TLS (`--tls-dir`, as `--secure`
-sets up): it asks START_TLS on a plain connection (in V3, then speaks V2 or V3), presents its certificate, and gets
-the role its `OU` names as bookfleet's clients do, while bookfleet's own clients speak TLS from the first byte on
-the same port. A certificate of another CA, or no TLS at all, gets nothing. One fleet (plain ZooKeeper) for the
-module."""
+sets up): it asks START_TLS on a plain connection (V3), presents its certificate, and gets the role its `OU` names,
+as bookfleet's clients do, while bookfleet's own clients speak TLS from the first byte on the same port. A
+certificate of another CA, or no TLS at all, gets nothing. One fleet (plain ZooKeeper) for the module."""
 
 from __future__ import annotations
 
@@ -54,13 +53,11 @@ def fleet(ca, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def conf_for(fleet, ca, tmp_path_factory):
-    """A Java client configuration presenting a certificate of the fleet's CA with `roles` (none: no TLS), and
-    `settings`."""
+    """A Java client configuration presenting a certificate of the fleet's CA with `roles` (None: no TLS)."""
     directory = tmp_path_factory.mktemp("java-tls-confs")
 
-    def make(name: str, *roles: Role, **settings: object):
-        if roles:
-            settings.update(tls_settings(write_tls_dir(directory / name, ca.issue(name, roles))))
+    def make(name: str, *roles: Role):
+        settings = tls_settings(write_tls_dir(directory / name, ca.issue(name, roles))) if roles else {}
         return write_conf(directory / f"{name}.conf", fleet.zk, **settings)
 
     return make
@@ -75,10 +72,8 @@ def refused_simpletest(conf) -> str:
     return ended[1]
 
 
-@pytest.mark.parametrize("protocol", ["v3", "v2"])
-def test_simpletest_runs_over_start_tls_with_a_client_certificate(fleet, conf_for, protocol):
-    conf = conf_for(f"app-{protocol}", Role.CLIENT, useV2WireProtocol=str(protocol == "v2").lower())
-    output = shell(conf, *SIMPLETEST)
+def test_simpletest_runs_over_start_tls_with_a_client_certificate(fleet, conf_for):
+    output = shell(conf_for("app", Role.CLIENT), *SIMPLETEST)
     assert "50 entries written to ledger" in output and "Last entry Id 49" in output, output[-3000:]
     for bookie in fleet.bookies:
         assert f"Successfully connected to bookie using TLS: {bookie.bookie_id}" in output, output[-3000:]
