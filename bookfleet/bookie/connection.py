@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -33,26 +32,6 @@ _checked_add_fields, _encode_add_acks = bkwire.checked_add_fields, bkwire.encode
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
 """Seconds a peer has to finish the TLS handshake before its connection is dropped."""
-
-_TLS_HANDSHAKE_RECORD = 0x16
-"""The first byte of a TLS ClientHello; a plain frame's length prefix never starts with it (frames are smaller)."""
-
-
-async def _peek_byte(transport: asyncio.Transport) -> int:
-    """The first byte the peer sent, left unread for the transport (peeked on a duplicate of its socket)."""
-    loop = asyncio.get_running_loop()
-    with transport.get_extra_info("socket").dup() as sock:
-        readable = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
-        try:
-            await readable
-        finally:
-            loop.remove_reader(sock.fileno())
-        first = sock.recv(1, socket.MSG_PEEK)
-    if not first:
-        raise ConnectionResetError("connection closed")
-    return first[0]
-
 
 class _WaitingAdds:
     """The adds of one connection waiting for one group commit."""
@@ -131,38 +110,7 @@ class Connection(asyncio.Protocol):
         # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
         self._handshaking = True
         transport.pause_reading()
-        self._handshake = self._loop.create_task(self._tls_or_start_tls(transport))
-
-    async def _tls_or_start_tls(self, transport: asyncio.Transport) -> None:
-        """TLS from the first byte (a handshake record), or a plain connection that may only ask for START_TLS, as
-        BookKeeper's clients do: until then it carries no role, so every other request is refused."""
-        try:
-            first = await asyncio.wait_for(_peek_byte(transport), TLS_HANDSHAKE_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            log.warning("dropped connection from %s: nothing read before TLS: %s", self.peer, exc)
-            transport.close()
-            return
-        if first == _TLS_HANDSHAKE_RECORD:
-            await self._start_tls(transport)
-            return
-        self.principal = roles.BEFORE_TLS
-        self._handshaking = False
-        transport.resume_reading()
-
-    def start_tls_after_answer(self) -> None:
-        """START_TLS was accepted: its answer goes out in plain, then the handshake; the next frame after it
-        chooses the connection's protocol again (BookKeeper's V2 clients ask START_TLS in V3)."""
-        self._handshaking = True
-        self._loop.call_soon(self._upgrade)
-
-    def _upgrade(self) -> None:
-        self._flush()
-        if self.buffer:
-            self.close_unreadable("data sent after START_TLS before its handshake")
-            return
-        self._session = None
-        self.transport.pause_reading()
-        self._handshake = self._loop.create_task(self._start_tls(self.transport))
+        self._handshake = self._loop.create_task(self._start_tls(transport))
 
     async def _start_tls(self, transport: asyncio.Transport) -> None:
         """Mutual TLS handshake on the accepted socket; a refused peer is logged with the reason and dropped."""
@@ -262,9 +210,6 @@ class Connection(asyncio.Protocol):
         if protocol is None:
             self.close_unreadable(f"first frame starts with byte {first_byte:#04x}: neither BookKeeper V2 nor V3")
             return False
-        if self.principal is roles.BEFORE_TLS and protocol != bkwire.Protocol.V3:
-            self.close_unreadable("a plain connection to a TLS bookie may only ask V3 START_TLS")
-            return False
         self._session = V2Session(self) if protocol == bkwire.Protocol.V2 else V3Session(self)
         return True
 
@@ -274,8 +219,6 @@ class Connection(asyncio.Protocol):
         starts until it is answered. A V3 add that takes the fast path is read in place when laid out as bookfleet's
         client writes it (bkwire.AddRequestReader), else decoded as any request."""
         session = self._session
-        if self._handshaking:  # START_TLS was taken: nothing more is read in plain
-            return False
         if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
             self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
             return False

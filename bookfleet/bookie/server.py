@@ -14,8 +14,7 @@ A frame that breaks the format closes that connection only, unanswered (BookKeep
 an answer with); a field out of its range (wire.InvalidField) gets BAD_REQUEST naming the field and the connection
 goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
-every request is checked against its roles (`bookfleet.security.roles`); a connection that opens in plain (as
-BookKeeper's clients do) has no role until its V3 START_TLS handshake. With `admission`, a ledger this bookie does
+every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
 not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
 A read-only bookie refuses adds, but a recovery add (RECOVERY_ADD) of an entry whose stored ensemble names it goes into
 the disk's reserve while there is room (`reserve`) and the kind of read-only allows it (`takes_recovery_adds`: not a

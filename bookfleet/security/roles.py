@@ -49,9 +49,6 @@ class Principal:
         return not self.roles.isdisjoint(roles)
 
 
-BEFORE_TLS = Principal("no certificate (plain, before START_TLS)", frozenset())
-"""A peer on a plain connection to a TLS bookie that has not asked START_TLS yet: no role at all."""
-
 _ROLES = frozenset(Role)
 _SHORT_NAMES = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O"}
 
