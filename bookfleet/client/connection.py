@@ -74,11 +74,8 @@ class BadRequestError(BookieError):
 
 
 class TooLargeError(BookieError):
-    pass
-
-
-class ShuttingDownError(BookieError):
-    pass
+    """A request larger than a bookie's frame limit: refused here, never sent (the bookie would close the shared
+    connection)."""
 
 
 _ERROR_CLASSES: dict[Status, type[BookieError]] = {
@@ -88,8 +85,6 @@ _ERROR_CLASSES: dict[Status, type[BookieError]] = {
     Status.UNAUTHORIZED: UnauthorizedError,
     Status.READ_ONLY: ReadOnlyError,
     Status.BAD_REQUEST: BadRequestError,
-    Status.TOO_LARGE: TooLargeError,
-    Status.SHUTTING_DOWN: ShuttingDownError,
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bookfleet import wire
 from bookfleet.bookie.journal import journal_path, journal_seqs
-from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, ReadOnlyError, ShuttingDownError
+from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, ReadOnlyError
 from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
 from tests.fixtures.storage import damage_journal_record
@@ -38,8 +38,8 @@ async def test_stop_under_pipelined_load_loses_no_acknowledged_entry(bookie_flee
                 entry_id = in_flight.pop(task)
                 if task.exception() is None:
                     acknowledged[(ledger_id, entry_id)] = entries.pop(entry_id)
-                elif isinstance(task.exception(), ConnectionError | ShuttingDownError):
-                    return
+                elif isinstance(task.exception(), ConnectionError) or "shutting down" in str(task.exception()):
+                    return  # a stopping bookie refuses later adds (V3 EIO: BookKeeper has no code of its own for it)
                 else:
                     raise task.exception()
 
