@@ -13,7 +13,8 @@ Fields bookfleet does not read (the request context, 200) are kept by protobuf a
 
 bookfleet's own fields and operations have numbers from 1000 on, far above any BookKeeper uses, so a stock
 bookie or client skips them as unknown fields: an add's writer epoch (AddRequest.writerEpoch), the bookie's error
-message (Response.errorMessage), a read-only bookie's state (GetBookieInfoResponse.readOnly), and two operations
+message (Response.errorMessage), a read-only bookie's state (GetBookieInfoResponse.readOnly, always present in a
+bookfleet bookie's answer: how a client tells the two kinds of bookie apart), and two operations
 only bookfleet's client sends, and only to bookfleet bookies: RAISE_EPOCH (a reopening writer's fence) and
 READ_RANGE (the present entries of a span, for repair).
 """

@@ -32,6 +32,8 @@ MAX_FRAME_SIZE = 8 * 1024 * 1024
 """The largest frame a bookie accepts; a larger length prefix closes the connection."""
 
 ENTRY_HEADER = struct.Struct(">QqqQ")
+LAC_HEADER = struct.Struct(">Qq")
+"""An explicit LAC's body before its digest: ledger id, LAC (BookKeeper's WRITE_LAC body and READ_LAC lacBody)."""
 MASTER_KEY_SIZE = 20
 INVALID_ENTRY_ID = -1
 
@@ -186,6 +188,12 @@ class Digester:
         if self._crc32c:
             return b"".join((prefix, header, _CRC32C.pack(crc32c.crc32c(payload, crc32c.crc32c(header))), payload))
         return b"".join((prefix, header, self.digest(header, payload), payload))
+
+    def lac_body(self, ledger_id: int, lac: int) -> bytes:
+        """The digest-signed explicit LAC a WRITE_LAC carries: a stock bookie refuses one without it, and hands it
+        to BookKeeper's readers, who check its digest before they believe the LAC."""
+        header = LAC_HEADER.pack(ledger_id, lac)
+        return header + self.digest(header, b"")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ BookKeeper bookie's decoder does.
 
 What differs from a BookKeeper bookie, on purpose: adds are always synced before they are answered (a V3 add's
 DEFERRED_SYNC write flag is ignored), high priority (V2 flag, V3 header priority) changes nothing, a read-only
-bookie refuses every other add (BookKeeper lets high-priority adds through when it has room), READ_LAC answers with the
-last entry only (the bookie keeps an explicit LAC's value, not the digest-signed body BookKeeper hands back, so
-the client takes the LAC the last entry carries), and a WRITE_LAC's body is not kept. A read-only bookie takes
-a recovery add into its disk's reserve under bookfleet's rule (the entry's stored ensemble names it).
+bookie refuses every other add (BookKeeper lets high-priority adds through when it has room), and a WRITE_LAC's
+digest-signed body, which READ_LAC hands back beside the last entry, is kept in memory only (BookKeeper journals it).
+A read-only bookie takes a recovery add into its disk's reserve under bookfleet's rule (the entry's stored ensemble
+names it).
 
 bookfleet's own client speaks V3 with bookfleet's extensions (bkprotocol.py, numbers from 1000): an add's writer
 epoch (absent, 0, from a stock client, which fences by recovery alone), RAISE_EPOCH and READ_RANGE, the error
@@ -320,6 +320,8 @@ class V3Session(_Session):
         _authorize(self.conn, Op.READ_LAC)
         answer = response.readLacResponse
         answer.status, answer.ledgerId = StatusCode.EOK, fields.ledgerId
+        if lac_body := self.conn.server.storage.explicit_lac_body(fields.ledgerId):
+            answer.lacBody = lac_body
         answer.lastEntryBody = await _read(self.conn, fields.ledgerId, wire.INVALID_ENTRY_ID, None)
 
     async def _write_lac(self, fields, response) -> None:
@@ -327,7 +329,7 @@ class V3Session(_Session):
         server = self.conn.server
         if server.read_only is not None:
             raise errors.ReadOnly(f"bookie is read-only: {server.read_only}")
-        await server.write_lac(fields.ledgerId, fields.lac, fields.masterKey)
+        await server.write_lac(fields.ledgerId, fields.lac, fields.masterKey, fields.body)
         answer = response.writeLacResponse
         answer.status, answer.ledgerId = StatusCode.EOK, fields.ledgerId
 
@@ -346,8 +348,7 @@ class V3Session(_Session):
             answer.freeDiskSpace = free
         if fields.requested & BookieInfoWanted.TOTAL_DISK_CAPACITY:
             answer.totalDiskCapacity = total
-        if self.conn.server.read_only is not None:
-            answer.readOnly = True
+        answer.readOnly = self.conn.server.read_only is not None  # always set: a client tells bookfleet's bookies by it
 
     async def _raise_epoch(self, fields, response) -> None:
         """bookfleet's RAISE_EPOCH: answered with the bookie's LAC and last entry once the epoch is durable."""

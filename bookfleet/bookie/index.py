@@ -54,6 +54,9 @@ class IndexedLedger:
     last_entry: int = -1
     writer_epoch: int = 0
     """The highest writer epoch seen: a non-recovery add carrying an older one is refused (a stale writer)."""
+    explicit_lac_body: bytes = b""
+    """The digest-signed copy of the highest explicit LAC that came with one, for READ_LAC; in memory only (after a
+    restart READ_LAC answers with the last entry until the writer writes its LAC again)."""
 
     @property
     def lac(self) -> int:

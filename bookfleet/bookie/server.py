@@ -209,10 +209,10 @@ class BookieServer:
             await self.admission.admit(ledger_id)
         await self.storage.fence(ledger_id, master_key)
 
-    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes, body: bytes = b"") -> None:
         if self.admission is not None:
             await self.admission.admit(ledger_id)
-        await self.storage.set_explicit_lac(ledger_id, lac, master_key)
+        await self.storage.set_explicit_lac(ledger_id, lac, master_key, body)
 
     async def wait_for_lac(self, conn: Connection, ledger_id: int, previous: int, timeout: float) -> int:
         """The ledger's LAC once above `previous`, or at the end of `timeout` seconds (cut to MAX_READ_LAC_WAIT); a

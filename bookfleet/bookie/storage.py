@@ -366,15 +366,18 @@ class LedgerStorage:
         self._dirty.add(ledger_id)
         return self._journal.append(RecordType.WRITER_EPOCH, LEDGER_AND_EPOCH.pack(ledger_id, writer_epoch))
 
-    async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
-        """Record a LAC the writer sent on its own (WRITE_LAC); the ledger's LAC never goes backwards. Refused on
-        a fenced ledger: after fencing only recovery decides how far the ledger goes."""
+    async def set_explicit_lac(self, ledger_id: int, lac: int, master_key: bytes, body: bytes = b"") -> None:
+        """Record a LAC the writer sent on its own (WRITE_LAC), and `body`, its digest-signed copy, for READ_LAC;
+        the ledger's LAC never goes backwards. Refused on a fenced ledger: after fencing only recovery decides how
+        far the ledger goes."""
         self._check_open()
         self._check_changeable(wire.check_ledger_id(ledger_id))
         wire.check_lac(lac)
         state = self._authorized(ledger_id, master_key)
         if state.fenced:
             raise LedgerFenced(ledger_id)
+        if body and lac >= state.explicit_lac:
+            state.explicit_lac_body = bytes(body)
         if lac > state.explicit_lac:
             previous = state.lac
             state.explicit_lac = lac
@@ -476,6 +479,10 @@ class LedgerStorage:
 
     def lac(self, ledger_id: int) -> int:
         return self._state(ledger_id).lac
+
+    def explicit_lac_body(self, ledger_id: int) -> bytes:
+        """The digest-signed explicit LAC a writer sent with WRITE_LAC (empty when none came since the start)."""
+        return self._state(ledger_id).explicit_lac_body
 
     def last_entry_id(self, ledger_id: int) -> int:
         return self._state(ledger_id).last_entry

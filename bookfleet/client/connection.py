@@ -5,8 +5,10 @@ Requests are written as soon as they are made and answered in whatever order the
 (the protocol's `data_received`) resolves the matching future. There is no per-request lock: the event loop is the
 only writer, so the connection is as cheap as the wire format allows. What BookKeeper lacks rides where a stock
 bookie ignores it (bkprotocol.py's fields from 1000 on): an add's writer epoch, the bookie's error message, its
-read-only state; RAISE_EPOCH and READ_RANGE are bookfleet operations, sent only to bookfleet bookies (a ledger's
-writer reopens and repair reads on the fleet's own bookies).
+read-only state; RAISE_EPOCH and READ_RANGE are bookfleet operations, sent only to bookfleet bookies: a stock
+BookKeeper bookie cannot parse an operation it does not know and closes the connection, failing every request on it.
+`speaks_bookfleet` tells them apart by the GET_BOOKIE_INFO answer (a bookfleet bookie's always carries its readOnly
+field), asked once per connection, so it holds for every caller, with or without a ZooKeeper session.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class ReadOnlyError(BookieError):
 
 class BadRequestError(BookieError):
     pass
+
+
+class StockBookieError(Exception):
+    """A bookfleet operation asked of a stock BookKeeper bookie: refused here, never sent."""
 
 
 class TooLargeError(BookieError):
@@ -203,6 +209,8 @@ class BookieClient:
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
         self._loop = asyncio.get_running_loop()
+        self._bookfleet: bool | None = None
+        """Whether the peer is a bookfleet bookie, once `speaks_bookfleet` asked."""
 
     @classmethod
     async def connect(
@@ -305,15 +313,16 @@ class BookieClient:
     async def raise_writer_epoch(self, master_key: bytes, ledger_id: int, writer_epoch: int) -> tuple[int, int]:
         """Make the bookie refuse adds of writer epochs below `writer_epoch` (durably); returns its (lac,
         last_entry_id) of the ledger as of then. FencedError if it knows a newer epoch or the ledger is fenced.
-        bookfleet's own operation: a bookfleet bookie's."""
+        bookfleet's own operation: StockBookieError from a stock bookie, which is never sent it."""
+        await self._require_bookfleet(Op.RAISE_EPOCH)
         request = bkprotocol.RaiseEpochRequest(ledgerId=ledger_id, masterKey=master_key, writerEpoch=writer_epoch)
         answer = (await self._call(Op.RAISE_EPOCH, request.SerializeToString())).raiseEpochResponse
         return answer.lac, answer.lastEntryId
 
-    async def write_lac(self, master_key: bytes, ledger_id: int, lac: int) -> None:
-        """The explicit LAC (its body, BookKeeper's digest-signed copy for its readers, is left empty: bookfleet's
-        readers take the LAC from the bookie's answer)."""
-        request = bkprotocol.WriteLacRequest(ledgerId=ledger_id, lac=lac, masterKey=master_key, body=b"")
+    async def write_lac(self, master_key: bytes, ledger_id: int, lac: int, body: bytes = b"") -> None:
+        """The explicit LAC, with `body` its digest-signed copy (wire.Digester.lac_body) for BookKeeper's readers; a
+        stock bookie fails a WRITE_LAC without one (bookfleet's readers take the LAC from the bookie's answer)."""
+        request = bkprotocol.WriteLacRequest(ledgerId=ledger_id, lac=lac, masterKey=master_key, body=body)
         await self._call(Op.WRITE_LAC, request.SerializeToString())
 
     async def bookie_info(self) -> BookieSpace:
@@ -331,11 +340,25 @@ class BookieClient:
         self, ledger_id: int, first: int, last: int, max_bytes: int = wire.MAX_FRAME_SIZE // 2
     ) -> list[bytes]:
         """The present entries of [first, last] in order, up to about `max_bytes` (at least one entry). bookfleet's
-        own operation: a bookfleet bookie's."""
+        own operation: StockBookieError from a stock bookie, which is never sent it."""
+        await self._require_bookfleet(Op.READ_RANGE)
         request = bkprotocol.ReadRangeRequest(
             ledgerId=ledger_id, firstEntryId=first, lastEntryId=last, maxBytes=max_bytes
         )
         return list((await self._call(Op.READ_RANGE, request.SerializeToString())).readRangeResponse.entries)
+
+    async def speaks_bookfleet(self) -> bool:
+        """Whether the peer takes bookfleet's own operations: a bookfleet bookie's GET_BOOKIE_INFO answer always
+        carries bookfleet's readOnly field, a stock bookie's never. Asked once per connection."""
+        if self._bookfleet is None:
+            request = bkprotocol.GetBookieInfoRequest(requested=0).SerializeToString()
+            answer = (await self._call(Op.GET_BOOKIE_INFO, request)).getBookieInfoResponse
+            self._bookfleet = answer.HasField("readOnly")
+        return self._bookfleet
+
+    async def _require_bookfleet(self, operation: Op) -> None:
+        if not await self.speaks_bookfleet():
+            raise StockBookieError(f"bookie {self.address} is a stock BookKeeper bookie: {operation.name} not sent")
 
     async def _read(self, ledger_id: int, entry_id: int, fence_key: bytes | None):
         request = bkprotocol.ReadRequest(ledgerId=ledger_id, entryId=entry_id)

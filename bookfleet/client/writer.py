@@ -445,11 +445,12 @@ class LedgerWriter(EnsembleChange):
         """Tell the whole ensemble the LAC (best effort); a bookie that does not answer within `add_timeout` is
         failed like one that does not answer an add."""
         ensemble = list(self._ensemble)
+        body = self._digester.lac_body(self.ledger_id, lac)
         calls = {}
         for position, bookie in enumerate(ensemble):
             client = self._pool.connected(bookie)
             if client is not None and position not in self._failed:
-                calls[position] = asyncio.ensure_future(client.write_lac(self._master_key, self.ledger_id, lac))
+                calls[position] = asyncio.ensure_future(client.write_lac(self._master_key, self.ledger_id, lac, body))
         try:
             if calls:
                 await asyncio.wait(calls.values(), timeout=self.settings.add_timeout)

@@ -160,7 +160,10 @@ class Connections:
 
 
 async def read_present(client: BookieClient, ledger_id: int, first: int, last: int) -> list[bytes]:
-    """Every entry of [first, last] the bookie holds, in as many READ_RANGE calls as the size limit needs."""
+    """Every entry of [first, last] the bookie holds, in as many READ_RANGE calls as the size limit needs; from a
+    stock BookKeeper bookie, which has no READ_RANGE, one READ_ENTRY each (pipelined)."""
+    if not await client.speaks_bookfleet():
+        return await _read_each(client, ledger_id, range(first, last + 1))
     entries: list[bytes] = []
     while first <= last:
         batch = await client.read_range(ledger_id, first, last, READ_BATCH_BYTES)
@@ -169,6 +172,17 @@ async def read_present(client: BookieClient, ledger_id: int, first: int, last: i
         entries += batch
         first = wire.entry_ids(batch[-1])[1] + 1
     return entries
+
+
+async def _read_each(client: BookieClient, ledger_id: int, entry_ids: range) -> list[bytes]:
+    """The entries of `entry_ids` the bookie holds, in order; any error but "no such entry" propagates."""
+    answers = await asyncio.gather(
+        *(client.read_entry(ledger_id, entry_id) for entry_id in entry_ids), return_exceptions=True
+    )
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, NoSuchEntryError):
+            raise answer
+    return [answer for answer in answers if not isinstance(answer, BaseException)]
 
 
 DEFINITIVE = (NoSuchEntryError, NoSuchLedgerOnBookieError)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bookfleet import childprocess
+from bookfleet import childprocess, wire
 from bookfleet.bench.bookkeeper import BOOKIE_SETTINGS, JAVA17_OPENS, STORAGE_CLASSES, built_reference
 from bookfleet.zkserver import free_port
 
@@ -21,6 +21,7 @@ requires_java = pytest.mark.skipif(
 )
 
 SHELL_MAIN = "org.apache.bookkeeper.bookie.BookieShell"
+DIGEST_PROBE = "LedgerDigestProbe"
 BOOKIE_MAIN = "org.apache.bookkeeper.server.Main"
 JVM = ["-Xms128m", "-Xmx256m", "-XX:MaxDirectMemorySize=256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
        *JAVA17_OPENS]
@@ -61,6 +62,19 @@ def shell(conf: Path, *command: str) -> str:
 def facts(output: str, prefix: str) -> list[str]:
     """The values of the lines `prefix <value>` an interop program printed."""
     return [line[len(prefix) + 1 :] for line in output.splitlines() if line.startswith(prefix + " ")]
+
+
+def ledger_read_from_java(zk: str, ledger_id: int, digest_type: wire.DigestType, password: bytes) -> list[bytes]:
+    """Every entry of a closed ledger as BookKeeper's client reads it (LedgerDigestProbe: each digest checked, the
+    digest type and password given), in order."""
+    done = java(DIGEST_PROBE, f"zk+hierarchical://{zk}/ledgers", "read", ledger_id, digest_type.name,
+                password.decode(), timeout=240)
+    assert done.returncode == 0, f"read of ledger {ledger_id} exited {done.returncode}:\n{done.stdout[-3000:]}" \
+        f"{done.stderr[-3000:]}"
+    entries = [line.split(" ") for line in done.stdout.splitlines() if line.startswith("entry ")]
+    assert [int(entry_id) for _, entry_id, _ in entries] == list(range(len(entries))), done.stdout[-3000:]
+    assert facts(done.stdout, "last") == [str(len(entries) - 1)], done.stdout[-3000:]
+    return [bytes.fromhex(payload) for *_, payload in entries]
 
 
 def ledger_left_open(conf: Path, ensemble: int, write_quorum: int, ack_quorum: int, entries: int) -> str:

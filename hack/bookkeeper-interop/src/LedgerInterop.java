@@ -31,6 +31,11 @@ import org.apache.bookkeeper.net.BookieId;
  * bookie id of the comma-separated NEED, adds N entries (up to 20 in flight), kills process PID with SIGKILL once
  * entry KILL_AFTER is acknowledged, closes and reads the ledger back with a new client: {@code acked I...},
  * {@code ensembles {0=[...], ...}}, {@code read N}.
+ * <li>{@code CONF explicit-lac E W A N}: creates a ledger, adds N entries, waits five of the configuration's
+ * {@code explicitLacInterval} (the writer sends its LAC explicitly meanwhile), then reads the explicit LAC with a
+ * second client as {@code read-explicit-lac} does, and closes the ledger: {@code ledger L}, {@code explicit-lac X}.
+ * <li>{@code CONF read-explicit-lac LEDGER}: opens the ledger without recovery and reads its explicit LAC (READ_LAC
+ * from the bookies, each answer's digest checked): {@code explicit-lac X}.
  * </ul>
  */
 public final class LedgerInterop {
@@ -49,6 +54,12 @@ public final class LedgerInterop {
                     break;
                 case "recover":
                     recover(bk, Long.parseLong(args[2]));
+                    break;
+                case "explicit-lac":
+                    explicitLac(bk, conf, ints(args, 2, 3), Integer.parseInt(args[5]));
+                    break;
+                case "read-explicit-lac":
+                    readExplicitLac(bk, Long.parseLong(args[2]));
                     break;
                 case "write-killing":
                     writeKilling(bk, conf, ints(args, 2, 4), Integer.parseInt(args[5]), Integer.parseInt(args[6]),
@@ -97,6 +108,25 @@ public final class LedgerInterop {
             throw new Failure("ledger " + ledgerId + " is not closed after recovery");
         }
         say("closed last=" + reopened.getLedgerMetadata().getLastEntryId());
+    }
+
+    private static void explicitLac(BookKeeper bk, ClientConfiguration conf, int[] shape, int entries)
+            throws Exception {
+        LedgerHandle ledger = bk.createLedger(shape[0], shape[1], shape[2], DIGEST, PASSWORD);
+        say("ledger " + ledger.getId());
+        for (int i = 0; i < entries; i++) {
+            ledger.addEntry(payload(i));
+        }
+        Thread.sleep(5L * conf.getExplictLacInterval()); // BookKeeper's spelling
+        try (BookKeeper reader = new BookKeeper(conf)) {
+            readExplicitLac(reader, ledger.getId());
+        }
+        ledger.close();
+    }
+
+    private static void readExplicitLac(BookKeeper bk, long ledgerId) throws Exception {
+        LedgerHandle ledger = bk.openLedgerNoRecovery(ledgerId, DIGEST, PASSWORD);
+        say("explicit-lac " + ledger.readExplicitLastConfirmed());
     }
 
     private static void writeKilling(BookKeeper bk, ClientConfiguration conf, int[] shape, int entries,
