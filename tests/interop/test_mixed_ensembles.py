@@ -20,6 +20,9 @@ from bookfleet.client.writer import LedgerWriter
 from bookfleet.fleet import StandaloneCluster
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
+from bookfleet.meta.underreplication import UnderReplication
+from bookfleet.replication.auditor import Auditor
+from bookfleet.replication.spark_repair import run_repair
 from tests.interop.javaside import JavaBookie, facts, java, ledger_read_from_java, requires_java, write_conf
 
 pytestmark = [requires_java, pytest.mark.xdist_group("mixed-ensembles")]  # one fleet (and JVM set) for the module
@@ -228,3 +231,42 @@ def test_bookfleet_reopens_a_ledger_on_the_java_bookie_without_sending_it_bookfl
     assert_read_whole_by_both_clients(fleet.zk, ledger_id, 60)
     assert "Exception" not in java_bookie.log_path.read_text(errors="replace")[java_log_before:]
     assert_bookfleet_bookies_unharmed(fleet)
+
+
+@pytest.mark.spark
+def test_bookfleet_repairs_a_ledger_whose_ensemble_holds_a_java_bookie(spark, zk, zk_connect, bookie_fleet, tmp_path):
+    """E3/Qw2 on two bookfleet bookies and a Java one (a fleet of its own); a bookfleet bookie of the ensemble killed,
+    its replicas copied by bookfleet's auditor and Spark repair onto the third, the entries it shared with the Java
+    bookie read from the Java bookie (which has no READ_RANGE: entry by entry). Then the other bookfleet bookie of
+    the ensemble is stopped too, so the entries the two held together are readable only from the repaired copies:
+    both clients read the ledger whole."""
+    bookies = {bookie.bookie_id: bookie for bookie in bookie_fleet.start(3)}
+    java_bookie = JavaBookie(tmp_path / "java-bookie", zk_connect).start(zk)
+    try:
+        async def create() -> tuple[int, tuple[str, ...]]:
+            async with BookKeeper(zk_connect) as bk:
+                writer = await mixed_ledger(bk, (3, 2, 2), [java_bookie.bookie_id])
+                await write(writer, range(30))
+                await writer.close()
+                return writer.ledger_id, writer.metadata.segments[0].bookies
+
+        ledger_id, ensemble = asyncio.run(create())
+        victim, second = (bookies[bookie] for bookie in ensemble if bookie in bookies)
+        under_replication = UnderReplication(zk)
+        under_replication.set_recovery_delay(0)
+        with Auditor(zk, "interop-auditor") as auditor:
+            assert auditor.wait_active(30)
+            victim.kill9()
+            polling.wait_for(lambda: under_replication.ledger_ids() == [ledger_id], 60, "the auditor's marker")
+        summary = run_repair(zk_connect)
+        assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {}), summary
+        repaired, _ = MetadataStore(zk).read(ledger_id)
+        (replacement,) = set(repaired.segments[0].bookies) - set(ensemble)
+        assert replacement in bookies and victim.bookie_id not in repaired.segments[0].bookies
+        assert under_replication.ledger_ids() == []
+
+        second.stop()
+        assert_read_whole_by_both_clients(zk_connect, ledger_id, 30)
+        assert "Exception" not in java_bookie.log_path.read_text(errors="replace")
+    finally:
+        java_bookie.stop()
