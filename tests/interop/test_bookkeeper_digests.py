@@ -13,13 +13,11 @@ import subprocess
 
 import pytest
 
-from bookfleet import polling, wire
+from bookfleet import wire
 from bookfleet.bench.bookkeeper import JAVA17_OPENS, built_reference
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta.metadata import MetadataStore
-from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.replication.auditor import Auditor
-from bookfleet.replication.spark_repair import run_repair
+from tests.interop.repairing import repaired_after_killing
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("java", "javac", "mvn")), reason="no JDK (java, javac, mvn) on PATH"
@@ -101,18 +99,9 @@ def test_a_ledger_java_wrote_is_repaired_by_bookfleet_and_read_whole_from_java(
     ensemble = written.segments[0].bookies
     victim, second = bookies[ensemble[0]], bookies[ensemble[1]]
 
-    under_replication = UnderReplication(zk)
-    under_replication.set_recovery_delay(0)
-    with Auditor(zk, "interop-auditor") as auditor:
-        assert auditor.wait_active(30)
-        victim.kill9()
-        polling.wait_for(lambda: under_replication.ledger_ids() == [ledger_id], 60, "the auditor's marker")
-    summary = run_repair(zk_connect)
-    assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {}), summary
-    repaired, _ = store.read(ledger_id)
+    repaired = repaired_after_killing(zk, zk_connect, ledger_id, victim)
     (replacement,) = set(repaired.segments[0].bookies) - set(ensemble)
     assert repaired.segments[0].bookies == (replacement, *ensemble[1:])
-    assert under_replication.ledger_ids() == []
 
     second.stop()  # entries of write set {0, 1} (every third) now live on the replacement alone
     assert read_from_java(java, ledger_id, digest_type, password.encode()) == [java_payload(e) for e in range(entries)]

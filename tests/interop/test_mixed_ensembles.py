@@ -20,10 +20,8 @@ from bookfleet.client.writer import LedgerWriter
 from bookfleet.fleet import StandaloneCluster
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
-from bookfleet.meta.underreplication import UnderReplication
-from bookfleet.replication.auditor import Auditor
-from bookfleet.replication.spark_repair import run_repair
 from tests.interop.javaside import JavaBookie, facts, java, ledger_read_from_java, requires_java, write_conf
+from tests.interop.repairing import repaired_after_killing
 
 pytestmark = [requires_java, pytest.mark.xdist_group("mixed-ensembles")]  # one fleet (and JVM set) for the module
 
@@ -252,18 +250,9 @@ def test_bookfleet_repairs_a_ledger_whose_ensemble_holds_a_java_bookie(spark, zk
 
         ledger_id, ensemble = asyncio.run(create())
         victim, second = (bookies[bookie] for bookie in ensemble if bookie in bookies)
-        under_replication = UnderReplication(zk)
-        under_replication.set_recovery_delay(0)
-        with Auditor(zk, "interop-auditor") as auditor:
-            assert auditor.wait_active(30)
-            victim.kill9()
-            polling.wait_for(lambda: under_replication.ledger_ids() == [ledger_id], 60, "the auditor's marker")
-        summary = run_repair(zk_connect)
-        assert (summary.ledgers, summary.failures, summary.data_loss) == (1, [], {}), summary
-        repaired, _ = MetadataStore(zk).read(ledger_id)
+        repaired = repaired_after_killing(zk, zk_connect, ledger_id, victim)
         (replacement,) = set(repaired.segments[0].bookies) - set(ensemble)
         assert replacement in bookies and victim.bookie_id not in repaired.segments[0].bookies
-        assert under_replication.ledger_ids() == []
 
         second.stop()
         assert_read_whole_by_both_clients(zk_connect, ledger_id, 30)
