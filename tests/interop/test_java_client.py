@@ -1,48 +1,118 @@
-"""Apache BookKeeper 4.17.2's ledger client on a 3-bookie bookfleet fleet, over V3 and V2: the shell's `simpletest`
-(create, add, read, close, delete), and a ledger its writer left open (killed after acknowledged adds) recovered
-from Java (fencing, recovery adds, close). One fleet for the module."""
+"""Apache BookKeeper 4.17.2's ledger client on 3 bookfleet bookies, over V3 and V2, with TLS off and on: the shell's
+`simpletest` (create, add, read, close, delete), and a ledger its writer left open (killed after acknowledged adds)
+recovered from Java (fencing, recovery adds, close).
+
+With TLS the bookies serve mutual TLS as `--secure` sets them up (on a plain ZooKeeper: BookKeeper's client cannot
+present the digest credential a secure standalone's ZooKeeper asks for). The Java client opens each connection in
+plain and asks START_TLS in V3, whichever protocol it then speaks; its certificate's `OU` gives it the role it would
+give bookfleet's clients: a `replicator` recovers a ledger but may not add to one, and a certificate of another CA,
+or no TLS at all, gets nothing. One fleet of each kind for the module."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
-from bookfleet.fleet import StandaloneCluster
+from bookfleet.fleet import BookieFleet, StandaloneCluster
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore
-from tests.interop.javaside import facts, java, ledger_left_open, requires_java, shell, write_conf
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
+from bookfleet.security.roles import Role
+from bookfleet.zkserver import ZooKeeperServer
+from tests.interop.javaside import (
+    SHELL_MAIN,
+    facts,
+    java,
+    ledger_left_open,
+    requires_java,
+    shell,
+    tls_settings,
+    write_conf,
+)
 
 pytestmark = [requires_java, pytest.mark.xdist_group("java-client")]  # one fleet (and JVM set) for the module
 
 PROTOCOLS = {"v3": "false", "v2": "true"}
+CLIENTS = [*PROTOCOLS, *(f"{protocol}-tls" for protocol in PROTOCOLS)]
 HELD_ENTRIES = 25
+SIMPLETEST = ("simpletest", "-e", "3", "-w", "2", "-a", "2", "-n", "100")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def ca() -> CertificateAuthority:
+    return CertificateAuthority.create()
+
+
+@pytest.fixture(scope="module")
+def plain_fleet(tmp_path_factory):
     with StandaloneCluster(tmp_path_factory.mktemp("java-client"), bookies=3) as cluster:
-        yield cluster
+        yield cluster.fleet
 
 
-@pytest.fixture(scope="module", params=list(PROTOCOLS))
-def conf(request, fleet, tmp_path_factory):
-    """A client configuration of the fleet for each protocol."""
-    directory = tmp_path_factory.mktemp(f"conf-{request.param}")
-    return write_conf(directory / "bk.conf", fleet.zk, useV2WireProtocol=PROTOCOLS[request.param])
+@pytest.fixture(scope="module")
+def tls_fleet(ca, tmp_path_factory):
+    root = tmp_path_factory.mktemp("java-tls")
+    with ZooKeeperServer(root / "zookeeper") as zookeeper, BookieFleet(zookeeper.connect, root, ca=ca) as bookies:
+        for n in range(3):
+            bookies.add(f"bookie-{n}").start()
+        for bookie in bookies.bookies:
+            bookie.wait_ready()
+        yield bookies
 
 
-def assert_bookies_unharmed(fleet) -> None:
-    for bookie in fleet.fleet.bookies:
+@pytest.fixture(scope="module")
+def conf_for(tmp_path_factory):
+    """A client configuration of `fleet` speaking `protocol`, presenting `identity` (a certificate) when given."""
+    directory = tmp_path_factory.mktemp("confs")
+
+    def make(fleet: BookieFleet, name: str, protocol: str = "v3", identity=None):
+        settings = {"useV2WireProtocol": PROTOCOLS[protocol]}
+        if identity is not None:
+            settings.update(tls_settings(write_tls_dir(directory / name, identity)))
+        return write_conf(directory / f"{name}.conf", fleet.zk, **settings)
+
+    return make
+
+
+@pytest.fixture(scope="module", params=CLIENTS)
+def client(request, ca, conf_for):
+    """(fleet, conf): each protocol on plain bookies, and on TLS bookies with a `client` certificate."""
+    protocol, _, tls = request.param.partition("-")
+    fleet = request.getfixturevalue("tls_fleet" if tls else "plain_fleet")
+    identity = ca.issue(request.param, [Role.CLIENT]) if tls else None
+    return fleet, conf_for(fleet, request.param, protocol, identity)
+
+
+def assert_bookies_unharmed(fleet: BookieFleet) -> None:
+    for bookie in fleet.bookies:
         assert bookie.running and "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
 
 
-def test_simpletest_creates_writes_reads_and_deletes_a_ledger(fleet, conf):
-    output = shell(conf, "simpletest", "-e", "3", "-w", "2", "-a", "2", "-n", "100")
+def refused_simpletest(conf) -> str:
+    """The error that ended a simpletest that must fail (the shell exits 0 either way)."""
+    done = java(SHELL_MAIN, "-conf", conf, *SIMPLETEST)
+    output = done.stdout + done.stderr
+    ended = re.search(r"Failed to process command 'simpletest'\n\S*BKException\$(\w+)", output)
+    assert ended and "entries written" not in output, output[-3000:]
+    return ended[1]
+
+
+def test_simpletest_creates_writes_reads_and_deletes_a_ledger(client):
+    fleet, conf = client
+    output = shell(conf, *SIMPLETEST)
     assert "100 entries written to ledger" in output and "Last entry Id 99" in output, output[-3000:]
+    if fleet.ca is not None:
+        for bookie in fleet.bookies:
+            assert f"Successfully connected to bookie using TLS: {bookie.bookie_id}" in output, output[-3000:]
     assert_bookies_unharmed(fleet)
 
 
-def test_a_ledger_its_killed_writer_left_open_is_recovered_whole_and_closed_at_its_last_acked_entry(fleet, conf):
-    output = ledger_left_open(conf, 3, 3, 2, HELD_ENTRIES)
+def assert_recovered_whole(fleet: BookieFleet, writer_conf, recovery_conf) -> None:
+    """A ledger written through `writer_conf` by a writer killed while holding it open is recovered through
+    `recovery_conf`: every acknowledged entry read back, and closed at the last of them."""
+    output = ledger_left_open(writer_conf, 3, 3, 2, HELD_ENTRIES)
     assert output.endswith("holding"), output
     (ledger,) = facts(output, "ledger")
     acked = [int(entry) for entry in facts(output, "acked")]
@@ -50,7 +120,7 @@ def test_a_ledger_its_killed_writer_left_open_is_recovered_whole_and_closed_at_i
     with zkclient.session(fleet.zk) as zk:
         assert not MetadataStore(zk).read(int(ledger))[0].is_closed  # the writer died with the ledger open
 
-    recovered = java("LedgerInterop", str(conf), "recover", ledger)
+    recovered = java("LedgerInterop", str(recovery_conf), "recover", ledger)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr[-3000:]
     last = HELD_ENTRIES - 1
     assert facts(recovered.stdout, "recovered") == [f"lac={last}"], recovered.stdout
@@ -60,3 +130,24 @@ def test_a_ledger_its_killed_writer_left_open_is_recovered_whole_and_closed_at_i
         metadata = MetadataStore(zk).read(int(ledger))[0]
     assert metadata.is_closed and metadata.last_entry_id == last
     assert_bookies_unharmed(fleet)
+
+
+def test_a_ledger_its_killed_writer_left_open_is_recovered_whole_and_closed_at_its_last_acked_entry(client):
+    fleet, conf = client
+    assert_recovered_whole(fleet, conf, conf)
+
+
+def test_a_replicator_certificate_recovers_a_ledger_but_may_not_add_and_strangers_get_nothing(
+    tls_fleet, ca, conf_for
+):
+    """The roles of bookfleet's table, for a stock client's certificate: a replicator fences and adds in recovery,
+    never a plain add; a certificate of another CA fails the handshake; a plain client has no role."""
+    writer = conf_for(tls_fleet, "writer", "v3", ca.issue("writer", [Role.CLIENT]))
+    replicator = conf_for(tls_fleet, "repair", "v3", ca.issue("repair", [Role.REPLICATOR]))
+    assert_recovered_whole(tls_fleet, writer, replicator)
+    assert "BKUnauthorizedAccessException" in refused_simpletest(replicator)
+
+    foreign = dataclasses.replace(CertificateAuthority.create().issue("stranger", [Role.ADMIN]), ca_pem=ca.cert_pem)
+    assert "BKNotEnoughBookiesException" in refused_simpletest(conf_for(tls_fleet, "stranger", "v3", foreign))
+    assert any("TLS handshake failed" in bookie.log_path.read_text() for bookie in tls_fleet.bookies)
+    assert "BKUnauthorizedAccessException" in refused_simpletest(conf_for(tls_fleet, "plain"))  # in, with no role
