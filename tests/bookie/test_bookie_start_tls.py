@@ -96,20 +96,21 @@ async def test_start_tls_and_tls_from_the_first_byte_share_the_port_beside_a_cli
     silent.setblocking(False)
     tls = tls_for(ca, tmp_path / "app", Role.CLIENT)
 
-    upgraded = await start_tls(bookie.port, tls)
-    info = await upgraded.v3(v3_request(OperationType.GET_BOOKIE_INFO, 2, requested=WANTED))
-    assert info.status == StatusCode.EOK
-    async with await BookieClient.connect(bookie.address, tls=tls) as direct:
-        assert (await direct.bookie_info()).state == wire.BookieState.WRITABLE
-    await upgraded.close()
-
-    # the silent one held nothing up, and is dropped once its time to begin is over
     def dropped() -> bool:
         try:
             return silent.recv(1) == b""
         except BlockingIOError:
             return False
 
+    upgraded = await start_tls(bookie.port, tls)
+    info = await upgraded.v3(v3_request(OperationType.GET_BOOKIE_INFO, 2, requested=WANTED))
+    assert info.status == StatusCode.EOK
+    async with await BookieClient.connect(bookie.address, tls=tls) as direct:
+        assert (await direct.bookie_info()).state == wire.BookieState.WRITABLE
+    await upgraded.close()
+    assert not dropped()  # both were served while the silent one still waited: it held nothing up
+
+    # and it is dropped once its time to begin is over
     await asyncio.to_thread(wait_for, dropped, TLS_HANDSHAKE_TIMEOUT + 30, "the silent client to be dropped")
     silent.close()
     assert f"nothing sent in {TLS_HANDSHAKE_TIMEOUT:.0f} s" in bookie.log_tail(), bookie.log_tail()
