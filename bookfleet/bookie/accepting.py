@@ -126,6 +126,9 @@ class Acceptor:
             log.info("dropped connection from %s: %s", peer, why)
             sock.close()
             return
+        except asyncio.CancelledError:  # the server stops
+            sock.close()
+            raise
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 self._make_connection, sock, ssl=tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls else None
