@@ -69,6 +69,8 @@ class SessionConnection(Peer, Protocol):
 
     def close_unreadable(self, message: str) -> None: ...
 
+    def start_tls_after_answer(self) -> None: ...
+
 
 def status_of(exc: BaseException) -> Status:
     """The bookie's status for what a processor raised (an unexpected error is INTERNAL_ERROR)."""
@@ -372,6 +374,12 @@ class V3Session(_Session):
         response.authResponse.ParseFromString(bkwire.auth_disabled_answer())
 
     async def _start_tls(self, fields, response) -> None:
-        """START_TLS on a plain connection: refused, as by a BookKeeper bookie without TLS (a bookie with TLS
-        speaks it from a connection's first byte)."""
-        raise errors.BadRequest("START_TLS: this connection's bookie takes TLS from the first byte, or not at all")
+        """START_TLS on a plain connection: the answer, then the handshake (the certificate's roles apply from
+        then on); refused by a bookie without TLS, as by a BookKeeper bookie, and on a connection already TLS."""
+        conn = self.conn
+        if conn.server.tls is None:
+            raise errors.BadRequest("START_TLS: this bookie serves no TLS")
+        if conn.principal is not roles.BEFORE_TLS:
+            raise errors.BadRequest("START_TLS: this connection speaks TLS already")
+        response.startTLSResponse.SetInParent()
+        conn.start_tls_after_answer()

@@ -20,6 +20,7 @@ from bookfleet import bkwire, wire
 from bookfleet.bkprotocol import OperationType
 from bookfleet.bookie import errors
 from bookfleet.bookie.bkprocessors import V2Session, V3Session, status_of
+from bookfleet.bookie.serving import TLS_HANDSHAKE_TIMEOUT
 from bookfleet.security import roles
 from bookfleet.wire import Status
 
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 _checked_add_fields, _encode_add_acks = bkwire.checked_add_fields, bkwire.encode_v3_add_acks
 
-TLS_HANDSHAKE_TIMEOUT = 10.0
-"""Seconds a peer has to finish the TLS handshake before its connection is dropped."""
 
 class _WaitingAdds:
     """The adds of one connection waiting for one group commit."""
@@ -60,7 +59,7 @@ class Connection(asyncio.Protocol):
         self.add_bytes = 0
         """Bytes of this connection's adds waiting for their commit."""
         self.principal: roles.Principal | None = None
-        """The authenticated peer (TLS only); None on a plain connection."""
+        """The authenticated peer (TLS only; roles.BEFORE_TLS until START_TLS); None on a bookie without TLS."""
         self._session: V2Session | V3Session | None = None
         """The protocol's session, chosen by the first frame; None until it arrives."""
         self._outgoing: list[bytes] = []
@@ -91,29 +90,40 @@ class Connection(asyncio.Protocol):
         host, port = (transport.get_extra_info("peername") or ("?", "?"))[:2]
         self.peer = f"{host}:{port}"
         server = self.server
-        if len(server.connections) >= server.limits.max_connections:
-            server.refused_connections += 1
-            server.metrics.refused_connections.inc()
-            if server.refused_connections & (server.refused_connections - 1) == 0:  # 1st, 2nd, 4th, 8th...
-                log.warning(
-                    "refused a connection from %s: %d connections is the limit (%d refused so far)",
-                    self.peer, server.limits.max_connections, server.refused_connections,
-                )
-            self._rejected = True
-            transport.abort()
-            return
         server.connections.add(self)
         server.metrics.connections.inc()
-        if self.server.tls is None:
-            transport.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
+        transport.set_write_buffer_limits(high=server.limits.max_pending_response_bytes)
+        if server.tls is not None:
+            self._authenticate(transport)
+
+    def _authenticate(self, transport: asyncio.Transport) -> None:
+        """The peer's roles: its certificate's on a TLS transport (from the first byte, bookie/accepting.py, or
+        after START_TLS), none on a plain one (BookKeeper's clients before their START_TLS)."""
+        if transport.get_extra_info("ssl_object") is None:
+            self.principal = roles.BEFORE_TLS
             return
-        # Nothing is read as a frame before the handshake authenticated the peer (start_tls resumes reading).
+        self.principal = roles.Principal.from_peercert(transport.get_extra_info("peercert") or {})
+        self.peer += f" ({self.principal.subject})"
+
+    def start_tls_after_answer(self) -> None:
+        """START_TLS was accepted: its answer goes out in plain, then the handshake; nothing more is read in plain,
+        and the next frame chooses the connection's protocol again (BookKeeper's V2 clients ask START_TLS in V3)."""
         self._handshaking = True
-        transport.pause_reading()
-        self._handshake = self._loop.create_task(self._start_tls(transport))
+        self._session = None
+        self._loop.call_soon(self._upgrade)
+
+    def _upgrade(self) -> None:
+        self._flush()
+        if self.transport.is_closing():
+            return
+        if self.buffer:
+            self.close_unreadable("data sent after START_TLS before its handshake")
+            return
+        self.transport.pause_reading()
+        self._handshake = self._loop.create_task(self._start_tls(self.transport))
 
     async def _start_tls(self, transport: asyncio.Transport) -> None:
-        """Mutual TLS handshake on the accepted socket; a refused peer is logged with the reason and dropped."""
+        """The mutual TLS handshake of a START_TLS; a refused peer is logged with the reason and dropped."""
         try:
             secure = await self._loop.start_tls(
                 transport, self, self.server.tls_context(), server_side=True,
@@ -126,8 +136,7 @@ class Connection(asyncio.Protocol):
             self.connection_lost(exc)
             return
         self.transport = secure
-        self.principal = roles.Principal.from_peercert(secure.get_extra_info("peercert") or {})
-        self.peer += f" ({self.principal.subject})"
+        self._authenticate(secure)
         secure.set_write_buffer_limits(high=self.server.limits.max_pending_response_bytes)
         self._handshaking = False
         self._process()  # requests the peer sent right after its handshake finished
@@ -202,7 +211,10 @@ class Connection(asyncio.Protocol):
 
     def _choose_protocol(self, buffer: bytearray, pos: int, end: int) -> bool:
         """Choose the connection's session from the byte after its first length prefix (False: not here yet, or
-        neither V2 nor V3, and the connection is being closed)."""
+        neither V2 nor V3, and the connection is being closed; or START_TLS was taken, and the next frame comes over
+        TLS)."""
+        if self._handshaking:
+            return False
         if end - pos <= wire.LENGTH_PREFIX.size:
             return False
         first_byte = buffer[pos + wire.LENGTH_PREFIX.size]

@@ -14,7 +14,9 @@ A frame that breaks the format closes that connection only, unanswered (BookKeep
 an answer with); a field out of its range (wire.InvalidField) gets BAD_REQUEST naming the field and the connection
 goes on.
 With TLS (`tls`), a peer is authenticated by its certificate during the handshake, before any frame is read, and
-every request is checked against its roles (`bookfleet.security.roles`). With `admission`, a ledger this bookie does
+every request is checked against its roles (`bookfleet.security.roles`); a connection that opens in plain (as
+BookKeeper's clients do, told apart by bookie/accepting.py before it is a connection) has no role until its V3
+START_TLS handshake. With `admission`, a ledger this bookie does
 not hold is created only if ZooKeeper has its metadata (`bookfleet.bookie.admission`).
 A read-only bookie refuses adds, but a recovery add (RECOVERY_ADD) of an entry whose stored ensemble names it goes into
 the disk's reserve while there is room (`reserve`) and the kind of read-only allows it (`takes_recovery_adds`: not a
@@ -30,6 +32,7 @@ from collections.abc import Callable
 
 from bookfleet import wire
 from bookfleet.bookie import errors
+from bookfleet.bookie.accepting import Acceptor
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import Connection
 from bookfleet.bookie.http import BookieMetrics
@@ -85,12 +88,13 @@ class BookieServer:
         self.add_bytes = 0
         """Bytes of adds of all connections waiting for their commit (admission across connections)."""
         self._admission_waiters: set[Connection] = set()
-        self._server: asyncio.Server | None = None
+        self._acceptor: Acceptor | None = None
         self._idle_sweeper: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), host, port, reuse_address=True)
+        self._acceptor = Acceptor(self, lambda: Connection(self))
+        await self._acceptor.start(host, port)
         self._idle_sweeper = loop.create_task(self._close_idle_connections(), name="idle-connection-sweeper")
 
     async def _close_idle_connections(self) -> None:
@@ -132,8 +136,8 @@ class BookieServer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer new requests SHUTTING_DOWN, and wait for in-flight requests to finish."""
         self.stopping = True
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         if self._idle_sweeper is not None:
             self._idle_sweeper.cancel()
         loop = asyncio.get_running_loop()

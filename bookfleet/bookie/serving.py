@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from bookfleet.security import roles
     from bookfleet.security.tls import ReloadingContext
 
+TLS_HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a peer has to send its first byte, and as many to finish a TLS handshake, before it is dropped."""
+
 
 @dataclass(frozen=True)
 class ServerLimits:

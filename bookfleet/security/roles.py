@@ -49,6 +49,10 @@ class Principal:
         return not self.roles.isdisjoint(roles)
 
 
+BEFORE_TLS = Principal("no certificate (plain, before START_TLS)", frozenset())
+"""A peer on a plain connection to a TLS bookie that has not asked START_TLS yet: no role at all, so the one table
+refuses it everything that needs one (AUTH and START_TLS need none)."""
+
 _ROLES = frozenset(Role)
 _SHORT_NAMES = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O"}
 

@@ -14,6 +14,7 @@ import pytest
 
 from bookfleet import childprocess, wire
 from bookfleet.bench.bookkeeper import BOOKIE_SETTINGS, JAVA17_OPENS, STORAGE_CLASSES, built_reference
+from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
 from bookfleet.zkserver import free_port
 
 requires_java = pytest.mark.skipif(
@@ -39,6 +40,17 @@ def write_conf(path: Path, zk: str, **settings: object) -> Path:
     lines = {"metadataServiceUri": f"zk+hierarchical://{zk}/ledgers", "zkTimeout": 30000, **settings}
     path.write_text("".join(f"{name}={value}\n" for name, value in lines.items()))
     return path
+
+
+def tls_settings(tls_dir: Path) -> dict[str, object]:
+    """A Java client's TLS settings for a bookfleet TLS directory (PEM files; BookKeeper asks START_TLS on each
+    connection and checks the bookie's certificate against the CA and the address it dialled)."""
+    return {
+        "tlsProviderFactoryClass": "org.apache.bookkeeper.tls.TLSContextFactory", "tlsProvider": "JDK",
+        "tlsClientAuthentication": "true", "hostnameVerificationEnabled": "true",
+        "tlsKeyStoreType": "PEM", "tlsKeyStore": tls_dir / KEY_FILE, "tlsCertificatePath": tls_dir / CERT_FILE,
+        "tlsTrustStoreType": "PEM", "tlsTrustStore": tls_dir / CA_FILE,
+    }
 
 
 def java_command(main: str, *args: object) -> list[str]:
