@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,11 @@ def ledger_read_from_java(zk: str, ledger_id: int, digest_type: wire.DigestType,
     assert [int(entry_id) for _, entry_id, _ in entries] == list(range(len(entries))), done.stdout[-3000:]
     assert facts(done.stdout, "last") == [str(len(entries) - 1)], done.stdout[-3000:]
     return [bytes.fromhex(payload) for *_, payload in entries]
+
+
+def probe_payload(entry_id: int) -> bytes:
+    """The payload LedgerDigestProbe writes as entry `entry_id` (its `payload`)."""
+    return f"java entry {entry_id} ".encode() * (entry_id % 5 + 1)
 
 
 def ledger_left_open(conf: Path, ensemble: int, write_quorum: int, ack_quorum: int, entries: int) -> str:
@@ -171,3 +177,9 @@ class JavaBookie(JavaProcess):
         self.launch(java_command(BOOKIE_MAIN, "-c", self.conf), lambda: zk_session.exists(registration), timeout,
                     f"Java bookie {self.bookie_id} did not register")
         return self
+
+
+def started_side_by_side(bookies: list[JavaBookie], zk_session) -> list[JavaBookie]:
+    """`bookies` started at once (a JVM's start takes seconds on a loaded machine); returned once all registered."""
+    with ThreadPoolExecutor(len(bookies)) as pool:
+        return list(pool.map(lambda bookie: bookie.start(zk_session), bookies))

@@ -17,6 +17,7 @@ from bookfleet import wire
 from bookfleet.bench.bookkeeper import JAVA17_OPENS, built_reference
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta.metadata import MetadataStore
+from tests.interop.javaside import probe_payload
 from tests.interop.repairing import repaired_after_killing
 
 pytestmark = pytest.mark.skipif(
@@ -24,11 +25,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROBE = "LedgerDigestProbe"
-
-
-def java_payload(entry_id: int) -> bytes:
-    """The payload LedgerDigestProbe writes as entry `entry_id` (its `payload`)."""
-    return f"java entry {entry_id} ".encode() * (entry_id % 5 + 1)
 
 
 @pytest.fixture(scope="module")
@@ -104,4 +100,4 @@ def test_a_ledger_java_wrote_is_repaired_by_bookfleet_and_read_whole_from_java(
     assert repaired.segments[0].bookies == (replacement, *ensemble[1:])
 
     second.stop()  # entries of write set {0, 1} (every third) now live on the replacement alone
-    assert read_from_java(java, ledger_id, digest_type, password.encode()) == [java_payload(e) for e in range(entries)]
+    assert read_from_java(java, ledger_id, digest_type, password.encode()) == [probe_payload(e) for e in range(entries)]

@@ -1,5 +1,6 @@
 """`make pulsar-demo`: a Pulsar broker on a 4-bookie bookfleet fleet; 100,000 messages to a 4-partition topic while
-a bookie is killed -9 and auto-recovery repairs it; the run's figures as one JSON line."""
+a bookie is killed -9 and auto-recovery repairs it; the run's figures as one JSON line. `--migrate`: a broker on
+three of Apache BookKeeper's own bookies moved to bookfleet's under a running producer (figures as one JSON line)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from tests.pulsar import scenario
+from tests.pulsar import migration, scenario
 from tests.pulsar.fleet import bookkeeper_fleet_with_broker, fleet_with_broker
+from tests.pulsar.migration import migration_setup
 
 
 def main() -> None:
@@ -22,10 +24,16 @@ def main() -> None:
         "--against-bookkeeper", action="store_true",
         help="no faults: the producer's rate on bookfleet's bookies, then on Apache BookKeeper's (one line each)",
     )
+    parser.add_argument("--migrate", action="store_true",
+                        help="a BookKeeper fleet under a running producer moved to bookfleet bookies, one at a time")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bookfleet-pulsar-") as scratch:
         directory = args.data_dir or Path(scratch)
+        if args.migrate:
+            with migration_setup(directory) as setup:
+                print(json.dumps(migration.run(setup, "migrating", args.partitions)))
+            return
         if not args.against_bookkeeper:
             with fleet_with_broker(directory) as (cluster, broker):
                 print(json.dumps(scenario.run(cluster, broker, "demo", args.messages, args.partitions)))

@@ -95,7 +95,9 @@ class PulsarBroker(JavaProcess):
         if done.returncode != 0:
             raise RuntimeError(f"Pulsar's cluster metadata setup exited {done.returncode}:\n{done.stdout[-4000:]}")
 
-    def start(self, timeout: float = 120.0) -> PulsarBroker:
+    def start(self, timeout: float = 300.0) -> PulsarBroker:
+        """A bound on a broker that never becomes healthy, not a speed claim: on two cores shared with bookies, Spark
+        and other work its start took over 120 s (99 s of its own bootstrap at load 36)."""
         self.launch(self._java("org.apache.pulsar.PulsarBrokerStarter", "--broker-conf", self.conf), self._healthy,
                     timeout, "Pulsar broker did not become healthy")
         return self

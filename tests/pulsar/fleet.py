@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from bookfleet.fleet import StandaloneCluster
 from bookfleet.meta import zk as zkclient
 from bookfleet.replication.runner import AutoRecoveryRunner
 from bookfleet.zkserver import ZooKeeperServer
-from tests.interop.javaside import JavaBookie, shell, write_conf
+from tests.interop.javaside import JavaBookie, shell, started_side_by_side, write_conf
 from tests.pulsar.broker import PulsarBroker
 
 BOOKIES = 4
@@ -35,19 +36,33 @@ def broker_on(directory: Path, zk: str) -> Iterator[PulsarBroker]:
         yield broker
 
 
+@dataclass
+class BookKeeperFleet:
+    """A ZooKeeper formatted by BookKeeper's shell and Java bookies registered under its `/ledgers`."""
+
+    zk: str
+    bookies: list[JavaBookie]
+
+
 @contextmanager
-def bookkeeper_fleet_with_broker(directory: Path) -> Iterator[PulsarBroker]:
-    """A ZooKeeper of its own, BookKeeper's metadata formatted by its shell, 4 Java bookies (DbLedgerStorage, the
-    journal synced as bookfleet's is: `bench/bookkeeper.py`'s settings) and the broker."""
+def bookkeeper_fleet(directory: Path, bookies: int = BOOKIES) -> Iterator[BookKeeperFleet]:
+    """A ZooKeeper of its own, BookKeeper's metadata formatted by its shell and `bookies` Java bookies
+    (DbLedgerStorage, the journal synced as bookfleet's is: `bench/bookkeeper.py`'s settings)."""
     zookeeper = ZooKeeperServer(directory / "zookeeper").start()
-    bookies: list[JavaBookie] = []
+    java_bookies = [JavaBookie(directory / f"bookie-{n}", zookeeper.connect) for n in range(bookies)]
     try:
         shell(write_conf(directory / "admin.conf", zookeeper.connect), "initnewcluster")
         with zkclient.session(zookeeper.connect) as session:
-            bookies = [JavaBookie(directory / f"bookie-{n}", zookeeper.connect).start(session) for n in range(BOOKIES)]
-        with broker_on(directory, zookeeper.connect) as broker:
-            yield broker
+            started_side_by_side(java_bookies, session)
+        yield BookKeeperFleet(zookeeper.connect, java_bookies)
     finally:
-        for bookie in bookies:
+        for bookie in java_bookies:
             bookie.stop()
         zookeeper.stop()
+
+
+@contextmanager
+def bookkeeper_fleet_with_broker(directory: Path) -> Iterator[PulsarBroker]:
+    """4 Java bookies and the broker."""
+    with bookkeeper_fleet(directory) as fleet, broker_on(directory, fleet.zk) as broker:
+        yield broker

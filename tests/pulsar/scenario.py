@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pulsar
@@ -65,11 +65,12 @@ class Produced:
             return self.acked[max(self.acked)]
 
 
-def produce(client: pulsar.Client, topic: str, messages: int, faults: dict[int, Callable[[Produced], None]]
-            ) -> Produced:
-    """Send `messages` asynchronously (batching on, the Java client's default; no send timeout, so messages in
-    flight wait for a restarted broker and are sent again), calling `faults[seq]` just before sending `seq`."""
-    produced = Produced()
+def produce(client: pulsar.Client, topic: str, seqs: Iterable[int], faults: dict[int, Callable[[Produced], None]],
+            produced: Produced | None = None) -> Produced:
+    """Send a message for each of `seqs` asynchronously (batching on, the Java client's default; no send timeout, so
+    messages in flight wait for a restarted broker and are sent again), calling `faults[seq]` just before sending
+    `seq`; into `produced` when given (a caller watching the acknowledgements while this runs)."""
+    produced = produced or Produced()
     producer = client.create_producer(
         f"persistent://{NAMESPACE}/{topic}", batching_enabled=True, block_if_queue_full=True, send_timeout_millis=0,
         message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
@@ -86,7 +87,7 @@ def produce(client: pulsar.Client, topic: str, messages: int, faults: dict[int, 
         return callback
 
     produced.began = time.monotonic()
-    for seq in range(messages):
+    for seq in seqs:
         if seq in faults:
             faults[seq](produced)
         producer.send_async(payload(topic, seq), sent(seq, time.monotonic()))
@@ -193,7 +194,8 @@ def run(cluster: StandaloneCluster, broker: PulsarBroker, topic: str, messages: 
 
     client = pulsar.Client(broker.service_url, logger=QUIET, operation_timeout_seconds=120)
     try:
-        produced = produce(client, topic, messages, {messages // 3: kill_bookie, 2 * messages // 3: kill_broker})
+        faults = {messages // 3: kill_bookie, 2 * messages // 3: kill_broker}
+        produced = produce(client, topic, range(messages), faults)
         restart.join()
         broker.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/{topic}/unload")  # the broker closes its ledgers
         ledger_ids = {acked.ledger_id for acked in produced.acked.values()}
@@ -239,7 +241,7 @@ def throughput(broker: PulsarBroker, topic: str, messages: int, partitions: int 
     broker.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/{topic}/partitions", partitions)
     client = pulsar.Client(broker.service_url, logger=QUIET, operation_timeout_seconds=120)
     try:
-        produced = produce(client, topic, messages, {})
+        produced = produce(client, topic, range(messages), {})
     finally:
         client.close()
     latencies = [acked.latency for acked in produced.acked.values()]

@@ -11,7 +11,11 @@ from tests.pulsar import scenario
 from tests.pulsar.broker import requires_pulsar
 from tests.pulsar.fleet import fleet_with_broker
 
-pytestmark = [requires_pulsar, pytest.mark.xdist_group("pulsar")]  # one fleet and one broker JVM for the module
+pytestmark = [
+    requires_pulsar,
+    pytest.mark.xdist_group("pulsar"),  # one fleet and one broker JVM for the module
+    pytest.mark.timeout(900),  # the fleet's, the broker's and Spark's start: over 250 s at load 20
+]
 
 MESSAGES = 3000
 
