@@ -47,6 +47,10 @@ PASSWORD = b""
 """The chaos writers' ledger password (create_ledger's default)."""
 STRAND_TRIES = 10
 """How often `take_over_past_a_down_bookie` pauses its writer until it is caught between two adds of an open ledger."""
+STOP_TIMEOUT = 30.0
+"""How long the writers get to stop at the run's end: one stops within a second (its adds in flight, each bounded by
+the add timeout, then its close); one still running after this is stuck (a close that never returned held a run for
+the 120 s this was, 2026-11-28) and is killed and reported (`writers_killed_at_stop`), not waited for."""
 SLOW_ADD_INTERVAL = 0.3
 """Seconds between the adds of that fault's writer: longer than the writer's idle LAC delay, so between two adds its
 bookies know its last entry as confirmed."""
@@ -341,15 +345,20 @@ class Fleet:
             if process.poll() is not None and name not in self.paused_writers
         ]
 
-    async def stop_writers(self, timeout: float = 120.0) -> None:
+    async def stop_writers(self, timeout: float = STOP_TIMEOUT) -> list[str]:
+        """Ask every writer to stop; the ones still running after `timeout` are killed (their open operation stays
+        unanswered in their history, which the checker takes as either outcome): their names."""
         (self.history_dir / "stop").touch()
         deadline = time.monotonic() + timeout
-        for process in self.writers.values():
+        killed = []
+        for name, process in self.writers.items():
             while process.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             if process.poll() is None:
                 process.kill()
                 process.wait()
+                killed.append(name)
+        return killed
 
     async def close(self) -> None:
         for process in self.writers.values():

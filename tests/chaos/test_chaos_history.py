@@ -69,7 +69,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
                 print(f"history chaos: {round_ + 1} rounds, {time.monotonic() - started:.0f} s", flush=True)
             await asyncio.sleep(rng.uniform(0.5, 1.5))
         exited_early = fleet.writers_exited_early()
-        await fleet.stop_writers()
+        killed_at_stop = await fleet.stop_writers()
         faults_done = time.monotonic()
         final = History(fleet.history_dir / "final.history.jsonl", "final")
         await close_and_read_everything(fleet.zk.connect, final)
@@ -104,6 +104,7 @@ async def test_history_under_mixed_faults_is_legal(tmp_path, chaos_scale, monkey
         violating=(figures["violations"] or [])[:10],
         visualization=figures["visualization"],
         writers_exited_early=exited_early,
+        writers_killed_at_stop=killed_at_stop,
         writers_gave_up=len(giveups),
         gave_up_with_qa_reachable=len(with_qa),
         gave_up_with_qa_reachable_errors=[g["error"][:160] for g in with_qa[:10]],

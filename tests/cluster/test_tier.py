@@ -597,6 +597,8 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, killed, "--wait=false")
     outcome = walkthrough.closed_loop(cluster, ENTRIES)
     print(f"pod deletion to healthy Ledger: {outcome.seconds_to_healthy:.0f} s")
+    # Its executor pods shown, the later repairs (node failure, zone cut) run as their size says: in their driver.
+    walkthrough.apply_settings(cluster, {"autoRecovery": {"repair": {"localModeMaxMb": None}}})
 
     repair = outcome.repair
     assert repair.job and repair.driver_ip and repair.executors
