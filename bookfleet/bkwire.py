@@ -7,9 +7,10 @@ from its first frame (`frame_protocol`), and closes a connection that opens with
     V3:        a protobuf `Request` (bkprotocol.py), whose first byte is field 1's tag, 0x0A
 
 bookfleet's own client speaks V3 (client/connection.py), with bookfleet's extensions (bkprotocol.py's fields and
-operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestPrefix`,
-`v3_request_head`) and the answer to an add (`encode_v3_add_ack`, `ok_add_ack_txn`) are written by hand here, as
-protobuf lays them out, because they are the add path's per-entry work.
+operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestEncoder`,
+`v3_request_head`), the bookie's in-place reading of an add (`AddRequestReader`) and the answer to an add
+(`encode_v3_add_acks`, `ok_add_answer_txn`) are written by hand here, as protobuf parses them, because they are the
+add path's per-entry work.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -536,11 +537,11 @@ class AddRequestEncoder:
     def frame_head(self, txn: bytes, entry_id: int, entry_size: int) -> bytes:
         """The whole request frame up to the entry's bytes (which follow it unchanged, `wire.encode_entry`'s
         `prefix`): length prefix, header with `txn` (the txnId's varint, see `varint`), the AddRequest's tag and
-        length, its fields up to the body's tag and length. `entry_id` >= 0, `entry_size` below 2^28 (a frame is at most
-        8 MiB); the varint of each value below 2^28 is two table look-ups: this is per-entry work on both sides."""
+        length, its fields up to the body's tag and length. `entry_size` below 2^28 (a frame is at most 8 MiB); the
+        varint of each value below 2^28 is two table look-ups: this is per-entry work on both sides."""
         entry = (
-            _V[entry_id] if entry_id < 16384 else _V2[entry_id & 16383] + _V[entry_id >> 14]
-            if entry_id < 268435456 else varint(entry_id)
+            _V[entry_id] if 0 <= entry_id < 16384 else _V2[entry_id & 16383] + _V[entry_id >> 14]
+            if 0 < entry_id < 268435456 else varint(entry_id)
         )
         size = _V[entry_size] if entry_size < 16384 else _V2[entry_size & 16383] + _V[entry_size >> 14]
         message_size = self._fixed_size + len(entry) + len(size) + entry_size

@@ -235,9 +235,8 @@ def _client_add_frame(txn_id, ledger_id, entry_id, lac, writer_epoch, recovery, 
 @given(_ADD_FRAMES, st.binary(max_size=70000))
 def test_the_add_encoder_writes_what_protobuf_parses_as_the_same_request(fields, payload):
     """The client's hand-laid add frame is what protobuf parses as the same Request, for any values (ids and epochs
-    at every varint length, a recovery flag or not, entries of any size), each field once, nothing else: protobuf's
+    at every varint length, entry id -1 too, a recovery flag or not, entries of any size), each field once: protobuf's
     own bytes but for the order of the AddRequest's fields (the entry last, so that it is never copied)."""
-    fields["entry_id"] %= 2**63
     entry = bkwire.wire.ENTRY_HEADER.pack(fields["ledger_id"], fields["entry_id"], 0, 7) + payload
     encoder = bkwire.AddRequestEncoder(fields["ledger_id"], MASTER_KEY, fields["writer_epoch"], fields["recovery"])
     request = bkprotocol.Request()
