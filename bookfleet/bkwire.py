@@ -7,9 +7,10 @@ from its first frame (`frame_protocol`), and closes a connection that opens with
     V3:        a protobuf `Request` (bkprotocol.py), whose first byte is field 1's tag, 0x0A
 
 bookfleet's own client speaks V3 (client/connection.py), with bookfleet's extensions (bkprotocol.py's fields and
-operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestPrefix`,
-`v3_request_head`) and the answer to an add (`encode_v3_add_ack`, `ok_add_ack_txn`) are written by hand here, as
-protobuf lays them out, because they are the add path's per-entry work.
+operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestEncoder`,
+`v3_request_head`), the bookie's in-place reading of an add (`AddRequestReader`) and the answer to an add
+(`encode_v3_add_acks`, `ok_add_answer_txn`) are written by hand here, as protobuf parses them, because they are the
+add path's per-entry work.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -31,7 +32,11 @@ connection goes on) or `wire.ProtocolError` (the frame cannot be read: the conne
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
+import re
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
@@ -463,18 +468,36 @@ def _encode_varint(value: int) -> bytes:
 
 
 _SMALL_VARINTS = tuple(_encode_varint(value) for value in range(1 << 14))
+_LOW_VARINT_BYTES = tuple(bytes((value & 0x7F | 0x80, value >> 7 | 0x80)) for value in range(1 << 14))
+"""The first two bytes of the varint of any value >= 2^14 whose low 14 bits are the index: with `_SMALL_VARINTS`,
+the varint of a value below 2^28 is two table look-ups (`_V[v] if v < 16384 else _V2[v & 16383] + _V[v >> 14]`,
+written out where it is per-entry work, for non-negative values only)."""
+_V, _V2 = _SMALL_VARINTS, _LOW_VARINT_BYTES
 
 
 def varint(value: int) -> bytes:
-    """A protobuf varint; the ones below 2^14 from a table, those below 2^28 (txnIds, entry ids and sizes) in one
-    step."""
+    """A protobuf varint; the ones below 2^28 (txnIds, entry ids and sizes) from two tables."""
     if 0 <= value < 16384:
-        return _SMALL_VARINTS[value]
-    if 0 < value < 2097152:
-        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+        return _V[value]
     if 0 < value < 268435456:
-        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14 & 0x7F | 0x80, value >> 21))
+        return _V2[value & 16383] + _V[value >> 14]
     return _encode_varint(value)
+
+
+def txn_ids() -> Iterator[bytes]:
+    """Unique txnIds as their varints' bytes, made in C (no Python call per id): first every value from 2^14 to
+    2^28 - 1 once (each a 3- or 4-byte varint: its low 14 bits' two bytes, then the rest's), in an order of no
+    meaning, then counting on from 2^28."""
+    made_in_c = itertools.starmap(operator.add, itertools.product(_LOW_VARINT_BYTES, _SMALL_VARINTS[1:]))
+    return itertools.chain(made_in_c, map(varint, itertools.count(1 << 28)))
+
+
+def varint_value(data: bytes) -> int:
+    """The value of one well-formed varint (the client's and bookie's txnIds are kept as their varint's bytes)."""
+    value = 0
+    for shift, byte in enumerate(data):
+        value |= (byte & 0x7F) << 7 * shift
+    return value
 
 
 def _tag(number: int, wire_type: int) -> bytes:
@@ -483,28 +506,61 @@ def _tag(number: int, wire_type: int) -> bytes:
 
 _VARINT, _LENGTH_DELIMITED = 0, 2
 _LENGTH = struct.Struct(">I")
+_ADD_HEADER = b"\x08\x03\x10\x02\x18"
+"""A V3 ADD request's or answer's header up to its txnId: version 3, operation ADD_ENTRY."""
+_ADD_REQUEST_TAG = b"\xaa\x06"
+"""Request.addRequest: field 101, length-delimited (and Response.addResponse)."""
+_RECOVERY_FLAG = _tag(100, _VARINT) + varint(AddFlag.RECOVERY_ADD)
+_WRITER_EPOCH_TAG = _tag(1000, _VARINT)
 
 
-class AddRequestPrefix:
-    """What precedes an entry in an encoded AddRequest (the operation's message inside a V3 Request) of one writer:
-    ledger id, master key, recovery flag and writer epoch once, then per entry its id and the entry's length. The
-    entry follows it (`wire.encode_entry`'s `prefix`), so a whole write set shares one encoded message."""
+class AddRequestEncoder:
+    """Lays out the V3 ADD requests of one writer (ledger, master key, writer epoch, recovery flag) as protobuf does:
+    a Request whose header is version 3, ADD_ENTRY and the txnId, and whose AddRequest holds ledgerId, masterKey,
+    [flag RECOVERY_ADD], writerEpoch, entryId and body, in that order. The writer's fields are encoded once; per
+    entry only txnId, entry id and sizes. The one definition of this layout: the client writes its adds with it and
+    the bookie's in-place reader (`AddRequestReader`) accepts an add only if it is byte for byte what this writes."""
 
-    __slots__ = ("_fixed",)
+    __slots__ = ("_fixed", "_fixed_size", "ledger_id", "master_key", "recovery", "writer_epoch")
 
     def __init__(self, ledger_id: int, master_key: bytes, writer_epoch: int, recovery: bool = False):
-        recovery_flag = _tag(100, _VARINT) + varint(AddFlag.RECOVERY_ADD) if recovery else b""
+        self.ledger_id, self.master_key = ledger_id, master_key
+        self.writer_epoch, self.recovery = writer_epoch, recovery
         self._fixed = b"".join((
             _tag(1, _VARINT), varint(ledger_id), _tag(3, _LENGTH_DELIMITED), varint(len(master_key)), master_key,
-            recovery_flag, _tag(1000, _VARINT), varint(writer_epoch),
+            _RECOVERY_FLAG if recovery else b"", _WRITER_EPOCH_TAG, varint(writer_epoch),
+        ))
+        self._fixed_size = len(self._fixed) + 2
+        """The AddRequest's bytes beside the entry id's and the body's varints and the body: the fixed fields and
+        the entry id's and body's tags."""
+
+    def frame_head(self, txn: bytes, entry_id: int, entry_size: int) -> bytes:
+        """The whole request frame up to the entry's bytes (which follow it unchanged, `wire.encode_entry`'s
+        `prefix`): length prefix, header with `txn` (the txnId's varint, see `varint`), the AddRequest's tag and
+        length, its fields up to the body's tag and length. `entry_size` below 2^28 (a frame is at most 8 MiB); the
+        varint of each value below 2^28 is two table look-ups: this is per-entry work on both sides."""
+        entry = (
+            _V[entry_id] if 0 <= entry_id < 16384 else _V2[entry_id & 16383] + _V[entry_id >> 14]
+            if 0 < entry_id < 268435456 else varint(entry_id)
+        )
+        size = _V[entry_size] if entry_size < 16384 else _V2[entry_size & 16383] + _V[entry_size >> 14]
+        message_size = self._fixed_size + len(entry) + len(size) + entry_size
+        message = _V[message_size] if message_size < 16384 else _V2[message_size & 16383] + _V[message_size >> 14]
+        return b"".join((
+            _LENGTH.pack(9 + len(txn) + len(message) + message_size), b"\x0a", _V[5 + len(txn)], _ADD_HEADER, txn,
+            _ADD_REQUEST_TAG, message, self._fixed, b"\x10", entry, b"\x22", size,
         ))
 
-    def prefix(self, entry_id: int, entry_size: int) -> bytes:
-        return b"".join((self._fixed, b"\x10", varint(entry_id), b"\x22", varint(entry_size)))
+    def frame(self, txn: bytes, entry: bytes) -> bytes:
+        """The whole request frame of an encoded entry (a copy of it: for entries encoded already, as repair's)."""
+        return self.frame_head(txn, wire.entry_ids(entry)[1], len(entry)) + entry
 
-    def message(self, entry: bytes) -> bytes:
-        """The whole AddRequest of an encoded entry (a copy of it: for entries already encoded, as repair's)."""
-        return self.prefix(wire.entry_ids(entry)[1], len(entry)) + entry
+
+def with_txn(frame: bytes, txn: bytes) -> bytes:
+    """An ADD request frame written by `AddRequestEncoder` with another txnId (`txn`, its varint): for an add sent
+    again on a connection where its first send is not answered yet."""
+    rest = frame[6 + frame[5] :]  # after the header, whose length is the byte after the frame's first
+    return b"".join((_LENGTH.pack(7 + len(txn) + len(rest)), b"\x0a", _V[5 + len(txn)], _ADD_HEADER, txn, rest))
 
 
 def _request_heads() -> dict[int, tuple[bytes, bytes]]:
@@ -520,14 +576,15 @@ def _request_heads() -> dict[int, tuple[bytes, bytes]]:
 _REQUEST_HEADS = _request_heads()
 
 
-def v3_request_head(operation: int, txn_id: int, message_size: int) -> bytes:
+def v3_request_head(operation: int, txn: bytes, message_size: int) -> bytes:
     """A V3 request frame up to its operation's message (of `message_size` bytes, which follows it unchanged): the
-    length prefix, the header (version 3, the operation, `txn_id`) and the message's tag and length."""
+    length prefix, the header (version 3, the operation, `txn`: the txnId's varint) and the message's tag and
+    length."""
     before_txn, tag = _REQUEST_HEADS[operation]
-    txn, size = varint(txn_id), varint(message_size)
+    size = varint(message_size)
     header_size = len(before_txn) + len(txn)  # < 128 bytes
     return b"".join((
-        _LENGTH.pack(2 + header_size + len(tag) + len(size) + message_size), b"\x0a", _SMALL_VARINTS[header_size],
+        _LENGTH.pack(2 + header_size + len(tag) + len(size) + message_size), b"\x0a", _V[header_size],
         before_txn, txn, tag, size,
     ))
 
@@ -535,57 +592,61 @@ def v3_request_head(operation: int, txn_id: int, message_size: int) -> bytes:
 def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
     """A V3 request frame carrying `message` (the operation's own protobuf message)."""
     data = message.SerializeToString()
-    return v3_request_head(operation, txn_id, len(data)) + data
+    return v3_request_head(operation, varint(txn_id), len(data)) + data
 
 
-_ADD_ACK_HEADER = b"\x08\x03\x10\x02\x18"
-"""An ADD answer's header up to its txnId: version 3, operation ADD_ENTRY."""
-_OK = b"\x10\x00"
-_OK_ADD_ANSWER = _OK + _tag(101, _LENGTH_DELIMITED)
+_OK_ADD_ANSWER = b"\x10\x00" + _ADD_REQUEST_TAG
 """The EOK status, then Response.addResponse's tag."""
 
 
-def encode_v3_add_acks(adds: list[tuple[int, int, int]]) -> bytes:
-    """The OK answer frames of adds given as (txnId, ledger id, entry id), as protobuf lays each Response out: a
-    bookie answers the adds of one group commit together, and they are mostly of one ledger (its part is encoded
-    once)."""
+def encode_v3_add_acks(adds: list[tuple[bytes, int, int]]) -> bytes:
+    """The OK answer frames of adds given as (txnId's varint, ledger id, entry id >= 0), as protobuf lays each
+    Response out: a bookie answers the adds of one group commit together, and they are mostly of one ledger (its
+    part is encoded once)."""
     parts: list[bytes] = []
     ledger_id, ledger_part = -1, b""
-    for txn_id, add_ledger_id, entry_id in adds:
+    for txn, add_ledger_id, entry_id in adds:
         if add_ledger_id != ledger_id:
             ledger_id, ledger_part = add_ledger_id, b"\x08\x00\x10" + varint(add_ledger_id) + b"\x18"
-        txn, entry = varint(txn_id), varint(entry_id)
+        entry = _V[entry_id] if entry_id < 16384 else varint(entry_id)
         answer_size = len(ledger_part) + len(entry)
         parts += (  # header, status and answer, each shorter than 128 bytes
-            _LENGTH.pack(12 + len(txn) + answer_size), b"\x0a", _SMALL_VARINTS[5 + len(txn)], _ADD_ACK_HEADER, txn,
-            _OK_ADD_ANSWER, _SMALL_VARINTS[answer_size], ledger_part, entry,
+            _LENGTH.pack(12 + len(txn) + answer_size), b"\x0a", _V[5 + len(txn)], _ADD_HEADER, txn,
+            _OK_ADD_ANSWER, _V[answer_size], ledger_part, entry,
         )
     return b"".join(parts)
 
 
 def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     """The whole OK answer frame of one add."""
-    return encode_v3_add_acks([(txn_id, ledger_id, entry_id)])
+    return encode_v3_add_acks([(varint(txn_id), ledger_id, entry_id)])
 
 
-def ok_add_ack_txn(buffer: bytearray, start: int, end: int) -> int:
-    """The txnId of the V3 answer in buffer[start:end] if it is an OK ADD answer laid out as protobuf (and so every
-    bookie) writes one: header first with version, operation and txnId only, then the EOK status; otherwise -1 (the
-    caller parses the answer whole). Reads in place: the client's per-ack work."""
-    if end - start < 10 or buffer[start] != 0x0A or not buffer.startswith(_ADD_ACK_HEADER, start + 2):
-        return -1
-    header_end = start + 2 + buffer[start + 1]
-    pos, txn_id, shift = start + 7, 0, 0
-    while pos < header_end:
-        byte = buffer[pos]
-        txn_id |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            break
-        shift += 7
-    if pos != header_end or not buffer.startswith(_OK, pos) or header_end + 2 > end:
-        return -1
-    return txn_id
+_VARINT_PATTERN = rb"(?:[\x80-\xff]{0,8}[\x00-\x7f])"
+"""A varint of at most 9 bytes: at most INT64_MAX, as every id and epoch of an add must be."""
+_TXN_PATTERN = rb"([\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{9}[\x00\x01])"
+"""A txnId: any uint64's varint (up to 10 bytes)."""
+OK_ADD_ANSWER = re.compile(
+    rb"\x0a[\x06-\x0f]" + re.escape(_ADD_HEADER) + _TXN_PATTERN + re.escape(_OK_ADD_ANSWER)
+    + rb"[\x06-\x16]\x08\x00\x10" + _VARINT_PATTERN + rb"\x18" + _VARINT_PATTERN,
+    re.DOTALL,
+)
+"""An OK ADD answer as protobuf (and so every bookie) lays it out: a header with version, operation and txnId only,
+the EOK status, an AddResponse of status, ledger id and entry id, nothing else. Matched whole (`fullmatch`) on a
+frame without its length prefix, with its two lengths (header, AddResponse) checked by `ok_add_answer_txn`."""
+
+
+def ok_add_answer_txn(buffer: bytearray, start: int, end: int) -> bytes | None:
+    """The txnId's varint of the answer in buffer[start:end] if it is an OK ADD answer laid out as protobuf writes
+    one (`OK_ADD_ANSWER`), else None (the caller parses it whole). The client's per-ack reading, written out
+    inline there."""
+    match = OK_ADD_ANSWER.fullmatch(buffer, start, end)
+    if match is None:
+        return None
+    header_end = match.end(1)
+    if buffer[start + 1] != header_end - start - 2 or buffer[header_end + 4] != end - header_end - 5:
+        return None
+    return match.group(1)
 
 
 def decode_v3_response(frame: bytes | memoryview):
@@ -613,10 +674,10 @@ def max_payload_size(digest_type: wire.DigestType | str) -> int:
     return wire.MAX_FRAME_SIZE - ADD_FRAME_OVERHEAD - wire.MASTER_KEY_SIZE - entry_overhead
 
 
-
-AddFields = tuple[int, int, int, bytes, bytes, bool, int, int]
-"""(txn_id, ledger_id, entry_id, master_key, entry, recovery, writer_epoch, lac) of a V3 ADD that passed every check
-`check_v3_request` makes: the bookie's fast path applies it as it is."""
+AddFields = tuple[bytes, int, int, bytes, bytes, bool, int, int]
+"""(txn, ledger_id, entry_id, master_key, entry, recovery, writer_epoch, lac) of a V3 ADD that passed every check
+`check_v3_request` makes, its txnId as its varint's bytes (echoed in the answer as they came): the bookie's fast
+path applies it as it is."""
 
 
 def checked_add_fields(request: V3Request) -> AddFields | None:
@@ -638,115 +699,69 @@ def checked_add_fields(request: V3Request) -> AddFields | None:
     if header_ledger != ledger_id or header_entry != entry_id or not -1 <= lac <= _INT64_MAX:
         return None
     recovery = fields.flag == AddFlag.RECOVERY_ADD
-    return request.txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac
+    return varint(request.txn_id), ledger_id, entry_id, key, entry, recovery, writer_epoch, lac
 
 
-def add_request_of(txn_id: int, ledger_id: int, entry_id: int) -> V3Request:
+def add_request_of(txn: bytes, ledger_id: int, entry_id: int) -> V3Request:
     """An ADD request as far as its refusal names it (the bookie's fast path keeps only these of an add)."""
     fields = bkprotocol.AddRequest(ledgerId=ledger_id, entryId=entry_id)
-    return V3Request(OperationType.ADD_ENTRY, txn_id, bkprotocol.ProtocolVersion.VERSION_THREE, 0, fields)
+    return V3Request(OperationType.ADD_ENTRY, varint_value(txn), bkprotocol.ProtocolVersion.VERSION_THREE, 0, fields)
 
 
 _INT64_MAX = wire.INT64_MAX
 _ENTRY_HEADER = wire.ENTRY_HEADER
-_ADD_REQUEST_TAG = b"\xaa\x06"
-"""Request.addRequest: field 101, length-delimited."""
-_ADD_REQUEST_HEADER = b"\x08\x03\x10\x02\x18"
-"""A V3 ADD request's header up to its txnId: version 3, operation ADD_ENTRY."""
-_RECOVERY_FLAG = _tag(100, _VARINT) + varint(AddFlag.RECOVERY_ADD)
-_WRITER_EPOCH_TAG = _tag(1000, _VARINT)
-
-
-class _OtherLayout(Exception):
-    """The request is not laid out as `AddRequestReader` reads: the generic decoder takes it."""
-
-
-def _varint_at(buffer: bytearray, pos: int) -> tuple[int, int]:
-    """(value, position after it) of the varint at buffer[pos]: at most 9 bytes, so at most INT64_MAX (a longer
-    one, e.g. a negative int64, is _OtherLayout); IndexError past the buffer's end."""
-    byte = buffer[pos]
-    if byte < 0x80:
-        return byte, pos + 1
-    value, shift = byte & 0x7F, 7
-    while True:
-        pos += 1
-        byte = buffer[pos]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos + 1
-        shift += 7
-        if shift > 56:
-            raise _OtherLayout
+_ADD_REQUEST_SHAPE = re.compile(
+    rb"\x0a[\x06-\x0f]" + re.escape(_ADD_HEADER) + _TXN_PATTERN + re.escape(_ADD_REQUEST_TAG)
+    + rb"[\x80-\xff]{0,3}[\x00-\x7f]"
+    + rb"\x08(" + _VARINT_PATTERN + rb")\x1a\x14(.{20})(" + re.escape(_RECOVERY_FLAG) + rb")?"
+    + re.escape(_WRITER_EPOCH_TAG) + rb"(" + _VARINT_PATTERN + rb")"
+    + rb"\x10" + _VARINT_PATTERN + rb"\x22[\x80-\xff]{0,3}[\x00-\x7f]",
+    re.DOTALL,
+)
+"""The shape of an ADD request as `AddRequestEncoder` lays it out, up to the entry: where the entry starts, and
+(groups) the txnId, ledger id, master key, recovery flag and writer epoch. Its varints of ids and epoch are at most
+9 bytes: at most INT64_MAX."""
 
 
 class AddRequestReader:
-    """Reads a V3 ADD request in place, if it is laid out as bookfleet's client writes it (`v3_request_head`,
-    `AddRequestPrefix`): a header of version 3, ADD_ENTRY and the txnId alone, then the AddRequest with ledgerId,
-    masterKey, [flag RECOVERY_ADD], writerEpoch, entryId and body, each once and nothing else. Anything else (another
-    order, a field more or repeated, a value out of range) reads as None and goes to the generic decoder, which
-    decodes and checks it as protobuf would; what this reads is what that decodes. The entry is the one copy made.
+    """Reads a V3 ADD request in place if it is byte for byte what `AddRequestEncoder` writes for the fields it
+    names (the shape `_ADD_REQUEST_SHAPE` finds the entry; the entry header gives its ledger and entry ids; the
+    encoder of the connection's last writer, re-encoding the frame's head from them, must give its very bytes).
+    Anything else (another order, a field more or repeated, a value out of range, a varint not as protobuf writes
+    it) reads as None and goes to the generic decoder, which decodes and checks it as protobuf would; what this
+    reads is what that decodes. The entry is the one copy made.
 
-    One per connection: it keeps the bytes of the last writer's fields that do not change from add to add (ledger,
-    key, flag, epoch), read and checked once, and reads only txnId, entry id and length of each add that repeats
-    them."""
+    One per connection: it keeps the encoder of the last writer's fields (ledger, key, flag, epoch), so an add that
+    repeats them costs a match, an unpack and one re-encoding."""
 
-    __slots__ = ("_fixed", "_fixed_fields")
+    __slots__ = ("_encoder",)
 
     def __init__(self) -> None:
-        self._fixed = b"\x00"  # no AddRequest starts with it
-        self._fixed_fields: tuple[int, bytes, bool, int] = (0, b"", False, 0)
+        self._encoder = AddRequestEncoder(-1, b"", 0)  # no add is of ledger -1
 
-    def read(self, buffer: bytearray, start: int, end: int) -> AddFields | None:
-        """The checked fields of the request in buffer[start:end] (a frame without its length prefix); None when it
-        is not an ADD laid out this way or a field is out of range."""
-        try:
-            if buffer[start] != 0x0A or not buffer.startswith(_ADD_REQUEST_HEADER, start + 2):
-                return None
-            txn_id, pos = _varint_at(buffer, start + 7)
-            if pos != start + 2 + buffer[start + 1] or not buffer.startswith(_ADD_REQUEST_TAG, pos):
-                return None
-            size, pos = _varint_at(buffer, pos + 2)
-            if pos + size != end:
-                return None
-            fixed = self._fixed
-            if buffer.startswith(fixed, pos):
-                pos += len(fixed)
-            else:
-                pos = self._read_fixed(buffer, pos)
-            if buffer[pos] != 0x10:
-                return None
-            entry_id, pos = _varint_at(buffer, pos + 1)
-            if buffer[pos] != 0x22:
-                return None
-            entry_size, pos = _varint_at(buffer, pos + 1)
-            if pos + entry_size != end or entry_size < _ENTRY_HEADER.size:
-                return None
-        except (IndexError, _OtherLayout):
+    def read(self, buffer: bytearray, frame_start: int, end: int) -> AddFields | None:
+        """The checked fields of the request framed in buffer[frame_start:end] (its length prefix included, checked
+        too); None when it is not an ADD laid out this way or a field is out of range."""
+        match = _ADD_REQUEST_SHAPE.match(buffer, frame_start + 4, end)
+        if match is None:
             return None
-        ledger_id, key, recovery, writer_epoch = self._fixed_fields
-        header_ledger, header_entry, lac, _ = _ENTRY_HEADER.unpack_from(buffer, pos)
-        if header_ledger != ledger_id or header_entry != entry_id or not -1 <= lac <= _INT64_MAX:
+        pos = match.end()
+        if end - pos < _ENTRY_HEADER.size:
             return None
+        ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(buffer, pos)
+        if entry_id < 0 or lac < -1:
+            return None
+        txn, encoder, entry_size = match.group(1), self._encoder, end - pos
+        if ledger_id != encoder.ledger_id or not buffer.startswith(
+            encoder.frame_head(txn, entry_id, entry_size), frame_start
+        ):
+            encoder = self._encoder = AddRequestEncoder(
+                varint_value(match.group(2)), match.group(3), varint_value(match.group(5)), match.group(4) is not None
+            )
+            if ledger_id != encoder.ledger_id or not buffer.startswith(
+                encoder.frame_head(txn, entry_id, entry_size), frame_start
+            ):
+                return None
         with memoryview(buffer) as view:
             entry = bytes(view[pos:end])
-        return txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac
-
-    def _read_fixed(self, buffer: bytearray, start: int) -> int:
-        """Read and keep the fields at buffer[start:] that one writer repeats in every add; the position after them.
-        _OtherLayout when they are not there as expected."""
-        if buffer[start] != 0x08:
-            raise _OtherLayout
-        ledger_id, pos = _varint_at(buffer, start + 1)
-        if buffer[pos] != 0x1A or buffer[pos + 1] != MASTER_KEY_SIZE:
-            raise _OtherLayout
-        key = bytes(buffer[pos + 2 : pos + 2 + MASTER_KEY_SIZE])
-        pos += 2 + MASTER_KEY_SIZE
-        recovery = buffer.startswith(_RECOVERY_FLAG, pos)
-        if recovery:
-            pos += len(_RECOVERY_FLAG)
-        if not buffer.startswith(_WRITER_EPOCH_TAG, pos):
-            raise _OtherLayout
-        writer_epoch, pos = _varint_at(buffer, pos + len(_WRITER_EPOCH_TAG))
-        self._fixed = bytes(buffer[start:pos])
-        self._fixed_fields = ledger_id, key, recovery, writer_epoch
-        return pos
+        return txn, ledger_id, entry_id, encoder.master_key, entry, encoder.recovery, encoder.writer_epoch, lac

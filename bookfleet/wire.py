@@ -182,7 +182,7 @@ class Digester:
     def encode(
         self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
     ) -> bytes:
-        """The encoded entry, after `prefix` (bkwire.AddRequestPrefix's): the payload is copied once. The
+        """The encoded entry, after `prefix` (bkwire.AddRequestEncoder's frame head): the payload is copied once. The
         writer's per-add call, so a CRC32C digest is computed here rather than through `digest`."""
         header = ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
         if self._crc32c:
@@ -212,7 +212,7 @@ class DigestMismatch(ProtocolError):
 def encode_entry(
     digester: Digester, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, prefix: bytes = b""
 ) -> bytes:
-    """The encoded entry, after `prefix` (bkwire.AddRequestPrefix's): see Digester.encode."""
+    """The encoded entry, after `prefix` (bkwire.AddRequestEncoder's frame head): see Digester.encode."""
     return digester.encode(ledger_id, entry_id, lac, length, payload, prefix)
 
 

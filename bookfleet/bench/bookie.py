@@ -29,7 +29,7 @@ from bookfleet.bench.baseline import (
     same_run_baselines,
     tls_figures,
 )
-from bookfleet.client.connection import BookieClient
+from bookfleet.client.connection import BookieClient, next_txn
 from bookfleet.commanderror import CommandError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieProcess
 from bookfleet.meta import zk as zkclient
@@ -76,7 +76,7 @@ async def _load(
 ) -> dict:
     digester = wire.Digester(wire.DigestType.CRC32C)
     key = wire.master_key(b"bench")
-    requests = {ledger_id: bkwire.AddRequestPrefix(ledger_id, key, 0) for ledger_id in ledger_ids}
+    requests = {ledger_id: bkwire.AddRequestEncoder(ledger_id, key, 0) for ledger_id in ledger_ids}
     entry_size_encoded = wire.ENTRY_HEADER.size + digester.size + entry_size
     payload = os.urandom(entry_size)
     latencies = latency_samples()
@@ -91,9 +91,10 @@ async def _load(
         entry_id = next_ids[0]
         next_ids[0] += 1
         length = (entry_id + 1) * entry_size
-        prefix = requests[ledger_id].prefix(entry_id, entry_size_encoded)
-        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, length, payload, prefix)
-        client.add_entry_callback(body, acked, (clock(), client, ledger_id, next_ids))
+        txn = next_txn()
+        head = requests[ledger_id].frame_head(txn, entry_id, entry_size_encoded)
+        body = wire.encode_entry(digester, ledger_id, entry_id, entry_id - 1, length, payload, head)
+        client.add_entry_callback(body, txn, acked, (clock(), client, ledger_id, next_ids))
 
     def acked(sent: tuple[float, BookieClient, int, list[int]], error: BaseException | None) -> None:
         nonlocal open_slots

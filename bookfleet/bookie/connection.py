@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _checked_add_fields, _encode_add_acks = bkwire.checked_add_fields, bkwire.encode_v3_add_acks
+_LENGTH_SIZE, _MAX_FRAME_SIZE = wire.LENGTH_PREFIX.size, wire.MAX_FRAME_SIZE
 
 
 class _WaitingAdds:
@@ -38,8 +39,8 @@ class _WaitingAdds:
     __slots__ = ("adds", "size", "starts")
 
     def __init__(self) -> None:
-        self.adds: list[tuple[int, int, int]] = []
-        """(txnId, ledger id, entry id) of each add: what its answer, OK or a refusal, names."""
+        self.adds: list[tuple[bytes, int, int]] = []
+        """(txnId's varint, ledger id, entry id) of each add: what its answer, OK or a refusal, names."""
         self.starts: list[float] = []
         """When each add was received (perf_counter of the read that brought it)."""
         self.size = 0
@@ -179,6 +180,8 @@ class Connection(asyncio.Protocol):
         pos, end = 0, len(buffer)
         unpack_length, server = wire.LENGTH_PREFIX.unpack_from, self.server
         max_in_flight, max_pending = server.max_in_flight, server.limits.max_pending_response_bytes
+        read_add, admission = self._add_reader.read, server.admission
+        fast = type(self._session) is V3Session and self._fast_adds_allowed()
         partial = False
         self._admission_blocked = False  # decided again below
         self._received_at = time.perf_counter()
@@ -186,17 +189,28 @@ class Connection(asyncio.Protocol):
             while pos < end:
                 if self.in_flight >= max_in_flight or self._writing_paused or self._outgoing_bytes >= max_pending:
                     break  # the bound is reached, or answers wait for the client to take them
-                if end - pos < wire.LENGTH_PREFIX.size:
+                if end - pos < _LENGTH_SIZE:
                     partial = True
                     break
                 (length,) = unpack_length(buffer, pos)
-                if self._session is None and not self._choose_protocol(buffer, pos, end):
-                    partial = not self._rejected
-                    break
-                if not self._take(buffer, pos, end, length):
+                if self._session is None:
+                    if not self._choose_protocol(buffer, pos, end):
+                        partial = not self._rejected
+                        break
+                    fast = type(self._session) is V3Session and self._fast_adds_allowed()
+                frame_end = pos + _LENGTH_SIZE + length
+                if (  # the common case, a whole V3 add as bookfleet's client writes it, of an admitted ledger
+                    fast and frame_end <= end and length <= _MAX_FRAME_SIZE
+                    and (add := read_add(buffer, pos, frame_end)) is not None
+                    and (admission is None or admission.admitted(add[1]))
+                ):
+                    if not self._room_for_add(length):
+                        break
+                    self._fast_add(add)
+                elif not self._take(buffer, pos, end, length, fast):
                     partial = not self._rejected and not self._admission_blocked
                     break
-                pos += wire.LENGTH_PREFIX.size + length
+                pos = frame_end
             if self._rejected:
                 return
             del buffer[:pos]
@@ -225,11 +239,12 @@ class Connection(asyncio.Protocol):
         self._session = V2Session(self) if protocol == bkwire.Protocol.V2 else V3Session(self)
         return True
 
-    def _take(self, buffer: bytearray, pos: int, end: int, length: int) -> bool:
+    def _take(self, buffer: bytearray, pos: int, end: int, length: int, fast: bool) -> bool:
         """Decode and start the frame at buffer[pos:] (False: it is not whole yet, it waits for room for its add, or
-        it cannot be read and the connection is closed). An add counts toward the add-byte limits from the moment it
-        starts until it is answered. A V3 add that takes the fast path is read in place when laid out as bookfleet's
-        client writes it (bkwire.AddRequestReader), else decoded as any request."""
+        it cannot be read and the connection is closed), unless `_process` took it as an add laid out as bookfleet's
+        client writes it (bkwire.AddRequestReader). An add counts toward the add-byte limits from the moment it
+        starts until it is answered. With `fast`, a V3 add in another layout takes the fast path too when its fields
+        pass."""
         session = self._session
         if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
             self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
@@ -237,14 +252,6 @@ class Connection(asyncio.Protocol):
         start = pos + wire.LENGTH_PREFIX.size
         if end - start < length:
             return False
-        fast = type(session) is V3Session and self._fast_adds_allowed()
-        if fast:
-            add = self._add_reader.read(buffer, start, start + length)
-            if add is not None and self._admitted(add[1]):
-                if not self._room_for_add(length):
-                    return False
-                self._fast_add(add)
-                return True
         try:
             request = session.decode(bytes(buffer[start : start + length]))  # a copy: the buffer is never pinned
         except wire.ProtocolError as exc:
@@ -284,31 +291,31 @@ class Connection(asyncio.Protocol):
     def _fast_add(self, add: bkwire.AddFields) -> None:
         """Apply a checked V3 add at once and answer it with its group commit (the adds of one commit together)."""
         server = self.server
-        txn_id, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = add
+        txn, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = add
         try:
             synced = server.add_entry(entry, key, recovery, ledger_id, entry_id, lac, False, writer_epoch)
         except (Exception, asyncio.CancelledError) as exc:
-            self._refuse_add(txn_id, ledger_id, entry_id, exc)
+            self._refuse_add(txn, ledger_id, entry_id, exc)
             return
         self.in_flight += 1
         waiting = self._adds.get(synced)
         if waiting is None:
             waiting = self._adds[synced] = _WaitingAdds()
             synced.add_done_callback(self._adds_synced)
-        waiting.adds.append((txn_id, ledger_id, entry_id))
+        waiting.adds.append((txn, ledger_id, entry_id))
         waiting.starts.append(self._received_at)
         size = len(entry)
         waiting.size += size
         self.add_bytes += size
         server.add_bytes += size
 
-    def _refuse_add(self, txn_id: int, ledger_id: int, entry_id: int, error: BaseException) -> None:
+    def _refuse_add(self, txn: bytes, ledger_id: int, entry_id: int, error: BaseException) -> None:
         """Answer a fast-path add that storage refused (or whose commit failed) with the bookie's status."""
         status = status_of(error)
         if status == Status.INTERNAL_ERROR:
             log.error("ADD_ENTRY for ledger %d from %s failed: %s", ledger_id, self.peer, error)
         self.server.metrics.count_error(OperationType.ADD_ENTRY, status)
-        request = bkwire.add_request_of(txn_id, ledger_id, entry_id)
+        request = bkwire.add_request_of(txn, ledger_id, entry_id)
         self.send(self._session.refusal(request, status, str(error)))
 
     def pause_writing(self) -> None:

@@ -14,7 +14,6 @@ field), asked once per connection, so it holds for every caller, with or without
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -177,10 +176,23 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 """A plain int for the per-add work (an enum attribute costs a lookup each time)."""
-_request_head, _ok_add_ack_txn = bkwire.v3_request_head, bkwire.ok_add_ack_txn
+_request_head, _ok_add_answer_txn, _varint = bkwire.v3_request_head, bkwire.ok_add_answer_txn, bkwire.varint
+next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
+"""The next txnId, as its varint's bytes (as the wire carries it): one sequence for every connection of the process,
+so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
+keyed by these bytes, so an ack is matched without decoding its txnId."""
 _unpack_length, _LENGTH_SIZE = wire.LENGTH_PREFIX.unpack_from, wire.LENGTH_PREFIX.size
-_MAX_MESSAGE_SIZE = wire.MAX_FRAME_SIZE - 64
-"""The largest operation message sent: what the envelope (header, tag, lengths) leaves of a bookie's frame limit."""
+_MAX_FRAME_WITH_LENGTH = wire.MAX_FRAME_SIZE + _LENGTH_SIZE
+"""The largest request sent, its length prefix included: a bookie's frame limit."""
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """The callback behind `add_entry`'s future (a caller that gave up on it is left alone)."""
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 def _settle(waiter: _Waiter, error: BaseException) -> None:
@@ -198,8 +210,8 @@ class BookieClient:
         self.address = address
         self._transport = transport
         self._protocol = protocol
-        self._pending: dict[int, _Waiter] = {}
-        self._ids = itertools.count(1)
+        self._pending: dict[bytes, _Waiter] = {}
+        """Waiters by their request's txnId varint (`next_txn`)."""
         self._error: ConnectionError | None = None
         self.closed = False
         """Whether the connection failed or was closed. This and `backed_up` are plain attributes, not properties:
@@ -269,16 +281,23 @@ class BookieClient:
     ) -> tuple[int, int]:
         """Store an encoded entry (see wire.encode_entry); returns (ledger_id, entry_id) once it is durable. A bookie
         that knows a newer writer epoch of the ledger refuses it with FencedError (unless `recovery`)."""
-        request = bkwire.AddRequestPrefix(wire.entry_ids(entry)[0], master_key, writer_epoch, recovery)
-        answer = (await self._call(Op.ADD_ENTRY, request.message(entry))).addResponse
-        return answer.ledgerId, answer.entryId
+        ledger_id, entry_id, _ = wire.entry_ids(entry)
+        encoder = bkwire.AddRequestEncoder(ledger_id, master_key, writer_epoch, recovery)
+        txn = next_txn()
+        future = self._loop.create_future()
+        self.add_entry_callback(encoder.frame(txn, entry), txn, _resolve, future)
+        await self._answered(future)
+        return ledger_id, entry_id
 
-    def add_entry_callback(self, request: bytes, on_answer: AnswerCallback, arg: Any) -> None:
-        """ADD_ENTRY of `request`, an encoded AddRequest (bkwire.AddRequestPrefix's prefix + the encoded entry, built
-        once and shared by a whole write set, never copied here); `on_answer(arg, None)` once durable or
-        `on_answer(arg, error)`, called straight from the reader: no future, no callback object, no event-loop turn.
-        The ledger writer's hot path; ignores write backpressure."""
-        self._enqueue(_ADD_ENTRY, request, (on_answer, arg))
+    def add_entry_callback(self, frame: bytes, txn: bytes, on_answer: AnswerCallback, arg: Any) -> None:
+        """ADD_ENTRY of `frame`, a whole request frame whose header carries `txn` (`next_txn`'s): a
+        bkwire.AddRequestEncoder's frame head + the encoded entry, built once and shared by a whole write set, never
+        copied here; `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader:
+        no future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
+        if txn in self._pending:  # sent again on this connection before its first send was answered: a new txnId
+            txn = next_txn()
+            frame = bkwire.with_txn(frame, txn)
+        self._enqueue(frame, txn, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
@@ -380,30 +399,34 @@ class BookieClient:
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
-    def _enqueue(self, operation: int, message: bytes, waiter: _Waiter) -> None:
+    def _enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
         """Queue one request of `operation` carrying `message` (its operation's encoded message); `waiter` gets the
         Response or fails with BookieError or ConnectionError. A caller that gives up just drops its future: the late
         answer is ignored."""
         if self._error is not None:
             _settle(waiter, self._error)
             return
-        if len(message) > _MAX_MESSAGE_SIZE:  # the bookie would close the shared connection
-            text = f"{Op(operation).name} of {len(message)} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
+        if len(frame) > _MAX_FRAME_WITH_LENGTH:  # the bookie would close the shared connection
+            text = f"request of {len(frame) - _LENGTH_SIZE} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
             _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
             return
-        txn_id = next(self._ids)
-        self._pending[txn_id] = waiter
+        self._pending[txn] = waiter
         if not self._outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing += (_request_head(operation, txn_id, len(message)), message)
-        self._outgoing_bytes += len(message)
+        self._outgoing.append(frame)
+        self._outgoing_bytes += len(frame)
         if self._outgoing_bytes >= FLUSH_BYTES:
             self._flush()
 
     async def _call(self, operation: int, message: bytes):
         """The Response to one request, once its status is EOK."""
         future = self._loop.create_future()
-        self._enqueue(operation, message, future)
+        txn = next_txn()
+        self._enqueue(_request_head(operation, txn, len(message)) + message, txn, future)
+        return await self._answered(future)
+
+    async def _answered(self, future: asyncio.Future):
+        """A request's answer, once the socket's buffer is below its limit (callers respect backpressure)."""
         if not self._protocol.can_write.is_set():
             await self._protocol.can_write.wait()
         return await future
@@ -419,7 +442,7 @@ class BookieClient:
 
     def _take_answers(self, buffer: bytearray) -> None:
         """Hand every whole answer at the front of `buffer` to its waiter and take them off (a partial one stays).
-        An OK add answer of a callback add is recognized in place (bkwire.ok_add_ack_txn): no copy, no parse; any
+        An OK add answer of a callback add is recognized in place (bkwire.ok_add_answer_txn): no parse; any
         other answer is parsed whole. ProtocolError on a frame that cannot be an answer; those before it were
         handed over and are taken off."""
         pos, end, pending = 0, len(buffer), self._pending
@@ -432,9 +455,9 @@ class BookieClient:
                 if end - start < length:
                     return
                 pos = start + length
-                txn_id = _ok_add_ack_txn(buffer, start, pos)
-                if txn_id >= 0 and type(waiter := pending.get(txn_id)) is tuple:
-                    del pending[txn_id]
+                txn = _ok_add_answer_txn(buffer, start, pos)
+                if txn is not None and type(waiter := pending.get(txn)) is tuple:
+                    del pending[txn]
                     waiter[0](waiter[1], None)
                     continue
                 self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
@@ -443,7 +466,7 @@ class BookieClient:
 
     def _answer(self, response) -> None:
         """Resolve the waiter of one parsed answer: the Response, or the bookie's error."""
-        waiter = self._pending.pop(response.header.txnId, None)
+        waiter = self._pending.pop(_varint(response.header.txnId), None)
         if waiter is None:
             return  # the answer to a request its caller gave up on, or a stray txnId: nothing waits for it
         if response.status != StatusCode.EOK:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial, reduce
 
 from bookfleet import bkwire, wire
-from bookfleet.client.connection import WRITE_BUFFER_HIGH, FencedError
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, FencedError, next_txn
 from bookfleet.client.ensemblechange import EnsembleChange
 from bookfleet.client.errors import (
     EntryTooLargeError,
@@ -59,7 +59,10 @@ class _Add:
     entry_id: int
     length: int
     body: bytes
-    """The ADD_ENTRY body, master key + encoded entry: built once, sent unchanged to every bookie of the set."""
+    """The whole ADD_ENTRY request frame, the encoded entry in it: built once, sent unchanged to every bookie of the
+    set."""
+    txn: bytes
+    """The txnId in `body` (connection.next_txn's): unique on every connection, so the one frame serves them all."""
     on_done: AddCallback
     sent_at: float
     acks: int = 0
@@ -167,7 +170,7 @@ class LedgerWriter(EnsembleChange):
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY but stores the new segments only with the close, and writes no explicit LAC (closing
         makes the tail visible)."""
-        self._add_request = bkwire.AddRequestPrefix(ledger_id, self._master_key, self.writer_epoch, recovery)
+        self._add_request = bkwire.AddRequestEncoder(ledger_id, self._master_key, self.writer_epoch, recovery)
         """Each add's AddRequest before its entry: ledger, master key, writer epoch and recovery flag once."""
         self._entry_overhead = wire.ENTRY_HEADER.size + self._digester.size
         self._lease = lease
@@ -247,9 +250,10 @@ class LedgerWriter(EnsembleChange):
             return
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
-        prefix = self._add_request.prefix(entry_id, self._entry_overhead + len(payload))
-        body = self._digester.encode(self.ledger_id, entry_id, lac, length, payload, prefix)
-        add = _Add(entry_id, length, body, on_done, time.monotonic())
+        txn = next_txn()
+        head = self._add_request.frame_head(txn, entry_id, self._entry_overhead + len(payload))
+        body = self._digester.encode(self.ledger_id, entry_id, lac, length, payload, head)
+        add = _Add(entry_id, length, body, txn, on_done, time.monotonic())
         self._pending.append(add)
         for position in self._write_sets[entry_id % len(self._write_sets)]:
             self._send(add, position)
@@ -274,7 +278,7 @@ class LedgerWriter(EnsembleChange):
             self._backlogs[position] = collections.deque((add,))
             client.when_writable(partial(self._send_backlog, position, bookie))
         else:
-            client.add_entry_callback(add.body, self._answer_handlers[position], add)
+            client.add_entry_callback(add.body, add.txn, self._answer_handlers[position], add)
 
     def _send_backlog(self, position: int, bookie: str) -> None:
         """The socket to `bookie` drained: send it the adds that waited, up to WRITE_BUFFER_HIGH bytes per turn."""
@@ -289,7 +293,7 @@ class LedgerWriter(EnsembleChange):
         while backlog and budget > 0 and not client.backed_up:
             add = backlog.popleft()
             if add.owed & bit:
-                client.add_entry_callback(add.body, handler, add)
+                client.add_entry_callback(add.body, add.txn, handler, add)
                 budget -= len(add.body)
         if backlog:
             client.when_writable(partial(self._send_backlog, position, bookie))

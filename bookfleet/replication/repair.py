@@ -25,7 +25,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookfleet import bkwire, eventloop, wire
-from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, NoSuchLedgerOnBookieError
+from bookfleet.client.connection import (
+    BookieClient,
+    BookieError,
+    NoSuchEntryError,
+    NoSuchLedgerOnBookieError,
+    next_txn,
+)
 from bookfleet.replication.planner import FragmentPlan
 
 CHUNK_BYTES = 256 * 1024
@@ -197,7 +203,7 @@ class FragmentCopier:
         self.connections = connections
         self.bucket = bucket
         self.digester = wire.Digester(plan.digest_type, plan.password)
-        self.add_request = bkwire.AddRequestPrefix(
+        self.add_request = bkwire.AddRequestEncoder(
             plan.ledger_id, wire.master_key(plan.password), plan.writer_epoch, recovery=True
         )
         """Copies are recovery adds, accepted on a fenced ledger; their writer epoch keeps them from replacing a copy
@@ -321,7 +327,8 @@ class FragmentCopier:
         # callback adds, one future per chunk: a chunk is bounded (CHUNK_BYTES), so the socket buffer stays bounded
         acks = ChunkAcks(len(entries))
         for raw in entries:
-            client.add_entry_callback(self.add_request.message(raw), acks.answer, None)
+            txn = next_txn()
+            client.add_entry_callback(self.add_request.frame(txn, raw), txn, acks.answer, None)
         await acks.done
 
 

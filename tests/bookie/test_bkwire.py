@@ -3,6 +3,7 @@ from a connection's first byte, and every field checked before a processor reads
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -31,11 +32,10 @@ def test_the_first_byte_tells_the_protocol():
 
 
 def test_bookfleet_client_requests_are_v3_requests_a_stock_decoder_reads():
-    """The client's hand-laid add (AddRequestPrefix + v3_request_head) is the protobuf Request, writer epoch and
-    all; the bookie's hand-laid ack is the protobuf Response, recognized in place by the client."""
+    """The client's hand-laid add (AddRequestEncoder) is the protobuf Request, writer epoch and all; the bookie's
+    hand-laid ack is the protobuf Response, recognized in place by the client."""
     entry = bk_entry(7, 300, b"payload")
-    message = bkwire.AddRequestPrefix(7, MASTER_KEY, 2**40, recovery=True).message(entry)
-    frame = bkwire.v3_request_head(OperationType.ADD_ENTRY, 2**35, len(message)) + message
+    frame = bkwire.AddRequestEncoder(7, MASTER_KEY, 2**40, recovery=True).frame(bkwire.varint(2**35), entry)
     request = bkwire.decode_v3_request(body(frame))
     bkwire.check_v3_request(request)
     fields = request.fields
@@ -46,9 +46,9 @@ def test_bookfleet_client_requests_are_v3_requests_a_stock_decoder_reads():
     ack = bytearray(bkwire.encode_v3_add_ack(2**35, 7, 300))
     response = bkwire.decode_v3_response(body(bytes(ack)))
     assert (response.header.txnId, response.status, response.addResponse.entryId) == (2**35, StatusCode.EOK, 300)
-    assert bkwire.ok_add_ack_txn(ack, 4, len(ack)) == 2**35
+    assert bkwire.ok_add_answer_txn(ack, 4, len(ack)) == bkwire.varint(2**35)
     refusal = bytearray(bkwire.encode_v3(bkwire.v3_refusal(request, StatusCode.EFENCED, "fenced")))
-    assert bkwire.ok_add_ack_txn(refusal, 4, len(refusal)) == -1  # parsed whole, status and message read
+    assert bkwire.ok_add_answer_txn(refusal, 4, len(refusal)) is None  # parsed whole, status and message read
     assert bkwire.decode_v3_response(body(bytes(refusal))).errorMessage == "fenced"
 
 
@@ -214,20 +214,97 @@ def test_any_bytes_decode_or_refuse_cleanly(data):
             pass
 
 
+_INT64 = st.integers(0, 2**63 - 1) | st.sampled_from([0, 127, 128, 16383, 16384, 2**21, 2**28 - 1, 2**28])
 _ADD_FRAMES = st.builds(
     dict,
-    txn_id=st.integers(0, 2**63 - 1), ledger_id=st.integers(0, 2**63 - 1) | st.just(2**63),
+    txn_id=_INT64 | st.integers(2**63, 2**64 - 1), ledger_id=_INT64 | st.just(2**63),
     entry_id=st.integers(-1, 2**63 - 1), lac=st.integers(-2, 2**63 - 1),
-    writer_epoch=st.integers(0, 2**64 - 1), recovery=st.booleans(), header_ledger_delta=st.sampled_from([0, 0, 1]),
+    writer_epoch=_INT64 | st.integers(2**63, 2**64 - 1), recovery=st.booleans(),
+    header_ledger_delta=st.sampled_from([0, 0, 1]),
 )
 
 
 def _client_add_frame(txn_id, ledger_id, entry_id, lac, writer_epoch, recovery, header_ledger_delta) -> bytes:
-    """An add frame as bookfleet's client lays it out (fields out of range too: the prefix encodes any int)."""
-    header = bkwire.wire.ENTRY_HEADER.pack((ledger_id + header_ledger_delta) % 2**64, entry_id, lac, 7)
+    """An add frame as bookfleet's client lays it out (fields out of range too: the encoder encodes any int)."""
+    header = bkwire.wire.ENTRY_HEADER.pack((ledger_id + header_ledger_delta) % 2**64, entry_id % 2**63, lac, 7)
     entry = header + b"\x00" * 4 + b"payload"
-    message = bkwire.AddRequestPrefix(ledger_id, MASTER_KEY, writer_epoch, recovery).prefix(entry_id, len(entry))
-    return bkwire.v3_request_head(OperationType.ADD_ENTRY, txn_id, len(message) + len(entry)) + message + entry
+    encoder = bkwire.AddRequestEncoder(ledger_id, MASTER_KEY, writer_epoch, recovery)
+    return encoder.frame_head(bkwire.varint(txn_id), entry_id % 2**63, len(entry)) + entry
+
+
+@given(_ADD_FRAMES, st.binary(max_size=70000))
+def test_the_add_encoder_writes_what_protobuf_parses_as_the_same_request(fields, payload):
+    """The client's hand-laid add frame is what protobuf parses as the same Request, for any values (ids and epochs
+    at every varint length, entry id -1 too, a recovery flag or not, entries of any size), each field once: protobuf's
+    own bytes but for the order of the AddRequest's fields (the entry last, so that it is never copied)."""
+    entry = bkwire.wire.ENTRY_HEADER.pack(fields["ledger_id"], fields["entry_id"], 0, 7) + payload
+    encoder = bkwire.AddRequestEncoder(fields["ledger_id"], MASTER_KEY, fields["writer_epoch"], fields["recovery"])
+    request = bkprotocol.Request()
+    request.header.version, request.header.operation = 3, OperationType.ADD_ENTRY
+    request.header.txnId = fields["txn_id"]
+    add = request.addRequest
+    add.ledgerId, add.masterKey = fields["ledger_id"] - 2**64 * (fields["ledger_id"] >= 2**63), MASTER_KEY
+    if fields["recovery"]:
+        add.flag = bkprotocol.AddFlag.RECOVERY_ADD
+    add.writerEpoch, add.entryId, add.body = fields["writer_epoch"], fields["entry_id"], entry
+    txn = bkwire.varint(fields["txn_id"])
+    frame = encoder.frame(txn, entry)
+    assert bkwire.with_txn(encoder.frame(bkwire.varint(5), entry), txn) == frame
+    assert body(frame) != request.SerializeToString() and len(body(frame)) == request.ByteSize()
+    assert bkprotocol.Request.FromString(body(frame)) == request
+
+
+@given(st.lists(st.tuples(_INT64 | st.integers(2**63, 2**64 - 1), _INT64, _INT64), min_size=1, max_size=5))
+def test_the_bookie_acks_what_protobuf_serializes_and_the_client_reads_them_in_place(adds):
+    """A group commit's hand-laid acks are byte for byte protobuf's Responses, and the client's in-place reading
+    of each gives the txnId protobuf parses."""
+    acks = bkwire.encode_v3_add_acks([(bkwire.varint(txn), ledger_id, entry_id) for txn, ledger_id, entry_id in adds])
+    expected, pos = [], 0
+    for txn_id, ledger_id, entry_id in adds:
+        response = bkwire.v3_response(OperationType.ADD_ENTRY, txn_id, StatusCode.EOK)
+        response.addResponse.status, response.addResponse.ledgerId = StatusCode.EOK, ledger_id
+        response.addResponse.entryId = entry_id
+        expected.append(bkwire.encode_v3(response))
+        frame = expected[-1]
+        in_place = bkwire.ok_add_answer_txn(bytearray(acks), pos + 4, pos + len(frame))
+        assert in_place == bkwire.varint(txn_id)
+        pos += len(frame)
+    assert acks == b"".join(expected)
+
+
+_EXTRA_FIELDS = [  # a field more, as a stock or future bookie might send it: the header's priority, or bytes after
+    "priority",
+    b"\x80\x7d\x01",  # an unknown varint field (2000)
+    b"\x0a\x02\x18\x05",  # a second header, which protobuf merges: txnId 5
+    b"\xe2\x44\x01x",  # errorMessage "x"
+    b"\x10\x01",  # a second status, which protobuf takes: ENOLEDGER's 1
+]
+
+
+@given(_INT64, _INT64, _INT64, st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3),
+       st.integers(-3, 3), st.sampled_from([None, *_EXTRA_FIELDS]))
+def test_the_client_reads_an_ack_in_place_only_as_protobuf_parses_it(txn_id, ledger_id, entry_id, changes, resize,
+                                                                     extra):
+    """Whatever bytes an answer holds (a byte changed, cut short or longer, a field more, a duplicated message that
+    protobuf would merge), the client's in-place reading gives a txnId only for an OK ADD answer whose txnId protobuf
+    parses the same; anything else is left to the parse."""
+    ack = bytearray(body(bkwire.encode_v3_add_ack(txn_id, ledger_id, entry_id)))
+    if extra == "priority":
+        response = bkprotocol.Response.FromString(bytes(ack))
+        response.header.priority = 1
+        ack = bytearray(response.SerializeToString())
+    elif extra is not None:
+        ack += extra
+    for position, value in changes:
+        ack[position % len(ack)] = value
+    ack = ack[: len(ack) + resize] if resize < 0 else ack + bytes(resize)
+    txn = bkwire.ok_add_answer_txn(ack, 0, len(ack))
+    if txn is None:
+        return
+    response = bkwire.decode_v3_response(bytes(ack))
+    assert (response.header.txnId, response.status) == (bkwire.varint_value(txn), StatusCode.EOK)
+    assert response.header.operation == OperationType.ADD_ENTRY and response.HasField("addResponse")
+    assert not response.header.HasField("priority") and not response.errorMessage
 
 
 def _generic_add_fields(frame: bytes):
@@ -240,19 +317,53 @@ def _generic_add_fields(frame: bytes):
     return bkwire.checked_add_fields(request)
 
 
+def _by_value(fields):
+    """Add fields with the txnId as its value (the reader keeps its varint's bytes as they came)."""
+    return fields if fields is None else (bkwire.varint_value(fields[0]), *fields[1:])
+
+
 @given(_ADD_FRAMES, st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3),
-       st.integers(-3, 3), st.binary(max_size=3), st.binary(max_size=3))
-def test_the_in_place_add_reader_reads_what_the_generic_decoder_accepts(fields, changes, resize, before, after):
+       st.integers(-3, 3), st.binary(max_size=3), st.binary(max_size=3), st.booleans())
+def test_the_in_place_add_reader_reads_what_the_generic_decoder_accepts(fields, changes, resize, before, after, warm):
     """The bookie's fast path reads its client's adds in place, and whatever it reads out of any bytes (a field out of
-    range, a byte changed, a frame cut short or longer, its fixed fields cached from the frame before) is exactly
-    what the generic decoder decodes and its checks accept: nothing the generic path refuses gets past it."""
-    frame = body(_client_add_frame(**fields))
+    range, a byte changed, a frame cut short or longer, its writer's encoder kept from the frame before or not) is
+    exactly what the generic decoder decodes and its checks accept: nothing the generic path refuses gets past it."""
+    frame = _client_add_frame(**fields)
     reader = bkwire.AddRequestReader()
     unchanged = reader.read(bytearray(before + frame + after), len(before), len(before) + len(frame))
-    assert unchanged == _generic_add_fields(frame)  # the client's own layout: read in place whenever valid
+    assert unchanged == _generic_add_fields(body(frame))  # the client's own layout: read in place whenever valid
+    if not warm:
+        reader = bkwire.AddRequestReader()
     hostile = bytearray(frame)
     for position, value in changes:
-        hostile[position % len(hostile)] = value
+        hostile[4 + position % (len(hostile) - 4)] = value
     hostile = hostile[: len(hostile) + resize] if resize < 0 else hostile + bytes(resize)
+    hostile[:4] = struct.pack(">I", len(hostile) - 4)
     read = reader.read(bytearray(before) + hostile + after, len(before), len(before) + len(hostile))
-    assert read is None or read == _generic_add_fields(bytes(hostile))
+    assert read is None or _by_value(read) == _by_value(_generic_add_fields(bytes(hostile[4:])))
+
+
+@pytest.mark.parametrize("extra", [
+    b"\x80\x7d\x01",  # an unknown varint field (2000) after the body
+    b"\x22\x00",  # the body again: protobuf keeps the last one
+    b"\x10\x05",  # the entry id again
+])
+def test_an_add_with_a_field_more_goes_to_the_generic_decoder(extra):
+    """An add in the client's layout with one field more, which protobuf reads (skips, or lets override), is never
+    read in place: the generic decoder decides it."""
+    entry = bk_entry(7, 300, b"payload")
+    frame = bkwire.AddRequestEncoder(7, MASTER_KEY, 1).frame(bkwire.varint(9), entry)
+    request = bkprotocol.Request.FromString(frame[4:])
+    message = request.addRequest.SerializeToString() + extra
+    longer = bkwire.v3_request_head(OperationType.ADD_ENTRY, bkwire.varint(9), len(message)) + message
+    assert bkwire.AddRequestReader().read(bytearray(longer), 0, len(longer)) is None
+    reader = bkwire.AddRequestReader()
+    assert reader.read(bytearray(frame), 0, len(frame)) is not None  # warm: the writer's encoder kept
+    assert reader.read(bytearray(longer), 0, len(longer)) is None
+
+
+def test_txn_ids_are_distinct_canonical_varints():
+    """The client's txnIds: each a varint as protobuf writes it, none twice (their order means nothing)."""
+    ids = list(itertools.islice(bkwire.txn_ids(), 100_000))
+    values = [bkwire.varint_value(txn) for txn in ids]
+    assert len(set(values)) == len(ids) and all(bkwire.varint(v) == txn for v, txn in zip(values, ids, strict=True))

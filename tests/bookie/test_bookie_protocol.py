@@ -176,12 +176,12 @@ def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[l
 
 
 def client_laid_add(txn_id: int, entry: bytes, writer_epoch: int = 0, entry_id: int | None = None) -> bytes:
-    """An ADD frame as bookfleet's client lays it out (AddRequestPrefix, v3_request_head), its request's entry id
-    `entry_id` when given (else the entry header's)."""
+    """An ADD frame as bookfleet's client lays it out (AddRequestEncoder), its request's entry id `entry_id` when
+    given (else the entry header's)."""
     ledger_id, header_entry_id = wire.entry_ids(entry)[:2]
-    prefix = bkwire.AddRequestPrefix(ledger_id, MASTER_KEY, writer_epoch)
-    message = prefix.prefix(header_entry_id if entry_id is None else entry_id, len(entry)) + entry
-    return bkwire.v3_request_head(OperationType.ADD_ENTRY, txn_id, len(message)) + message
+    encoder = bkwire.AddRequestEncoder(ledger_id, MASTER_KEY, writer_epoch)
+    txn = bkwire.varint(txn_id)
+    return encoder.frame_head(txn, header_entry_id if entry_id is None else entry_id, len(entry)) + entry
 
 
 async def test_hostile_clients_only_lose_their_own_connection(bookie_fleet):

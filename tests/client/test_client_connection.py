@@ -10,7 +10,7 @@ import pytest
 
 from bookfleet import bkprotocol, bkwire, wire
 from bookfleet.bkprotocol import OperationType, StatusCode
-from bookfleet.client.connection import FLUSH_BYTES, BookieClient, FencedError, _ClientProtocol
+from bookfleet.client.connection import FLUSH_BYTES, BookieClient, FencedError, _ClientProtocol, next_txn
 
 
 class RecordingTransport:
@@ -47,17 +47,23 @@ async def test_a_turn_that_makes_many_requests_writes_them_as_they_pass_flush_by
     transport = RecordingTransport()
     client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
     entry = wire.encode_entry(wire.Digester("crc32c"), 3, 0, -1, 950, b"b" * 950)
-    message = bkwire.AddRequestPrefix(3, wire.master_key(b"pw"), 0).message(entry)
-    count = 3 * FLUSH_BYTES // len(message) + 5
-    for _ in range(count):
-        client.add_entry_callback(message, lambda arg, error: None, None)
-    per_write = -(-FLUSH_BYTES // len(message))  # the request whose message reaches FLUSH_BYTES goes with the others
+    encoder = bkwire.AddRequestEncoder(3, wire.master_key(b"pw"), 0)
+    frames = [(encoder.frame(txn, entry), txn) for txn in (next_txn() for _ in range(3 * FLUSH_BYTES // 1000 + 5))]
+    for frame, txn in frames:
+        client.add_entry_callback(frame, txn, lambda arg, error: None, None)
+    per_write = -(-FLUSH_BYTES // len(frames[0][0]))  # the request that reaches FLUSH_BYTES goes with the others
     assert [len(split_requests(w)) for w in transport.writes] == [per_write] * 3
     await asyncio.sleep(0)
     assert len(transport.writes) == 4
     requests = split_requests(b"".join(transport.writes))
-    assert [r.header.txnId for r in requests] == list(range(1, count + 1))
+    assert [bkwire.varint(r.header.txnId) for r in requests] == [txn for _, txn in frames]
     assert all(r.header.operation == OperationType.ADD_ENTRY and r.addRequest.body == entry for r in requests)
+
+
+def sent_txn_ids(client: BookieClient, transport: RecordingTransport) -> list[int]:
+    """The txnIds of the requests a client made, in order (every connection of a process draws from one sequence)."""
+    client._flush()
+    return [request.header.txnId for request in split_requests(b"".join(transport.writes))]
 
 
 def answer(txn_id: int, status: int = StatusCode.EOK, message: str = "") -> bytes:
@@ -69,24 +75,28 @@ def answer(txn_id: int, status: int = StatusCode.EOK, message: str = "") -> byte
 
 
 async def test_answers_are_matched_by_txn_id_and_a_partial_one_waits():
-    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    transport = RecordingTransport()
+    client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
     first, second = (asyncio.ensure_future(client.force_ledger(5)) for _ in range(2))
     await asyncio.sleep(0)
-    buffer = bytearray(answer(2, StatusCode.EFENCED, "FORCE_LEDGER for ledger 5: fenced") + answer(1)[:7])
+    first_txn, second_txn = sent_txn_ids(client, transport)
+    fenced = answer(second_txn, StatusCode.EFENCED, "FORCE_LEDGER for ledger 5: fenced")
+    buffer = bytearray(fenced + answer(first_txn)[:7])
     client._take_answers(buffer)
     with pytest.raises(FencedError, match="FORCE_LEDGER for ledger 5: fenced"):
         await second
-    assert not first.done() and buffer == answer(1)[:7]
-    buffer += answer(1)[7:]
+    assert not first.done() and buffer == answer(first_txn)[:7]
+    buffer += answer(first_txn)[7:]
     client._take_answers(buffer)
     assert await first is None and not buffer
 
 
 async def test_an_answer_without_a_message_names_its_status():
-    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    transport = RecordingTransport()
+    client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
     call = asyncio.ensure_future(client.force_ledger(5))
     await asyncio.sleep(0)
-    client._take_answers(bytearray(answer(1, StatusCode.EFENCED)))
+    client._take_answers(bytearray(answer(*sent_txn_ids(client, transport), StatusCode.EFENCED)))
     with pytest.raises(FencedError, match="EFENCED from a bookie that gave no message"):
         await call
 
@@ -97,10 +107,11 @@ async def test_an_answer_without_a_message_names_its_status():
     (wire.LENGTH_PREFIX.pack(2) + b"\x10\x00", "without a txnId"),
 ])
 async def test_answers_before_a_bad_one_are_handed_over_and_the_bad_one_named(bad, error):
-    client = BookieClient("bookie:1", RecordingTransport(), _ClientProtocol("bookie:1"))
+    transport = RecordingTransport()
+    client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
     good = asyncio.ensure_future(client.force_ledger(5))
     await asyncio.sleep(0)
-    buffer = bytearray(answer(1) + bad)
+    buffer = bytearray(answer(*sent_txn_ids(client, transport)) + bad)
     with pytest.raises(wire.ProtocolError, match=error):
         client._take_answers(buffer)
     assert await good is None

@@ -339,8 +339,8 @@ class ScriptedBookies:
         """Per bookie, its WRITE_LAC in flight: the test answers it (or fails it) by hand."""
 
     def connected(self, bookie: str) -> SimpleNamespace:
-        def add_entry_callback(request: bytes, on_answer: Callable, arg: object) -> None:
-            self._adds[bookie, bkprotocol.AddRequest.FromString(request).entryId] = on_answer, arg
+        def add_entry_callback(frame: bytes, txn: bytes, on_answer: Callable, arg: object) -> None:
+            self._adds[bookie, bkprotocol.Request.FromString(frame[4:]).addRequest.entryId] = on_answer, arg
 
         async def write_lac(master_key: bytes, ledger_id: int, lac: int) -> None:
             self.lac_writes[bookie] = asyncio.get_running_loop().create_future()
