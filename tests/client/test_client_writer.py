@@ -342,7 +342,7 @@ class ScriptedBookies:
         def add_entry_callback(frame: bytes, txn: bytes, on_answer: Callable, arg: object) -> None:
             self._adds[bookie, bkprotocol.Request.FromString(frame[4:]).addRequest.entryId] = on_answer, arg
 
-        async def write_lac(master_key: bytes, ledger_id: int, lac: int) -> None:
+        async def write_lac(master_key: bytes, ledger_id: int, lac: int, body: bytes = b"") -> None:
             self.lac_writes[bookie] = asyncio.get_running_loop().create_future()
             await self.lac_writes[bookie]
 
