@@ -156,6 +156,16 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return copy.deepcopy(merge_patched(target, patch))
 
 
+def with_owners_of(stored: dict, applied: dict) -> dict:
+    """`applied` with the stored object's owner references it does not name added (applied ones win by uid)."""
+    claimed = applied.get("metadata", {}).get("ownerReferences")
+    if claimed is None:
+        return applied
+    named = {ref["uid"] for ref in claimed}
+    kept = [ref for ref in stored["metadata"].get("ownerReferences") or [] if ref["uid"] not in named]
+    return {**applied, "metadata": {**applied["metadata"], "ownerReferences": [*kept, *claimed]}}
+
+
 def _pointer(path: str) -> list[str]:
     if not path.startswith("/"):
         raise _error(422, "Invalid", f"JSON-patch path {path!r} does not start with '/'")
@@ -456,13 +466,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 change = lambda obj: merge_patch(obj, patch)  # noqa: E731
             elif content_type == "application/apply-patch+yaml":
-                # Server-side apply, approximated: creates a missing object, else merges (lists replaced whole); no
-                # field ownership, so a field dropped from the applied object is not removed.
+                # Server-side apply, approximated: creates a missing object, else merges (lists replaced whole but
+                # ownerReferences, merged by uid as the real one does, so owners claiming a shared object each keep
+                # theirs); no field ownership, so a field dropped from the applied object is not removed.
                 if not params.get("fieldManager"):
                     raise _error(422, "Invalid", "server-side apply needs a fieldManager")
                 if self._key(rtype, namespace, name) not in self.objects:
                     return _json(self.create(rtype, namespace, patch), status=201)
-                change = lambda obj: merge_patch(obj, patch)  # noqa: E731
+                change = lambda obj: merge_patch(obj, with_owners_of(obj, patch))  # noqa: E731
             else:
                 raise _error(415, "UnsupportedMediaType", f"patch content type {content_type!r} is not supported")
             return _json(self.update(rtype, namespace, name, change, request.subresource))

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
+from bookfleet.kube.api import FIELD_MANAGER
 from bookfleet.kube.context import OperatorContext, patch_status
 
 Sources = TypeVar("Sources")
@@ -47,6 +48,23 @@ class Apply:
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         ctx.api.apply(self.manifest)
+
+
+@dataclass(frozen=True)
+class ApplyShared:
+    """Server-side apply of an object several owners share (a namespace's repair account, which each cluster naming
+    it applies), then `claim` (resources.owner_claim) under the owner's own field manager unless the object names that
+    owner already: every owner's reference stays, and the garbage collector deletes the object with the last one. A
+    pass that finds it claimed makes one request, as Apply does."""
+
+    manifest: dict[str, Any]
+    claim: dict[str, Any]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        applied = ctx.api.apply(self.manifest)
+        (owner,) = self.claim["metadata"]["ownerReferences"]
+        if all(ref.get("uid") != owner["uid"] for ref in applied["metadata"].get("ownerReferences") or []):
+            ctx.api.apply(self.claim, manager=f"{FIELD_MANAGER}/{owner['uid']}")
 
 
 @dataclass(frozen=True)
