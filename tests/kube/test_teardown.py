@@ -15,6 +15,7 @@ from bookfleet.kube import resources, teardown
 from bookfleet.kube.api import PLURALS, KubeApi
 from bookfleet.kube.models import Bookie, BookieCluster
 from tests.emulator import EmulatorThread
+from tests.operatorbench import teardown as teardown_bench
 
 NS = "default"
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +91,12 @@ def test_the_ledgers_are_read_a_page_at_a_time_and_never_listed_again(kube):
     assert sorted(o["metadata"]["name"] for o in kube.list("ledgers", NS)) == sorted(
         ["other-ledger", *(f"bk-{number:05}" for number in range(0, 1_200, 3))])
     assert kube.get("bookieclusters", NS, "bk")["metadata"]["finalizers"] == ["example.com/held"]
+
+
+def test_the_uninstall_hook_deletes_every_ledger_of_its_cluster_on_a_real_api_server_within_its_limits(api_server):
+    """`bookfleet bench operator --teardown` at a test's scale: the hook's command, run as its Job runs it, against
+    kube-apiserver with 300 Ledgers an older operator left finalized; its peak RSS within the Job's memory limit."""
+    report = teardown_bench.measure(api_server, 300)
+    assert report["hook_said"] == f"BookieCluster {teardown_bench.CLUSTER}, its Bookies and its Ledgers deleted"
+    assert report["ledgers_left"] == 0 and report["other_clusters_ledgers_kept"]
+    assert report["within_hook_limits"], report
