@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,9 +29,8 @@ import yaml
 from bookfleet.bench.baseline import cpu_loop
 from bookfleet.kube import resources, teardown
 from bookfleet.kube.api import CUSTOM, KubeApi
-from bookfleet.zkserver import free_port
 from tests.cluster import __main__ as cluster_main
-from tests.cluster import controlplane, pki
+from tests.cluster import controlplane
 from tests.fixtures.apiserver import install_crds
 from tests.fixtures.manifests import CHART, render_chart
 
@@ -52,15 +50,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     binaries = cluster_main.build()
     baseline = {"cpu_loop_before": cpu_loop(), "load_average_1m_before": round(os.getloadavg()[0], 1)}
-    with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
-        state = Path(tmp)
-        keys = pki.create(state / "pki", ["127.0.0.1"], ["localhost"])
-        plane = controlplane.ControlPlane(binaries, state, keys, "127.0.0.1", port=free_port())
-        try:
-            plane.start()
-            result = measure(plane, args.ledgers)
-        finally:
-            plane.stop()
+    with controlplane.on_loopback(binaries, "bench-teardown-") as plane:
+        result = measure(plane, args.ledgers)
     baseline.update(cpu_loop_after=cpu_loop(), load_average_1m_after=round(os.getloadavg()[0], 1))
     print(json.dumps({"bench": "operator", "scenario": "teardown", **result, "baseline": baseline},
                      indent=None if args.json else 2))
