@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from bookfleet.kube import clusters, repairs, resources
-from bookfleet.kube.actions import Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.actions import Apply, ApplyShared, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
 from bookfleet.kube.api import CUSTOM, FIELD_MANAGER, KubeApi
 from bookfleet.kube.bookies import LaunchRepair
 from bookfleet.kube.context import OperatorContext, patch_status
@@ -241,3 +241,28 @@ def test_a_repair_account_shared_by_two_clusters_goes_with_the_last_of_them(api_
              "the first cluster's references dropped by the garbage collector, the account kept", interval=0.5)
     recorder.delete(CUSTOM, "bookieclusters", "default", "second")
     wait_for(lambda: owners() == {None}, 60, "the repair account deleted with the last cluster", interval=0.5)
+
+
+class StoringApi(RecordingApi):
+    """Also answers server-side applies as for objects stored with `labels`, recording each one's field manager."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    def apply(self, manifest: dict, manager: str = FIELD_MANAGER) -> dict:
+        self.calls.append(("apply", manager))
+        metadata = manifest["metadata"]
+        return {**manifest, "metadata": {**metadata, "labels": {**self.labels, **(metadata.get("labels") or {})}}}
+
+
+@pytest.mark.parametrize(("labels", "claimed"), [({}, True), ({resources.LABEL_MANAGED_BY: "bookfleet-operator"}, True),
+                                                 ({resources.LABEL_MANAGED_BY: "Helm"}, False)])
+def test_a_shared_object_another_tool_manages_is_left_to_it(labels, claimed) -> None:
+    """The chart makes the repair account of its own release (labelled managed-by Helm): a cluster naming it never
+    becomes one of its owners, or the garbage collector would delete Helm's objects with the last cluster."""
+    api = StoringApi(labels)
+    cluster = BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns", "uid": "u"},
+                                            "spec": {"zookeeper": "zk:2181"}})
+    act(OperatorContext(api), {}, [a for a in clusters.apply_owned_objects(cluster) if isinstance(a, ApplyShared)])  # type: ignore[arg-type]
+    assert api.calls == [("apply", FIELD_MANAGER), *([("apply", f"{FIELD_MANAGER}/u")] if claimed else [])] * 3
