@@ -618,9 +618,10 @@ def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() ->
     command = pod["containers"][0]["command"]
     args = build_parser().parse_args(command[1:])
     assert (args.name, args.namespace, args.timeout) == (cluster["metadata"]["name"], "storage", 120)
-    # It ends by itself, not by the deadline: 100,000 Ledgers' deletes at ~1.6 ms of CPU each, then the wait.
+    # It ends by itself, not by the deadline: 100,000 Ledgers' deletes at ~2.4 ms of CPU each (bench operator
+    # --teardown on a real API server), then the wait.
     assert pod["containers"][0]["resources"]["limits"]["cpu"] == "1"
-    assert hook["spec"]["activeDeadlineSeconds"] > args.timeout + 100_000 * 0.0016
+    assert hook["spec"]["activeDeadlineSeconds"] > args.timeout + 100_000 * 0.0024
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert not selector.items() <= hook["spec"]["template"]["metadata"]["labels"].items()  # not an operator replica
     assert all(o["kind"] != "Job" for o in render_chart({}))  # no cluster from the chart, nothing to delete
