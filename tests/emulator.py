@@ -156,6 +156,16 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return copy.deepcopy(merge_patched(target, patch))
 
 
+def with_owners_of(stored: dict, applied: dict) -> dict:
+    """`applied` with the stored object's owner references it does not name added (applied ones win by uid)."""
+    claimed = applied.get("metadata", {}).get("ownerReferences")
+    if claimed is None:
+        return applied
+    named = {ref["uid"] for ref in claimed}
+    kept = [ref for ref in stored["metadata"].get("ownerReferences") or [] if ref["uid"] not in named]
+    return {**applied, "metadata": {**applied["metadata"], "ownerReferences": [*kept, *claimed]}}
+
+
 def _pointer(path: str) -> list[str]:
     if not path.startswith("/"):
         raise _error(422, "Invalid", f"JSON-patch path {path!r} does not start with '/'")
@@ -245,6 +255,12 @@ class KubeEmulator(kmock.KubernetesScaffold):
             ))
 
     # -- state changes (all callers hold the event loop; none of these await) --
+
+    def compact(self) -> None:
+        """Forget every version before the current one, as etcd's compaction (every 5 minutes under kube-apiserver)
+        does: a watch from before gets 410 Gone, a list's continue token from before 410 Expired."""
+        self.history.clear()
+        self.forgotten_version = self.version
 
     def _record(self, rtype: ResourceType, kind: str, obj: dict) -> None:
         self.history.append((self.version, (rtype.group, rtype.plural), {"type": kind, "object": copy.deepcopy(obj)}))
@@ -430,7 +446,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
             self.list_requests[rtype.plural] += 1
             if as_table:
                 return _json(self._table(rtype, items))
-            items, more = _page(items, int(params.get("limit") or 0), params.get("continue", ""))
+            after = params.get("continue", "")
+            if after and json.loads(after)[2] < self.forgotten_version:  # compacted: the rest from now, as etcd does
+                fresh = json.dumps([*json.loads(after)[:2], self.version])
+                return _json({"apiVersion": "v1", "kind": "Status", "metadata": {"continue": fresh}, "code": 410,
+                              "status": "Failure", "reason": "Expired",
+                              "message": "The provided continue parameter is too old to display a consistent list"
+                                         " result."}, status=410)
+            items, more = _page(items, int(params.get("limit") or 0), after, self.version)
             return _json({"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List",
                           "metadata": {"resourceVersion": str(self.version)} | ({"continue": more} if more else {}),
                           "items": items})
@@ -456,13 +479,14 @@ class KubeEmulator(kmock.KubernetesScaffold):
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 change = lambda obj: merge_patch(obj, patch)  # noqa: E731
             elif content_type == "application/apply-patch+yaml":
-                # Server-side apply, approximated: creates a missing object, else merges (lists replaced whole); no
-                # field ownership, so a field dropped from the applied object is not removed.
+                # Server-side apply, approximated: creates a missing object, else merges (lists replaced whole but
+                # ownerReferences, merged by uid as the real one does, so owners claiming a shared object each keep
+                # theirs); no field ownership, so a field dropped from the applied object is not removed.
                 if not params.get("fieldManager"):
                     raise _error(422, "Invalid", "server-side apply needs a fieldManager")
                 if self._key(rtype, namespace, name) not in self.objects:
                     return _json(self.create(rtype, namespace, patch), status=201)
-                change = lambda obj: merge_patch(obj, patch)  # noqa: E731
+                change = lambda obj: merge_patch(obj, with_owners_of(obj, patch))  # noqa: E731
             else:
                 raise _error(415, "UnsupportedMediaType", f"patch content type {content_type!r} is not supported")
             return _json(self.update(rtype, namespace, name, change, request.subresource))
@@ -581,19 +605,19 @@ def _age(seconds: float) -> str:
     return f"{max(int(seconds), 0)}s"
 
 
-def _page(items: list[dict], limit: int, after: str) -> tuple[list[dict], str]:
+def _page(items: list[dict], limit: int, after: str, version: int) -> tuple[list[dict], str]:
     """A LIST's page as the API server pages it (`limit`, `continue`): the items after the continue token, ordered
-    by (namespace, name), and the token of the next page ("" on the last)."""
+    by (namespace, name), and the token of the next page ("" on the last), which names the list's `version`."""
     if not limit and not after:
         return items, ""
     ordered = sorted(items, key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
     if after:
-        last = tuple(json.loads(after))
+        last = tuple(json.loads(after)[:2])
         ordered = [obj for obj in ordered if (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) > last]
     if not limit or len(ordered) <= limit:
         return ordered, ""
     page = ordered[:limit]
-    return page, json.dumps([page[-1]["metadata"].get("namespace", ""), page[-1]["metadata"]["name"]])
+    return page, json.dumps([page[-1]["metadata"].get("namespace", ""), page[-1]["metadata"]["name"], version])
 
 
 def _mark_deleted(obj: dict) -> dict:

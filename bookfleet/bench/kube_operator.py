@@ -1,7 +1,7 @@
 """`bookfleet bench operator`: the operator's reaction times and memory, on the Kubernetes API emulator; with
 `--node-failure`, a bookie's node failing on the local Kubernetes cluster; with `--zone-loss`, a whole zone of it cut
 off and returned (`--partition`: partitioned off, a writer inside it, and healed); with `--scale`, the operator over
-a fleet of simulated nodes (kwok).
+a fleet of simulated nodes (kwok); with `--teardown`, the chart's uninstall hook deleting that many Ledgers.
 
 A development command: what the benchmark runs on (the emulator, the local cluster, kwok) is test tooling, so the
 benchmark is too and stays out of the wheel (tests/operatorbench/). This module declares and checks its options,
@@ -46,8 +46,13 @@ def register(subparsers) -> None:
     parser.add_argument("--scale", action="store_true",
                         help="instead: the operator over --bookies bookies and --ledgers Ledgers on the local control"
                              " plane with kwok nodes (needs Go; builds kwok the first time)")
+    parser.add_argument("--teardown", action="store_true",
+                        help="instead: the chart's uninstall hook (bookfleet delete-cluster) deleting --ledgers Ledgers"
+                             " on the local control plane (needs Go): its seconds, CPU and peak RSS against the hook's"
+                             " limits")
     parser.add_argument("--bookies", type=int, default=100, help="--scale: bookies (default 100)")
-    parser.add_argument("--ledgers", type=int, default=10000, help="--scale: Ledger resources (default 10000)")
+    parser.add_argument("--ledgers", type=int, default=10000,
+                        help="--scale, --teardown: Ledger resources (default 10000)")
     parser.add_argument("--window", type=float, default=60.0, help="--scale: seconds of each measuring window")
     parser.add_argument("--settle", type=float, default=30.0,
                         help="--scale: seconds between every Ledger reconciled and the steady window (default 30)")
@@ -68,6 +73,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CommandError("--partition is a variant of --zone-loss: pass both")
     if args.scale and (args.bookies < 3 or args.ledgers < 1 or args.window <= 0):
         raise CommandError("--bookies must be >= 3, --ledgers >= 1, --window > 0")
+    if args.teardown and args.ledgers < 1:
+        raise CommandError("--ledgers must be >= 1")
     if not (CHECKOUT / HARNESS.replace(".", "/") / "__main__.py").is_file():
         raise CommandError("bench operator is a development command: it runs tests/operatorbench of a source "
                            "checkout (pip install -e '.[dev]' there)")

@@ -16,7 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
+from bookfleet.kube.api import FIELD_MANAGER
 from bookfleet.kube.context import OperatorContext, patch_status
+from bookfleet.kube.resources.names import LABEL_MANAGED_BY
 
 Sources = TypeVar("Sources")
 Result = TypeVar("Result")
@@ -47,6 +49,27 @@ class Apply:
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         ctx.api.apply(self.manifest)
+
+
+@dataclass(frozen=True)
+class ApplyShared:
+    """Server-side apply of an object several owners share (a namespace's repair account, which each cluster naming
+    it applies), then `claim` (resources.owner_claim) under the owner's own field manager unless the object names that
+    owner already: every owner's reference stays, and the garbage collector deletes the object with the last one. A
+    pass that finds it claimed makes one request, as Apply does. An object another tool says it manages (its
+    app.kubernetes.io/managed-by label: the chart's repair account is Helm's) is never claimed: it goes with that
+    tool's release, not with the clusters."""
+
+    manifest: dict[str, Any]
+    claim: dict[str, Any]
+
+    def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
+        applied = ctx.api.apply(self.manifest)
+        metadata = applied["metadata"]
+        (owner,) = self.claim["metadata"]["ownerReferences"]
+        others = (metadata.get("labels") or {}).get(LABEL_MANAGED_BY, FIELD_MANAGER) != FIELD_MANAGER
+        if not others and all(ref.get("uid") != owner["uid"] for ref in metadata.get("ownerReferences") or []):
+            ctx.api.apply(self.claim, manager=f"{FIELD_MANAGER}/{owner['uid']}")
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,17 @@ def load_config(kubeconfig: str | None) -> None:
     kubernetes.client.Configuration.set_default(config)
 
 
+def expired_list_continuation(exc: ApiException) -> str:
+    """The continue token a 410 Expired answer to a paged LIST carries for the rest of the list; "" if none."""
+    if exc.status != 410:
+        return ""
+    try:
+        status = json.loads(exc.body or "")
+    except ValueError:
+        return ""
+    return status.get("metadata", {}).get("continue", "") if isinstance(status, dict) else ""
+
+
 class WatchStream:
     """One watch request's events, read as they come; `close()`, from any thread, ends it at once (an informer
     that stops does not wait out the request)."""
@@ -183,10 +194,20 @@ class KubeApi:
 
     def pages(self, api_version: str, plural: str, namespace: str | None, selector: str = "") -> Iterator[list[dict]]:
         """A LIST page by page (500 objects each): a caller that handles each page as it comes never holds the whole
-        collection (100,000 Ledgers)."""
+        collection (100,000 Ledgers). A list that outlives etcd's compaction of its snapshot (kube-apiserver compacts
+        every 5 minutes; a caller slow between pages, such as the uninstall hook deleting each page, meets it) goes
+        on with the continue token the 410 Expired answer carries: the rest of the list from a newer snapshot, so an
+        object changed meanwhile may be seen or not, which a caller that takes each object once as it comes allows."""
         token = ""
         while True:
-            page = self.list_page(api_version, plural, namespace, selector, token)
+            try:
+                page = self.list_page(api_version, plural, namespace, selector, token)
+            except ApiException as exc:
+                renewed = expired_list_continuation(exc) if token else ""
+                if not renewed:
+                    raise
+                token = renewed
+                continue
             yield page.get("items", [])
             if not (token := page["metadata"].get("continue", "")):
                 return

@@ -37,6 +37,7 @@ from bookfleet.kube import autoscaler, certificates, metrics, repairs, resources
 from bookfleet.kube.actions import (
     Action,
     Apply,
+    ApplyShared,
     Decision,
     Delete,
     Ensure,
@@ -505,10 +506,13 @@ def fleet_health(observed: ObservedCluster, cluster: BookieCluster, rollout: Rol
 
 def apply_owned_objects(cluster: BookieCluster) -> list[Action]:
     """Server-side apply of everything the cluster owns whole: Service, disruption budget, network policies, the
-    repair account and executor template. Upgrades and spec changes reach them, drift is undone; applying what is
-    already there writes nothing. NetworkPolicies switched off are deleted (a no-op once gone)."""
-    owned = resources.cluster_objects(cluster) + resources.repair_namespace_objects(cluster)
+    executor template, and the repair account it shares with the namespace's other clusters naming it (each one of
+    its owners). Upgrades and spec changes reach them, drift is undone; applying what is already there writes
+    nothing. NetworkPolicies switched off are deleted (a no-op once gone)."""
+    owned = [*resources.cluster_objects(cluster), resources.executor_template(cluster)]
     actions: list[Action] = [Apply(manifest) for manifest in owned]
+    actions += [ApplyShared(manifest, resources.owner_claim(manifest, cluster))
+                for manifest in resources.repair_account_objects(cluster)]
     if not cluster.spec.network_policy.enabled:
         actions += [Delete(m["apiVersion"], "networkpolicies", m["metadata"]["namespace"], m["metadata"]["name"])
                     for m in resources.network_policies(cluster)]

@@ -8,7 +8,10 @@ import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,3 +165,18 @@ class ControlPlane:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
         self.processes.clear()
+
+
+@contextmanager
+def on_loopback(binaries: Path, prefix: str) -> Iterator[ControlPlane]:
+    """A started control plane on 127.0.0.1 in a temporary directory (`prefix`), stopped and removed afterwards:
+    the benchmarks' (tests/operatorbench)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        state = Path(tmp)
+        keys = pki_module.create(state / "pki", ["127.0.0.1"], ["localhost"])
+        plane = ControlPlane(binaries, state, keys, "127.0.0.1", port=free_port())
+        try:
+            plane.start()
+            yield plane
+        finally:
+            plane.stop()

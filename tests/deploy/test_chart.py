@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -18,7 +21,7 @@ from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
 from bookfleet.kube import crdgen, metrics, resources
 from bookfleet.kube.api import PLURALS
-from bookfleet.kube.models import RESOURCES, BookieCluster, cluster_problems
+from bookfleet.kube.models import RESOURCES, Bookie, BookieCluster, cluster_problems
 from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, VALIDATING_ADMISSION_POLICY, operator_objects, render_chart
 
@@ -59,7 +62,7 @@ def test_every_rendered_object_is_valid(rendered) -> None:
     expected |= {"NetworkPolicy", "KopfPeering", "PodDisruptionBudget"}
     expected |= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     if name == "all-optional":
-        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap", "Job"}
+        expected |= {"StatefulSet", "Service", "BookieCluster", "ConfigMap", "Job", "Pod"}
         expected |= PROMETHEUS_OPERATOR_KINDS
     assert kinds == expected
     for obj in objects:
@@ -380,7 +383,11 @@ def test_client_certificates_reach_the_chart_cluster() -> None:
     values = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"},
               "security": {"clientCertificates": ["billing"]}}
     (cluster,) = by_kind(render_chart(values), "BookieCluster")
-    assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
+    assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing", "helm-test"]
+    for without_test in ({"test": {"clientCertificate": ""}}, {"security": {"tls": "Disabled"}}):
+        (cluster,) = by_kind(render_chart(values | {"security": values["security"] | without_test.get("security", {}),
+                                                    "test": without_test.get("test", {})}), "BookieCluster")
+        assert BookieCluster.model_validate(cluster).spec.security.client_certificates == ["billing"]
 
 
 def test_a_zookeeper_tls_secret_reaches_the_chart_cluster_only_for_a_zookeeper_of_its_own() -> None:
@@ -611,9 +618,10 @@ def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() ->
     command = pod["containers"][0]["command"]
     args = build_parser().parse_args(command[1:])
     assert (args.name, args.namespace, args.timeout) == (cluster["metadata"]["name"], "storage", 120)
-    # It ends by itself, not by the deadline: 100,000 Ledgers' deletes at ~1.6 ms of CPU each, then the wait.
+    # It ends by itself, not by the deadline: 100,000 Ledgers' deletes at ~2.4 ms of CPU each (bench operator
+    # --teardown on a real API server), then the wait.
     assert pod["containers"][0]["resources"]["limits"]["cpu"] == "1"
-    assert hook["spec"]["activeDeadlineSeconds"] > args.timeout + 100_000 * 0.0016
+    assert hook["spec"]["activeDeadlineSeconds"] > args.timeout + 100_000 * 0.0024
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert not selector.items() <= hook["spec"]["template"]["metadata"]["labels"].items()  # not an operator replica
     assert all(o["kind"] != "Job" for o in render_chart({}))  # no cluster from the chart, nothing to delete
@@ -629,3 +637,70 @@ def test_the_uninstall_hook_runs_where_the_operator_may_run() -> None:
         (hook,) = by_kind(render_chart(values), "Job")
         pod = hook["spec"]["template"]["spec"]
         assert {key: pod[key] for key in system if key in pod} == expected
+
+
+CHART_CLUSTER = {"bookieCluster": {"enabled": True, "zookeeper": "zk:2181"}}
+
+
+def stored_cluster_and_bookie_pod(objects: list[dict[str, Any]]) -> tuple[BookieCluster, dict[str, Any]]:
+    """The chart's BookieCluster as stored (a uid), and the pod the operator builds for its first bookie."""
+    (manifest,) = by_kind(objects, "BookieCluster")
+    cluster = BookieCluster.model_validate({**manifest, "metadata": {**manifest["metadata"], "uid": "c"}})
+    bookie = resources.bookies_for_cluster(cluster)[0]
+    bookie["metadata"]["uid"] = "b"
+    return cluster, resources.bookie_pod(cluster, Bookie.model_validate(bookie))
+
+
+def test_helm_test_is_a_client_of_the_chart_cluster_as_the_operator_builds_clients() -> None:
+    """`helm test`'s pod: a hook of kind test, labelled as a client (the NetworkPolicies admit it), the ZooKeeper
+    credential and TLS directory a client of the cluster gets (resources.security_env), the client certificate the
+    cluster keeps issued for it; ZooKeeper's TLS Secret mounted where bookies have it. No chart cluster: no test."""
+    for values in (CHART_CLUSTER, {**CHART_CLUSTER, "security": {"zookeeperTlsSecret": "zk-client"}}):
+        objects = render_chart(values)
+        (pod,) = by_kind(objects, "Pod")
+        cluster, bookie = stored_cluster_and_bookie_pod(objects)
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert pod["metadata"]["labels"][resources.CLIENT_LABEL] == "true"
+        assert pod["metadata"]["namespace"] == cluster.metadata.namespace
+        (container,) = pod["spec"]["containers"]
+        assert container["env"] == [{"name": "BOOKFLEET_ZK", "value": cluster.spec.zookeeper},
+                                    *resources.security_env(cluster, with_tls_dir=True)]
+        secret = resources.client_secret_name(cluster.metadata.name, "helm-test")
+        assert "helm-test" in cluster.spec.security.client_certificates
+        assert resources.tls_volume(secret) in pod["spec"]["volumes"]
+        assert resources.tls_mount() in container["volumeMounts"]
+        zookeeper_tls = [m for m in bookie["spec"]["containers"][0]["volumeMounts"]
+                         if m["mountPath"] == resources.ZK_TLS_DIR]
+        assert [m for m in container["volumeMounts"] if m["mountPath"] == resources.ZK_TLS_DIR] == zookeeper_tls
+    (pod,) = by_kind(render_chart({**CHART_CLUSTER, "security": {"tls": "Disabled"}}), "Pod")
+    assert "BOOKFLEET_TLS_DIR" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert by_kind(render_chart({}), "Pod") == []
+
+
+def test_the_helm_test_client_certificate_restarts_no_bookie() -> None:
+    """An upgrade to a chart with `helm test` adds its client certificate to the cluster's spec: nothing a bookie
+    runs changes, so no bookie is rolled for it."""
+    def bookie_digest(values: dict[str, Any]) -> str:
+        _, bookie = stored_cluster_and_bookie_pod(render_chart(values))
+        return bookie["metadata"]["annotations"][resources.ANNOTATION_CONFIG_HASH]
+
+    assert bookie_digest(CHART_CLUSTER) == bookie_digest({**CHART_CLUSTER, "test": {"clientCertificate": ""}})
+
+
+def test_the_helm_test_script_passes_against_a_running_fleet(zk_connect, bookie_fleet) -> None:
+    """The pod's script itself, run here against three bookies (plain TCP: the TLS wiring is checked above): it writes
+    through every bookie of a 3-bookie ensemble, reads the entry back and leaves no ledger behind; with a bookie
+    gone it fails."""
+    (pod,) = by_kind(render_chart(CHART_CLUSTER), "Pod")
+    command = pod["spec"]["containers"][0]["command"]
+    env = {**os.environ, "BOOKFLEET_ZK": zk_connect, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    bookies = bookie_fleet.start(3)
+    passed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert passed.returncode == 0, passed.stderr
+    assert re.search(r"^ledger (\d+): written to 3 bookies, read back\ndeleted ledger \1$", passed.stdout, re.M)
+    listed = subprocess.run([sys.executable, "-m", "bookfleet", "ledger", "list", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(listed.stdout) == []
+    bookies[0].kill9()
+    failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from bookfleet.kube import clusters, metrics, repairs, resources
-from bookfleet.kube.actions import Apply, Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.actions import Apply, ApplyShared, Delete, Ensure, Patch, PatchStatus, PostEvent
 from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
 from bookfleet.kube.models import Bookie, BookieCluster
 from tests.fixtures.models import bookie_cluster
@@ -358,7 +358,8 @@ def test_claim_owners_follow_whenDeleted():
 
 
 def applied(actions: list) -> dict[tuple[str, str], dict]:
-    return {(a.manifest["kind"], a.manifest["metadata"]["name"]): a.manifest for a in of_type(actions, Apply)}
+    return {(a.manifest["kind"], a.manifest["metadata"]["name"]): a.manifest
+            for a in [*of_type(actions, Apply), *of_type(actions, ApplyShared)]}
 
 
 def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_builds_them():
@@ -377,6 +378,19 @@ def test_every_pass_applies_the_objects_the_cluster_owns_as_the_current_spec_bui
     assert {p["port"] for p in owned[("Service", "bk-bookies")]["spec"]["ports"]} == {3181, 8080}
     assert owned[("PodDisruptionBudget", "bk-bookies")]["spec"]["minAvailable"] == 1
     assert owned[("Role", "bookfleet-repair")]["rules"] == resources.REPAIR_RULES
+
+
+def test_the_repair_account_is_shared_each_cluster_one_of_its_owners_and_none_its_controller():
+    """Clusters of a namespace name the same repair account: each claims it as an owner, so the account goes with
+    the last of them (tests/kube/test_operator_actions.py on a real API server) and none of them owns it alone."""
+    cluster = bookie_cluster()
+    shared = of_type(decide(cluster, up(0), up(1), up(2)), ApplyShared)
+    assert [(a.manifest["kind"], a.manifest["metadata"]["name"]) for a in shared] == [
+        ("ServiceAccount", "bookfleet-repair"), ("Role", "bookfleet-repair"), ("RoleBinding", "bookfleet-repair")]
+    for action in shared:
+        assert "ownerReferences" not in action.manifest["metadata"]
+        (owner,) = action.claim["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("BookieCluster", cluster.metadata.uid, False)
 
 
 def test_network_policies_switched_off_are_not_applied_and_the_operators_own_are_deleted():

@@ -10,12 +10,13 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Apply, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
-from bookfleet.kube.api import CUSTOM, KubeApi
+from bookfleet.kube import clusters, repairs, resources
+from bookfleet.kube.actions import Apply, ApplyShared, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.api import CUSTOM, FIELD_MANAGER, KubeApi
 from bookfleet.kube.bookies import LaunchRepair
 from bookfleet.kube.context import OperatorContext, patch_status
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
 
 
@@ -193,3 +194,75 @@ def test_apply_brings_an_object_an_older_operator_made_up_to_date(kube):
     live = api.get("v1", "services", "default", "bk-bookies")
     assert [p["port"] for p in live["spec"]["ports"]] == [3181, 8080]
     assert api.get("policy/v1", "poddisruptionbudgets", "default", "bk-bookies")["spec"]["minAvailable"] == 2
+
+
+class ApplyRecorder:
+    """A KubeApi whose server-side applies are recorded as (kind, field manager)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api, self.applies = api, []
+
+    def apply(self, manifest: dict, manager: str = FIELD_MANAGER) -> dict:
+        self.applies.append((manifest["kind"], manager))
+        return self.api.apply(manifest, manager)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+
+def test_a_repair_account_shared_by_two_clusters_goes_with_the_last_of_them(api_server):
+    """The repair ServiceAccount, Role and RoleBinding each cluster of a namespace applies: each cluster is one of their
+    owners, so on a real API server the garbage collector keeps them while one cluster is left and deletes them with
+    the last (they outlived every cluster before). A pass that finds them claimed applies each once."""
+    recorder = ApplyRecorder(install_crds(api_server))
+    account = [("serviceaccounts", "v1"), ("roles", "rbac.authorization.k8s.io/v1"),
+               ("rolebindings", "rbac.authorization.k8s.io/v1")]
+    uids = {}
+    for name in ("first", "second"):
+        body = recorder.create({"apiVersion": "bookfleet.io/v1alpha1", "kind": "BookieCluster",
+                                "metadata": {"name": name, "namespace": "default"}, "spec": {"zookeeper": "zk:2181"}})
+        uids[name] = body["metadata"]["uid"]
+        act(OperatorContext(recorder), body, clusters.apply_owned_objects(BookieCluster.model_validate(body)))
+
+    def owners() -> set[tuple[str, ...] | None]:
+        """The owners' names of each object of the account (None: deleted), as a set: one member when all agree."""
+        found = [recorder.get(version, plural, "default", "bookfleet-repair") for plural, version in account]
+        return {None if obj is None else tuple(sorted(o["name"] for o in obj["metadata"].get("ownerReferences", [])))
+                for obj in found}
+
+    assert owners() == {("first", "second")}
+    recorder.applies.clear()
+    second = recorder.get(CUSTOM, "bookieclusters", "default", "second")
+    act(OperatorContext(recorder), second, clusters.apply_owned_objects(BookieCluster.model_validate(second)))
+    assert f"{FIELD_MANAGER}/{uids['second']}" not in {manager for _, manager in recorder.applies}
+
+    recorder.delete(CUSTOM, "bookieclusters", "default", "first")
+    wait_for(lambda: owners() == {("second",)}, 60,
+             "the first cluster's references dropped by the garbage collector, the account kept", interval=0.5)
+    recorder.delete(CUSTOM, "bookieclusters", "default", "second")
+    wait_for(lambda: owners() == {None}, 60, "the repair account deleted with the last cluster", interval=0.5)
+
+
+class StoringApi(RecordingApi):
+    """Also answers server-side applies as for objects stored with `labels`, recording each one's field manager."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    def apply(self, manifest: dict, manager: str = FIELD_MANAGER) -> dict:
+        self.calls.append(("apply", manager))
+        metadata = manifest["metadata"]
+        return {**manifest, "metadata": {**metadata, "labels": {**self.labels, **(metadata.get("labels") or {})}}}
+
+
+@pytest.mark.parametrize(("labels", "claimed"), [({}, True), ({resources.LABEL_MANAGED_BY: "bookfleet-operator"}, True),
+                                                 ({resources.LABEL_MANAGED_BY: "Helm"}, False)])
+def test_a_shared_object_another_tool_manages_is_left_to_it(labels, claimed) -> None:
+    """The chart makes the repair account of its own release (labelled managed-by Helm): a cluster naming it never
+    becomes one of its owners, or the garbage collector would delete Helm's objects with the last cluster."""
+    api = StoringApi(labels)
+    cluster = BookieCluster.model_validate({"metadata": {"name": "bk", "namespace": "ns", "uid": "u"},
+                                            "spec": {"zookeeper": "zk:2181"}})
+    act(OperatorContext(api), {}, [a for a in clusters.apply_owned_objects(cluster) if isinstance(a, ApplyShared)])  # type: ignore[arg-type]
+    assert api.calls == [("apply", FIELD_MANAGER), *([("apply", f"{FIELD_MANAGER}/u")] if claimed else [])] * 3

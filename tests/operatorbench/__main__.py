@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from tests.operatorbench import emulated, localcluster, scale
+from tests.operatorbench import emulated, localcluster, scale, teardown
 
 
 def main(argv: list[str]) -> int:
@@ -15,6 +15,8 @@ def main(argv: list[str]) -> int:
     args = argparse.Namespace(**json.loads(options))
     if args.scale:
         return scale.run(args)
+    if args.teardown:
+        return teardown.run(args)
     if args.node_failure:
         return localcluster.node_failure(args)
     if args.zone_loss:

@@ -53,7 +53,7 @@ from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.zkserver import ZooKeeperServer, four_letter_word, free_port
 from tests.cluster import __main__ as cluster_main
-from tests.cluster import controlplane, pki
+from tests.cluster import controlplane
 from tests.operatorbench import zookeeper
 
 NS = "default"
@@ -89,22 +89,16 @@ def run(args: argparse.Namespace) -> int:
     kwok = Path(subprocess.run([str(ROOT / "scripts" / "build-kwok.sh")], check=True, stdout=subprocess.PIPE,
                                text=True).stdout.strip().splitlines()[-1])
     baseline = {"cpu_loop_before": cpu_loop()}
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        state = Path(tmp)
-        keys = pki.create(state / "pki", ["127.0.0.1"], ["localhost"])
-        plane = controlplane.ControlPlane(binaries, state, keys, "127.0.0.1", port=free_port())
-        try:
-            plane.start()
-            with _process(state, "kwok", [str(kwok), "--kubeconfig", str(plane.kubeconfig), "--manage-all-nodes",
-                                          "--config", str(kwok.parent / "stages.yaml"),
-                                          "--cidr", "10.128.0.0/10",
-                                          # a lease renewed every 2 s: the controllers' 20 s grace outlasts kwok's
-                                          # lag on a loaded machine (nodes had gone NotReady, their bookies lost)
-                                          "--node-lease-duration-seconds", "8"]), \
-                    ZooKeeperServer(state / "zk") as zk_server:
-                result = Scale(args, plane, zk_server, state).measure()
-        finally:
-            plane.stop()
+    with controlplane.on_loopback(binaries, "bench-scale-") as plane:
+        state = plane.state
+        with _process(state, "kwok", [str(kwok), "--kubeconfig", str(plane.kubeconfig), "--manage-all-nodes",
+                                      "--config", str(kwok.parent / "stages.yaml"),
+                                      "--cidr", "10.128.0.0/10",
+                                      # a lease renewed every 2 s: the controllers' 20 s grace outlasts kwok's
+                                      # lag on a loaded machine (nodes had gone NotReady, their bookies lost)
+                                      "--node-lease-duration-seconds", "8"]), \
+                ZooKeeperServer(state / "zk") as zk_server:
+            result = Scale(args, plane, zk_server, state).measure()
     baseline["cpu_loop_after"] = cpu_loop()
     report = {"bench": "operator", "scenario": "scale", **result, "baseline": baseline,
               "targets_at_1000_bookies_100000_ledgers": TARGETS}

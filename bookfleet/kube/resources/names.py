@@ -193,6 +193,16 @@ def owned_by(manifest: dict[str, Any], owner: CustomResource | Mapping[str, Any]
     return manifest
 
 
+def owner_claim(manifest: dict[str, Any], owner: CustomResource | Mapping[str, Any]) -> dict[str, Any]:
+    """The server-side apply that adds `owner` to the owners of `manifest`, an object several owners share: applied
+    under a field manager of that owner's own, it leaves the others' references be (ownerReferences merge by uid), and
+    the garbage collector deletes the object once none of its owners is left."""
+    meta = manifest["metadata"]
+    return {"apiVersion": manifest["apiVersion"], "kind": manifest["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                         "ownerReferences": [owner_reference(owner, controller=False)]}}
+
+
 def object_metadata(name: str, namespace: str, object_labels: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": object_labels}
 

@@ -370,30 +370,43 @@ def _spark_pod(overrides: PodOverrides, pod_labels: dict[str, str], spec: dict[s
     return spark_pod
 
 
+REPAIR_OBJECT_LABELS = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
+
+
 def repair_namespace_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
-    """What the cluster's repair Jobs need in its namespace: Spark's driver account (ServiceAccount, Role and
-    RoleBinding, limited to the namespace and to REPAIR_RULES) and the executor pod template."""
+    """What the cluster's repair Jobs need in its namespace: its executor pod template and Spark's driver account."""
+    return [executor_template(cluster), *repair_account_objects(cluster)]
+
+
+def executor_template(cluster: BookieCluster) -> dict[str, Any]:
+    """The ConfigMap of the executor pod template, the cluster's own (named by its content, owned by the cluster)."""
+    return owned_by({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_metadata(executor_template_name(cluster), cluster.metadata.namespace, REPAIR_OBJECT_LABELS),
+        "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text(cluster)},
+    }, cluster)
+
+
+def repair_account_objects(cluster: BookieCluster) -> list[dict[str, Any]]:
+    """Spark's driver account (ServiceAccount, Role and RoleBinding, limited to the namespace and to REPAIR_RULES).
+    Every cluster of the namespace that names the same account shares these objects, so none of them is their
+    controller: each adds itself to their owners (`owner_claim`) and they go with the last."""
     namespace, service_account = cluster.metadata.namespace, cluster.spec.auto_recovery.repair.service_account_name
-    meta = {LABEL_NAME: APP, LABEL_COMPONENT: REPAIR}
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
     return [
-        owned_by({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": object_metadata(executor_template_name(cluster), namespace, meta),
-            "data": {EXECUTOR_TEMPLATE_FILE: _executor_template_text(cluster)},
-        }, cluster),
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_metadata(service_account, namespace, meta)},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": object_metadata(service_account, namespace, REPAIR_OBJECT_LABELS)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": object_metadata(service_account, namespace, meta),
+            "metadata": object_metadata(service_account, namespace, REPAIR_OBJECT_LABELS),
             "rules": REPAIR_RULES,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": object_metadata(service_account, namespace, meta),
+            "metadata": object_metadata(service_account, namespace, REPAIR_OBJECT_LABELS),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service_account},
             "subjects": [subject],
         },

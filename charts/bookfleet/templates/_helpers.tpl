@@ -76,6 +76,21 @@ bookfleet-zk-auth
 {{- printf "%s.%s.svc:2181" $name .Release.Namespace -}}
 {{- end -}}
 
+{{/* ZooKeeper of the chart's BookieCluster: bookieCluster.zookeeper, else the chart's ensemble. */}}
+{{- define "bookfleet.clusterZookeeper" -}}
+{{- .Values.bookieCluster.zookeeper | default (include "bookfleet.zookeeperConnect" .) -}}
+{{- end -}}
+
+{{/* The chart's BookieCluster's client certificates (a YAML list): security.clientCertificates and, with TLS,
+the one `helm test` presents. */}}
+{{- define "bookfleet.clientCertificates" -}}
+{{- $names := .Values.security.clientCertificates -}}
+{{- if and (ne .Values.security.tls "Disabled") .Values.test.clientCertificate -}}
+{{- $names = append $names .Values.test.clientCertificate | uniq -}}
+{{- end -}}
+{{- toYaml $names -}}
+{{- end -}}
+
 {{/* NetworkPolicy peers of the fleet: its own pods (bookies, operator, repair drivers and executors) and pods
 labelled `bookfleet.io/client: "true"` (bookfleet.kube.resources.CLIENT_LABEL, which the operator's bookie policies
 allow too), in the release namespace and in the watched one, and networkPolicy.clients (the chart's BookieCluster
