@@ -133,7 +133,8 @@ class LedgerCollector:
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rejoined.wait(), self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._rejoined.wait()
             if self._rejoined.is_set():
                 log.info("garbage collection: rejoined ZooKeeper on a new session, collecting now")
                 self._rejoined.clear()

@@ -93,7 +93,8 @@ class EnsembleChange:
                     break
                 retry = self.settings.replacement_retry if self._ack_quorum_reachable() else QUORUM_LOST_RETRY
                 with contextlib.suppress(TimeoutError):  # look again after a while, or at once when another fails
-                    await asyncio.wait_for(self._wake_replacer.wait(), retry)
+                    async with asyncio.timeout(retry):
+                        await self._wake_replacer.wait()
         except LedgerWriteError as exc:
             self._fail(exc)
         except Exception as exc:
@@ -139,7 +140,8 @@ class EnsembleChange:
         kept for the give-up's message: why a bookie seen back did not take its place)."""
         try:
             client = await self._pool.get(bookie)
-            space = await asyncio.wait_for(client.bookie_info(), PROBE_TIMEOUT)
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                space = await client.bookie_info()
         except (ConnectionError, BookieError, TimeoutError) as exc:
             self._probes[bookie] = f"{type(exc).__name__}: {exc}"[:120]
             return False

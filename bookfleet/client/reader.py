@@ -220,7 +220,8 @@ async def read_entry(
         bookie = bookies[position]
         try:
             client = await pool.get(bookie)
-            answer = await asyncio.wait_for(client.read_entry(ledger_id, entry_id, fence_key), timeout)
+            async with asyncio.timeout(timeout):
+                answer = await client.read_entry(ledger_id, entry_id, fence_key)
             entry = wire.decode_entry(digester, answer)
         except (NoSuchEntryError, NoSuchLedgerOnBookieError) as exc:
             missing += 1

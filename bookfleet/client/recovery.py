@@ -169,7 +169,8 @@ async def _verified_lac(
     if last < 0:
         return wire.INVALID_ENTRY_ID
     try:
-        answer = await asyncio.wait_for(client.read_entry(ledger_id, last, master_key), READ_TIMEOUT)
+        async with asyncio.timeout(READ_TIMEOUT):
+            answer = await client.read_entry(ledger_id, last, master_key)
         entry = wire.decode_entry(digester, answer)
     except (BookieError, ConnectionError, wire.ProtocolError, TimeoutError) as exc:
         log.warning(

@@ -98,14 +98,15 @@ async def check_replica(
     coverage: Coverage,
     slots: asyncio.Semaphore,
 ) -> tuple[int, int]:
-    """(entries expected, entries absent or corrupt) for one bookie of one fragment."""
+    """(entries expected, entries absent or corrupt) for one bookie of one fragment, within CHECK_TIMEOUT."""
     fragment = unit.fragment
     expected = entries_to_check(ReplicaRange.of_plan(fragment, position), coverage, unit.skip)
     if not expected:
         return 0, 0
-    client = await connections.get(fragment.bookies[position])  # no address or no answer: an error, never absent
-    async with slots:
-        copies = await read_copies(client, fragment.ledger_id, expected, whole_range=coverage.scope is Scope.ALL)
+    async with asyncio.timeout(CHECK_TIMEOUT):
+        client = await connections.get(fragment.bookies[position])  # no address or no answer: an error, never absent
+        async with slots:
+            copies = await read_copies(client, fragment.ledger_id, expected, whole_range=coverage.scope is Scope.ALL)
     short = [e for e in expected if verdict(copies.get(e), fragment.ledger_id, e, digester) is not Reply.HAS]
     return len(expected), len(short)
 
@@ -119,8 +120,7 @@ async def audit_unit(
     digester = wire.Digester(fragment.digest_type, fragment.password)
     positions = range(fragment.ensemble_size)
     checks = await asyncio.gather(
-        *(asyncio.wait_for(check_replica(unit, p, connections, digester, coverage, slots), CHECK_TIMEOUT)
-          for p in positions),
+        *(check_replica(unit, p, connections, digester, coverage, slots) for p in positions),
         return_exceptions=True,
     )
     for position, outcome in zip(positions, checks, strict=True):
