@@ -244,10 +244,10 @@ class BookieClient:
             server_name = tlsconfig.bookie_host(bookie_id) if bookie_id else host
             ssl_options = {"ssl": tls.context, "server_hostname": server_name}
         try:
-            transport, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(address, tls is not None), host, port, **ssl_options),
-                timeout,
-            )
+            async with asyncio.timeout(timeout):  # not wait_for, which on 3.11 can drop a cancel (design.md)
+                transport, protocol = await loop.create_connection(
+                    lambda: _ClientProtocol(address, tls is not None), host, port, **ssl_options
+                )
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"cannot connect to bookie {address}: {exc or 'timed out'}") from None
         if tls is not None:
