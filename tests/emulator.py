@@ -29,7 +29,7 @@ import attrs
 import kmock
 import yaml
 
-from bookfleet.kube.context import merge_patched
+from bookfleet.kube.runtime.context import merge_patched
 
 HISTORY_LIMIT = 50_000
 """Watch events kept for resumption; older resourceVersions get 410 Gone (the client re-lists)."""

@@ -1,5 +1,5 @@
 """`bookfleet delete-cluster NAME`: delete a BookieCluster, its Bookies and its Ledgers, and wait until they are gone,
-never for ever (the Helm chart's pre-delete hook; see bookfleet.kube.teardown)."""
+never for ever (the Helm chart's pre-delete hook; see bookfleet.kube.reconcilers.teardown)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--timeout must not be negative, got {args.timeout}")
     if args.kubeconfig and not os.path.exists(args.kubeconfig):
         raise CommandError(f"--kubeconfig {args.kubeconfig} does not exist")
-    from bookfleet.kube import api, teardown
+    from bookfleet.kube.reconcilers import teardown
+    from bookfleet.kube.runtime import api
 
     api.load_config(args.kubeconfig)
     outcome = teardown.delete_cluster(api.KubeApi(), args.namespace, args.name, args.timeout)

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BOOKFLEET_OPERATOR_APPLY_CRDS"] = "1" if args.apply_crds else ""
     import kopf
 
-    from bookfleet.kube import metrics  # the operator extra's packages: imported only when the operator runs
+    from bookfleet.kube.runtime import metrics  # the operator extra's packages: imported only when the operator runs
 
     importlib.import_module("bookfleet.kube.handlers")  # registers the handlers with the settings above
     if args.metrics_port is not None:

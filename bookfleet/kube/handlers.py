@@ -4,10 +4,10 @@ Level-based throughout: loops and passes re-derive everything from Kubernetes an
 restarted operator resumes where the previous one stopped. So no object carries a finalizer of the operator's: there
 is no work one would guard, and a finalizer outlives the operator that should release it (a namespace deletion or an
 Argo CD prune removes the operator with its objects, which then stay Terminating for ever). A loop ends when kopf
-stops it or when the informers see its object gone (kube.wakeups). Bookies, their pods and claims, BookieClusters
-and repair Jobs are read from kube.informers' caches (indexed there by bookie id, cluster and lost bookie), which
-also wake the loops that depend on them. Ledgers have no timer and no finalizer: kube.ledgerfeed wakes each one when
-something it mirrors changed.
+stops it or when the informers see its object gone (kube.runtime.wakeups). Bookies, their pods and claims,
+BookieClusters and repair Jobs are read from kube.caches (indexed there by bookie id, cluster and lost bookie), which
+also wake the loops that depend on them. Ledgers have no timer and no finalizer: kube.runtime.ledgerfeed wakes each one
+when something it mirrors changed.
 """
 
 from __future__ import annotations
@@ -23,29 +23,22 @@ from typing import Any
 import kopf
 import kubernetes
 
-from bookfleet.kube import (
-    api,
-    bookies,
-    clusters,
-    crdgen,
-    informers,
-    ledgerfeed,
-    ledgers,
-    metrics,
-    teardown,
-    wakeups,
-)
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
+from bookfleet.kube import crdgen
+from bookfleet.kube.caches import Caches
 from bookfleet.kube.models import GROUP, VERSION, validated_cluster
+from bookfleet.kube.reconcilers import bookies, clusters, ledgers, teardown
+from bookfleet.kube.runtime import api, ledgerfeed, metrics, wakeups
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
 
 INTERVAL = float(os.environ.get("BOOKFLEET_OPERATOR_INTERVAL", "10"))
 """Seconds between reconciliations of each resource (set by `bookfleet operator --interval`)."""
 API_QPS = float(os.environ.get("BOOKFLEET_OPERATOR_API_QPS", "50"))
 API_BURST = int(os.environ.get("BOOKFLEET_OPERATOR_API_BURST", "100"))
-"""The operator's client-side rate limit on its API requests (`--api-qps`, `--api-burst`; kube.api.RateLimiter)."""
+"""The operator's client-side rate limit on its API requests (`--api-qps`, `--api-burst`;
+kube.runtime.api.RateLimiter)."""
 EVENT_WINDOW = 6 * INTERVAL
 """Seconds over which a bookie loss's Ledger Events (under-replicated, repair launched and done, healed) are counted
-into one Event per reason on their BookieCluster (kube.context.EventTally)."""
+into one Event per reason on their BookieCluster (kube.runtime.context.EventTally)."""
 KUBECONFIG = os.environ.get("BOOKFLEET_KUBECONFIG") or None
 ZK_OVERRIDE = os.environ.get("BOOKFLEET_OPERATOR_ZK") or None
 APPLY_CRDS = bool(os.environ.get("BOOKFLEET_OPERATOR_APPLY_CRDS"))
@@ -57,8 +50,9 @@ BOOKIE_RESYNC = float(os.environ.get("BOOKFLEET_BOOKIE_RESYNC", str(30 * INTERVA
 LEDGER_RESYNC = float(os.environ.get("BOOKFLEET_LEDGER_RESYNC", str(60 * INTERVAL)))
 """Seconds between the resyncs of each cluster's Ledgers (what no watch covers); Ledgers otherwise wait on changes."""
 CLUSTER_THREADS = 8
-"""Threads of each BookieCluster's pool, where its cluster's and its Bookies' passes run (kube.wakeups.ClusterPools):
-a pass mostly waits on the API or ZooKeeper, and a cluster's blocked passes hold only these."""
+"""Threads of each BookieCluster's pool, where its cluster's and its Bookies' passes run
+(kube.runtime.wakeups.ClusterPools): a pass mostly waits on the API or ZooKeeper, and a cluster's blocked passes hold
+only these."""
 
 _context: OperatorContext | None = None
 WAKEUPS = wakeups.Wakeups()
@@ -98,7 +92,7 @@ def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
-    """A loop stopped during a pass left it running (kube.wakeups): it ends before what it uses is closed."""
+    """A loop stopped during a pass left it running (kube.runtime.wakeups): it ends before what it uses is closed."""
     await WAKEUPS.passes_ended(timeout=INTERVAL)
     await asyncio.to_thread(_close)
 
@@ -165,15 +159,15 @@ def apply_crds(**_: Any) -> None:
 
 @kopf.on.startup()
 async def start_caches(**_: Any) -> None:
-    """Listed then watched from here on, whether this replica acts or not (kube.informers)."""
+    """Listed then watched from here on, whether this replica acts or not (kube.caches)."""
     global _caches
     api.load_config(KUBECONFIG)
-    _caches = informers.Caches(context().api, NAMESPACES, asyncio.get_running_loop(), WAKEUPS, FEED.wake_repair,
+    _caches = Caches(context().api, NAMESPACES, asyncio.get_running_loop(), WAKEUPS, FEED.wake_repair,
                                _ledger_changed)
     _caches.start()
 
 
-def caches() -> informers.Caches:
+def caches() -> Caches:
     assert _caches is not None, "started with the operator"
     return _caches
 
@@ -182,7 +176,7 @@ def _cluster(namespace: str, name: str) -> dict | None:
     return caches().clusters.get(namespace, name)
 
 
-_caches: informers.Caches | None = None
+_caches: Caches | None = None
 
 
 @_without_finalizer
@@ -230,8 +224,8 @@ def stop_ledger_feed(**_: Any) -> None:
 
 
 def _ledger_changed(body: dict, deleted: bool) -> None:
-    """Ledgers are watched (kube.informers), not timed: a new Ledger or a new spec wakes its pass (kube.ledgerfeed);
-    no finalizer. A deleted Ledger leaves the feed."""
+    """Ledgers are watched (kube.caches), not timed: a new Ledger or a new spec wakes its pass
+    (kube.runtime.ledgerfeed); no finalizer. A deleted Ledger leaves the feed."""
     cluster = (body.get("spec") or {}).get("cluster", "")
     if not deleted and (target := _zookeeper_of(body["metadata"]["namespace"], cluster)):
         with contextlib.suppress(ZooKeeperUnavailable):  # its passes ask again

@@ -25,8 +25,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube import repairs, resources
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie
+from bookfleet.kube.reconcilers import repairs
 from bookfleet.meta import zk
 from bookfleet.meta.metadata import LedgerState, MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication

@@ -20,8 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from bookfleet.kube import repairs, resources
-from bookfleet.kube.clusters import ANNOTATION_RELEASED
+from bookfleet.kube import resources
+from bookfleet.kube.reconcilers import repairs
+from bookfleet.kube.reconcilers.clusters import ANNOTATION_RELEASED
 from bookfleet.kube.resources import quantity_bytes
 from bookfleet.meta import zk, zkpaths
 from bookfleet.polling import wait_for

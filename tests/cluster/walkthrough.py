@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bookfleet.kube import resources
-from bookfleet.kube.certificates import CA_PRIVATE_KEY
 from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.reconcilers.certificates import CA_PRIVATE_KEY
 from bookfleet.polling import wait_for
 from bookfleet.security.certs import CertificateAuthority
 from bookfleet.security.roles import Role

@@ -19,9 +19,10 @@ import pytest
 
 from bookfleet.bookie.http import BookieMetrics
 from bookfleet.cli import build_parser, main
-from bookfleet.kube import crdgen, metrics, resources
-from bookfleet.kube.api import PLURALS
+from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import RESOURCES, Bookie, BookieCluster, cluster_problems
+from bookfleet.kube.runtime import metrics
+from bookfleet.kube.runtime.api import PLURALS
 from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, VALIDATING_ADMISSION_POLICY, operator_objects, render_chart
 
@@ -574,7 +575,7 @@ def test_tls_and_zookeeper_auth_are_on_by_default() -> None:
     assert secret["metadata"]["namespace"] == cluster["metadata"]["namespace"]
     (deployment,) = by_kind(objects, "Deployment")
     env = {item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "BOOKFLEET_ZK_AUTH" not in env  # it reads each cluster's own Secret (kube/context.py)
+    assert "BOOKFLEET_ZK_AUTH" not in env  # it reads each cluster's own Secret (kube/runtime/context.py)
 
 
 def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -606,7 +607,7 @@ def test_every_secret_a_pod_refers_to_is_rendered_in_its_namespace(watch: str) -
 
 def test_uninstall_deletes_the_chart_cluster_first_and_never_waits_for_ever() -> None:
     """helm uninstall leaves the Ledgers users made: a pre-delete hook deletes the chart's BookieCluster and its
-    Ledgers (see kube/teardown.py), its volumes kept by default."""
+    Ledgers (see kube/reconcilers/teardown.py), its volumes kept by default."""
     objects = render_chart(ALL_OPTIONAL)
     (cluster,) = [o for o in objects if o["kind"] == "BookieCluster"]
     assert cluster["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}

@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes
 import yaml
 
-from bookfleet.kube.api import CUSTOM, KubeApi
 from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.runtime.api import CUSTOM, KubeApi
 from tests.cluster.__main__ import build
 from tests.cluster.controlplane import ControlPlane
 from tests.fixtures.manifests import CHART

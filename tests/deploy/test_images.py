@@ -23,8 +23,8 @@ from packaging.utils import canonicalize_name
 
 from bookfleet import spark
 from bookfleet.kube import resources
-from bookfleet.kube.api import BATCH, CORE, CUSTOM
 from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.runtime.api import BATCH, CORE, CUSTOM
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for

@@ -1,5 +1,5 @@
-"""The operator's side of API priority and fairness (kube/api.py): a client-side token bucket on every request, and a
-429 Too Many Requests waited out (its Retry-After) and sent again rather than failing the pass."""
+"""The operator's side of API priority and fairness (kube/runtime/api.py): a client-side token bucket on every request,
+and a 429 Too Many Requests waited out (its Retry-After) and sent again rather than failing the pass."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube.api import THROTTLED_RETRIES, KubeApi, RateLimiter
+from bookfleet.kube.runtime.api import THROTTLED_RETRIES, KubeApi, RateLimiter
 
 
 class Clock:

@@ -9,9 +9,11 @@ import copy
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import api, autoscaler, clusters, resources
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import autoscaler, clusters
+from bookfleet.kube.runtime import api
+from bookfleet.kube.runtime.context import OperatorContext
 from bookfleet.meta import zkpaths
 from bookfleet.meta.registry import BookieInfo
 from tests.emulator import EmulatorThread

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from bookfleet.kube import autoscaler, clusters, resources
-from bookfleet.kube.actions import Patch, PostEvent
-from bookfleet.kube.context import timestamp
+from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
+from bookfleet.kube.reconcilers import autoscaler, clusters
+from bookfleet.kube.reconcilers.actions import Patch, PostEvent
+from bookfleet.kube.runtime.context import timestamp
 from tests.fixtures.models import bookie_cluster
 from tests.kube.test_bookiecluster_reconciler_decisions import NOW, draining, of_type, up
 

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import bookies, repairs, resources
-from bookfleet.kube.actions import Decision, Delete, Ensure, Patch, PatchStatus, PostEvent
-from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, timestamp
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookiePhase, DesiredState
+from bookfleet.kube.reconcilers import bookies, repairs
+from bookfleet.kube.reconcilers.actions import Decision, Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.reconcilers.bookies import ClaimObserved, DeathKind, ForceDeletePod, ForgetCookie, LaunchRepair
+from bookfleet.kube.runtime.api import CORE, CUSTOM
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget, timestamp
 from bookfleet.meta.registry import BookieInfo, BookieMode
 from tests.fixtures.models import bookie_cluster
 

@@ -8,9 +8,11 @@ import collections
 
 import pytest
 
-from bookfleet.kube import api, clusters, resources
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import clusters
+from bookfleet.kube.runtime import api
+from bookfleet.kube.runtime.context import OperatorContext
 from tests.emulator import EmulatorThread
 from tests.fixtures.models import bookie_cluster
 

@@ -7,10 +7,12 @@ import datetime as dt
 from dataclasses import replace
 from typing import Any
 
-from bookfleet.kube import clusters, metrics, repairs, resources
-from bookfleet.kube.actions import Apply, ApplyShared, Delete, Ensure, Patch, PatchStatus, PostEvent
-from bookfleet.kube.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import clusters, repairs
+from bookfleet.kube.reconcilers.actions import Apply, ApplyShared, Delete, Ensure, Patch, PatchStatus, PostEvent
+from bookfleet.kube.reconcilers.bookies import ANNOTATION_PLANNED_RESTART, ForgetCookie, LaunchRepair
+from bookfleet.kube.runtime import metrics
 from tests.fixtures.models import bookie_cluster
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)

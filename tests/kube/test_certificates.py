@@ -12,8 +12,9 @@ import kubernetes_validate
 import pytest
 from cryptography import x509
 
-from bookfleet.kube import certificates, resources
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, cluster_problems
+from bookfleet.kube.reconcilers import certificates
 from bookfleet.security.certs import CertificateAuthority
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import TLS_DIR_ENV, server_context

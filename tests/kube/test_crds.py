@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from bookfleet import __version__
 from bookfleet.cli import main
 from bookfleet.kube import crdgen
-from bookfleet.kube.api import CUSTOM, KubeApi
 from bookfleet.kube.models import (
     BOOKIE_CONFIG_KEYS,
     DATA_LOSS,
@@ -37,6 +36,7 @@ from bookfleet.kube.models import (
     validated_cluster,
     validity_condition,
 )
+from bookfleet.kube.runtime.api import CUSTOM, KubeApi
 from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
 from tests.fixtures.manifests import render_chart

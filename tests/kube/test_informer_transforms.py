@@ -1,4 +1,4 @@
-"""What the operator's caches (kube/informers.py) keep of each object: everything a pass or a wake-up reads, not the
+"""What the operator's caches (kube/caches.py) keep of each object: everything a pass or a wake-up reads, not the
 API server's managedFields nor a bookie pod's spec beyond its node (most of their memory at 1,000 bookies). Pure
 checks of the transforms on server-shaped bodies, then an informer with a transform on the API emulator: its store
 and whoever it tells get the trimmed body, for the same changes as before."""
@@ -10,9 +10,11 @@ import datetime as dt
 import threading
 from typing import Any
 
-from bookfleet.kube import api, bookies, clusters, informers, resources
-from bookfleet.kube.context import timestamp
+from bookfleet.kube import caches, resources
 from bookfleet.kube.models import Bookie
+from bookfleet.kube.reconcilers import bookies, clusters
+from bookfleet.kube.runtime import api, informers
+from bookfleet.kube.runtime.context import timestamp
 from tests.emulator import EmulatorThread
 from tests.fixtures.kube import NS
 from tests.fixtures.models import bookie_cluster
@@ -56,7 +58,7 @@ def server_pod(ready: bool, body: dict[str, Any] | None = None, restarts: int = 
 def test_a_cached_bookie_pod_keeps_its_metadata_status_and_node_and_nothing_else():
     whole = server_pod(ready=False, restarts=2, draining=True, deleted=True)
     before = copy.deepcopy(whole)
-    kept = informers.bookie_pod_as_read(whole)
+    kept = caches.bookie_pod_as_read(whole)
     assert whole == before  # what the watch handed over is not changed under anyone
     assert "managedFields" not in kept["metadata"]
     assert kept["metadata"] == {key: value for key, value in whole["metadata"].items() if key != "managedFields"}
@@ -64,13 +66,13 @@ def test_a_cached_bookie_pod_keeps_its_metadata_status_and_node_and_nothing_else
     assert kept["spec"] == {"nodeName": "node-a"}
     unscheduled = server_pod(ready=False)
     del unscheduled["spec"]["nodeName"]
-    assert informers.bookie_pod_as_read(unscheduled)["spec"] == {}
+    assert caches.bookie_pod_as_read(unscheduled)["spec"] == {}
 
 
 def test_the_pod_readers_of_both_passes_answer_alike_from_the_cached_pod():
     for whole in (server_pod(ready=True), server_pod(ready=False, restarts=3), server_pod(ready=False, draining=True),
                   server_pod(ready=True, deleted=True)):
-        kept = informers.bookie_pod_as_read(whole)
+        kept = caches.bookie_pod_as_read(whole)
         for read in (bookies.pod_ready, bookies.pod_failed, bookies.ready_condition, bookies.planned_disruption,
                      bookies.restarts, clusters.pod_hash, lambda pod: bookies.not_ready_since(pod, NOW),
                      lambda pod: (pod["spec"]["nodeName"], pod["metadata"]["uid"], pod["metadata"]["labels"])):
@@ -85,7 +87,7 @@ def test_a_rollout_decides_alike_from_cached_pods():
     def rollout(as_cached: bool) -> Any:
         pods = [server_pod(ready=True, body=body) for body in members]
         return clusters.decide_rollout(cluster, [
-            clusters.Member(body, informers.bookie_pod_as_read(pod) if as_cached else pod, registered=True,
+            clusters.Member(body, caches.bookie_pod_as_read(pod) if as_cached else pod, registered=True,
                             forced_read_only=False) for body, pod in zip(members, pods, strict=True)], {}, NOW)
     cached = rollout(as_cached=True)
     assert cached == rollout(as_cached=False)
@@ -110,12 +112,12 @@ def test_a_cached_node_keeps_its_name_and_zone_and_the_pass_reads_the_zone_from_
                                                               "node-a"}},
                    "status": {"conditions": [{"type": "Ready", "status": "True"}], "images": [{"names": ["x"]}]}},
                   "n0")
-    kept = informers.node_as_read(node)
+    kept = caches.node_as_read(node)
     assert kept == {"metadata": {"name": "node-a", "resourceVersion": "7", "labels": {resources.ZONE_LABEL: "zone-b"}}}
-    bound = informers.bookie_pod_as_read(server_pod(ready=False))
+    bound = caches.bookie_pod_as_read(server_pod(ready=False))
     assert bookies.node_zone(lambda namespace, name: kept if name == bound["spec"]["nodeName"] else None,
                              bound) == "zone-b"
-    unlabelled = informers.node_as_read(stored({"metadata": {"name": "node-a"}}, "n1"))
+    unlabelled = caches.node_as_read(stored({"metadata": {"name": "node-a"}}, "n1"))
     assert bookies.node_zone(lambda namespace, name: unlabelled, bound) is None
 
 
@@ -138,7 +140,7 @@ def test_a_transformed_store_and_whoever_it_tells_get_the_trimmed_body_for_the_s
         with lock:
             told.append((body["metadata"]["name"], deleted, body))
     informer = informers.Informer(BlippingApi(meanwhile), api.CORE, "pods", resources.BOOKIE_POD_SELECTOR, [NS],
-                                  changed, transform=informers.bookie_pod_as_read)
+                                  changed, transform=caches.bookie_pod_as_read)
     informer.start()
     try:
         wait_for(lambda: len(told) >= 3)  # the first list's two, then the re-list's deletion

@@ -1,5 +1,5 @@
-"""The operator's caches (kube/informers.py) against the API emulator: a re-list after a lost watch forgets what went
-meanwhile and wakes only for what changed; a kind the server does not serve is empty, not a wait."""
+"""The operator's caches (kube/runtime/informers.py) against the API emulator: a re-list after a lost watch forgets what
+went meanwhile and wakes only for what changed; a kind the server does not serve is empty, not a wait."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import api, informers
+from bookfleet.kube.runtime import api, informers
 from tests.emulator import EmulatorThread
 from tests.fixtures.kube import NS
 

@@ -1,5 +1,5 @@
 """One Ledger pass end to end, in process: observe against real ZooKeeper and a fake API, decide, act; and the
-feed that wakes it (kube.ledgerfeed) on ZooKeeper changes."""
+feed that wakes it (kube.runtime.ledgerfeed) on ZooKeeper changes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from bookfleet import polling
-from bookfleet.kube import ledgerfeed, ledgers
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
-from bookfleet.kube.teardown import FINALIZER
+from bookfleet.kube.reconcilers import ledgers
+from bookfleet.kube.reconcilers.teardown import FINALIZER
+from bookfleet.kube.runtime import ledgerfeed
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.registry import BookieInfo

@@ -10,11 +10,12 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
-from bookfleet.kube import ledgers, resources
-from bookfleet.kube.actions import Action, PatchStatus, PostEvent, act
-from bookfleet.kube.context import EventTally, ZooKeeperTarget
-from bookfleet.kube.ledgers import CreateLedgerMetadata, ObservedLedger, ReserveLedgerId
+from bookfleet.kube import resources
 from bookfleet.kube.models import Ledger
+from bookfleet.kube.reconcilers import ledgers
+from bookfleet.kube.reconcilers.actions import Action, PatchStatus, PostEvent, act
+from bookfleet.kube.reconcilers.ledgers import CreateLedgerMetadata, ObservedLedger, ReserveLedgerId
+from bookfleet.kube.runtime.context import EventTally, ZooKeeperTarget
 from bookfleet.meta.metadata import LedgerState, new_metadata
 from bookfleet.meta.registry import BookieInfo
 from bookfleet.meta.underreplication import DataLoss, Marker

@@ -10,12 +10,23 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube import clusters, repairs, resources
-from bookfleet.kube.actions import Apply, ApplyShared, Decision, Delete, Ensure, Patch, PatchStatus, PostEvent, act
-from bookfleet.kube.api import CUSTOM, FIELD_MANAGER, KubeApi
-from bookfleet.kube.bookies import LaunchRepair
-from bookfleet.kube.context import OperatorContext, patch_status
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import clusters, repairs
+from bookfleet.kube.reconcilers.actions import (
+    Apply,
+    ApplyShared,
+    Decision,
+    Delete,
+    Ensure,
+    Patch,
+    PatchStatus,
+    PostEvent,
+    act,
+)
+from bookfleet.kube.reconcilers.bookies import LaunchRepair
+from bookfleet.kube.runtime.api import CUSTOM, FIELD_MANAGER, KubeApi
+from bookfleet.kube.runtime.context import OperatorContext, patch_status
 from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
 

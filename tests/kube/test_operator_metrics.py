@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bookfleet.kube import clusters, metrics
-from bookfleet.kube.actions import PostEvent, act
-from bookfleet.kube.api import KubeApi
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube.reconcilers import clusters
+from bookfleet.kube.reconcilers.actions import PostEvent, act
+from bookfleet.kube.runtime import metrics
+from bookfleet.kube.runtime.api import KubeApi
+from bookfleet.kube.runtime.context import OperatorContext
 from bookfleet.meta.underreplication import UnderReplication
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NoAuthError
 
-from bookfleet.kube import api, ledgerscan, resources
-from bookfleet.kube.clusters import ConfigureAutoRecovery
-from bookfleet.kube.context import CredentialMissing, OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
+from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
-from bookfleet.kube.repairs import remaining_ledgers
+from bookfleet.kube.reconcilers import ledgerscan
+from bookfleet.kube.reconcilers.clusters import ConfigureAutoRecovery
+from bookfleet.kube.reconcilers.repairs import remaining_ledgers
+from bookfleet.kube.runtime import api
+from bookfleet.kube.runtime.context import CredentialMissing, OperatorContext, ZooKeeperTarget, ZooKeeperUnavailable
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication

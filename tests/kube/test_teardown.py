@@ -11,9 +11,10 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from bookfleet.kube import resources, teardown
-from bookfleet.kube.api import PLURALS, KubeApi
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import teardown
+from bookfleet.kube.runtime.api import PLURALS, KubeApi
 from tests.emulator import EmulatorThread
 from tests.operatorbench import teardown as teardown_bench
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from bookfleet import __version__
-from bookfleet.kube import clusters, crdgen, resources
-from bookfleet.kube.actions import Patch
+from bookfleet.kube import crdgen, resources
 from bookfleet.kube.models import Bookie, BookieCluster
+from bookfleet.kube.reconcilers import clusters
+from bookfleet.kube.reconcilers.actions import Patch
 from bookfleet.kube.resources import workload
 from tests.fixtures.models import bookie_cluster
 from tests.kube.test_bookiecluster_reconciler_decisions import (

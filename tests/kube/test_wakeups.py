@@ -1,5 +1,5 @@
-"""The operator's reconcile loops (kube/wakeups.py): a pass runs again when woken, when the time it asked for comes,
-else at the interval; a stopped loop ends. In milliseconds, on a plain event loop."""
+"""The operator's reconcile loops (kube/runtime/wakeups.py): a pass runs again when woken, when the time it asked for
+comes, else at the interval; a stopped loop ends. In milliseconds, on a plain event loop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bookfleet import polling
-from bookfleet.kube import ledgerfeed, wakeups
+from bookfleet.kube.runtime import ledgerfeed, wakeups
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 
 KEY = ("bookies", "default", "bk-0")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import kubernetes
 
-from bookfleet.kube import bookies, clusters, informers, resources
-from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext
+from bookfleet.kube import caches, resources
+from bookfleet.kube.reconcilers import bookies, clusters
+from bookfleet.kube.runtime import informers
+from bookfleet.kube.runtime.api import CORE, CUSTOM
+from bookfleet.kube.runtime.context import OperatorContext
 from bookfleet.polling import wait_for
 from tests.fixtures.apiserver import install_crds
 from tests.fixtures.models import bookie_cluster_manifest
@@ -23,7 +25,7 @@ def test_a_bookie_bound_to_a_zoned_node_is_started_again_in_that_zone(api_server
     for node, zone in ZONES.items():
         core.create_node({"metadata": {"name": node, "labels": {resources.ZONE_LABEL: zone}}})
         core.patch_node_status(node, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
-    nodes = informers.Informer(api, CORE, "nodes", {}, transform=informers.node_as_read)
+    nodes = informers.Informer(api, CORE, "nodes", {}, transform=caches.node_as_read)
     nodes.start()
     ctx = OperatorContext(api)
     try:

@@ -27,8 +27,9 @@ import kubernetes
 import yaml
 
 from bookfleet.bench.baseline import cpu_loop
-from bookfleet.kube import resources, teardown
-from bookfleet.kube.api import CUSTOM, KubeApi
+from bookfleet.kube import resources
+from bookfleet.kube.reconcilers import teardown
+from bookfleet.kube.runtime.api import CUSTOM, KubeApi
 from tests.cluster import __main__ as cluster_main
 from tests.cluster import controlplane
 from tests.fixtures.apiserver import install_crds

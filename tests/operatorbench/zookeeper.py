@@ -9,8 +9,9 @@ the tools make, beside raw kazoo reads of the same tree (raw_reads: the same run
 - the auditor's pass on taking office over every marker (clear_stale_markers) and the metadata read of its replica
   check pass (the replica reads themselves go to bookies, which do not run here);
 - a repair's planning of the lost bookie's ledgers (RepairJob.prepare: markers, locks, metadata, plans);
-- what a lost or draining bookie's pass asks for: the ledgers that still need it (kube.repairs.remaining_ledgers).
-Then a whole zone is lost (zone_lost): marking its bookies' ledgers, and `bookfleet status` over every marker.
+- what a lost or draining bookie's pass asks for: the ledgers that still need it
+(kube.reconcilers.repairs.remaining_ledgers). Then a whole zone is lost (zone_lost): marking its bookies' ledgers, and
+`bookfleet status` over every marker.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def create_ledgers(zk: Any, bookie_ids: list[str], count: int) -> list[int]:
 def measure(zk: Any, port: int, victim: str) -> dict[str, Any]:
     """Each read's seconds and ZooKeeper requests (by kind when made here), `victim` (unregistered here) lost and its
     ledgers marked; `bookfleet status` also as users run it, a process of its own end to end."""
-    from bookfleet.kube.repairs import remaining_ledgers  # the [operator] extra
+    from bookfleet.kube.reconcilers.repairs import remaining_ledgers  # the [operator] extra
 
     with contextlib.suppress(NoNodeError):
         zk.delete(zkpaths.available(victim))

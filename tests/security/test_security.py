@@ -24,7 +24,7 @@ from bookfleet.bookie.config import BookieConfig
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient, NoSuchLedgerOnBookieError, UnauthorizedError
 from bookfleet.fleet import LOOPBACK_NAMES, BookieFleet
-from bookfleet.kube import certificates
+from bookfleet.kube.reconcilers import certificates
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.zk import ZK_AUTH_ENV, ZK_TLS_DIR_ENV, ZooKeeperUnreachable

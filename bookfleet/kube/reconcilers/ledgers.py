@@ -1,7 +1,7 @@
 """Ledger resources <-> ZooKeeper: create (or adopt) the ledger, then mirror its metadata and health in status.
 
-Observe (the Ledger, its cluster, its metadata, marker and repairs) -> decide (pure) -> act (kube.actions). Creation
-is restart-safe: the id is reserved and written to status before the metadata is created under it, so a pass
+Observe (the Ledger, its cluster, its metadata, marker and repairs) -> decide (pure) -> act (kube.reconcilers.actions).
+Creation is restart-safe: the id is reserved and written to status before the metadata is created under it, so a pass
 interrupted in between finds the id in status and only finishes the creation. A ledger whose metadata disappears
 after it was seen is never created again: its status says DELETED. Every decision that changes the status posts an
 Event, once: decide compares the status it read with the one it decides.
@@ -21,10 +21,7 @@ from kazoo.protocol.states import WatchedEvent
 from pydantic import ValidationError
 
 from bookfleet.client.placement import NotEnoughBookies, choose_ensemble, write_sets_sharing_a_zone
-from bookfleet.kube import repairs, resources
-from bookfleet.kube.actions import Action, Decision, Patch, PatchStatus, PostEvent, act
-from bookfleet.kube.api import CORE, CUSTOM
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
+from bookfleet.kube import resources
 from bookfleet.kube.models import (
     DATA_LOSS,
     VALID,
@@ -39,7 +36,11 @@ from bookfleet.kube.models import (
     validity_condition,
     zone_of,
 )
-from bookfleet.kube.teardown import finalizer_release
+from bookfleet.kube.reconcilers import repairs
+from bookfleet.kube.reconcilers.actions import Action, Decision, Patch, PatchStatus, PostEvent, act
+from bookfleet.kube.reconcilers.teardown import finalizer_release
+from bookfleet.kube.runtime.api import CORE, CUSTOM
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget, now, patch_status, timestamp
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import (
     LedgerMetadata,
@@ -122,7 +123,7 @@ password Secret appearing): the feed passes such a Ledger again after its retry 
 
 
 def reconcile(ctx: OperatorContext, body: dict, sources: LedgerSources, retry: float | None = None) -> float | None:
-    """One level-based pass over a Ledger, run when something it mirrors changed (kube.ledgerfeed); like every
+    """One level-based pass over a Ledger, run when something it mirrors changed (kube.runtime.ledgerfeed); like every
     reconciler's, it returns the seconds until the next pass is due (`retry` while it still waits to be created for
     something no watch reports; None: only a change calls for one).
 
@@ -317,7 +318,7 @@ def condition_events(before: Mapping[str, Any], conditions: list[dict]) -> list[
 
 def health_events(before: Mapping[str, Any], after: dict[str, Any], cluster: dict[str, Any]) -> list[PostEvent]:
     """Events for changes of under-replication and of the latest repair between two statuses, counted on the
-    Ledger's cluster (kube.context.EventTally): one bookie loss makes them for every Ledger it held."""
+    Ledger's cluster (kube.runtime.context.EventTally): one bookie loss makes them for every Ledger it held."""
     events: list[tuple[str, str, bool]] = []
     was, is_ = before.get("underReplicated"), after["underReplicated"]
     if is_ and (not was or was.get("missingBookies") != is_["missingBookies"]):

@@ -19,8 +19,8 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from bookfleet.kube import metrics
 from bookfleet.kube.models import GROUP, VERSION
+from bookfleet.kube.runtime import metrics
 
 PLURALS = {
     "Pod": "pods",

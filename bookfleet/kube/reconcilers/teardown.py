@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from bookfleet.kube import resources
-from bookfleet.kube.api import CUSTOM, KubeApi
+from bookfleet.kube.runtime.api import CUSTOM, KubeApi
 
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 """kopf's finalizer, which handlers.py names explicitly so this module and kopf agree."""

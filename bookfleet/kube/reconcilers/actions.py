@@ -16,9 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from bookfleet.kube.api import FIELD_MANAGER
-from bookfleet.kube.context import OperatorContext, patch_status
 from bookfleet.kube.resources.names import LABEL_MANAGED_BY
+from bookfleet.kube.runtime.api import FIELD_MANAGER
+from bookfleet.kube.runtime.context import OperatorContext, patch_status
 
 Sources = TypeVar("Sources")
 Result = TypeVar("Result")
@@ -128,7 +128,7 @@ class PostEvent:
     involved: dict[str, Any] | None = None
     counted: bool = False
     """One of many alike (every Ledger a bookie loss touches): counted into one Event per reason on `involved` and
-    window (kube.context.EventTally), not posted on the reconciled object."""
+    window (kube.runtime.context.EventTally), not posted on the reconciled object."""
 
     def apply(self, ctx: OperatorContext, body: dict[str, Any]) -> None:
         if self.counted and self.involved is not None:

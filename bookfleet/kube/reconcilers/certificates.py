@@ -22,7 +22,6 @@ from typing import Any
 from cryptography import x509
 
 from bookfleet.kube import resources
-from bookfleet.kube.api import CORE
 from bookfleet.kube.models import Bookie, BookieCluster, TlsMode
 from bookfleet.kube.resources import (
     CA_KEY,
@@ -33,6 +32,7 @@ from bookfleet.kube.resources import (
     client_secret_name,
     replicator_secret_name,
 )
+from bookfleet.kube.runtime.api import CORE
 from bookfleet.security.certs import CLOCK_SKEW, CertificateAuthority, IssuedCertificate
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import bookie_host

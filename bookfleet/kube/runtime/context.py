@@ -15,9 +15,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube.api import CORE, KubeApi
 from bookfleet.kube.models import BookieCluster, Condition, ConditionStatus, set_condition
 from bookfleet.kube.resources import CA_KEY, CERT_KEY, KEY_KEY, ZK_AUTH_KEY
+from bookfleet.kube.runtime.api import CORE, KubeApi
 from bookfleet.meta import zk as zkclient
 from bookfleet.security.certs import IssuedCertificate, write_tls_dir
 
@@ -51,7 +51,7 @@ class ZooKeeperUnavailable(RuntimeError):
 
 CONNECT_WAIT = 10.0
 """Seconds a pass that cannot do without ZooKeeper waits for its cluster's session to (re)connect: the session
-timeout, on that cluster's own threads only (kube.wakeups.ClusterPools)."""
+timeout, on that cluster's own threads only (kube.runtime.wakeups.ClusterPools)."""
 
 
 ZOOKEEPER_TLS_REFRESH = 60.0

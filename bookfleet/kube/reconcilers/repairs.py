@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube import ledgerscan, resources
-from bookfleet.kube.api import BATCH, SPARK, KubeApi
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget
+from bookfleet.kube import resources
 from bookfleet.kube.models import Bookie, BookieCluster, RepairLauncher, RepairState
+from bookfleet.kube.reconcilers import ledgerscan
+from bookfleet.kube.runtime.api import BATCH, SPARK, KubeApi
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget
 from bookfleet.replication.auditor import mark_lost_bookie
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ through the bookies its under-replication marker names: the ledger ids themselve
 
 
 def bookie_key(job: dict) -> BookieKey | None:
-    """The key of a repair Job or SparkApplication in the repair index (kube.informers keeps it from the watch, so
+    """The key of a repair Job or SparkApplication in the repair index (kube.caches keeps it from the watch, so
     a Ledger's status costs no LIST)."""
     meta = job["metadata"]
     cluster = (meta.get("labels") or {}).get(resources.LABEL_CLUSTER)
@@ -108,7 +109,7 @@ def bookie_key(job: dict) -> BookieKey | None:
 
 def remaining_ledgers(zk: KazooClient, bookie_id: str, began_after: dt.datetime) -> list[int]:
     """Ledgers that still need `bookie_id`: those whose metadata names it, from a scan begun after `began_after`
-    (kube.ledgerscan: one scan serves the passes of every bookie of the cluster).
+    (kube.reconcilers.ledgerscan: one scan serves the passes of every bookie of the cluster).
 
     The markers are not read: a reader or a repair asks a bookie only for the ledgers whose metadata names it, and a
     repair swaps it out of the metadata by compare-and-set. A marker still naming it on a ledger it was

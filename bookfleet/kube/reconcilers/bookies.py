@@ -1,9 +1,9 @@
 """A Bookie's life: its volumes and pod, its status from the pod and ZooKeeper, and what happens when it is lost.
 
 One pass is observe (Kubernetes and ZooKeeper into `ObservedBookie`) -> decide (pure: observed state and the time -> a
-`Decision`: its status patch first, then the actions) -> act (kube.actions). `find_death` is the one place that says
-what counts as a lost bookie: its pod deleted or failed, not Ready on a node that is not Ready (or Terminating past
-its grace period there), crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose),
+`Decision`: its status patch first, then the actions) -> act (kube.reconcilers.actions). `find_death` is the one place
+that says what counts as a lost bookie: its pod deleted or failed, not Ready on a node that is not Ready (or Terminating
+past its grace period there), crash-looping for longer than lostBookieRecoveryDelay (not a pod restarted on purpose),
 Pending because its volume's node is gone, or its volumes gone (a claim being deleted counts as gone). The loss gets
 `lostSince` and a BookieLost Event naming the kind. A pod evicted through the eviction API (a drain) or stopped by a
 graceful node shutdown is a planned loss (`Evicted`, `ShutDown`): the lost-bookie rule gives it the longer
@@ -32,8 +32,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from bookfleet.kube import ledgerscan, repairs, resources
-from bookfleet.kube.actions import (
+from bookfleet.kube import resources
+from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState, validated_cluster
+from bookfleet.kube.reconcilers import ledgerscan, repairs
+from bookfleet.kube.reconcilers.actions import (
     Action,
     Decision,
     Delete,
@@ -44,8 +46,8 @@ from bookfleet.kube.actions import (
     act,
     again_on_conflict,
 )
-from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.context import (
+from bookfleet.kube.runtime.api import CORE, CUSTOM, KubeApi
+from bookfleet.kube.runtime.context import (
     OperatorContext,
     ZooKeeperTarget,
     ZooKeeperUnavailable,
@@ -54,7 +56,6 @@ from bookfleet.kube.context import (
     rounded_up,
     timestamp,
 )
-from bookfleet.kube.models import Bookie, BookieCluster, BookiePhase, DesiredState, validated_cluster
 from bookfleet.meta import cookies
 from bookfleet.meta.registry import BookieInfo, BookieMode, BookieRegistry, UnknownBookie
 from bookfleet.meta.underreplication import UnderReplication
@@ -82,9 +83,9 @@ NODE_GONE = "Gone"
 
 LEDGER_COUNT_MAX_AGE = dt.timedelta(seconds=60)
 """How stale a Bookie status's ledger count may be: counting scans every ledger's metadata (BookKeeper keeps no index
-by bookie), so one scan of a cluster's (kube.ledgerscan) serves all the Bookie passes of its cluster for this long.
-Only the status shows the count; what a repair still has to do (repairs.remaining_ledgers) asks for a scan begun
-after the moment that matters to it."""
+by bookie), so one scan of a cluster's (kube.reconcilers.ledgerscan) serves all the Bookie passes of its cluster for
+this long. Only the status shows the count; what a repair still has to do (repairs.remaining_ledgers) asks for a scan
+begun after the moment that matters to it."""
 
 
 def ledger_counts(zk: KazooClient) -> dict[str, int]:
@@ -171,7 +172,7 @@ Lookup = Callable[[str, str], "dict[str, Any] | None"]
 @dataclass(frozen=True)
 class BookieSources:
     """Where a pass reads the Bookie and what surrounds it: its cluster, pod and claims. The operator passes its
-    informers' caches (kube.informers, whose first list a pass waits for), so a pass over a serving bookie makes no
+    informers' caches (kube.caches, whose first list a pass waits for), so a pass over a serving bookie makes no
     GET, and arms `watch_registrations` on the cluster's ZooKeeper (a bookie registering, leaving or turning
     read-only wakes its Bookie); `live` reads each with a GET, as a pass does again after a stale cache copy met a
     409 Conflict."""

@@ -33,8 +33,20 @@ from kazoo.client import KazooClient
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from bookfleet.kube import autoscaler, certificates, metrics, repairs, resources
-from bookfleet.kube.actions import (
+from bookfleet.kube import resources
+from bookfleet.kube.models import (
+    VALID,
+    Autoscaling,
+    Bookie,
+    BookieCluster,
+    DesiredState,
+    Retention,
+    Storage,
+    Volume,
+    cluster_problems,
+)
+from bookfleet.kube.reconcilers import autoscaler, certificates, repairs
+from bookfleet.kube.reconcilers.actions import (
     Action,
     Apply,
     ApplyShared,
@@ -47,8 +59,7 @@ from bookfleet.kube.actions import (
     act,
     again_on_conflict,
 )
-from bookfleet.kube.api import CORE, CUSTOM, KubeApi
-from bookfleet.kube.bookies import (
+from bookfleet.kube.reconcilers.bookies import (
     ANNOTATION_PLANNED_RESTART,
     LEDGER_COUNT_MAX_AGE,
     REPAIR_GAVE_UP,
@@ -59,18 +70,9 @@ from bookfleet.kube.bookies import (
     disk_usage,
     pod_ready,
 )
-from bookfleet.kube.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
-from bookfleet.kube.models import (
-    VALID,
-    Autoscaling,
-    Bookie,
-    BookieCluster,
-    DesiredState,
-    Retention,
-    Storage,
-    Volume,
-    cluster_problems,
-)
+from bookfleet.kube.runtime import metrics
+from bookfleet.kube.runtime.api import CORE, CUSTOM, KubeApi
+from bookfleet.kube.runtime.context import OperatorContext, ZooKeeperTarget, conditions_with, now, timestamp
 from bookfleet.meta import bookiestate, cookies
 from bookfleet.meta.registry import BookieMode, BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
@@ -243,7 +245,7 @@ Listing = Callable[[str, str], list[dict[str, Any]]]
 @dataclass(frozen=True)
 class ClusterSources:
     """Where a pass reads the cluster's Bookies, their pods and their claims. The operator passes its informers'
-    caches (kube.informers: two LISTs a pass added up at 1,000 bookies); `live` reads them from the API server, as a
+    caches (kube.caches: two LISTs a pass added up at 1,000 bookies); `live` reads them from the API server, as a
     pass does again after a write decided from a stale cache copy met a 409 Conflict."""
 
     bookies: Listing
@@ -325,7 +327,8 @@ class ConfigureAutoRecovery:
 
 @dataclass(frozen=True)
 class RecordFleetHealth:
-    """The fleet's health in the operator's metrics (kube.metrics.FLEETS), served while this replica acts for it."""
+    """The fleet's health in the operator's metrics (kube.runtime.metrics.FLEETS), served while this replica acts
+    for it."""
 
     health: metrics.FleetHealth
 

@@ -41,8 +41,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.states import WatchedEvent
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
-from bookfleet.kube.context import ZooKeeperUnavailable
 from bookfleet.kube.models import RepairState
+from bookfleet.kube.runtime.context import ZooKeeperUnavailable
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, PendingRead
 
