@@ -172,7 +172,7 @@ async def test_a_new_ledgers_adds_wait_together_for_its_admission_lookup_then_ta
         )
         assert all(isinstance(error, NoSuchLedgerOnBookieError) for error in refused), refused
         assert await client.read_range(ledger_id, 0, 199) == entries
-    status, metrics = http_get(bookie.http_port, "/metrics")
+    _, metrics = http_get(bookie.http_port, "/metrics")
     assert "bookie_add_entries_total 200.0" in metrics and "bookie_add_latency_seconds_count 200.0" in metrics
     assert 'bookie_request_errors_total{op="ADD_ENTRY",status="NO_SUCH_LEDGER"} 20.0' in metrics
     assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
