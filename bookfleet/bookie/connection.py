@@ -68,6 +68,8 @@ class Connection(asyncio.Protocol):
         self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
         """Adds waiting for each group commit."""
         self._add_reader = bkwire.AddRequestReader()
+        self._held_adds: dict[int, list[tuple[bkwire.AddFields, float]]] = {}
+        """Fast-path adds waiting for their ledger's admission lookup, by ledger id, with when each arrived."""
         self._reading_paused = False
         self._writing_paused = False
         self._admission_blocked = False
@@ -199,14 +201,16 @@ class Connection(asyncio.Protocol):
                         break
                     fast = type(self._session) is V3Session and self._fast_adds_allowed()
                 frame_end = pos + _LENGTH_SIZE + length
-                if (  # the common case, a whole V3 add as bookfleet's client writes it, of an admitted ledger
+                if (  # the common case, a whole V3 add as bookfleet's client writes it
                     fast and frame_end <= end and length <= _MAX_FRAME_SIZE
                     and (add := read_add(buffer, pos, frame_end)) is not None
-                    and (admission is None or admission.admitted(add[1]))
                 ):
                     if not self._room_for_add(length):
                         break
-                    self._fast_add(add)
+                    if admission is None or admission.admitted(add[1]):
+                        self._fast_add(add, self._received_at)
+                    else:
+                        self._fast_add_once_admitted(add)
                 elif not self._take(buffer, pos, end, length, fast):
                     partial = not self._rejected and not self._admission_blocked
                     break
@@ -261,7 +265,7 @@ class Connection(asyncio.Protocol):
             if not self._room_for_add(length):
                 return False
             if fast and (add := _checked_add_fields(request)) is not None and self._admitted(add[1]):
-                self._fast_add(add)
+                self._fast_add(add, self._received_at)
                 return True
         session.start(request, length)
         return True
@@ -288,7 +292,7 @@ class Connection(asyncio.Protocol):
             return False
         return True
 
-    def _fast_add(self, add: bkwire.AddFields) -> None:
+    def _fast_add(self, add: bkwire.AddFields, received_at: float) -> None:
         """Apply a checked V3 add at once and answer it with its group commit (the adds of one commit together)."""
         server = self.server
         txn, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = add
@@ -303,11 +307,46 @@ class Connection(asyncio.Protocol):
             waiting = self._adds[synced] = _WaitingAdds()
             synced.add_done_callback(self._adds_synced)
         waiting.adds.append((txn, ledger_id, entry_id))
-        waiting.starts.append(self._received_at)
+        waiting.starts.append(received_at)
         size = len(entry)
         waiting.size += size
         self.add_bytes += size
         server.add_bytes += size
+
+    def _fast_add_once_admitted(self, add: bkwire.AddFields) -> None:
+        """A fast-path add of a ledger this bookie does not hold yet (a new ledger's first adds, every copy a repair
+        makes to a replacement): held until the ledger's admission lookup answers, then applied as a fast add, or
+        refused with the lookup's error. The adds of one ledger that arrive meanwhile wait together, in order, behind
+        one lookup task, instead of each being decoded by protobuf, run as a request and answered one by one (a
+        repair's whole fragment arrives before its lookup answers). While held, an add counts as in flight and holds
+        its bytes, as one waiting for its commit does."""
+        ledger_id, size = add[1], len(add[4])
+        self.in_flight += 1
+        self.add_bytes += size
+        self.server.add_bytes += size
+        held = self._held_adds.get(ledger_id)
+        if held is None:
+            held = self._held_adds[ledger_id] = []
+            lookup = self._loop.create_task(self.server.admission.admit(ledger_id))
+            lookup.add_done_callback(functools.partial(self._admission_answered, ledger_id))
+        held.append((add, self._received_at))
+
+    def _admission_answered(self, ledger_id: int, lookup: asyncio.Task[None]) -> None:
+        """Apply (or refuse, with the lookup's error) the adds held for a ledger's admission lookup."""
+        error = lookup.exception() if not lookup.cancelled() else errors.ShuttingDown("cancelled while shutting down")
+        refused = released = 0
+        for add, received_at in self._held_adds.pop(ledger_id):
+            size = len(add[4])
+            self.add_bytes -= size
+            if error is None:
+                self.server.add_bytes -= size
+                self.in_flight -= 1
+                self._fast_add(add, received_at)  # counted again, from its apply to its commit
+            else:
+                self._refuse_add(add[0], add[1], add[2], error)
+                refused, released = refused + 1, released + size
+        self.server.release_adds(released)
+        self._finished(refused)
 
     def _refuse_add(self, txn: bytes, ledger_id: int, entry_id: int, error: BaseException) -> None:
         """Answer a fast-path add that storage refused (or whose commit failed) with the bookie's status."""

@@ -153,6 +153,31 @@ async def test_writer_epoch_refuses_older_writers_across_a_crash(bookie_fleet, z
         assert await client.read_lac_and_last(ledger_id) == (5, 6)
 
 
+async def test_a_new_ledgers_adds_wait_together_for_its_admission_lookup_then_take_the_fast_path(bookie_fleet, zk):
+    """A repair sends a whole fragment's copies to its replacement bookie before that bookie's admission lookup of
+    the ledger answers (a new ledger's writer its first window): they wait together for that one lookup, then are
+    applied as fast-path adds, answered with their group commit and counted in bookie_add_entries. They were decoded
+    by protobuf and run one by one instead, most of a repair's bookie CPU per entry, and counted nowhere. Adds of a
+    ledger without metadata are each refused after the lookup, and the connection goes on."""
+    (bookie,) = bookie_fleet.start(1, no_verify_ledgers=False)
+    ledger_id = MetadataStore(zk).create(new_metadata([bookie.bookie_id], 1, 1))
+    entries = [encode_test_entry(ledger_id, i, os.urandom(100)) for i in range(200)]
+    async with await BookieClient.connect(bookie.address) as client:
+        copies = await asyncio.gather(*(client.add_entry(MASTER_KEY, e, recovery=True) for e in entries))
+        assert copies == [(ledger_id, i) for i in range(200)]
+        unknown = ledger_id + 1000
+        refused = await asyncio.gather(
+            *(client.add_entry(MASTER_KEY, encode_test_entry(unknown, i, b"x")) for i in range(20)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(error, NoSuchLedgerOnBookieError) for error in refused), refused
+        assert await client.read_range(ledger_id, 0, 199) == entries
+    _, metrics = http_get(bookie.http_port, "/metrics")
+    assert "bookie_add_entries_total 200.0" in metrics and "bookie_add_latency_seconds_count 200.0" in metrics
+    assert 'bookie_request_errors_total{op="ADD_ENTRY",status="NO_SUCH_LEDGER"} 20.0' in metrics
+    assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
+
+
 def raw_exchange(port: int, payload: bytes, half_close: bool = False) -> tuple[list, bool]:
     """Send raw bytes; return the V3 answers the bookie sent and whether it closed the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
