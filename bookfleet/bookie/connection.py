@@ -309,7 +309,7 @@ class Connection(asyncio.Protocol):
         """Apply the adds of the run read so far together, answered with their group commit; if storage refuses
         them, one by one, each answered for itself."""
         run, self._run = self._run, None
-        if run is None:
+        if run is None or not run.entries:  # none, or its first add waits for room
             return
         try:
             synced = self.server.add_run(run)
