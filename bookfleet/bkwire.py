@@ -267,6 +267,72 @@ def encode_v2_request(op: int, flags: int, body: bytes) -> bytes:
     return V2_HEADER.pack(V2_HEADER.size + len(body)) + V2_HEADER.pack(v2_header(op, flags)) + body
 
 
+class V2AddWriter:
+    """The fields a V2 writer's adds repeat: the frame's bytes from its header through the entry header's ledger id
+    (`prefix`: op and flags, master key, ledger id), and what they say."""
+
+    __slots__ = ("ledger_id", "master_key", "prefix", "recovery")
+    writer_epoch = 0
+    """V2 carries no writer epoch: its adds are of epoch 0, as the generic path applies them."""
+
+    def __init__(self, prefix: bytes) -> None:
+        (header,) = V2_HEADER.unpack_from(prefix)
+        self.prefix = prefix
+        self.recovery = bool(header & V2Flag.RECOVERY_ADD)
+        self.master_key = prefix[V2_HEADER.size : V2_HEADER.size + MASTER_KEY_SIZE]
+        (self.ledger_id,) = _LEDGER_ID.unpack_from(prefix, V2_HEADER.size + MASTER_KEY_SIZE)
+
+
+_LEDGER_ID = struct.Struct(">q")
+_V2_ADD_PREFIX = V2_HEADER.size + MASTER_KEY_SIZE + _LEDGER_ID.size
+_V2_ADD_MIN_FRAME = 4 + V2_HEADER.size + MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
+_V2_ENTRY_AND_LAC = struct.Struct(">qq")
+
+
+class V2AddReader:
+    """Reads a V2 ADD in place: what `decode_v2_request` and `check_v2_request` accept as an ADD, read as they read
+    it (ids signed from the entry header, in range; any flags, RECOVERY_ADD the one that counts); anything else reads
+    as None and goes to them. One per connection, keeping the last writer: an add that repeats its header, master
+    key and ledger id costs one comparison of those 32 bytes, one unpack and the entry's copy."""
+
+    __slots__ = ("writer",)
+
+    def __init__(self) -> None:
+        self.writer: V2AddWriter | None = None
+
+    def read(self, buffer: bytearray, frame_start: int, end: int) -> tuple | None:
+        """The add framed in buffer[frame_start:end] (its length prefix included) as bkwire.AddFields, the txnId
+        empty; None when it is no V2 ADD or a field is out of range."""
+        if end - frame_start < _V2_ADD_MIN_FRAME:
+            return None
+        writer = self.writer
+        if writer is None or not buffer.startswith(writer.prefix, frame_start + 4):
+            if buffer[frame_start + 4] != V2_VERSION or buffer[frame_start + 5] != V2Op.ADD:
+                return None
+            writer = V2AddWriter(bytes(buffer[frame_start + 4 : frame_start + 4 + _V2_ADD_PREFIX]))
+            if writer.ledger_id < 0:
+                return None
+            self.writer = writer
+        entry_id, lac = _V2_ENTRY_AND_LAC.unpack_from(buffer, frame_start + 4 + _V2_ADD_PREFIX)
+        if entry_id < 0 or lac < -1:
+            return None
+        with memoryview(buffer) as view:
+            entry = bytes(view[frame_start + 8 + MASTER_KEY_SIZE : end])
+        return b"", writer.ledger_id, entry_id, writer.master_key, entry, writer.recovery, 0, lac
+
+
+def encode_v2_add_acks(ledger_id: int, entry_ids: list[int]) -> bytes:
+    """The OK answers of V2 adds to one ledger, as `encode_v2_response` lays each out."""
+    count = len(entry_ids)
+    return b"".join(map(
+        V2_RESPONSE.pack, itertools.repeat(V2_RESPONSE.size - 4, count), itertools.repeat(_V2_ADD_ANSWER, count),
+        itertools.repeat(V2Status.EOK, count), itertools.repeat(ledger_id, count), entry_ids,
+    ))
+
+
+_V2_ADD_ANSWER = v2_header(V2Op.ADD)
+
+
 # --- V3 ---------------------------------------------------------------------------------------------------------
 
 _REQUEST_FIELD = {
@@ -599,15 +665,13 @@ _OK_ADD_ANSWER = b"\x10\x00" + _ADD_REQUEST_TAG
 """The EOK status, then Response.addResponse's tag."""
 
 
-def encode_v3_add_acks(adds: list[tuple[bytes, int, int]]) -> bytes:
-    """The OK answer frames of adds given as (txnId's varint, ledger id, entry id >= 0), as protobuf lays each
-    Response out: a bookie answers the adds of one group commit together, and they are mostly of one ledger (its
+def encode_v3_add_acks(ledger_id: int, txns: list[bytes], entry_ids: list[int]) -> bytes:
+    """The OK answer frames of adds to one ledger given by their txnIds' varints and entry ids (>= 0), as protobuf
+    lays each Response out: a bookie answers the adds of one writer and one group commit together (the ledger's
     part is encoded once)."""
     parts: list[bytes] = []
-    ledger_id, ledger_part = -1, b""
-    for txn, add_ledger_id, entry_id in adds:
-        if add_ledger_id != ledger_id:
-            ledger_id, ledger_part = add_ledger_id, b"\x08\x00\x10" + varint(add_ledger_id) + b"\x18"
+    ledger_part = b"\x08\x00\x10" + varint(ledger_id) + b"\x18"
+    for txn, entry_id in zip(txns, entry_ids, strict=True):
         entry = _V[entry_id] if entry_id < 16384 else varint(entry_id)
         answer_size = len(ledger_part) + len(entry)
         parts += (  # header, status and answer, each shorter than 128 bytes
@@ -619,7 +683,7 @@ def encode_v3_add_acks(adds: list[tuple[bytes, int, int]]) -> bytes:
 
 def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     """The whole OK answer frame of one add."""
-    return encode_v3_add_acks([(varint(txn_id), ledger_id, entry_id)])
+    return encode_v3_add_acks(ledger_id, [varint(txn_id)], [entry_id])
 
 
 _VARINT_PATTERN = rb"(?:[\x80-\xff]{0,8}[\x00-\x7f])"
@@ -734,10 +798,11 @@ class AddRequestReader:
     One per connection: it keeps the encoder of the last writer's fields (ledger, key, flag, epoch), so an add that
     repeats them costs a match, an unpack and one re-encoding."""
 
-    __slots__ = ("_encoder",)
+    __slots__ = ("writer",)
 
     def __init__(self) -> None:
-        self._encoder = AddRequestEncoder(-1, b"", 0)  # no add is of ledger -1
+        self.writer = AddRequestEncoder(-1, b"", 0)  # no add is of ledger -1
+        """The encoder of the last writer read: the same object for every add of one writer."""
 
     def read(self, buffer: bytearray, frame_start: int, end: int) -> AddFields | None:
         """The checked fields of the request framed in buffer[frame_start:end] (its length prefix included, checked
@@ -751,11 +816,11 @@ class AddRequestReader:
         ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(buffer, pos)
         if entry_id < 0 or lac < -1:
             return None
-        txn, encoder, entry_size = match.group(1), self._encoder, end - pos
+        txn, encoder, entry_size = match.group(1), self.writer, end - pos
         if ledger_id != encoder.ledger_id or not buffer.startswith(
             encoder.frame_head(txn, entry_id, entry_size), frame_start
         ):
-            encoder = self._encoder = AddRequestEncoder(
+            encoder = self.writer = AddRequestEncoder(
                 varint_value(match.group(2)), match.group(3), varint_value(match.group(5)), match.group(4) is not None
             )
             if ledger_id != encoder.ledger_id or not buffer.startswith(

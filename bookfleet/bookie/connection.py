@@ -3,9 +3,11 @@ protocol rules): frames split out of the byte stream, requests started in order 
 applied at once and answered together per group commit, answers written in completion order. The connection knows
 its server only as a `serving.Server` (the add path's admission, apply and release among it). Its first frame
 chooses the protocol, BookKeeper's V2 or V3 (a connection that opens with neither is closed); the protocol's session
-(bookie/bkprocessors.py) decodes and answers each request through `step`, `send` and `holding_add_bytes`. A V3 add
-that needs no lookup (no TLS roles, an admitted ledger, a writable bookie) takes the fast path here: applied at once
-and answered with its group commit's other adds, in one write."""
+(bookie/bkprocessors.py) decodes and answers each request through `step`, `send` and `holding_add_bytes`. An add
+that needs nothing but its fields (no TLS roles, a writable bookie), V2 or V3, takes the fast path here: read in place
+by the session's reader, gathered with the same writer's other adds of the read into a run (`AddRun`), applied with
+one storage call before anything else of the read starts (a run of a ledger not held yet, once its one admission
+lookup answers), and answered with its group commit's other adds, in one write."""
 
 from __future__ import annotations
 
@@ -20,31 +22,16 @@ from bookfleet import bkwire, wire
 from bookfleet.bkprotocol import OperationType
 from bookfleet.bookie import errors
 from bookfleet.bookie.bkprocessors import V2Session, V3Session, status_of
-from bookfleet.bookie.serving import TLS_HANDSHAKE_TIMEOUT
+from bookfleet.bookie.serving import TLS_HANDSHAKE_TIMEOUT, AddRun, WriterFields
 from bookfleet.security import roles
 from bookfleet.wire import Status
 
 if TYPE_CHECKING:
-    from bookfleet.bookie.serving import Server
+    from bookfleet.bookie.serving import AddWriter, Server
 
 log = logging.getLogger(__name__)
 
-_checked_add_fields, _encode_add_acks = bkwire.checked_add_fields, bkwire.encode_v3_add_acks
 _LENGTH_SIZE, _MAX_FRAME_SIZE = wire.LENGTH_PREFIX.size, wire.MAX_FRAME_SIZE
-
-
-class _WaitingAdds:
-    """The adds of one connection waiting for one group commit."""
-
-    __slots__ = ("adds", "size", "starts")
-
-    def __init__(self) -> None:
-        self.adds: list[tuple[bytes, int, int]] = []
-        """(txnId's varint, ledger id, entry id) of each add: what its answer, OK or a refusal, names."""
-        self.starts: list[float] = []
-        """When each add was received (perf_counter of the read that brought it)."""
-        self.size = 0
-        """Entry bytes of them all."""
 
 
 class Connection(asyncio.Protocol):
@@ -65,11 +52,12 @@ class Connection(asyncio.Protocol):
         """The protocol's session, chosen by the first frame; None until it arrives."""
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
-        self._adds: dict[asyncio.Future[None], _WaitingAdds] = {}
+        self._adds: dict[asyncio.Future[None], list[AddRun]] = {}
         """Adds waiting for each group commit."""
-        self._add_reader = bkwire.AddRequestReader()
-        self._held_adds: dict[int, list[tuple[bkwire.AddFields, float]]] = {}
-        """Fast-path adds waiting for their ledger's admission lookup, by ledger id, with when each arrived."""
+        self._run: AddRun | None = None
+        """The adds of one writer read so far from this read, applied together before anything else starts."""
+        self._held_runs: dict[int, list[AddRun]] = {}
+        """Runs of ledgers this bookie does not hold yet, waiting in order for their ledger's one admission lookup."""
         self._reading_paused = False
         self._writing_paused = False
         self._admission_blocked = False
@@ -174,16 +162,20 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Start the buffered requests while there is room (in flight, answers pending, adds admitted); the rest
-        wait in the buffer."""
+        wait in the buffer. The adds of one writer read here in place are applied together (`_apply_run`), before
+        any other request starts and at the end."""
         if self._processing:  # a request that completed at once, from inside the loop below
             return
         self._processing = True
         buffer = self.buffer
         pos, end = 0, len(buffer)
         unpack_length, server = wire.LENGTH_PREFIX.unpack_from, self.server
-        max_in_flight, max_pending = server.max_in_flight, server.limits.max_pending_response_bytes
-        read_add, admission = self._add_reader.read, server.admission
-        fast = type(self._session) is V3Session and self._fast_adds_allowed()
+        limits = server.limits
+        max_in_flight, max_pending = server.max_in_flight, limits.max_pending_response_bytes
+        max_connection_add_bytes, max_add_bytes = limits.max_connection_add_bytes, limits.max_add_bytes
+        session = self._session
+        fast = session is not None and self._fast_adds_allowed()
+        reader = session.add_reader if fast else None
         partial = False
         self._admission_blocked = False  # decided again below
         self._received_at = time.perf_counter()
@@ -199,22 +191,26 @@ class Connection(asyncio.Protocol):
                     if not self._choose_protocol(buffer, pos, end):
                         partial = not self._rejected
                         break
-                    fast = type(self._session) is V3Session and self._fast_adds_allowed()
+                    fast = self._fast_adds_allowed()
+                    reader = self._session.add_reader if fast else None
                 frame_end = pos + _LENGTH_SIZE + length
-                if (  # the common case, a whole V3 add as bookfleet's client writes it
+                if (  # the common case, a whole add laid out as the reader reads it, of an admitted writer's run
                     fast and frame_end <= end and length <= _MAX_FRAME_SIZE
-                    and (add := read_add(buffer, pos, frame_end)) is not None
+                    and (add := reader.read(buffer, pos, frame_end)) is not None
+                    and (
+                        (self._run is not None and reader.writer is self._run.writer) or self._start_run(reader.writer)
+                    )
                 ):
-                    if not self._room_for_add(length):
+                    if (
+                        length > max_connection_add_bytes - self.add_bytes or length > max_add_bytes - server.add_bytes
+                    ) and not self._wait_for_room(length):
                         break
-                    if admission is None or admission.admitted(add[1]):
-                        self._fast_add(add, self._received_at)
-                    else:
-                        self._fast_add_once_admitted(add)
+                    self._join_run(add)
                 elif not self._take(buffer, pos, end, length, fast):
                     partial = not self._rejected and not self._admission_blocked
                     break
                 pos = frame_end
+            self._apply_run()
             if self._rejected:
                 return
             del buffer[:pos]
@@ -245,10 +241,9 @@ class Connection(asyncio.Protocol):
 
     def _take(self, buffer: bytearray, pos: int, end: int, length: int, fast: bool) -> bool:
         """Decode and start the frame at buffer[pos:] (False: it is not whole yet, it waits for room for its add, or
-        it cannot be read and the connection is closed), unless `_process` took it as an add laid out as bookfleet's
-        client writes it (bkwire.AddRequestReader). An add counts toward the add-byte limits from the moment it
-        starts until it is answered. With `fast`, a V3 add in another layout takes the fast path too when its fields
-        pass."""
+        it cannot be read and the connection is closed), unless `_process` took it as an add its session's reader
+        reads in place. An add counts toward the add-byte limits from the moment it is taken until it is answered.
+        With `fast`, an add in another layout joins the run too when its fields pass (the session's `checked_add`)."""
         session = self._session
         if not session.min_frame <= length <= wire.MAX_FRAME_SIZE:
             self.close_unreadable(f"frame of {length} bytes is outside [{session.min_frame}, {wire.MAX_FRAME_SIZE}]")
@@ -264,21 +259,119 @@ class Connection(asyncio.Protocol):
         if session.is_add(request):
             if not self._room_for_add(length):
                 return False
-            if fast and (add := _checked_add_fields(request)) is not None and self._admitted(add[1]):
-                self._fast_add(add, self._received_at)
+            if fast and (add := session.checked_add(request)) is not None and self._joins_run(add):
+                self._join_run(add)
                 return True
+        self._apply_run()  # the adds before it are applied before it starts
         session.start(request, length)
         return True
 
     def _fast_adds_allowed(self) -> bool:
-        """Whether a V3 add may take the fast path, if its fields pass and its ledger is admitted: not when it needs
-        more than its fields (TLS roles, a bookie shutting down or read-only)."""
+        """Whether an add may take the fast path, if its fields pass: not when it needs more than its fields (TLS
+        roles, a bookie shutting down or read-only)."""
         server = self.server
         return self.principal is None and not server.stopping and server.read_only is None
 
-    def _admitted(self, ledger_id: int) -> bool:
-        admission = self.server.admission
-        return admission is None or admission.admitted(ledger_id)
+    def _start_run(self, writer: AddWriter) -> bool:
+        """Apply the run so far and start one of `writer`'s adds (always True: an add joins the run it starts).
+
+        A ledger this bookie does not hold yet (a new ledger's first adds, every copy a repair makes to a replacement)
+        is looked up once: its runs wait together, in order, behind that lookup, then are applied as any other run or
+        refused with the lookup's error. Taken the generic way instead, each add would be decoded by protobuf and
+        answered on its own, and a repair's whole fragment arrives before its lookup answers."""
+        self._apply_run()
+        admission, ledger_id = self.server.admission, writer.ledger_id
+        if admission is not None and ledger_id not in self._held_runs and not admission.admitted(ledger_id):
+            self._held_runs[ledger_id] = []
+            lookup = self._loop.create_task(admission.admit(ledger_id))
+            lookup.add_done_callback(functools.partial(self._admission_answered, ledger_id))
+        self._run = AddRun(writer, self._session, self._received_at)
+        return True
+
+    def _joins_run(self, add: bkwire.AddFields) -> bool:
+        """Whether a checked add decoded by protobuf joins the run (same writer's fields) or starts one."""
+        _, ledger_id, _, key, _, recovery, writer_epoch, _ = add
+        run = self._run
+        if run is not None:
+            writer = run.writer
+            if (writer.ledger_id, writer.master_key, writer.recovery, writer.writer_epoch) == (
+                ledger_id, key, recovery, writer_epoch
+            ):
+                return True
+        return self._start_run(WriterFields(ledger_id, key, recovery, writer_epoch))
+
+    def _join_run(self, add: bkwire.AddFields) -> None:
+        """One more add of the run's writer, held toward the add-byte limits and in flight from now on."""
+        run, entry = self._run, add[4]
+        run.txns.append(add[0])
+        run.entry_ids.append(add[2])
+        run.lacs.append(add[7])
+        run.entries.append(entry)
+        size = len(entry)
+        run.size += size
+        self.add_bytes += size
+        self.server.add_bytes += size
+        self.in_flight += 1
+
+    def _apply_run(self) -> None:
+        """Apply the run read so far (or hold it behind its ledger's admission lookup)."""
+        run, self._run = self._run, None
+        if run is None or not run.entries:  # none, or its first add waits for room
+            return
+        held = self._held_runs.get(run.writer.ledger_id)
+        if held is not None:  # its ledger's lookup has not answered yet
+            held.append(run)
+            return
+        self._apply(run)
+
+    def _admission_answered(self, ledger_id: int, lookup: asyncio.Task[None]) -> None:
+        """Apply the runs held for a ledger's admission lookup, in order, or refuse their adds with its error."""
+        error = lookup.exception() if not lookup.cancelled() else errors.ShuttingDown("cancelled while shutting down")
+        for run in self._held_runs.pop(ledger_id):
+            if error is None:
+                self._apply(run)
+                continue
+            for index in range(len(run.entry_ids)):
+                self._refuse_add(run, index, error)
+            self._release(run.size, len(run.entry_ids))
+
+    def _apply(self, run: AddRun) -> None:
+        """Apply a run's adds together, answered with their group commit; if storage refuses them, one by one."""
+        try:
+            synced = self.server.add_run(run)
+        except (Exception, asyncio.CancelledError):
+            self._apply_one_by_one(run)
+            return
+        self._answer_when_synced(run, synced)
+
+    def _apply_one_by_one(self, run: AddRun) -> None:
+        """The adds of a refused run applied in turn, as their own runs: exactly the adds storage takes are taken."""
+        server, writer = self.server, run.writer
+        adds = zip(run.txns, run.entry_ids, run.lacs, run.entries, strict=True)
+        for index, (txn, entry_id, lac, entry) in enumerate(adds):
+            try:
+                synced = server.add_entry(
+                    entry, writer.master_key, writer.recovery, writer.ledger_id, entry_id, lac, False,
+                    writer.writer_epoch,
+                )
+            except (Exception, asyncio.CancelledError) as exc:
+                self._refuse_add(run, index, exc)
+                self._release(len(entry), 1)
+                continue
+            single = AddRun(writer, run.answers, run.received_at)
+            single.txns.append(txn)
+            single.entry_ids.append(entry_id)
+            single.lacs.append(lac)
+            single.entries.append(entry)
+            single.size = len(entry)
+            self._answer_when_synced(single, synced)
+
+    def _answer_when_synced(self, run: AddRun, synced: asyncio.Future[None]) -> None:
+        waiting = self._adds.get(synced)
+        if waiting is None:
+            waiting = self._adds[synced] = []
+            synced.add_done_callback(self._adds_synced)
+        waiting.append(run)
 
     def _room_for_add(self, size: int) -> bool:
         """Whether an add of `size` bytes fits the add-byte limits (else the connection waits for room to be
@@ -287,75 +380,29 @@ class Connection(asyncio.Protocol):
         short_of_room = (
             size > limits.max_connection_add_bytes - self.add_bytes or size > limits.max_add_bytes - server.add_bytes
         )
-        if short_of_room and not server.admit_adds(self, size):
-            self._admission_blocked = True
-            return False
-        return True
+        return not short_of_room or self._wait_for_room(size)
 
-    def _fast_add(self, add: bkwire.AddFields, received_at: float) -> None:
-        """Apply a checked V3 add at once and answer it with its group commit (the adds of one commit together)."""
-        server = self.server
-        txn, ledger_id, entry_id, key, entry, recovery, writer_epoch, lac = add
-        try:
-            synced = server.add_entry(entry, key, recovery, ledger_id, entry_id, lac, False, writer_epoch)
-        except (Exception, asyncio.CancelledError) as exc:
-            self._refuse_add(txn, ledger_id, entry_id, exc)
-            return
-        self.in_flight += 1
-        waiting = self._adds.get(synced)
-        if waiting is None:
-            waiting = self._adds[synced] = _WaitingAdds()
-            synced.add_done_callback(self._adds_synced)
-        waiting.adds.append((txn, ledger_id, entry_id))
-        waiting.starts.append(received_at)
-        size = len(entry)
-        waiting.size += size
-        self.add_bytes += size
-        server.add_bytes += size
+    def _wait_for_room(self, size: int) -> bool:
+        """An add of `size` bytes does not fit the limits as they stand: whether the server admits it anyway (the
+        first add of a connection or of all), else the connection waits to be resumed."""
+        if self.server.admit_adds(self, size):
+            return True
+        self._admission_blocked = True
+        return False
 
-    def _fast_add_once_admitted(self, add: bkwire.AddFields) -> None:
-        """A fast-path add of a ledger this bookie does not hold yet (a new ledger's first adds, every copy a repair
-        makes to a replacement): held until the ledger's admission lookup answers, then applied as a fast add, or
-        refused with the lookup's error. The adds of one ledger that arrive meanwhile wait together, in order, behind
-        one lookup task, instead of each being decoded by protobuf, run as a request and answered one by one (a
-        repair's whole fragment arrives before its lookup answers). While held, an add counts as in flight and holds
-        its bytes, as one waiting for its commit does."""
-        ledger_id, size = add[1], len(add[4])
-        self.in_flight += 1
-        self.add_bytes += size
-        self.server.add_bytes += size
-        held = self._held_adds.get(ledger_id)
-        if held is None:
-            held = self._held_adds[ledger_id] = []
-            lookup = self._loop.create_task(self.server.admission.admit(ledger_id))
-            lookup.add_done_callback(functools.partial(self._admission_answered, ledger_id))
-        held.append((add, self._received_at))
-
-    def _admission_answered(self, ledger_id: int, lookup: asyncio.Task[None]) -> None:
-        """Apply (or refuse, with the lookup's error) the adds held for a ledger's admission lookup."""
-        error = lookup.exception() if not lookup.cancelled() else errors.ShuttingDown("cancelled while shutting down")
-        refused = released = 0
-        for add, received_at in self._held_adds.pop(ledger_id):
-            size = len(add[4])
-            self.add_bytes -= size
-            if error is None:
-                self.server.add_bytes -= size
-                self.in_flight -= 1
-                self._fast_add(add, received_at)  # counted again, from its apply to its commit
-            else:
-                self._refuse_add(add[0], add[1], add[2], error)
-                refused, released = refused + 1, released + size
-        self.server.release_adds(released)
-        self._finished(refused)
-
-    def _refuse_add(self, txn: bytes, ledger_id: int, entry_id: int, error: BaseException) -> None:
-        """Answer a fast-path add that storage refused (or whose commit failed) with the bookie's status."""
+    def _refuse_add(self, run: AddRun, index: int, error: BaseException) -> None:
+        """Answer an add of a run that storage refused (or whose commit failed) with the bookie's status."""
         status = status_of(error)
         if status == Status.INTERNAL_ERROR:
-            log.error("ADD_ENTRY for ledger %d from %s failed: %s", ledger_id, self.peer, error)
+            log.error("ADD_ENTRY for ledger %d from %s failed: %s", run.writer.ledger_id, self.peer, error)
         self.server.metrics.count_error(OperationType.ADD_ENTRY, status)
-        request = bkwire.add_request_of(txn, ledger_id, entry_id)
-        self.send(self._session.refusal(request, status, str(error)))
+        self.send(run.answers.add_refusal(run, index, status, str(error)))
+
+    def _release(self, size: int, count: int) -> None:
+        """Adds of `size` bytes left the connection's hands (answered or refused)."""
+        self.add_bytes -= size
+        self.server.release_adds(size)
+        self._finished(count)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -387,18 +434,20 @@ class Connection(asyncio.Protocol):
     def _adds_synced(self, synced: asyncio.Future[None]) -> None:
         """Answer every add of this connection that waited for this group commit, written at once: the client makes
         its next adds from these answers (a turn of the loop later is a receive of up to 256 KiB later)."""
-        adds = self._adds.pop(synced)
+        runs = self._adds.pop(synced)
         error = synced.exception() if not synced.cancelled() else errors.ShuttingDown("cancelled while shutting down")
+        size = sum(run.size for run in runs)
+        count = sum(len(run.entry_ids) for run in runs)
         if error is None:
-            self.send(_encode_add_acks(adds.adds))
-            self.server.metrics.observe_adds(adds.size, time.perf_counter(), adds.starts)
+            self.send(b"".join([run.answers.add_acks(run) for run in runs]))
+            received = [(run.received_at, len(run.entry_ids)) for run in runs]
+            self.server.metrics.observe_adds(size, time.perf_counter(), received)
         else:
-            log.error("%d adds from %s failed: %s", len(adds.adds), self.peer, error)
-            for add in adds.adds:
-                self._refuse_add(*add, error)
-        self.add_bytes -= adds.size
-        self.server.release_adds(adds.size)
-        self._finished(len(adds.adds))
+            log.error("%d adds from %s failed: %s", count, self.peer, error)
+            for run in runs:
+                for index in range(len(run.entry_ids)):
+                    self._refuse_add(run, index, error)
+        self._release(size, count)
         self._flush()
 
     def step(

@@ -36,12 +36,12 @@ class _Latency:
         self.sum += seconds
         self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
-    def observe_since(self, now: float, starts: list[float]) -> None:
-        """One latency per start: `now` minus it."""
+    def observe_since(self, now: float, received: list[tuple[float, int]]) -> None:
+        """`count` latencies of `now` minus `start` for each (start, count) in `received`."""
         counts, buckets, bisect_left = self.counts, LATENCY_BUCKETS, bisect.bisect_left
-        for start in starts:
-            counts[bisect_left(buckets, now - start)] += 1
-        self.sum += now * len(starts) - sum(starts)
+        for start, count in received:
+            counts[bisect_left(buckets, now - start)] += count
+            self.sum += (now - start) * count
 
     def family(self, name: str, documentation: str) -> HistogramMetricFamily:
         cumulative = list(itertools.accumulate(self.counts))
@@ -94,12 +94,13 @@ class BookieMetrics:
         self.long_polls = Gauge("bookie_long_polls", "READ_LAC long polls waiting", registry=self.registry)
         self.used_bytes = Gauge("bookie_used_bytes", "Bytes used by ledger storage", registry=self.registry)
 
-    def observe_adds(self, size: int, now: float, starts: list[float]) -> None:
-        """Adds acknowledged together at `now` (perf_counter): `size` entry bytes in all, received at `starts`."""
+    def observe_adds(self, size: int, now: float, received: list[tuple[float, int]]) -> None:
+        """Adds acknowledged together at `now` (perf_counter): `size` entry bytes in all, received as (when, how
+        many): the adds of one read share its time."""
         hot_path = self._hot_path
-        hot_path.adds += len(starts)
+        hot_path.adds += sum(count for _, count in received)
         hot_path.bytes_written += size
-        hot_path.add_latency.observe_since(now, starts)
+        hot_path.add_latency.observe_since(now, received)
 
     def observe_journal_sync(self, size: int, seconds: float) -> None:
         """The journal's `on_sync`: one group commit of `size` bytes took `seconds` to write and fdatasync."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import logging
 import mmap
 import os
@@ -281,12 +282,27 @@ class Journal:
     def append(self, rtype: RecordType, body: bytes) -> Batch:
         """Queue a record; the returned future (shared by the whole batch) resolves once it is fdatasynced.
         Await it directly: it ignores cancellation, so no asyncio.shield (an allocation per add) is needed."""
+        header = RECORD_HEADER.pack(len(body), crc32c.crc32c(body, _TYPE_CRC[rtype]), rtype)
+        return self._queue((header, body), RECORD_HEADER.size + len(body))
+
+    def append_run(self, rtype: RecordType, bodies: list[bytes]) -> Batch:
+        """`append` of each body in order, their headers made in C, queued at once: the adds of one read."""
+        count = len(bodies)
+        sizes = list(map(len, bodies))
+        pieces: list[bytes] = [b""] * (2 * count)
+        pieces[::2] = map(
+            RECORD_HEADER.pack, sizes, map(crc32c.crc32c, bodies, itertools.repeat(_TYPE_CRC[rtype], count)),
+            itertools.repeat(rtype, count),
+        )
+        pieces[1::2] = bodies
+        return self._queue(pieces, RECORD_HEADER.size * count + sum(sizes))
+
+    def _queue(self, pieces: tuple[bytes, ...] | list[bytes], size: int) -> Batch:
         if self._failure is not None:
             raise StorageFailure(f"journal in {self.directory} failed: {self._failure}")
-        header = RECORD_HEADER.pack(len(body), crc32c.crc32c(body, _TYPE_CRC[rtype]), rtype)
         with self._lock:
-            self._pending += (header, body)
-            self._pending_bytes += RECORD_HEADER.size + len(body)
+            self._pending += pieces
+            self._pending_bytes += size
             if self._writer_idle or (self._writer_filling and self._pending_bytes >= self._flush_bytes):
                 self._records_ready.notify()
             batch = self._batch

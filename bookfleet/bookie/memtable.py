@@ -22,6 +22,14 @@ class Memtable:
         entries[entry_id] = entry
         self.size += len(entry)
 
+    def put_run(self, ledger_id: int, entry_ids: list[int], entries: list[bytes]) -> None:
+        """`put` of each pair in order, in C."""
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None:
+            ledger = self.ledgers[ledger_id] = {}
+        ledger.update(zip(entry_ids, entries, strict=True))
+        self.size += sum(map(len, entries))
+
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         entries = self.ledgers.get(ledger_id)
         return None if entries is None else entries.get(entry_id)

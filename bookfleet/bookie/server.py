@@ -36,7 +36,7 @@ from bookfleet.bookie.accepting import Acceptor
 from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.connection import Connection
 from bookfleet.bookie.http import BookieMetrics
-from bookfleet.bookie.serving import ServerLimits
+from bookfleet.bookie.serving import AddRun, ServerLimits
 from bookfleet.security import roles
 from bookfleet.security.tls import ReloadingContext, TlsConfigError
 
@@ -161,6 +161,17 @@ class BookieServer:
         if self.read_only is not None and not reserved:
             raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
         return self.storage.add_unpacked(ledger_id, entry_id, lac, entry, master_key, recovery, writer_epoch)
+
+    def add_run(self, run: AddRun) -> asyncio.Future[None]:
+        """The adds of one writer from one read, applied at once by one storage call (`add_entry`'s checks, made
+        once for them all)."""
+        if self.read_only is not None:
+            raise errors.ReadOnly(f"bookie is read-only: {self.read_only}")
+        writer = run.writer
+        return self.storage.add_run(
+            writer.ledger_id, writer.master_key, writer.recovery, writer.writer_epoch, run.entry_ids, run.lacs,
+            run.entries,
+        )
 
     def add_needs_check(self, ledger_id: int, recovery: bool, principal: roles.Principal | None) -> bool:
         """Whether an add must wait for ZooKeeper: a ledger not admitted yet, a client's recovery add (allowed

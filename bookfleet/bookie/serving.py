@@ -12,7 +12,7 @@ import asyncio
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from bookfleet.bookie.admission import LedgerAdmission
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bookfleet.bookie.storage import LedgerStorage
     from bookfleet.security import roles
     from bookfleet.security.tls import ReloadingContext
+    from bookfleet.wire import Status
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
 """Seconds a peer has to send its first byte, and as many to finish a TLS handshake, before it is dropped."""
@@ -42,6 +43,53 @@ class ServerLimits:
         for limit in fields(self):
             if getattr(self, limit.name) <= 0:
                 raise ValueError(f"server limit {limit.name} must be positive, got {getattr(self, limit.name)}")
+
+
+class AddRun:
+    """Consecutive adds of one read from one writer (ledger, master key, recovery flag, writer epoch), each read and
+    checked in place: applied together (`AddPath.add_run`) and answered together with their group commit."""
+
+    __slots__ = ("answers", "entries", "entry_ids", "lacs", "received_at", "size", "txns", "writer")
+
+    def __init__(self, writer: AddWriter, answers: AddAnswers, received_at: float) -> None:
+        self.writer = writer
+        self.answers = answers
+        """The protocol session the adds came in (a START_TLS may choose another before they are answered)."""
+        self.received_at = received_at
+        """When the read that brought them arrived (perf_counter): the start of their latency."""
+        self.txns: list[bytes] = []
+        """Each add's txnId as its varint's bytes (V3; empty bytes for V2, whose answers name ledger and entry)."""
+        self.entry_ids: list[int] = []
+        self.lacs: list[int] = []
+        self.entries: list[bytes] = []
+        self.size = 0
+        """Entry bytes of them all, held toward the add-byte limits until they are answered."""
+
+
+class AddWriter(Protocol):
+    """The fields every add of one writer repeats (bkwire's AddRequestEncoder for V3, V2AddWriter for V2)."""
+
+    ledger_id: int
+    master_key: bytes
+    recovery: bool
+    writer_epoch: int
+
+
+class WriterFields(NamedTuple):
+    """An `AddWriter` of adds decoded by protobuf (another client's layout than bkwire's in-place readers read)."""
+
+    ledger_id: int
+    master_key: bytes
+    recovery: bool
+    writer_epoch: int
+
+
+class AddAnswers(Protocol):
+    """How a protocol answers the adds of a run."""
+
+    def add_acks(self, run: AddRun) -> bytes: ...
+
+    def add_refusal(self, run: AddRun, index: int, status: Status, message: str) -> bytes: ...
 
 
 class Peer(Protocol):
@@ -78,6 +126,10 @@ class AddPath(Protocol):
         reserved: bool = False, writer_epoch: int = 0,
     ) -> asyncio.Future[None]:
         """An add applied at once; the future of its group commit."""
+
+    def add_run(self, run: AddRun) -> asyncio.Future[None]:
+        """A run of adds applied at once, all or none (what would refuse one raises and applies none: the caller
+        adds them one by one with `add_entry` then); the future of their group commit."""
 
 
 class Server(AddPath, Protocol):

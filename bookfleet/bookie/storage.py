@@ -304,6 +304,54 @@ class LedgerStorage:
             wire.check_entry_id(entry_id, "entry header's entry id")
             wire.check_lac(lac, "entry header's lac")
             wire.check_writer_epoch(writer_epoch)
+        state = self._writable(ledger_id, master_key, recovery)
+        if writer_epoch != state.writer_epoch:
+            if writer_epoch > state.writer_epoch:
+                self._raise_epoch(state, ledger_id, writer_epoch)
+            elif not recovery or self._holds_other_copy(state, ledger_id, entry_id, entry):
+                # A recovery add or repair copy may fill in an entry and repeat one, never replace a newer
+                # writer's copy with an older writer's view of the ledger.
+                raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
+        self._put(state, ledger_id, entry_id, lac, entry)
+        return self._unless_memtable_full(self._journal.append(RecordType.ADD, entry))
+
+    def add_run(
+        self, ledger_id: int, master_key: bytes, recovery: bool, writer_epoch: int, entry_ids: list[int],
+        lacs: list[int], entries: list[bytes],
+    ) -> asyncio.Future[None]:
+        """Consecutive adds of one writer (ledger, key, recovery flag, epoch) applied as `add_unpacked` applies each
+        in turn, with one memtable insert and one journal append for them all; every entry's header must name
+        `ledger_id`, its `entry_ids` and `lacs` (the caller read them from it). All or nothing: whatever would refuse
+        one of them (the same checks, made once) raises before anything changes, and the caller adds them one by one
+        to learn which (only a recovery add of an older epoch is judged entry by entry)."""
+        if not self._open:
+            raise ShuttingDown("the bookie's storage is closed")
+        if not (
+            0 <= ledger_id <= _INT64_MAX and 0 <= writer_epoch <= _INT64_MAX
+            and min(entry_ids) >= 0 and max(entry_ids) <= _INT64_MAX and min(lacs) >= -1 and max(lacs) <= _INT64_MAX
+        ):
+            raise BadRequest(f"adds to ledger {ledger_id} with an id, lac or writer epoch out of range")
+        state = self._writable(ledger_id, master_key, recovery)
+        if writer_epoch > state.writer_epoch:
+            self._raise_epoch(state, ledger_id, writer_epoch)
+        elif writer_epoch < state.writer_epoch:
+            raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
+        self._active.put_run(ledger_id, entry_ids, entries)
+        self._advance(state, ledger_id, max(entry_ids), max(lacs))
+        return self._unless_memtable_full(self._journal.append_run(RecordType.ADD, entries))
+
+    def _unless_memtable_full(self, synced: asyncio.Future[None]) -> asyncio.Future[None]:
+        """An add's commit future, or, once the memtable is full and its flush still runs at twice the size, one that
+        also waits for that flush (backpressure on adds)."""
+        if self._active.size >= self.settings.memtable_bytes:
+            flushing = self._memtable_full()
+            if flushing is not None:
+                return asyncio.ensure_future(self._synced_after(flushing, synced))
+        return synced
+
+    def _writable(self, ledger_id: int, master_key: bytes, recovery: bool) -> IndexedLedger:
+        """The state of a ledger an add may change (created by its first add), or why not: a failed storage or a
+        quarantined ledger, another master key, a fenced ledger to all but recovery adds."""
         if self.failure is not None or self._quarantined:
             self._check_changeable(ledger_id)
         state = self._ledgers.get(ledger_id)
@@ -313,20 +361,7 @@ class LedgerStorage:
             raise Unauthorized(ledger_id)
         if state.fenced and not recovery:
             raise LedgerFenced(ledger_id)
-        if writer_epoch != state.writer_epoch:
-            if writer_epoch > state.writer_epoch:
-                self._raise_epoch(state, ledger_id, writer_epoch)
-            elif not recovery or self._holds_other_copy(state, ledger_id, entry_id, entry):
-                # A recovery add or repair copy may fill in an entry and repeat one, never replace a newer
-                # writer's copy with an older writer's view of the ledger.
-                raise StaleWriterEpoch(ledger_id, writer_epoch, state.writer_epoch)
-        self._put(state, ledger_id, entry_id, lac, entry)
-        synced = self._journal.append(RecordType.ADD, entry)
-        if self._active.size >= self.settings.memtable_bytes:
-            flushing = self._memtable_full()
-            if flushing is not None:
-                synced = asyncio.ensure_future(self._synced_after(flushing, synced))
-        return synced
+        return state
 
     @staticmethod
     async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
@@ -727,6 +762,11 @@ class LedgerStorage:
 
     def _put(self, state: IndexedLedger, ledger_id: int, entry_id: int, lac: int, entry: bytes) -> None:
         self._active.put(ledger_id, entry_id, entry)
+        self._advance(state, ledger_id, entry_id, lac)
+
+    def _advance(self, state: IndexedLedger, ledger_id: int, entry_id: int, lac: int) -> None:
+        """A ledger's entries up to `entry_id` with `lac` in their headers are in the memtable: its last entry and
+        LAC move on, waking the long polls the LAC passes."""
         self._dirty.add(ledger_id)
         if entry_id > state.last_entry:
             state.last_entry = entry_id

@@ -11,7 +11,16 @@ from bookfleet import bkprotocol, bkwire, wire
 from bookfleet.bkprotocol import BookieInfoWanted, OperationType, ReadFlag, StatusCode
 from bookfleet.bkwire import V2Flag, V2Op, V2Status
 from bookfleet.client.connection import BookieClient
-from tests.fixtures.bkclient import MASTER_KEY, BkConnection, bk_entry, v2_add, v2_batch_read, v2_read, v3_request
+from tests.fixtures.bkclient import (
+    MASTER_KEY,
+    BkConnection,
+    V2Answer,
+    bk_entry,
+    v2_add,
+    v2_batch_read,
+    v2_read,
+    v3_request,
+)
 from tests.fixtures.bookies import encode_test_entry
 
 OTHER_KEY = b"\x01" * bkwire.MASTER_KEY_SIZE
@@ -186,3 +195,49 @@ async def test_hostile_bookkeeper_frames_cost_only_their_connection(bookie_fleet
     assert (await steady.v2(v2_read(5, 0))).body == bk_entry(5, 0, b"steady")
     assert (await v3.v3(v3_request(OperationType.READ_ENTRY, 9, ledgerId=5, entryId=0))).status == StatusCode.EOK
     assert bookie.running and "Traceback" not in bookie.log_path.read_text()
+
+
+async def test_the_adds_of_one_read_are_applied_together_and_answered_add_by_add(bookie_fleet):
+    """Adds that arrive in one read are applied as runs of one writer, but each is judged as if alone: in one write,
+    adds to a live ledger, to a fenced one, with a wrong key, a stale writer's, recovery adds of an older writer that
+    fill in or would replace, and reads of what an add just before them in the same write stored."""
+    (bookie,) = bookie_fleet.start(1)
+    v2 = await BkConnection.open(bookie.port)
+    assert (await v2.v2(v2_add(bk_entry(4, 0, b"fenced soon")))).rc == V2Status.EOK
+    assert (await v2.v2(v2_read(4, -1, V2Flag.FENCE, MASTER_KEY))).rc == V2Status.EOK
+    frames = [
+        v2_add(bk_entry(3, 0, b"a")), v2_add(bk_entry(3, 1, b"b")), v2_add(bk_entry(4, 1, b"late")),
+        v2_add(bk_entry(3, 2, b"c")), v2_add(bk_entry(3, 3, b"bad key"), key=OTHER_KEY), v2_add(bk_entry(3, 4, b"d")),
+        v2_read(3, 4), v2_add(bk_entry(4, 1, b"recovered"), V2Flag.RECOVERY_ADD),
+    ]
+    await v2.send(*frames)
+    answers = [await v2.frame() for _ in frames]
+    v2_answers = sorted((a.op, a.ledger_id, a.entry_id, a.rc) for a in map(V2Answer, answers))
+    assert v2_answers == [
+        (V2Op.ADD, 3, 0, V2Status.EOK), (V2Op.ADD, 3, 1, V2Status.EOK), (V2Op.ADD, 3, 2, V2Status.EOK),
+        (V2Op.ADD, 3, 3, V2Status.EUA), (V2Op.ADD, 3, 4, V2Status.EOK),
+        (V2Op.ADD, 4, 1, V2Status.EOK), (V2Op.ADD, 4, 1, V2Status.EFENCED),
+        (V2Op.READ, 3, 4, V2Status.EOK),
+    ]
+    assert next(a for a in map(V2Answer, answers) if a.op == V2Op.READ).body == bk_entry(3, 4, b"d")
+    assert (await v2.v2(v2_read(4, 1))).body == bk_entry(4, 1, b"recovered")
+    await v2.close()
+
+    v3 = await BkConnection.open(bookie.port)
+    newer, older = bkwire.AddRequestEncoder(5, MASTER_KEY, 2), bkwire.AddRequestEncoder(5, MASTER_KEY, 1)
+    recovering = bkwire.AddRequestEncoder(5, MASTER_KEY, 1, recovery=True)
+    frames = [
+        newer.frame(bkwire.varint(1), bk_entry(5, 0, b"a")), newer.frame(bkwire.varint(2), bk_entry(5, 1, b"b")),
+        older.frame(bkwire.varint(3), bk_entry(5, 2, b"stale")),
+        recovering.frame(bkwire.varint(4), bk_entry(5, 1, b"b")),  # the same copy again: taken
+        recovering.frame(bkwire.varint(5), bk_entry(5, 0, b"other")),  # would replace the newer writer's: refused
+        recovering.frame(bkwire.varint(6), bk_entry(5, 2, b"filled in")),
+        v3_request(OperationType.READ_ENTRY, 7, ledgerId=5, entryId=2),
+    ]
+    await v3.send(*frames)
+    responses = [bkprotocol.Response.FromString(await v3.frame()) for _ in frames]
+    statuses = {r.header.txnId: r.status for r in responses}
+    assert statuses == {1: StatusCode.EOK, 2: StatusCode.EOK, 3: StatusCode.EFENCED, 4: StatusCode.EOK,
+                        5: StatusCode.EFENCED, 6: StatusCode.EOK, 7: StatusCode.EOK}
+    assert next(r for r in responses if r.header.txnId == 7).readResponse.body == bk_entry(5, 2, b"filled in")
+    await v3.close()

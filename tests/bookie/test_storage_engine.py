@@ -362,3 +362,37 @@ async def test_the_journal_commits_while_the_event_loop_is_busy_and_resolves_the
     await batch
     assert log.synced == journal.JournalPosition(log.current_seq, synced[0])
     await log.close()
+
+
+async def test_a_run_of_adds_is_applied_as_each_add_would_be_or_not_at_all(open_storage, storage_dirs):
+    """`add_run` (the adds of one writer from one read): the same entries, last entry, LAC, epoch and journal records
+    as adding each in turn; refused whole, changing nothing, for whatever would refuse one of them."""
+    storage = await open_storage()
+    entries = [make_entry(1, e) for e in range(5)]
+    await storage.add_run(1, KEY, False, 2, list(range(5)), [e - 1 for e in range(5)], entries)
+    assert [await storage.read_entry(1, e) for e in range(5)] == entries
+    assert (storage.last_entry_id(1), storage.lac(1)) == (4, 3)
+    with pytest.raises(StaleWriterEpoch):
+        await storage.add_entry(1, 5, make_entry(1, 5), KEY, writer_epoch=1)  # the run raised the ledger's epoch
+
+    refusals = [
+        (Unauthorized, (1, OTHER_KEY, False, 2)), (StaleWriterEpoch, (1, KEY, False, 1)),
+        (StaleWriterEpoch, (1, KEY, True, 1)),  # judged entry by entry: the caller adds them one by one
+        (BadRequest, (-1, KEY, False, 2)), (BadRequest, (1, KEY, False, 2**63)),
+    ]
+    for error, (ledger_id, key, recovery, epoch) in refusals:
+        with pytest.raises(error):
+            storage.add_run(ledger_id, key, recovery, epoch, [5, 6], [4, 5], [make_entry(1, 5), make_entry(1, 6)])
+    with pytest.raises(BadRequest):
+        storage.add_run(1, KEY, False, 2, [5, -1], [4, 5], [make_entry(1, 5), make_entry(1, 6)])
+    await storage.fence(1, KEY)
+    with pytest.raises(LedgerFenced):
+        storage.add_run(1, KEY, False, 2, [5, 6], [4, 5], [make_entry(1, 5), make_entry(1, 6)])
+    assert (storage.last_entry_id(1), storage.lac(1)) == (4, 3)
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(1, 5)
+
+    await storage.add_run(1, KEY, True, 2, [5, 6], [4, 5], [make_entry(1, 5), make_entry(1, 6)])  # recovery: taken
+    storage = await open_storage()  # the first one is dropped, never closed: its journal replayed
+    assert [await storage.read_entry(1, e) for e in range(7)] == [*entries, make_entry(1, 5), make_entry(1, 6)]
+    assert (storage.last_entry_id(1), storage.lac(1)) == (6, 5)
