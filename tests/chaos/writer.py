@@ -142,8 +142,7 @@ class ChaosWriter:
         staged = self.dir / f"{self.name}.ledger.partial"
         staged.write_text(str(writer.ledger_id))
         staged.replace(self.dir / f"{self.name}.ledger")
-        written = asyncio.Event()
-        reading = asyncio.ensure_future(self._read_along(bk, writer.ledger_id, written))
+        reading = asyncio.ensure_future(self._read_along(bk, writer.ledger_id))
         window = self.rng.choice([1, 8, 64])
         in_flight: list[asyncio.Future[int]] = []
         try:
@@ -175,17 +174,14 @@ class ChaosWriter:
             with contextlib.suppress(LedgerWriteError, KazooException):
                 await writer.detach()
         finally:
-            written.set()
             reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
 
-    async def _read_along(self, bk: BookKeeper, ledger_id: int, written: asyncio.Event) -> None:
+    async def _read_along(self, bk: BookKeeper, ledger_id: int) -> None:
         """A reader beside the writer: a random confirmed entry now and then, never one past the LAC it learned,
-        until `written` is set. Not until cancelled alone: Python 3.11's asyncio.wait_for (the client's read) loses a
-        cancellation that lands as its read completes (CPython gh-86296), and the reader read on for good while the
-        writer waited for it to end (two of three short runs, 2026-11-28, each until killed at the end)."""
-        while not written.is_set():
+        until cancelled (the client's deadlines are asyncio.timeout, which never drops a cancel)."""
+        while True:
             await asyncio.sleep(self.rng.uniform(0.1, 0.6))
             try:
                 reader = await bk.open_ledger(ledger_id)

@@ -77,17 +77,41 @@ def facts(output: str, prefix: str) -> list[str]:
     return [line[len(prefix) + 1 :] for line in output.splitlines() if line.startswith(prefix + " ")]
 
 
-def ledger_read_from_java(zk: str, ledger_id: int, digest_type: wire.DigestType, password: bytes) -> list[bytes]:
-    """Every entry of a closed ledger as BookKeeper's client reads it (LedgerDigestProbe: each digest checked, the
-    digest type and password given), in order."""
-    done = java(DIGEST_PROBE, f"zk+hierarchical://{zk}/ledgers", "read", ledger_id, digest_type.name,
-                password.decode(), timeout=240)
-    assert done.returncode == 0, f"read of ledger {ledger_id} exited {done.returncode}:\n{done.stdout[-3000:]}" \
+def ledgers_read_from_java(
+    zk: str, ledgers: list[tuple[int, wire.DigestType, bytes]]
+) -> dict[int, list[bytes]]:
+    """Every entry of each closed (ledger id, digest type, password) as BookKeeper's client reads it
+    (LedgerDigestProbe: each digest checked, the digest type and password given), in order; one JVM for them all."""
+    args = [arg for ledger_id, digest_type, password in ledgers for arg in (ledger_id, digest_type.name,
+                                                                            password.decode())]
+    done = java(DIGEST_PROBE, f"zk+hierarchical://{zk}/ledgers", "read", *args, timeout=240)
+    assert done.returncode == 0, f"read of ledgers {args[::3]} exited {done.returncode}:\n{done.stdout[-3000:]}" \
         f"{done.stderr[-3000:]}"
-    entries = [line.split(" ") for line in done.stdout.splitlines() if line.startswith("entry ")]
-    assert [int(entry_id) for _, entry_id, _ in entries] == list(range(len(entries))), done.stdout[-3000:]
-    assert facts(done.stdout, "last") == [str(len(entries) - 1)], done.stdout[-3000:]
-    return [bytes.fromhex(payload) for *_, payload in entries]
+    read: dict[int, list[bytes]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("reading "):
+            entries = read[int(line.removeprefix("reading "))] = []
+        elif line.startswith("entry "):
+            _, entry_id, payload = line.split(" ")
+            assert int(entry_id) == len(entries), done.stdout[-3000:]
+            entries.append(bytes.fromhex(payload))
+    assert list(read) == [ledger_id for ledger_id, _, _ in ledgers], done.stdout[-3000:]
+    assert facts(done.stdout, "last") == [str(len(entries) - 1) for entries in read.values()], done.stdout[-3000:]
+    return read
+
+
+def ledger_read_from_java(zk: str, ledger_id: int, digest_type: wire.DigestType, password: bytes) -> list[bytes]:
+    """Every entry of one closed ledger as BookKeeper's client reads it (ledgers_read_from_java)."""
+    return ledgers_read_from_java(zk, [(ledger_id, digest_type, password)])[ledger_id]
+
+
+def ledger_written_by_java(zk: str, digest_type: wire.DigestType, password: str, entries: int) -> int:
+    """The id of a closed E3/Qw2/Qa2 ledger BookKeeper's client wrote (LedgerDigestProbe: `entries` entries of
+    `probe_payload`)."""
+    done = java(DIGEST_PROBE, f"zk+hierarchical://{zk}/ledgers", "write", digest_type.name, password, entries)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (ledger_id,) = map(int, facts(done.stdout, "ledger"))
+    return ledger_id
 
 
 def probe_payload(entry_id: int) -> bytes:

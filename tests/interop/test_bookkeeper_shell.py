@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import re
-import shutil
-import subprocess
 
 import pytest
 
-from bookfleet.bench.bookkeeper import JAVA17_OPENS, built_reference
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.fleet import StandaloneCluster
 from bookfleet.meta import cookies, layout
@@ -21,10 +19,10 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.replication.auditor import Auditor
+from tests.interop import javaside
+from tests.interop.javaside import requires_java, write_conf
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no JDK on PATH: BookKeeper's shell needs java")
-
-SHELL_MAIN = "org.apache.bookkeeper.bookie.BookieShell"
+pytestmark = requires_java
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +39,9 @@ def zk(fleet):
 
 @pytest.fixture(scope="module")
 def shell(fleet, tmp_path_factory):
-    """Run one BookieShell command against the fleet's ZooKeeper; its whole output (the shell logs what it prints)."""
-    lib = built_reference() / "lib"
-    conf = tmp_path_factory.mktemp("shell") / "bk.conf"
-    conf.write_text(f"metadataServiceUri=zk+hierarchical://{fleet.zk}/ledgers\nzkTimeout=30000\n")
-
-    def run(*command: str) -> str:
-        done = subprocess.run(
-            ["java", *JAVA17_OPENS, "-cp", f"{lib}/*", SHELL_MAIN, "-conf", str(conf), *command],
-            capture_output=True, text=True, timeout=180,
-        )
-        output = done.stdout + done.stderr
-        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{output[-4000:]}"
-        return output
-
-    return run
+    """Run one BookieShell command against the fleet's ZooKeeper (javaside.shell: a small JVM); its whole output."""
+    conf = write_conf(tmp_path_factory.mktemp("shell") / "bk.conf", fleet.zk)
+    return functools.partial(javaside.shell, conf)
 
 
 @pytest.fixture(scope="module")

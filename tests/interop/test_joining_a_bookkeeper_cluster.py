@@ -10,14 +10,14 @@ import asyncio
 
 import pytest
 
+from bookfleet import wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.meta import cookies, layout, zkpaths
 from bookfleet.meta.metadata import MetadataStore
 from bookfleet.meta.registry import BookieRegistry
 from tests.interop.javaside import (
     JavaBookie,
-    facts,
-    java,
+    ledger_written_by_java,
     probe_payload,
     requires_java,
     shell,
@@ -46,10 +46,7 @@ def test_a_bookfleet_bookie_joins_a_bookkeeper_cluster_and_takes_a_stock_bookies
     bookkeepers_layout, instance_id = zk.get(zkpaths.LAYOUT)[0], layout.instance_id(zk)
     stock = started_side_by_side([JavaBookie(tmp_path / f"java-{n}", zk_connect) for n in range(3)], zk)
     try:
-        written = java("LedgerDigestProbe", f"zk+hierarchical://{zk_connect}/ledgers", "write", "CRC32C", PASSWORD,
-                       ENTRIES)
-        assert written.returncode == 0, written.stdout[-3000:] + written.stderr[-3000:]
-        (ledger_id,) = map(int, facts(written.stdout, "ledger"))
+        ledger_id = ledger_written_by_java(zk_connect, wire.DigestType.CRC32C, PASSWORD, ENTRIES)
 
         (ours,) = bookie_fleet.start(1)
         assert zk.get(zkpaths.LAYOUT)[0] == bookkeepers_layout

@@ -14,9 +14,11 @@ import org.apache.bookkeeper.conf.ClientConfiguration;
  * <p>{@code LedgerDigestProbe METADATA_URI write DIGEST PASSWORD ENTRIES}: creates a ledger (E3, Qw2, Qa2), adds
  * ENTRIES entries whose payloads are {@code payload(i)}, closes it and prints {@code ledger ID}.
  *
- * <p>{@code LedgerDigestProbe METADATA_URI read LEDGER DIGEST PASSWORD}: opens the ledger (recovery open) with digest
- * type autodetection off, so the digest type the metadata names must be DIGEST, reads every entry and prints
- * {@code entry ID HEX} for each, then {@code last ID}. Any failure is an exception and a non-zero exit.
+ * <p>{@code LedgerDigestProbe METADATA_URI read LEDGER DIGEST PASSWORD [LEDGER DIGEST PASSWORD ...]}: for each
+ * ledger in turn, prints {@code reading LEDGER}, opens it (recovery open) with digest type autodetection off, so the
+ * digest type the metadata names must be DIGEST, reads every entry and prints {@code entry ID HEX} for each, then
+ * {@code last ID}: several ledgers in one JVM, whose start costs more than the reads. Any failure is an exception and
+ * a non-zero exit.
  */
 public final class LedgerDigestProbe {
     private LedgerDigestProbe() {
@@ -27,9 +29,9 @@ public final class LedgerDigestProbe {
     }
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 5) {
+        if (args.length < 5 || (args[1].equals("write") ? args.length != 5 : (args.length - 2) % 3 != 0)) {
             System.err.println("usage: LedgerDigestProbe METADATA_URI write DIGEST PASSWORD ENTRIES"
-                    + " | LedgerDigestProbe METADATA_URI read LEDGER DIGEST PASSWORD");
+                    + " | LedgerDigestProbe METADATA_URI read LEDGER DIGEST PASSWORD [LEDGER DIGEST PASSWORD ...]");
             System.exit(2);
         }
         ClientConfiguration conf = new ClientConfiguration();
@@ -41,7 +43,10 @@ public final class LedgerDigestProbe {
             if (args[1].equals("write")) {
                 write(bookKeeper, BookKeeper.DigestType.valueOf(args[2]), password(args[3]), Integer.parseInt(args[4]));
             } else {
-                read(bookKeeper, Long.parseLong(args[2]), BookKeeper.DigestType.valueOf(args[3]), password(args[4]));
+                for (int at = 2; at < args.length; at += 3) {
+                    read(bookKeeper, Long.parseLong(args[at]), BookKeeper.DigestType.valueOf(args[at + 1]),
+                            password(args[at + 2]));
+                }
             }
         }
     }
@@ -62,6 +67,7 @@ public final class LedgerDigestProbe {
 
     private static void read(BookKeeper bookKeeper, long ledgerId, BookKeeper.DigestType digest, byte[] password)
             throws Exception {
+        System.out.println("reading " + ledgerId);
         LedgerHandle ledger = bookKeeper.openLedger(ledgerId, digest, password);
         long last = ledger.getLastAddConfirmed();
         if (last >= 0) {
