@@ -37,12 +37,6 @@ LONG = "BOOKFLEET_CLUSTER_LONG"
 """Set by `make test-cluster`: the tier's long forms run too (each costs minutes; `make test` keeps the short ones)."""
 
 
-@pytest.fixture(scope="module")
-def installed(local_cluster: LocalCluster) -> LocalCluster:
-    walkthrough.install(local_cluster)
-    return local_cluster
-
-
 def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     cluster = installed
     zones = {node["metadata"]["name"]: node["metadata"]["labels"]["topology.kubernetes.io/zone"]

@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bookfleet.kube import resources
-from bookfleet.kube.certificates import CA_PRIVATE_KEY
 from bookfleet.kube.models import BookieCluster
 from bookfleet.polling import wait_for
-from bookfleet.security.certs import CertificateAuthority
-from bookfleet.security.roles import Role
 from tests.cluster import realnode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,8 +252,29 @@ def install(cluster: LocalCluster) -> None:
              timeout=600, what="three Ready bookie pods", interval=2.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
              == ["Running"] * 3, timeout=300, what="three Running Bookies", interval=2.0)
+    wait_for(lambda: zones_served(cluster), timeout=300, what="every bookie serving with its node's zone",
+             interval=2.0)
     if placement := repair_placement(cluster):
         apply_settings(cluster, {"autoRecovery": {"repair": placement}})
+
+
+def zones_served(cluster: LocalCluster) -> dict[str, str] | None:
+    """Bookie id -> zone once every bookie of the example serves with its node's zone (the example names none): its
+    Bookie's spec.zone is its node's topology.kubernetes.io/zone, its pod Ready with that --zone, the Bookie Running;
+    else None (a bookie restarted with its zone is not serving yet)."""
+    zones = {node["metadata"]["name"]: node["metadata"]["labels"].get(ZONE_LABEL)
+             for node in cluster.get("nodes")["items"]}
+    bookies = {b["metadata"]["name"]: b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]}
+    served = {}
+    for pod in bookie_pods(cluster):
+        bookie, zone = bookies.get(pod["metadata"]["name"]), zones.get(pod["spec"].get("nodeName", ""))
+        command = pod["spec"]["containers"][0]["command"]
+        if not (bookie and zone and ready(pod) and bookie["spec"].get("zone") == zone and "--zone" in command
+                and command[command.index("--zone") + 1] == zone
+                and (bookie.get("status") or {}).get("phase") == "Running"):
+            return None
+        served[bookie["spec"]["bookieId"]] = zone
+    return served if len(served) == len(bookies) else None
 
 
 # --- the closed loop: client entries, a lost bookie, a Spark-on-Kubernetes repair -------------------------------
@@ -328,21 +346,29 @@ def scale(cluster: LocalCluster, replicas: int) -> None:
              == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=2.0)
 
 
+CLIENT_TEAM = "tier"
+"""The client team whose certificate the tier's client pods use (spec.security.clientCertificates)."""
+
+
 def client_secret(on: str) -> str:
-    return f"{on}-client-tls"
+    return resources.client_secret_name(on, CLIENT_TEAM)
 
 
-def issue_client_certificate(cluster: LocalCluster, on: str = CLUSTER) -> None:
-    """A client-role certificate signed by the cluster's CA (read from its Secret), stored as a TLS Secret."""
-    ca_data = cluster.get("secret", "-n", NAMESPACE, resources.ca_secret_name(on))["data"]
-    ca = CertificateAuthority.from_pem(base64.b64decode(ca_data[resources.CA_KEY]),
-                                       base64.b64decode(ca_data[CA_PRIVATE_KEY]))
-    issued = ca.issue(f"{on}-client", [Role.CLIENT])
-    files = {resources.CA_KEY: issued.ca_pem, resources.CERT_KEY: issued.cert_pem, resources.KEY_KEY: issued.key_pem}
-    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-              "metadata": {"name": client_secret(on), "namespace": NAMESPACE},
-              "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+def issue_client_certificate(cluster: LocalCluster, on: str = CLUSTER) -> dict[str, bytes]:
+    """A client certificate as a client team gets one (docs/operating.md): its name in the BookieCluster's
+    spec.security.clientCertificates, then the operator issues it into a Secret of its own; that Secret's files once
+    it holds them. The tier never reads the cluster's CA key."""
+    cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, on, "--type", "merge", "-p",
+                    json.dumps({"spec": {"security": {"clientCertificates": [CLIENT_TEAM]}}}))
+
+    def issued() -> dict[str, bytes] | None:
+        found = cluster.get("secrets", "-n", NAMESPACE, "--field-selector", f"metadata.name={client_secret(on)}")
+        data = {key: base64.b64decode(value) for item in found["items"] for key, value in
+                (item.get("data") or {}).items()}
+        return data if all(data.get(key) for key in (resources.CA_KEY, resources.CERT_KEY, resources.KEY_KEY)) \
+            else None
+
+    return wait_for(issued, timeout=120, what=f"the operator's Secret {client_secret(on)}", interval=1.0)
 
 
 def start_client(cluster: LocalCluster, name: str, script: str, node: str | None = None, on: str = CLUSTER) -> None:
