@@ -88,26 +88,35 @@ def test_a_client_pod_with_only_the_certificate_its_team_asked_for_writes_and_re
 GROW = "grow"
 """The autoscaled cluster: one bookie on a 32 MiB ledger quota, two at most."""
 QUOTA = "32Mi"
-FILL = "for i in 1 2 3 4 5 6 7 8; do bookfleet ledger write $fill {flags} --count 256 --size 16384 || break; done"
-"""32 MiB in 4 MiB writes into one ledger: its one bookie turns read-only past half its quota and refuses the rest."""
+FILL = ("for i in 1 2 3 4 5 6 7 8; do bookfleet ledger write $fill {flags} --count 256 --size 16384 "
+        "|| {{ echo refused; break; }}; done")
+"""Up to 32 MiB in 4 MiB writes into one ledger: its one bookie turns read-only past half its quota and, with no other
+bookie to move the ledger to, refuses the rest."""
 
 
 def grow_cluster(cluster: LocalCluster, hosts: str, auth: str) -> list[dict]:
-    """One bookie, zones from its node, autoscaled 1..2: one more at 40 % of its quota, read-only past 50 %, one fewer
-    when both are under 20 %; small journal and entry-log files and a short GC, so deleted data leaves the disk
-    within seconds; drains repaired on the system node where the cluster has real nodes."""
+    """One bookie, zones from its node, autoscaled 1..1 until the test raises maxReplicas to 2: one more at 40 % of its
+    quota, read-only past 50 % until under 30 % (the journal its fill leaves behind reclaimed, it stays full), one fewer
+    when both are under 20 %; small journal and entry-log files and a short GC, so deleted data leaves the disk within
+    seconds; drains repaired on the system node where the cluster has real nodes."""
     demo = walkthrough.bookie_cluster(cluster).spec
     repair = {"serviceAccountName": "bookfleet-repair", **walkthrough.repair_placement(cluster)}
     return one_bookie_cluster(GROW, auth, {
         "image": demo.image, "zookeeper": f"{hosts}/{GROW}", "zones": [],
         "storage": {"journal": {"size": "1Gi"}, "ledgers": {"size": QUOTA}},
-        "bookie": {"diskUsageThreshold": 0.5, "diskUsageLwm": 0.45, "gcIntervalSeconds": 2,
+        "bookie": {"diskUsageThreshold": 0.5, "diskUsageLwm": 0.3, "gcIntervalSeconds": 2,
                    "config": {"gc-grace": "2", "journal-roll-bytes": str(2**20), "entrylog-roll-bytes": str(2**20),
                               "memtable-bytes": str(2**20), "disk-check-interval": "1"}},
-        "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "scaleUpDiskUsage": 0.4, "scaleDownDiskUsage": 0.2,
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 1, "scaleUpDiskUsage": 0.4, "scaleDownDiskUsage": 0.2,
                         "cooldownSeconds": 0},
         "autoRecovery": {"enabled": True, "repair": repair},
     })
+
+
+def phases(cluster: LocalCluster, name: str) -> dict[str, str | None]:
+    """The Bookies of cluster `name`: Bookie name -> phase."""
+    return {b["metadata"]["name"]: (b.get("status") or {}).get("phase")
+            for b in cluster.get("bookies", "-n", NAMESPACE)["items"] if b["metadata"]["name"].startswith(f"{name}-")}
 
 
 def serving_bookies(cluster: LocalCluster, name: str) -> dict[str, str]:
@@ -119,10 +128,11 @@ def serving_bookies(cluster: LocalCluster, name: str) -> dict[str, str]:
 
 def test_the_disk_autoscaler_adds_a_bookie_new_ledgers_use_then_drains_it_away_losing_nothing(
         installed: LocalCluster):
-    """A one-bookie cluster filled past its scale-up usage (and its read-only threshold) gets a second bookie; new
-    ledgers, one copy each, can only land on it. The fill deleted, both are under the scale-down usage: the second
-    bookie is drained (its ledgers, their only copies, repaired onto the first) and removed, and every entry of the
-    new ledgers reads back."""
+    """A one-bookie cluster filled past its scale-up usage and its read-only threshold while maxReplicas holds it at
+    one (else the fill's ledger would move on to the added bookie and fill it too: each bookie's usage is its own);
+    maxReplicas raised, it gets a second bookie, writable and near empty; new ledgers, one copy each, can only land on
+    it. The fill deleted, both are under the scale-down usage: the second bookie is drained (its ledgers, their only
+    copies, repaired onto the first) and removed, and every entry of the new ledgers reads back."""
     cluster = installed
     hosts = zookeeper_with_chroot(cluster, GROW)
     auth = f"{GROW}:{secrets.token_hex(16)}"
@@ -136,12 +146,19 @@ def test_the_disk_autoscaler_adds_a_bookie_new_ledgers_use_then_drains_it_away_l
         log = walkthrough.run_client(cluster, f"{GROW}-fill", f"fill=$(bookfleet ledger create -e 1 -w 1 -a 1 "
                                      f"{flags}) && echo fill=$fill && " + FILL.format(flags=flags), on=GROW)
         fill = int(next(line for line in log.splitlines() if line.startswith("fill="))[5:])
+        assert "refused" in log.splitlines(), log  # full: read-only, and nowhere to move the ledger to
+        wait_for(lambda: phases(cluster, GROW) == {f"{GROW}-0": "ReadOnly"}, timeout=120,
+                 what=f"{GROW}-0 ReadOnly", interval=2.0)
+        assert "ScaledUp" not in walkthrough.event_reasons(cluster, GROW)  # at maxReplicas
 
-        def two_serving() -> bool:
-            return sorted(serving_bookies(cluster, GROW)) == [f"{GROW}-0", f"{GROW}-1"]
-
-        wait_for(two_serving, timeout=300, what=f"a second bookie of {GROW} added and serving", interval=2.0)
+        cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, GROW, "--type", "merge", "-p",
+                        json.dumps({"spec": {"autoscaling": {"maxReplicas": 2}}}))
+        wait_for(lambda: phases(cluster, GROW) == {f"{GROW}-0": "ReadOnly", f"{GROW}-1": "Running"}, timeout=300,
+                 what=f"a second bookie of {GROW} added and writable", interval=2.0)
         assert "ScaledUp" in walkthrough.event_reasons(cluster, GROW)
+        usage = {b["metadata"]["name"]: b["status"]["diskUsage"] for b in cluster.get("bookies", "-n", NAMESPACE)[
+            "items"] if b["metadata"]["name"].startswith(f"{GROW}-")}
+        assert usage[f"{GROW}-0"] >= 0.4 and usage[f"{GROW}-1"] < 0.2, usage  # each bookie's usage its own
         first, added = (serving_bookies(cluster, GROW)[f"{GROW}-{i}"] for i in (0, 1))
         with zk.session(f"{hosts}/{GROW}", auth=auth) as session:
             assert [info.bookie_id for info in BookieRegistry(session).read_only()] == [first]  # full
