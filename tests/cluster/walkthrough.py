@@ -467,6 +467,8 @@ class Repair:
     executors: dict[str, dict[str, str]] = field(default_factory=dict)
     """executor pod name -> {"ip": its pod IP, "driver_url": the SPARK_DRIVER_URL it was given, and where it ran as
     `driver_container` says}"""
+    driver_metrics: str = ""
+    """The driver's /metrics as last scraped (`scrape_driver`)."""
 
 
 def where_it_ran(pod: dict[str, Any]) -> dict[str, str]:
@@ -487,10 +489,8 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
         if not seen.job and (jobs := new_repair_jobs(cluster, lost_bookie_id.split(".")[0], earlier)):
             seen.job = jobs[0]
             say(f"repair Job {seen.job} created")
-        if seen.job and not seen.driver_ip:
-            drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={seen.job}")["items"]
-            if driver := next((p for p in drivers if p["status"].get("podIP") and ready(p)), None):
-                seen.driver_ip, seen.driver_container = driver["status"]["podIP"], where_it_ran(driver)
+        if seen.job:
+            scrape_driver(cluster, seen)
         for pod in cluster.get("pods", "-n", NAMESPACE, "-l", EXECUTOR_SELECTOR)["items"]:
             name = pod["metadata"]["name"]
             if name not in seen.executors and pod["status"].get("podIP") and ready(pod):
@@ -502,6 +502,19 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
 
     wait_for(healthy, timeout=timeout, what=f"Ledger {LEDGER} repaired off {lost_bookie_id}", interval=2.0)
     return seen
+
+
+def scrape_driver(cluster: LocalCluster, repair: Repair) -> str:
+    """The repair driver's /metrics as a PodMonitor scrapes it while its pod is Ready (noting the pod's IP and where it
+    ran the first time): one scraped during its run lingers after it for one more scrape, so the last one holds its
+    final counts; once it is gone, the last one taken."""
+    drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={repair.job}")["items"]
+    if driver := next((p for p in drivers if p["status"].get("podIP") and ready(p)), None):
+        if not repair.driver_ip:
+            repair.driver_ip, repair.driver_container = driver["status"]["podIP"], where_it_ran(driver)
+        with contextlib.suppress(OSError):  # it ended between the listing and the scrape
+            repair.driver_metrics = scrape(driver, "metrics")
+    return repair.driver_metrics
 
 
 def repaired_off(status: dict[str, Any], lost_bookie_id: str) -> bool:
