@@ -258,13 +258,18 @@ def install(cluster: LocalCluster) -> None:
         apply_settings(cluster, {"autoRecovery": {"repair": placement}})
 
 
+def example_bookies(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """The example BookieCluster's Bookies (not those of a cluster a test runs beside it)."""
+    return cluster.get("bookies", "-n", NAMESPACE, "-l", f"{resources.LABEL_CLUSTER}={CLUSTER}")["items"]
+
+
 def zones_served(cluster: LocalCluster) -> dict[str, str] | None:
     """Bookie id -> zone once every bookie of the example serves with its node's zone (the example names none): its
     Bookie's spec.zone is its node's topology.kubernetes.io/zone, its pod Ready with that --zone, the Bookie Running;
     else None (a bookie restarted with its zone is not serving yet)."""
     zones = {node["metadata"]["name"]: node["metadata"]["labels"].get(ZONE_LABEL)
              for node in cluster.get("nodes")["items"]}
-    bookies = {b["metadata"]["name"]: b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]}
+    bookies = {b["metadata"]["name"]: b for b in example_bookies(cluster)}
     served = {}
     for pod in bookie_pods(cluster):
         bookie, zone = bookies.get(pod["metadata"]["name"]), zones.get(pod["spec"].get("nodeName", ""))
@@ -342,7 +347,7 @@ def new_repair_jobs(cluster: LocalCluster, bookie: str, earlier: Collection[str]
 def scale(cluster: LocalCluster, replicas: int) -> None:
     """Through the BookieCluster's scale subresource, then wait until every Bookie is Running."""
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, CLUSTER, f"--replicas={replicas}")
-    wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
+    wait_for(lambda: [b.get("status", {}).get("phase") for b in example_bookies(cluster)]
              == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=2.0)
 
 
