@@ -581,8 +581,8 @@ def acting_operator(cluster: LocalCluster) -> str:
 
 def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str, str] | str:
     """A node whose failure costs exactly one bookie of the ledger (E = Qw = 3 on 4 bookies leaves 3 to repair onto)
-    and not the fleet's ZooKeeper (the chart runs one server), in a zone with a cordoned spare node (the example pins
-    bookies to zones: the fresh one needs a live node in its zone), preferring one without the acting operator
+    and not the fleet's ZooKeeper (the chart runs one server), in a zone with a cordoned spare node (a bookie is held in
+    its zone, its node's: the fresh one needs a live node there), preferring one without the acting operator
     replica (its successor would wait out kopf's peering lifetime): (node, bookie pod, spare node), or why none."""
     nodes = cluster.get("nodes")["items"]
     spares = {node["metadata"]["labels"][ZONE_LABEL]: node["metadata"]["name"]
