@@ -198,7 +198,7 @@ def _reconcile_ledger(key: ledgerfeed.LedgerKey, body: dict | None) -> float | N
         return None  # deleted meanwhile
     with metrics.reconciling("ledgers", body):
         sources = ledgers.LedgerSources(_cluster, caches().repairs_of, FEED.metadata_watch, FEED.records,
-                                        FEED.read_ahead)
+                                        FEED.read_ahead, caches().cluster_sources.bookies)
         return ledgers.reconcile(context(), body, sources, retry=INTERVAL)
 
 

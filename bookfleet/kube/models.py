@@ -722,6 +722,8 @@ def ledger_problems(spec: LedgerSpec, cluster: BookieClusterSpec | None) -> list
             f"ensembleSize {spec.ensemble_size} is larger than BookieCluster {spec.cluster!r} "
             f"({cluster.replicas} bookies)"
         )
+    if not cluster.zones:  # its bookies take their nodes' zones: creation waits for enough of them in the Ledger's
+        return problems
     unknown = [zone for zone in spec.zones if zone not in cluster.zones]
     if unknown:
         problems.append(f"zones {', '.join(unknown)} are not zones of BookieCluster {spec.cluster!r}")

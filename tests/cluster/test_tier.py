@@ -30,18 +30,13 @@ from tests.cluster import __main__ as cluster_main
 from tests.cluster import bigbookie, realnode, walkthrough, zoneloss
 from tests.cluster.controlplane import SERVICE_IP
 from tests.cluster.walkthrough import NAMESPACE, LocalCluster
+from tests.fixtures.promql import metric_names
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 ENTRIES = 50
 MISSING_IMAGE = "registry.invalid/bookfleet/missing:0"
 LONG = "BOOKFLEET_CLUSTER_LONG"
 """Set by `make test-cluster`: the tier's long forms run too (each costs minutes; `make test` keeps the short ones)."""
-
-
-@pytest.fixture(scope="module")
-def installed(local_cluster: LocalCluster) -> LocalCluster:
-    walkthrough.install(local_cluster)
-    return local_cluster
 
 
 def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
@@ -51,7 +46,7 @@ def test_helm_install_runs_three_bookies_one_per_zone(installed: LocalCluster):
     pods = walkthrough.bookie_pods(cluster)
     assert sorted(zones[pod["spec"]["nodeName"]] for pod in pods) == ["zone-a", "zone-b", "zone-c"]
     assert len({pod["status"]["podIP"] for pod in pods}) == 3
-    operator = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    operator = operator_pods(cluster)
     assert operator and {pod["spec"]["serviceAccountName"] for pod in operator} == {"bookfleet"}
     assert any(map(walkthrough.ready, operator))
     if cluster.real_node():  # as users run them: images built from Dockerfiles, in containers on kubelets
@@ -626,8 +621,7 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     # What a Prometheus scrapes (the chart's monitors): the operators counted the repair, a bookie its journal syncs.
     # The success is counted when the operator sees the Job complete, which can come after the Ledger turns healthy.
     def repair_outcomes() -> dict[str, float]:
-        operators = cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
-        repairs = [sample for pod in operators if walkthrough.ready(pod)
+        repairs = [sample for pod in operator_pods(cluster) if walkthrough.ready(pod)
                    for sample in samples(walkthrough.scrape(pod, "metrics"), "bookfleet_operator_repairs_total")]
         return {outcome: sum(s.value for s in repairs if s.labels["outcome"] == outcome)
                 for outcome in ("launched", "succeeded")}
@@ -639,6 +633,12 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     syncs = [sample.value for pod in walkthrough.bookie_pods(cluster) if walkthrough.ready(pod)
              for sample in samples(walkthrough.scrape(pod, "http"), "bookie_journal_sync_latency_seconds_count")]
     assert syncs and max(syncs) > 0  # the ledger's bookies synced its entries
+    # The dashboard during this repair: the driver, scraped while it ran, lingered for one more scrape after it.
+    driver = wait_for(lambda: (text := walkthrough.scrape_driver(cluster, repair)) and sum(
+        s.value for s in samples(text, "bookfleet_repair_ledgers_total")) >= 1 and text,
+        timeout=150, what="the repair driver's counts scraped", interval=2.0)
+    assert sum(s.value for s in samples(driver, "bookfleet_repair_entries_total")) >= ENTRIES
+    assert unfilled_panels(cluster, repair, driver) == {}
 
 
 def test_the_repair_job_of_a_bookie_with_more_ledgers_than_an_annotation_holds_is_admitted(installed: LocalCluster):
@@ -662,6 +662,36 @@ def samples(text: str, name: str) -> list[Sample]:
     """The samples called `name` in a Prometheus text exposition."""
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples
             if sample.name == name]
+
+
+DASHBOARD = walkthrough.ROOT / "charts" / "bookfleet" / "dashboards" / "bookfleet.json"
+
+
+def unfilled_panels(cluster: LocalCluster, repair: walkthrough.Repair, driver_metrics: str) -> dict[str, list[str]]:
+    """The chart's dashboard panels that a Prometheus scraping what the chart's monitors select would leave empty for
+    the example's BookieCluster: panel title -> its queries, none of which has every metric it reads served with the
+    cluster's name. Bookies and the repair driver name it by their pods' bookfleet.io/cluster label (the monitors
+    relabel it to `bookiecluster`), the operator replicas in their samples' own `bookiecluster` (honorLabels)."""
+    ours = walkthrough.CLUSTER
+
+    def served(text: str, named: bool = False) -> set[str]:
+        return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples
+                if not named or sample.labels.get("bookiecluster") == ours}
+
+    names = set().union(*(served(walkthrough.scrape(pod, "http")) for pod in walkthrough.bookie_pods(cluster)
+                          if walkthrough.ready(pod) and pod["metadata"]["labels"].get(resources.LABEL_CLUSTER) == ours),
+                        *(served(walkthrough.scrape(pod, "metrics"), named=True) for pod in operator_pods(cluster)
+                          if walkthrough.ready(pod)))
+    driver_labels = cluster.get("job", "-n", NAMESPACE, repair.job)["spec"]["template"]["metadata"]["labels"]
+    if driver_labels.get(resources.LABEL_CLUSTER) == ours:
+        names |= served(driver_metrics)
+    queries = {panel["title"]: [target["expr"] for target in panel["targets"]]
+               for panel in json.loads(DASHBOARD.read_text())["panels"]}
+    return {title: exprs for title, exprs in queries.items() if not any(metric_names(e) <= names for e in exprs)}
+
+
+def operator_pods(cluster: LocalCluster) -> list[dict]:
+    return cluster.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
 
 
 def test_bookie_on_a_failed_node_is_repaired_kept_until_the_node_is_deleted_then_replaced_on_a_live_node(

@@ -24,8 +24,6 @@ from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
 from bookfleet.kube.reconcilers.certificates import CA_PRIVATE_KEY
 from bookfleet.polling import wait_for
-from bookfleet.security.certs import CertificateAuthority
-from bookfleet.security.roles import Role
 from tests.cluster import realnode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,8 +253,34 @@ def install(cluster: LocalCluster) -> None:
              timeout=600, what="three Ready bookie pods", interval=2.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
              == ["Running"] * 3, timeout=300, what="three Running Bookies", interval=2.0)
+    wait_for(lambda: zones_served(cluster), timeout=300, what="every bookie serving with its node's zone",
+             interval=2.0)
     if placement := repair_placement(cluster):
         apply_settings(cluster, {"autoRecovery": {"repair": placement}})
+
+
+def example_bookies(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """The example BookieCluster's Bookies (not those of a cluster a test runs beside it)."""
+    return cluster.get("bookies", "-n", NAMESPACE, "-l", f"{resources.LABEL_CLUSTER}={CLUSTER}")["items"]
+
+
+def zones_served(cluster: LocalCluster) -> dict[str, str] | None:
+    """Bookie id -> zone once every bookie of the example serves with its node's zone (the example names none): its
+    Bookie's spec.zone is its node's topology.kubernetes.io/zone, its pod Ready with that --zone, the Bookie Running;
+    else None (a bookie restarted with its zone is not serving yet)."""
+    zones = {node["metadata"]["name"]: node["metadata"]["labels"].get(ZONE_LABEL)
+             for node in cluster.get("nodes")["items"]}
+    bookies = {b["metadata"]["name"]: b for b in example_bookies(cluster)}
+    served = {}
+    for pod in bookie_pods(cluster):
+        bookie, zone = bookies.get(pod["metadata"]["name"]), zones.get(pod["spec"].get("nodeName", ""))
+        command = pod["spec"]["containers"][0]["command"]
+        if not (bookie and zone and ready(pod) and bookie["spec"].get("zone") == zone and "--zone" in command
+                and command[command.index("--zone") + 1] == zone
+                and (bookie.get("status") or {}).get("phase") == "Running"):
+            return None
+        served[bookie["spec"]["bookieId"]] = zone
+    return served if len(served) == len(bookies) else None
 
 
 # --- the closed loop: client entries, a lost bookie, a Spark-on-Kubernetes repair -------------------------------
@@ -324,25 +348,33 @@ def new_repair_jobs(cluster: LocalCluster, bookie: str, earlier: Collection[str]
 def scale(cluster: LocalCluster, replicas: int) -> None:
     """Through the BookieCluster's scale subresource, then wait until every Bookie is Running."""
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, CLUSTER, f"--replicas={replicas}")
-    wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
+    wait_for(lambda: [b.get("status", {}).get("phase") for b in example_bookies(cluster)]
              == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=2.0)
 
 
+CLIENT_TEAM = "tier"
+"""The client team whose certificate the tier's client pods use (spec.security.clientCertificates)."""
+
+
 def client_secret(on: str) -> str:
-    return f"{on}-client-tls"
+    return resources.client_secret_name(on, CLIENT_TEAM)
 
 
-def issue_client_certificate(cluster: LocalCluster, on: str = CLUSTER) -> None:
-    """A client-role certificate signed by the cluster's CA (read from its Secret), stored as a TLS Secret."""
-    ca_data = cluster.get("secret", "-n", NAMESPACE, resources.ca_secret_name(on))["data"]
-    ca = CertificateAuthority.from_pem(base64.b64decode(ca_data[resources.CA_KEY]),
-                                       base64.b64decode(ca_data[CA_PRIVATE_KEY]))
-    issued = ca.issue(f"{on}-client", [Role.CLIENT])
-    files = {resources.CA_KEY: issued.ca_pem, resources.CERT_KEY: issued.cert_pem, resources.KEY_KEY: issued.key_pem}
-    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-              "metadata": {"name": client_secret(on), "namespace": NAMESPACE},
-              "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+def issue_client_certificate(cluster: LocalCluster, on: str = CLUSTER) -> dict[str, bytes]:
+    """A client certificate as a client team gets one (docs/operating.md): its name in the BookieCluster's
+    spec.security.clientCertificates, then the operator issues it into a Secret of its own; that Secret's files once
+    it holds them. The tier never reads the cluster's CA key."""
+    cluster.kubectl("patch", "bookiecluster", "-n", NAMESPACE, on, "--type", "merge", "-p",
+                    json.dumps({"spec": {"security": {"clientCertificates": [CLIENT_TEAM]}}}))
+
+    def issued() -> dict[str, bytes] | None:
+        found = cluster.get("secrets", "-n", NAMESPACE, "--field-selector", f"metadata.name={client_secret(on)}")
+        data = {key: base64.b64decode(value) for item in found["items"] for key, value in
+                (item.get("data") or {}).items()}
+        return data if all(data.get(key) for key in (resources.CA_KEY, resources.CERT_KEY, resources.KEY_KEY)) \
+            else None
+
+    return wait_for(issued, timeout=120, what=f"the operator's Secret {client_secret(on)}", interval=1.0)
 
 
 def start_client(cluster: LocalCluster, name: str, script: str, node: str | None = None, on: str = CLUSTER) -> None:
@@ -441,6 +473,8 @@ class Repair:
     executors: dict[str, dict[str, str]] = field(default_factory=dict)
     """executor pod name -> {"ip": its pod IP, "driver_url": the SPARK_DRIVER_URL it was given, and where it ran as
     `driver_container` says}"""
+    driver_metrics: str = ""
+    """The driver's /metrics as last scraped (`scrape_driver`)."""
 
 
 def where_it_ran(pod: dict[str, Any]) -> dict[str, str]:
@@ -461,10 +495,8 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
         if not seen.job and (jobs := new_repair_jobs(cluster, lost_bookie_id.split(".")[0], earlier)):
             seen.job = jobs[0]
             say(f"repair Job {seen.job} created")
-        if seen.job and not seen.driver_ip:
-            drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={seen.job}")["items"]
-            if driver := next((p for p in drivers if p["status"].get("podIP") and ready(p)), None):
-                seen.driver_ip, seen.driver_container = driver["status"]["podIP"], where_it_ran(driver)
+        if seen.job:
+            scrape_driver(cluster, seen)
         for pod in cluster.get("pods", "-n", NAMESPACE, "-l", EXECUTOR_SELECTOR)["items"]:
             name = pod["metadata"]["name"]
             if name not in seen.executors and pod["status"].get("podIP") and ready(pod):
@@ -476,6 +508,19 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
 
     wait_for(healthy, timeout=timeout, what=f"Ledger {LEDGER} repaired off {lost_bookie_id}", interval=2.0)
     return seen
+
+
+def scrape_driver(cluster: LocalCluster, repair: Repair) -> str:
+    """The repair driver's /metrics as a PodMonitor scrapes it while its pod is Ready (noting the pod's IP and where it
+    ran the first time): one scraped during its run lingers after it for one more scrape, so the last one holds its
+    final counts; once it is gone, the last one taken."""
+    drivers = cluster.get("pods", "-n", NAMESPACE, "-l", f"job-name={repair.job}")["items"]
+    if driver := next((p for p in drivers if p["status"].get("podIP") and ready(p)), None):
+        if not repair.driver_ip:
+            repair.driver_ip, repair.driver_container = driver["status"]["podIP"], where_it_ran(driver)
+        with contextlib.suppress(OSError):  # it ended between the listing and the scrape
+            repair.driver_metrics = scrape(driver, "metrics")
+    return repair.driver_metrics
 
 
 def repaired_off(status: dict[str, Any], lost_bookie_id: str) -> bool:
@@ -537,8 +582,8 @@ def acting_operator(cluster: LocalCluster) -> str:
 
 def node_to_fail(cluster: LocalCluster, ledger_bookie_ids: set[str]) -> tuple[str, str, str] | str:
     """A node whose failure costs exactly one bookie of the ledger (E = Qw = 3 on 4 bookies leaves 3 to repair onto)
-    and not the fleet's ZooKeeper (the chart runs one server), in a zone with a cordoned spare node (the example pins
-    bookies to zones: the fresh one needs a live node in its zone), preferring one without the acting operator
+    and not the fleet's ZooKeeper (the chart runs one server), in a zone with a cordoned spare node (a bookie is held in
+    its zone, its node's: the fresh one needs a live node there), preferring one without the acting operator
     replica (its successor would wait out kopf's peering lifetime): (node, bookie pod, spare node), or why none."""
     nodes = cluster.get("nodes")["items"]
     spares = {node["metadata"]["labels"][ZONE_LABEL]: node["metadata"]["name"]

@@ -32,6 +32,7 @@ from tests.cluster.walkthrough import (
     bookie_pods,
     client_log,
     event_reasons,
+    example_bookies,
     issue_client_certificate,
     ledger_status,
     ready,
@@ -41,6 +42,7 @@ from tests.cluster.walkthrough import (
     scale,
     server_seconds,
     start_client,
+    zones_served,
 )
 
 
@@ -100,7 +102,7 @@ def zone_to_cut(cluster: LocalCluster) -> str:
         return [zones.get(pod["spec"].get("nodeName", ""), "") for pod in pods
                 if pod["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component]
 
-    bookies = [b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
+    bookies = [b["spec"]["zone"] for b in example_bookies(cluster)]
     operator_zone = next((zones.get(pod["spec"].get("nodeName", "")) for pod in pods
                           if pod["metadata"]["name"] == acting), None)
     choices = [(zone == operator_zone, zone) for zone in set(zones.values()) - set(zones_of("zookeeper"))
@@ -111,8 +113,15 @@ def zone_to_cut(cluster: LocalCluster) -> str:
 
 
 def ids_of(cluster: LocalCluster, names: list[str]) -> dict[str, int]:
-    return {name: wait_for(lambda n=name: (status := ledger_status(cluster, n)).get("ledgerId") is not None and status,
-                           timeout=300, what=f"Ledger {name} created", interval=2.0)["ledgerId"] for name in names}
+    """Each Ledger's id once the operator created it; else AssertionError with why not (its conditions)."""
+    ids = {}
+    for name in names:
+        try:
+            ids[name] = wait_for(lambda n=name: (status := ledger_status(cluster, n)).get("ledgerId") is not None
+                                 and status, timeout=300, what=f"Ledger {name} created", interval=2.0)["ledgerId"]
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: {ledger_status(cluster, name).get('conditions')}") from exc
+    return ids
 
 
 def sharing(cluster: LocalCluster, name: str) -> list[int]:
@@ -285,10 +294,13 @@ def set_up(cluster: LocalCluster, form: Form) -> ZoneSetUp:
         for spare in ("node-a2", "node-b2", "node-c2"):
             cluster.kubectl("uncordon", spare)
     scale(cluster, form.bookies)
+    # Whatever earlier tests left, the layout the cut relies on: each bookie registered with its node's zone.
+    wait_for(lambda: zones_served(cluster), timeout=300, what="every bookie serving with its node's zone",
+             interval=2.0)
     issue_client_certificate(cluster)
     apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": form.delay}})
     zone = zone_to_cut(cluster)
-    others = sorted({b["spec"]["zone"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]} - {zone})
+    others = sorted({b["spec"]["zone"] for b in example_bookies(cluster)} - {zone})
     spread_names, kept_names = [f"spread-{i}" for i in range(SPREAD)], ["kept-0"]
     for name in spread_names:
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger_manifest(name)))
@@ -306,8 +318,8 @@ def set_up(cluster: LocalCluster, form: Form) -> ZoneSetUp:
     sharing_before = {name: sharing(cluster, name) for name in spread}
     if any(counts != [0] for counts in sharing_before.values()):
         raise AssertionError(f"placement put two replicas of a write set in one zone: {sharing_before}")
-    bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in cluster.get("bookies", "-n", NAMESPACE)[
-        "items"] if b["spec"].get("zone") == zone}
+    bookies = {b["metadata"]["name"]: b["spec"]["bookieId"] for b in example_bookies(cluster)
+               if b["spec"].get("zone") == zone}
     return ZoneSetUp(form, zone, others, bookies, spread, kept, sharing_before, zk)
 
 
@@ -334,8 +346,8 @@ def back_at_qw(cluster: LocalCluster, name: str, marked: set[str], zone_bookie_i
 
 def all_bookies_running(cluster: LocalCluster, count: int) -> bool:
     """Whether all `count` Bookies are Running and their pods Ready (the zone back)."""
-    return [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
-            ] == ["Running"] * count and all(map(ready, bookie_pods(cluster)))
+    return [b.get("status", {}).get("phase") for b in example_bookies(cluster)] == ["Running"] * count and all(
+        map(ready, bookie_pods(cluster)))
 
 
 def repairs_created_since(cluster: LocalCluster, earlier: set[str], since: float) -> list[str]:

@@ -25,6 +25,7 @@ from bookfleet.kube.runtime import metrics
 from bookfleet.kube.runtime.api import PLURALS
 from bookfleet.zkserver import free_port
 from tests.fixtures.manifests import CHART, VALIDATING_ADMISSION_POLICY, operator_objects, render_chart
+from tests.fixtures.promql import metric_names
 
 ALL_OPTIONAL = {
     "zookeeper": {"enabled": True, "replicas": 3, "storageClassName": "standard"},
@@ -500,16 +501,6 @@ def test_monitors_scrape_the_operators_metrics_port() -> None:
     assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
     assert [e["port"] for e in service_monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
-
-
-PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "by", "without", "avg", "max", "min", "le",
-                "irate", "count", "on", "group_left", "group_right"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression reads: identifiers outside label matchers, groupings and ranges."""
-    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)", " ", expr)
-    return {name for name in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", bare) if name not in PROMQL_WORDS}
 
 
 def exported_metric_names() -> set[str]:

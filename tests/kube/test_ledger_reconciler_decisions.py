@@ -135,6 +135,21 @@ def test_zones_limit_placement():
     assert create.metadata.segments[0].bookies == ("b1",)
 
 
+def test_zones_of_a_cluster_whose_bookies_take_their_nodes_zones_limit_placement_and_wait_for_bookies_there():
+    """A cluster that lists no zones has its zones from the nodes, known as its bookies run: a Ledger naming them is
+    valid, placed on bookies registered in them, and, while too few are, waits (passed again) rather than refused."""
+    spec = ledger(ensembleSize=2, writeQuorum=2, ackQuorum=2, zones=["zone-a", "zone-b"])
+    writable = bookies("a1", zone="zone-a") + bookies("b1", zone="zone-b") + bookies("c1", zone="zone-c")
+    actions = decide(observed(ledger=spec, password=b"", writable=writable), NOW)
+    create = next(a for a in actions if isinstance(a, CreateLedgerMetadata))
+    assert sorted(create.metadata.segments[0].bookies) == ["a1", "b1"]
+
+    waiting = ledgers.decide(observed(ledger=spec, password=b"", writable=writable[:1] + writable[2:]), NOW)
+    assert conditions(list(waiting.actions)) == {"Valid": ("True", "SpecValid"),
+                                                 "Created": ("False", "NotEnoughBookies")}
+    assert waiting.requeue
+
+
 def test_not_enough_bookies_waits_and_says_why():
     first = observed(writable=bookies("b1"), password=b"")
     actions = decide(first, NOW)
@@ -305,6 +320,20 @@ def test_ledger_status_says_which_write_sets_hold_two_replicas_in_one_zone():
     assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, crowded, None, None, zones)["segments"]] \
         == [3]
     assert "writeSetsSharingAZone" not in ledgers.decide_status(7, spread, None, None, {})["segments"][0]
+
+
+def test_ledger_status_takes_the_zones_of_a_cluster_that_lists_none_from_its_bookies():
+    """Its bookies' zones as their nodes gave them (each Bookie's spec.zone), a lost one's too; a Bookie not yet
+    placed has none."""
+    cluster = bookie_cluster(4, namespace="ns")
+    placed = resources.bookies_for_cluster(cluster)
+    for body, zone in zip(placed, ("zone-c", "zone-a", "zone-b", None), strict=True):
+        body["spec"]["zone"] = zone
+    zones = ledgers.bookie_zones(cluster, placed)
+    ids = [b["spec"]["bookieId"] for b in placed]
+    assert zones == dict(zip(ids[:3], ("zone-c", "zone-a", "zone-b"), strict=True))
+    assert [s["writeSetsSharingAZone"] for s in ledgers.decide_status(7, new_metadata(ids[:3], 3, 2), None, None,
+                                                                       zones)["segments"]] == [0]
 
 
 def test_ledger_status_mirrors_metadata_markers_and_repairs():

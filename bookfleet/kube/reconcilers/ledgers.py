@@ -13,7 +13,7 @@ import base64
 import datetime as dt
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -78,6 +78,8 @@ class ObservedLedger:
     writable: tuple[BookieInfo, ...] = ()
     password: bytes | None = None
     password_problem: str = ""
+    bookie_zones: Mapping[str, str] = field(default_factory=dict)
+    """bookie id -> zone of the cluster's bookies (`bookie_zones`)."""
 
     @property
     def ledger_id(self) -> int | None:
@@ -166,6 +168,8 @@ class LedgerSources:
     """whether the ledger has a marker and a DATA_LOSS record, as cached (None: not known, read both)"""
     read_ahead: Callable[[KazooClient, int], PendingRead | None] = lambda zk, ledger_id: None
     """the metadata read sent ahead for this pass with the others of its batch (None: the pass reads it)"""
+    bookies: Callable[[str, str], list[dict]] = lambda namespace, name: []
+    """the cluster's Bookies (their zones, where it lists none: as their nodes gave them)"""
 
 
 # --- observe ------------------------------------------------------------------------------------------------------
@@ -184,6 +188,8 @@ def observe(ctx: OperatorContext, body: dict, sources: LedgerSources) -> Observe
                        cluster=None if cluster_body is None else validated_cluster(cluster_body))
     if observed.cluster is None:
         return observed
+    observed = replace(observed, bookie_zones=bookie_zones(observed.cluster,
+                                                           sources.bookies(namespace, ledger.spec.cluster)))
     target = ZooKeeperTarget.of(observed.cluster)
     zk = ctx.zk(target, wait=0)  # on the feed's threads, which every cluster shares: never wait for a session
     ledger_id = observed.ledger_id
@@ -277,7 +283,7 @@ def mirror(observed: ObservedLedger, moment: dt.datetime, metadata: LedgerMetada
     ledger_id = observed.ledger_id
     loss = observed.loss
     repair = repair_status(observed.repairs, observed.marker) or observed.status.get("repair")
-    status = decide_status(ledger_id, metadata, observed.marker, repair, bookie_zones(observed.cluster))
+    status = decide_status(ledger_id, metadata, observed.marker, repair, observed.bookie_zones)
     conditions = [validity, condition(DATA_LOSS, True, "EntriesLost", f"no replica holds entries "
                                                                       f"{list(loss.entries)[:20]}")
                   if loss is not None else condition(DATA_LOSS, False, "AllEntriesReplicated")]
@@ -345,11 +351,13 @@ def event_target(cluster: BookieCluster | None) -> dict[str, Any]:
             "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid}}
 
 
-def bookie_zones(cluster: BookieCluster | None) -> dict[str, str]:
-    """bookie id -> zone of the cluster's bookies (known also while a bookie, or its whole zone, is lost)."""
-    if cluster is None or not cluster.spec.zones:
-        return {}
+def bookie_zones(cluster: BookieCluster, bookies: Iterable[dict] = ()) -> dict[str, str]:
+    """bookie id -> zone of the cluster's bookies, known also while a bookie, or its whole zone, is lost: round-robin
+    by ordinal over the zones it lists, else each of its `bookies`' zone as its node gave it (the Bookie's spec.zone,
+    kept with it)."""
     name, namespace, spec = cluster.metadata.name, cluster.metadata.namespace, cluster.spec
+    if not spec.zones:
+        return {b["spec"]["bookieId"]: zone for b in bookies if (zone := b["spec"].get("zone"))}
     return {resources.bookie_id(name, resources.bookie_name(name, ordinal), namespace, spec.bookie.port):
             zone_of(ordinal, spec.zones) for ordinal in range(spec.replicas)}
 
