@@ -22,7 +22,6 @@ from typing import Any
 
 from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
-from bookfleet.kube.reconcilers.certificates import CA_PRIVATE_KEY
 from bookfleet.polling import wait_for
 from tests.cluster import realnode
 
