@@ -3,9 +3,12 @@ one page of Ledgers at a time, and the cluster's volumes stay unless its whenDel
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes
@@ -51,6 +54,16 @@ def create_fleet(kube: EmulatorThread, finalizers: list[str], when_deleted: str 
                                 "spec": {"cluster": of_cluster}})
 
 
+def create_ledgers(kube: EmulatorThread, count: int, finalizers: list[str]) -> None:
+    """`count` Ledgers, two in three of them the cluster bk's (the rest another's), every other one with
+    `finalizers`."""
+    for number in range(count):
+        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
+                                "metadata": {"name": f"bk-{number:05}", "namespace": NS,
+                                             "finalizers": finalizers if number % 2 else []},
+                                "spec": {"cluster": "bk" if number % 3 else "other"}})
+
+
 def left(kube: EmulatorThread) -> dict[str, list[str]]:
     return {plural: sorted(o["metadata"]["name"] for o in kube.list(plural, NS))
             for plural in ("bookieclusters", "bookies", "ledgers", "pods", "persistentvolumeclaims")}
@@ -81,17 +94,45 @@ def test_the_ledgers_are_read_a_page_at_a_time_and_never_listed_again(kube):
     """The uninstall at scale: the Ledgers are listed once, in pages of 500 (never all held at once), and not again
     while the teardown waits for a cluster another finalizer holds."""
     create_fleet(kube, [teardown.FINALIZER])
-    for number in range(1_200):
-        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                                "metadata": {"name": f"bk-{number:05}", "namespace": NS,
-                                             "finalizers": [teardown.FINALIZER] if number % 2 else []},
-                                "spec": {"cluster": "bk" if number % 3 else "other"}})
+    create_ledgers(kube, 1_200, [teardown.FINALIZER])
     kube.patch("bookieclusters", NS, "bk", {"metadata": {"finalizers": [teardown.FINALIZER, "example.com/held"]}})
     assert teardown.delete_cluster(api_of(kube), NS, "bk", timeout=0.3, interval=0.05) is teardown.Teardown.HELD
     assert kube.emulator.list_requests["ledgers"] == 3  # 1,202 Ledgers: three pages, once
     assert sorted(o["metadata"]["name"] for o in kube.list("ledgers", NS)) == sorted(
         ["other-ledger", *(f"bk-{number:05}" for number in range(0, 1_200, 3))])
     assert kube.get("bookieclusters", NS, "bk")["metadata"]["finalizers"] == ["example.com/held"]
+
+
+class WeakLedger(dict):
+    """A Ledger as a LIST page carries it, weakly referenceable: whether something still holds it can be seen."""
+
+
+class WatchedPages(KubeApi):
+    """Hands out each LIST page's Ledgers and, as each next page arrives, counts those of pages before the previous
+    one still alive: what a teardown holds of the pages it is done with (the caller still has the previous one)."""
+
+    def __init__(self, kube: EmulatorThread) -> None:
+        super().__init__(api_of(kube).client)
+        self.handed: list[list[weakref.ref]] = []
+        self.held_back: list[int] = []
+
+    def pages(self, *args, **kwargs) -> Iterator[list[dict]]:
+        for page in super().pages(*args, **kwargs):
+            gc.collect()
+            self.held_back.append(sum(ledger() is not None for done in self.handed[:-1] for ledger in done))
+            ledgers = [WeakLedger(ledger) for ledger in page]
+            self.handed.append([weakref.ref(ledger) for ledger in ledgers])
+            yield ledgers
+
+
+def test_the_teardown_holds_no_page_it_is_done_with(kube):
+    """The hook's memory is one page of Ledgers whatever their count (100,000 inside its 256 MiB): no Ledger of a
+    page deleted before the current one is still referenced when the next page comes."""
+    create_ledgers(kube, 2_000, [teardown.FINALIZER])
+    api = WatchedPages(kube)
+    assert teardown.delete_ledgers(api, NS, "bk") == 1_333
+    assert len(api.held_back) == 4 and api.held_back == [0, 0, 0, 0]
+    assert not any(ledger() for done in api.handed for ledger in done)
 
 
 class CompactingApi(KubeApi):
@@ -112,10 +153,7 @@ def test_a_teardown_outliving_its_lists_snapshot_goes_on_with_the_rest(kube):
     the answer carries, deletes every Ledger of its cluster and no other's (it failed with ApiException 410 once the
     bench's 20,000 Ledgers took longer than the compaction interval)."""
     create_fleet(kube, [])
-    for number in range(1_200):
-        kube.create("ledgers", {"apiVersion": "bookfleet.io/v1alpha1", "kind": "Ledger",
-                                "metadata": {"name": f"bk-{number:05}", "namespace": NS},
-                                "spec": {"cluster": "bk" if number % 3 else "other"}})
+    create_ledgers(kube, 1_200, [])
     assert teardown.delete_cluster(CompactingApi(kube), NS, "bk", timeout=30) is teardown.Teardown.DELETED
     assert sorted(o["metadata"]["name"] for o in kube.list("ledgers", NS)) == sorted(
         ["other-ledger", *(f"bk-{number:05}" for number in range(0, 1_200, 3))])
