@@ -400,7 +400,7 @@ class BookieClient:
     # --- plumbing ---------------------------------------------------------------------------------------------
 
     def _enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
-        """Queue one request of `operation` carrying `message` (its operation's encoded message); `waiter` gets the
+        """Queue one request, `frame` (length prefix included) whose header carries `txn`; `waiter` gets the
         Response or fails with BookieError or ConnectionError. A caller that gives up just drops its future: the late
         answer is ignored."""
         if self._error is not None:
