@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
 from bookfleet.polling import wait_for
@@ -236,9 +238,11 @@ def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
     return {"executors": 1, "driverPodTemplate": realnode.PLACEMENT, "executorPodTemplate": realnode.PLACEMENT}
 
 
-def install(cluster: LocalCluster) -> None:
+def install(cluster: LocalCluster, zookeeper_credential: bool = True) -> None:
     """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper, the examples, 3 Ready bookies,
-    repairs placed on the system node where the cluster has real nodes."""
+    repairs placed on the system node where the cluster has real nodes. Without `zookeeper_credential` the example
+    cluster names no ZooKeeper credential: its nodes are open to any ZooKeeper client, as a Java BookKeeper client
+    (Pulsar's broker) needs, since it cannot present a digest credential (docs/bookkeeper.md)."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
@@ -247,7 +251,8 @@ def install(cluster: LocalCluster) -> None:
     if cluster.real_node():
         say(f"bookies on the zones' nodes (containerd), image {realnode.published_reference('bookie')}")
         cluster.node_image("bookie")
-    cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", str(ROOT / "examples"))
+    cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", "-",
+                    stdin=examples(zookeeper_credential))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
              timeout=600, what="three Ready bookie pods", interval=2.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
@@ -256,6 +261,17 @@ def install(cluster: LocalCluster) -> None:
              interval=2.0)
     if placement := repair_placement(cluster):
         apply_settings(cluster, {"autoRecovery": {"repair": placement}})
+
+
+def examples(zookeeper_credential: bool) -> str:
+    """examples/ as one YAML stream, the BookieCluster's ZooKeeper credential left out unless `zookeeper_credential`."""
+    documents = [document for path in sorted((ROOT / "examples").glob("*.yaml"))
+                 for document in yaml.safe_load_all(path.read_text()) if document]
+    if not zookeeper_credential:
+        for document in documents:
+            if document["kind"] == "BookieCluster":
+                del document["spec"]["security"]["zookeeperAuthSecret"]
+    return yaml.safe_dump_all(documents)
 
 
 def example_bookies(cluster: LocalCluster) -> list[dict[str, Any]]:
