@@ -103,7 +103,7 @@ def pulsar_pod(cluster: LocalCluster, image: str, command: list[str], restart: s
         "volumeMounts": [resources.tls_mount(), {"name": "conf", "mountPath": CONF_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": resources.container_security_context(),
-        "resources": {"requests": {"cpu": "100m", "memory": "768Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "768Mi"}, "limits": {"memory": "1536Mi"}},
     }
     return {"restartPolicy": restart, "containers": [container], **realnode.PLACEMENT,
             "volumes": [resources.tls_volume(client_secret(CLUSTER)), {"name": "conf", "configMap": {"name": CONF}},
@@ -185,8 +185,8 @@ def ledgers_naming(cluster: LocalCluster, ledger_ids: set[int], bookie_id: str) 
 
 def watch_repair(cluster: LocalCluster, ledger_ids: set[int], bookie_id: str, deleted_at: float,
                  timeout: float = 900) -> dict[str, float]:
-    """Wait until the operator has marked the lost bookie (its Bookie Lost), its repair Jobs have all succeeded and
-    no ledger of `ledger_ids` is marked or names it; seconds after the deletion at which each was seen."""
+    """Wait until the operator has marked the lost bookie (its Bookie Lost), a repair Job of its has succeeded, none
+    runs, and no ledger of `ledger_ids` is marked or names it; seconds after the deletion at which each was seen."""
     pod = bookie_id.split(".")[0]
     seconds: dict[str, float] = {}
 
@@ -197,11 +197,12 @@ def watch_repair(cluster: LocalCluster, ledger_ids: set[int], bookie_id: str, de
 
     def repaired() -> bool:
         note("bookie_lost", (cluster.get("bookie", "-n", NAMESPACE, pod).get("status") or {}).get("phase") == "Lost")
-        jobs = [cluster.get("job", "-n", NAMESPACE, name) for name in new_repair_jobs(cluster, pod, ())]
+        jobs = [cluster.get("job", "-n", NAMESPACE, name).get("status") or {}
+                for name in new_repair_jobs(cluster, pod, ())]
         note("repair_job_created", bool(jobs))
-        if not jobs or not all((job.get("status") or {}).get("succeeded") for job in jobs):
+        if not any(job.get("succeeded") for job in jobs) or any(job.get("active") for job in jobs):
             return False
-        note("repair_jobs_succeeded", True)
+        note("repair_job_succeeded", True)
         note("ledgers_repaired", not ledgers_naming(cluster, ledger_ids, bookie_id))
         return "ledgers_repaired" in seconds
 
