@@ -153,12 +153,24 @@ class LocalCluster:
         return reference
 
 
+BULK = ("etcd", "volumes", "pods/*/volumes", "nodes/*/containerd", "nodes/*/kubelet")
+"""What a kept cluster state drops (GBs a run: a full disk after a few failed runs): etcd's data, the volumes (the
+bookies' data), pods' volumes, the real nodes' images, containers and pod volumes. Its logs (the control plane's, each
+node's, every pod's), configs and certificates stay: what a failure is read from."""
+
+
+def drop_bulk(state: Path) -> None:
+    """Remove `BULK` from a stopped cluster's state directory."""
+    for folder in [found for pattern in BULK for found in state.glob(pattern)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def running_cluster(keep_logs: Callable[[], bool] = lambda: False, process_zones: bool = False
                     ) -> Iterator[LocalCluster]:
     """`python -m tests.cluster` as a child process (so it stops and cleans up through its SIGTERM path); its logs
-    (the cluster's, every pod's) are kept if `keep_logs()` says so when it stops. `process_zones`: the zones' nodes
-    on the process kubelet even where real nodes could run them."""
+    (the cluster's, every pod's) are kept, without its `BULK`, if `keep_logs()` says so when it stops.
+    `process_zones`: the zones' nodes on the process kubelet even where real nodes could run them."""
     work = Path(tempfile.mkdtemp(prefix="bookfleet-cluster-"))
     ready, state = work / "ready", work / "state"
     with (work / "cluster.log").open("wb") as log:
@@ -186,7 +198,8 @@ def running_cluster(keep_logs: Callable[[], bool] = lambda: False, process_zones
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
             if keep_logs():
-                print(f"local cluster logs kept in {work}", flush=True)
+                drop_bulk(state)
+                print(f"local cluster logs kept in {work} (without its volumes and images)", flush=True)
             else:
                 shutil.rmtree(work, ignore_errors=True)
 
