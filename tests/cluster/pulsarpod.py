@@ -1,7 +1,7 @@
 """`make cluster-pulsar`: Apache Pulsar's broker as a pod of the local cluster, keeping its topics on the bookies of
 a BookieCluster the chart's operator runs (issue 40, item 2); the figures as one JSON line.
 
-The chart and the example cluster are installed as the tier installs them (walkthrough.install), but with no
+The chart and its BookieCluster are installed as the tier installs them (walkthrough.install), but with no
 ZooKeeper credential: the broker's ZooKeeper and BookKeeper clients cannot present one (docs/bookkeeper.md). The
 bookies keep their mutual TLS: the broker presents a client certificate the operator issues from the cluster's CA.
 The broker (the `pulsar` image of scripts/build-images.sh, from the jars tests/pulsar runs) and its metadata setup
@@ -295,7 +295,7 @@ def main() -> int:
             print("no real nodes on this machine (see the cluster's log): the broker's image needs containerd",
                   file=sys.stderr)
             return 2
-        say(f"helm install into namespace {NAMESPACE}, the example cluster without a ZooKeeper credential")
+        say(f"helm install into namespace {NAMESPACE}: the chart's BookieCluster, without a ZooKeeper credential")
         install(cluster, zookeeper_credential=False)
         say("4 bookies (one to take a lost one's place), a client certificate for the broker, lost-bookie delay "
             f"{LOST_BOOKIE_DELAY} s")
