@@ -43,6 +43,7 @@ from tests.cluster.walkthrough import (
     running_cluster,
     say,
     scale,
+    server_seconds,
 )
 from tests.pulsar.broker import CLUSTER as PULSAR_CLUSTER
 from tests.pulsar.broker import METADATA_ROOT, admin, broker_settings, healthy
@@ -175,40 +176,45 @@ def lose_current_bookie(cluster: LocalCluster, ledger_id: int) -> tuple[str, flo
     return bookie_id, time.time()
 
 
+def watch_operator(cluster: LocalCluster, bookie_id: str, deleted_at: float, timeout: float = 900
+                   ) -> dict[str, float]:
+    """From the deletion on (the producer running), until a repair Job of the lost bookie has succeeded: seconds
+    after the deletion at which its Bookie was first seen Lost (polled: the operator marks its ledgers then), and its
+    first succeeded repair Job was created and completed (the Job's own timestamps, whole seconds)."""
+    pod = bookie_id.split(".")[0]
+    seconds: dict[str, float] = {}
+
+    def repaired() -> bool:
+        phase = (cluster.get("bookie", "-n", NAMESPACE, pod).get("status") or {}).get("phase")
+        if phase == "Lost" and "bookie_lost" not in seconds:
+            seconds["bookie_lost"] = round(time.time() - deleted_at, 1)
+            say(f"Bookie {pod} Lost {seconds['bookie_lost']:.0f} s after its pod was deleted")
+        jobs = [cluster.get("job", "-n", NAMESPACE, name) for name in new_repair_jobs(cluster, pod, ())]
+        done = sorted((job for job in jobs if (job.get("status") or {}).get("completionTime")),
+                      key=lambda job: job["metadata"]["creationTimestamp"])
+        if not done or "bookie_lost" not in seconds:
+            return False
+        seconds["repair_job_created"] = round(server_seconds(done[0]["metadata"]["creationTimestamp"], deleted_at))
+        seconds["repair_job_completed"] = round(server_seconds(done[0]["status"]["completionTime"], deleted_at))
+        say(f"repair Job {done[0]['metadata']['name']} completed {seconds['repair_job_completed']:.0f} s after")
+        return True
+
+    wait_for(repaired, timeout=timeout, what=f"a repair Job of {pod} to succeed", interval=2.0)
+    return seconds
+
+
+def lose_and_watch(cluster: LocalCluster, ledger_id: int) -> tuple[str, float, dict[str, float]]:
+    """`lose_current_bookie`, then `watch_operator`."""
+    bookie_id, deleted_at = lose_current_bookie(cluster, ledger_id)
+    return bookie_id, deleted_at, watch_operator(cluster, bookie_id, deleted_at)
+
+
 def ledgers_naming(cluster: LocalCluster, ledger_ids: set[int], bookie_id: str) -> set[int]:
     """The ledgers among `ledger_ids` marked under-replicated or whose ensembles still name `bookie_id`."""
     [marked, *infos] = ledger_documents(cluster, "pulsar-check", [
         "underreplicated list", *(f"ledger info {ledger_id}" for ledger_id in sorted(ledger_ids))])
     return ({ledger["ledger_id"] for ledger in marked} & ledger_ids) | {
         info["ledger_id"] for info in infos if any(bookie_id in s["bookies"] for s in info["segments"])}
-
-
-def watch_repair(cluster: LocalCluster, ledger_ids: set[int], bookie_id: str, deleted_at: float,
-                 timeout: float = 900) -> dict[str, float]:
-    """Wait until the operator has marked the lost bookie (its Bookie Lost), a repair Job of its has succeeded, none
-    runs, and no ledger of `ledger_ids` is marked or names it; seconds after the deletion at which each was seen."""
-    pod = bookie_id.split(".")[0]
-    seconds: dict[str, float] = {}
-
-    def note(milestone: str, reached: bool) -> None:
-        if reached and milestone not in seconds:
-            seconds[milestone] = round(time.time() - deleted_at, 1)
-            say(f"{milestone} {seconds[milestone]:.0f} s after the bookie pod was deleted")
-
-    def repaired() -> bool:
-        note("bookie_lost", (cluster.get("bookie", "-n", NAMESPACE, pod).get("status") or {}).get("phase") == "Lost")
-        jobs = [cluster.get("job", "-n", NAMESPACE, name).get("status") or {}
-                for name in new_repair_jobs(cluster, pod, ())]
-        note("repair_job_created", bool(jobs))
-        if not any(job.get("succeeded") for job in jobs) or any(job.get("active") for job in jobs):
-            return False
-        note("repair_job_succeeded", True)
-        note("ledgers_repaired", not ledgers_naming(cluster, ledger_ids, bookie_id))
-        return "ledgers_repaired" in seconds
-
-    wait_for(repaired, timeout=timeout, what=f"the ledgers repaired off {bookie_id} by the operator's Job",
-             interval=2.0)
-    return seconds
 
 
 def stored_entries(cluster: LocalCluster, ledger_ids: set[int]) -> dict[int, dict[int, str]]:
@@ -236,17 +242,20 @@ def run(cluster: LocalCluster, address: str, messages: int, partitions: int, rat
 
     def delete_bookie(produced: Produced) -> None:
         """In the background: the producer keeps sending while the victim is found and deleted."""
-        deletion.append(deleting.submit(lose_current_bookie, cluster, produced.last_acked().ledger_id))
+        deletion.append(deleting.submit(lose_and_watch, cluster, produced.last_acked().ledger_id))
 
     client = pulsar.Client(f"pulsar://{address}:{BROKER_PORT}", logger=QUIET, operation_timeout_seconds=120)
     try:
         say(f"producing {messages} messages at {rate:.0f}/s to {partitions} partitions; a third in, a bookie is lost")
         produced = produce(client, TOPIC, range(messages), {messages // 3: delete_bookie}, rate=rate)
-        bookie_id, deleted_at = deletion[0].result()
-        produce_ended_after_deletion = round(time.time() - deleted_at, 1)
+        produce_ended_at = time.time()
         admin(web_url, "PUT", f"/admin/v2/persistent/{PULSAR_NAMESPACE}/{TOPIC}/unload")  # closes its ledgers
+        bookie_id, deleted_at, seconds = deletion[0].result()
+        seconds["produce_ended"] = round(produce_ended_at - deleted_at, 1)
         ledger_ids = {acked.ledger_id for acked in produced.acked.values()}
-        seconds = watch_repair(cluster, ledger_ids, bookie_id, deleted_at)
+        wait_for(lambda: not ledgers_naming(cluster, ledger_ids, bookie_id), timeout=600, interval=5.0,
+                 what=f"the topic's ledgers repaired off {bookie_id}")
+        seconds["ledgers_seen_repaired"] = round(time.time() - deleted_at, 1)
         expected: dict[int, int] = defaultdict(int)
         for acked in produced.acked.values():
             expected[acked.partition] += 1
@@ -273,9 +282,9 @@ def run(cluster: LocalCluster, address: str, messages: int, partitions: int, rat
         "not_in_bookfleet_entry": not_found(entries, delivered),
         "ledgers": len(ledger_ids),
         "deleted_bookie": bookie_id,
-        "produce_ended_s_after_deletion": produce_ended_after_deletion,
         "lost_bookie_recovery_delay_s": LOST_BOOKIE_DELAY,
         "seconds_after_deletion": seconds,
+        "repair_jobs": len(new_repair_jobs(cluster, bookie_id.split(".")[0], ())),
         "produce_rate_msg_s": round(len(produced.acked) / (produced.ended - produced.began)),
         "p99_publish_ms": round(p99(latencies) * 1000, 1),
     }
