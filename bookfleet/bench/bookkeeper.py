@@ -557,6 +557,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _print_heading(name: str, report: dict) -> None:
+    """The scenario's shape and its disk's fsync baseline, above its figures."""
     print(f"{name}: {report['entry_size']} B, E{report['ensemble']}/Qw{report['write_quorum']}/"
           f"Qa{report['ack_quorum']}, raw fsync {report['raw_fsync_mb_per_s']:.1f} MB/s")
 
@@ -569,7 +570,6 @@ def _print_text(report: dict) -> None:
         print(f"  vs {run['java']:>9}: {ours['full_entries_per_s']:9.0f} vs {java['full_entries_per_s']:9.0f} "
               f"entries/s ({run['throughput_ours_over_java']:.2f}x), half p99 {ours['half_p99_ms']:.2f} vs "
               f"{java['half_p99_ms']:.2f} ms")
-
 
 
 def _print_matrix_text(report: dict) -> None:
