@@ -60,6 +60,8 @@ a stopped bookie in its ensemble at once), few enough for a short test."""
 BOOKKEEPER_AUTORECOVERY = {**RECOVERY_SETTINGS, "openLedgerRereplicationGracePeriod": int(OPEN_GRACE_S * 1000)}
 """The Java bookies of the way back run BookKeeper's AutoRecovery as it is deployed by default (an auditor elected
 among the bookies, a replication worker in each, no delay after a loss), with the repair's open grace above."""
+CHECK_ALL_LEDGERS_DONE = f"{zkpaths.UNDERREPLICATION}/checkallledgersctime"
+"""Where BookKeeper's auditor records when its last full check of every ledger ended."""
 PRELOAD_ENTRY_SIZE = 64 << 10
 PRELOAD_ENTRIES_PER_LEDGER = 256
 """`--size`'s ledgers: 16 MiB each (bench repair's bulk case), written before bookfleet's bookies join."""
@@ -148,6 +150,12 @@ def to_bookfleet(migration: Migration, step_timeout: float) -> tuple[list[dict],
     return steps, migration.ours.bookies
 
 
+def ensembles(store: MetadataStore) -> dict[int, list[list[str]]]:
+    """Each ledger's ensembles, segment by segment."""
+    return {ledger_id: [list(segment.bookies) for segment in metadata.segments]
+            for ledger_id, metadata in store.scan().items()}
+
+
 def back_to_bookkeeper(migration: Migration, step_timeout: float) -> tuple[list[dict], list]:
     """The way back: Java bookies on fresh disks join with BookKeeper's AutoRecovery, bookfleet's auditor and repair
     stop (BookKeeper's auditor takes the election), and each bookfleet bookie is decommissioned in turn."""
@@ -156,10 +164,22 @@ def back_to_bookkeeper(migration: Migration, step_timeout: float) -> tuple[list[
                  for n in range(BOOKFLEET_BOOKIES)]
     migration.fleet.bookies += returning  # stopped with the fleet
 
-    def join_java() -> None:
+    def join_java() -> dict:
+        """The Java bookies started and bookfleet's auto-recovery stopped; then BookKeeper's auditor, elected, runs
+        its full check of every ledger at once (checkAllLedgers, never run on this cluster before): a ledger it
+        marks (or its replication workers then move) with every bookie up has a replica a stock checker could not
+        read on a bookfleet bookie."""
         with zkclient.session(zk) as session:
+            store = MetadataStore(session)
+            before = ensembles(store)
             started_side_by_side(returning, session)
-        migration.recovery.stop()
+            migration.recovery.stop()
+            wait_for(lambda: session.exists(CHECK_ALL_LEDGERS_DONE), timeout=step_timeout, interval=0.5,
+                     what="BookKeeper's auditor to check every ledger")
+            after = ensembles(store)
+            return {"marked_by_bookkeepers_check": len(UnderReplication(session).ledger_ids()),
+                    "moved_by_bookkeepers_check": sum(before[ledger_id] != after[ledger_id]
+                                                      for ledger_id in before.keys() & after.keys())}
 
     steps = [timed("join", join_java)]
     steps += [timed("decommission", lambda bookie=bookie: decommission(zk, bookie, step_timeout))
@@ -240,20 +260,31 @@ def run(migration: Migration, topic: str, move: Callable[[Migration, float], tup
     }
 
 
-def sized_run(migration: Migration, stored_gib: float, partitions: int = 4, step_timeout: float = 900.0) -> dict:
-    """`python -m tests.pulsar --migrate --size-gib G`: the Java bookies hold G GiB (pre-loaded closed ledgers
-    beside the broker's topic) before the migration; after it each pre-loaded entry is checked byte for byte on every
-    replica its ledger's metadata names."""
+def replica_problems(zk: str, preloaded: dict[int, list[bytes]]) -> list[str]:
+    """bench repair's check of every replica, one ledger at a time: a Java bookie (the tests' 256 MiB of direct
+    memory) asked for every 64 KiB entry of all ledgers at once runs out of memory answering and exits."""
+    return [problem for ledger_id, digests in preloaded.items()
+            for problem in asyncio.run(verify_replicas(zk, {ledger_id: digests}))]
+
+
+def sized_run(migration: Migration, stored_gib: float, partitions: int = 4, back: bool = False,
+              step_timeout: float = 900.0) -> Iterator[dict]:
+    """`python -m tests.pulsar --migrate --size-gib G [--back]`: the Java bookies hold G GiB (pre-loaded closed
+    ledgers beside the broker's topic) before the migration; after it (and after the way back) each pre-loaded entry
+    is checked byte for byte on every replica its ledger's metadata names. One figures dict per direction."""
     began = time.monotonic()
     preloaded = preload(migration.fleet.zk, int(stored_gib * (1 << 30)))
-    preload_seconds = time.monotonic() - began
-    figures = run(migration, "migrating", to_bookfleet, partitions, step_timeout)
-    return {
+    preloaded_figures = {
         "preloaded_ledgers": len(preloaded),
         "preloaded_gib_stored": round(sum(map(len, preloaded.values())) * PRELOAD_ENTRY_SIZE
                                       * LedgerShape().write_quorum / (1 << 30), 2),
-        "preload_seconds": round(preload_seconds, 1),
-        **figures,
-        "preloaded_replica_problems": asyncio.run(verify_replicas(migration.fleet.zk, preloaded))[:10],
-        "load_average": os.getloadavg(),
+        "preload_seconds": round(time.monotonic() - began, 1),
     }
+    for topic, move in [("migrating", to_bookfleet), *([("returning", back_to_bookkeeper)] if back else [])]:
+        yield {
+            "direction": move.__name__,
+            **preloaded_figures,
+            **run(migration, topic, move, partitions, step_timeout),
+            "preloaded_replica_problems": replica_problems(migration.fleet.zk, preloaded)[:10],
+            "load_average": [round(load, 1) for load in os.getloadavg()],
+        }
