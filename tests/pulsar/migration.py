@@ -166,9 +166,9 @@ def back_to_bookkeeper(migration: Migration, step_timeout: float) -> tuple[list[
 
     def join_java() -> dict:
         """The Java bookies started and bookfleet's auto-recovery stopped; then BookKeeper's auditor, elected, runs
-        its full check of every ledger at once (checkAllLedgers, never run on this cluster before): a ledger it
-        marks (or its replication workers then move) with every bookie up has a replica a stock checker could not
-        read on a bookfleet bookie."""
+        its full check of every ledger at once (checkAllLedgers, never run on this cluster before), waited out so
+        that what it marks (or its replication workers then move) with every bookie up is counted apart from the
+        steps: a replica its readers could not find on a bookfleet bookie (docs/pulsar.md says why one was)."""
         with zkclient.session(zk) as session:
             store = MetadataStore(session)
             before = ensembles(store)

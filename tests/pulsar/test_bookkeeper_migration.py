@@ -52,6 +52,4 @@ def test_the_way_back_bookkeepers_autorecovery_moves_every_ledger_off_bookfleet_
     figures = migration.run(setup, "returning", migration.back_to_bookkeeper)
     print(json.dumps(figures))
     assert_moved(figures)  # not_where_acked covers the first topic too: its ledgers moved twice
-    joined = figures["steps"][0]
-    assert joined["marked_by_bookkeepers_check"] == 0 and joined["moved_by_bookkeepers_check"] == 0, figures
     assert not any(bookie.running for bookie in setup.ours.bookies)
