@@ -25,6 +25,9 @@ def main() -> None:
         "--against-bookkeeper", action="store_true",
         help="no faults: the producer's rate on bookfleet's bookies, then on Apache BookKeeper's (one line each)",
     )
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --against-bookkeeper: per side, a warm-up round not counted, then this many "
+                             "measured rounds (their median is compared)")
     parser.add_argument("--migrate", action="store_true",
                         help="a BookKeeper fleet under a running producer moved to bookfleet bookies, one at a time")
     parser.add_argument("--size-gib", type=float, default=0.0,
@@ -45,11 +48,11 @@ def main() -> None:
             with fleet_with_broker(directory) as (cluster, broker):
                 print(json.dumps(scenario.run(cluster, broker, "demo", args.messages, args.partitions)))
             return
-        with fleet_with_broker(directory / "bookfleet") as (_, broker):
-            ours = scenario.throughput(broker, "rate", args.messages, args.partitions)
+        with fleet_with_broker(directory / "bookfleet", auto_recovery=False) as (_, broker):
+            ours = scenario.rounds(broker, args.messages, args.partitions, args.rounds)
         print(json.dumps({"bookies": "bookfleet", **ours}), flush=True)
         with bookkeeper_fleet_with_broker(directory / "bookkeeper") as broker:
-            theirs = scenario.throughput(broker, "rate", args.messages, args.partitions)
+            theirs = scenario.rounds(broker, args.messages, args.partitions, args.rounds)
         print(json.dumps({"bookies": "apache-bookkeeper", **theirs}))
         ratio = ours["produce_rate_msg_s"] / theirs["produce_rate_msg_s"]
         print(json.dumps({"bookfleet_over_bookkeeper": round(ratio, 2)}))

@@ -244,6 +244,17 @@ def run(cluster: StandaloneCluster, broker: PulsarBroker, topic: str, messages: 
     }
 
 
+def rounds(broker: PulsarBroker, messages: int, partitions: int, measured: int) -> dict:
+    """`throughput` once, or with `measured` > 1 once to warm the broker's and bookies' JVMs (not counted) and then
+    `measured` times on topics of their own: the median round's figures, and every round's rate."""
+    if measured <= 1:
+        return throughput(broker, "rate", messages, partitions)
+    throughput(broker, "warm-up", messages, partitions)
+    runs = sorted((throughput(broker, f"rate-{index}", messages, partitions) for index in range(measured)),
+                  key=lambda figures: figures["produce_rate_msg_s"])
+    return {**runs[len(runs) // 2], "rounds_msg_s": [figures["produce_rate_msg_s"] for figures in runs]}
+
+
 def throughput(broker: PulsarBroker, topic: str, messages: int, partitions: int = 4) -> dict:
     """Produce `messages` with no fault: the producer's rate and publish latencies on this broker's bookies."""
     broker.admin("PUT", f"/admin/v2/persistent/{NAMESPACE}/{topic}/partitions", partitions)
