@@ -28,8 +28,9 @@ from tests.cluster import realnode
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "bookfleet"
 REPAIR_SELECTOR = "app.kubernetes.io/component=repair"
-CHART_VALUES = ("--set", "zookeeper.enabled=true")
-"""What the tier installs the chart with: its own ZooKeeper for the example cluster."""
+CHART_VALUES = ("--values", str(ROOT / "tests" / "cluster" / "chart-values.yaml"))
+"""What the tier installs the chart with: its own ZooKeeper and the example cluster as the chart's BookieCluster."""
+RELEASE = "bookfleet"
 # The first run builds Kubernetes, etcd and helm from the Go module proxy (tens of minutes on 2 cores).
 START_TIMEOUT = float(os.environ.get("BOOKFLEET_CLUSTER_START_TIMEOUT", 2700))
 
@@ -52,13 +53,22 @@ class LocalCluster:
         return result.stdout
 
     def helm(self, *args: str, timeout: float = 900) -> str:
+        return self._helm(*args, timeout=timeout).stdout
+
+    def helm_test(self, release: str, namespace: str) -> str:
+        """`helm test`: its report, then the test pods' logs (helm prints them on stderr, as the chart's
+        helm.sh/hook-output-log-policy asks); AssertionError with both if a test failed."""
+        result = self._helm("test", release, "--namespace", namespace, "--timeout", "5m", timeout=330)
+        return result.stdout + result.stderr
+
+    def _helm(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [str(self.binaries / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
             capture_output=True, text=True, timeout=timeout,
         )
         if result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed: {result.stdout}\n{result.stderr}")
-        return result.stdout
+        return result
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
@@ -143,12 +153,24 @@ class LocalCluster:
         return reference
 
 
+BULK = ("etcd", "volumes", "pods/*/volumes", "nodes/*/containerd", "nodes/*/kubelet")
+"""What a kept cluster state drops (GBs a run: a full disk after a few failed runs): etcd's data, the volumes (the
+bookies' data), pods' volumes, the real nodes' images, containers and pod volumes. Its logs (the control plane's, each
+node's, every pod's), configs and certificates stay: what a failure is read from."""
+
+
+def drop_bulk(state: Path) -> None:
+    """Remove `BULK` from a stopped cluster's state directory."""
+    for folder in [found for pattern in BULK for found in state.glob(pattern)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def running_cluster(keep_logs: Callable[[], bool] = lambda: False, process_zones: bool = False
                     ) -> Iterator[LocalCluster]:
     """`python -m tests.cluster` as a child process (so it stops and cleans up through its SIGTERM path); its logs
-    (the cluster's, every pod's) are kept if `keep_logs()` says so when it stops. `process_zones`: the zones' nodes
-    on the process kubelet even where real nodes could run them."""
+    (the cluster's, every pod's) are kept, without its `BULK`, if `keep_logs()` says so when it stops.
+    `process_zones`: the zones' nodes on the process kubelet even where real nodes could run them."""
     work = Path(tempfile.mkdtemp(prefix="bookfleet-cluster-"))
     ready, state = work / "ready", work / "state"
     with (work / "cluster.log").open("wb") as log:
@@ -176,7 +198,8 @@ def running_cluster(keep_logs: Callable[[], bool] = lambda: False, process_zones
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
             if keep_logs():
-                print(f"local cluster logs kept in {work}", flush=True)
+                drop_bulk(state)
+                print(f"local cluster logs kept in {work} (without its volumes and images)", flush=True)
             else:
                 shutil.rmtree(work, ignore_errors=True)
 
@@ -237,17 +260,19 @@ def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
 
 
 def install(cluster: LocalCluster) -> None:
-    """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper, the examples, 3 Ready bookies,
-    repairs placed on the system node where the cluster has real nodes."""
+    """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper and the example BookieCluster
+    (CHART_VALUES), the example Ledger, 3 Ready bookies, repairs placed on the system node where the cluster has real
+    nodes."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
-    cluster.helm("install", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
-                 *chart_placement(cluster), "--wait", "--timeout", "10m")
-    if cluster.real_node():
+    if cluster.real_node():  # before the chart creates the bookies: nothing is pulled, a missing image backs off
         say(f"bookies on the zones' nodes (containerd), image {realnode.published_reference('bookie')}")
         cluster.node_image("bookie")
-    cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f", str(ROOT / "examples"))
+    cluster.helm("install", RELEASE, str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
+                 *chart_placement(cluster), "--wait", "--timeout", "10m")
+    cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f",
+                    str(ROOT / "examples" / "ledger.yaml"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
              timeout=600, what="three Ready bookie pods", interval=2.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
@@ -742,34 +767,27 @@ def node_failure(cluster: LocalCluster, entries: int) -> NodeFailure:
     return outcome
 
 
-# --- uninstall: the chart's pre-delete hook, helm uninstall, the namespace -----------------------------------------
+# --- uninstall: helm uninstall with the chart's pre-delete hook, the namespace ------------------------------------
 
 @dataclass(frozen=True)
 class Uninstall:
-    hook_succeeded: bool
     bookies_left: list[str]
+    ledgers_left: list[str]
+    """Ledgers present after helm uninstall: the hook deletes the chart cluster's (helm would leave them, not being
+    the release's)."""
     claims_kept: set[str]
     """Bookie PVCs present after the hook deleted the cluster and helm uninstall finished."""
     namespace_gone: bool
 
 
 def uninstall(cluster: LocalCluster) -> Uninstall:
-    """Run the chart's pre-delete hook Job (rendered for the example cluster: the chart's hook deletes the chart's
-    own cluster), helm uninstall, force-delete what a failed node's dead kubelet never will (an administrator's step),
-    then delete the namespace; every step must finish."""
-    version = json.loads(cluster.kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
-    hook = cluster.helm("template", "bookfleet", str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE,
-                        "--kube-version", version, "--show-only", "templates/uninstall-hook.yaml", *CHART_VALUES,
-                        *chart_placement(cluster), "--set", "bookieCluster.enabled=true",
-                        "--set", f"bookieCluster.name={CLUSTER}")
-    say(f"the chart's uninstall hook deletes BookieCluster {CLUSTER}")
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=hook)
-    job = "bookfleet-delete-cluster"
-    cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Complete", f"job/{job}", "--timeout=300s", timeout=330)
-    succeeded = bool(cluster.get("job", "-n", NAMESPACE, job)["status"].get("succeeded"))
+    """helm uninstall (its pre-delete hook Job deletes the chart's BookieCluster, its Bookies and Ledgers; helm fails
+    if the hook does), force-delete what a failed node's dead kubelet never will (an administrator's step), then
+    delete the namespace; every step must finish."""
+    say(f"helm uninstall: its hook deletes BookieCluster {CLUSTER}")
+    cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m")
     bookies = [b["metadata"]["name"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
-    say("helm uninstall")
-    cluster.helm("uninstall", "bookfleet", "--namespace", NAMESPACE, "--wait", "--timeout", "5m")
+    ledgers = [ledger["metadata"]["name"] for ledger in cluster.get("ledgers", "-n", NAMESPACE)["items"]]
     claims = {claim["metadata"]["name"] for claim in bookie_claims(cluster)}
     dead = {node["metadata"]["name"] for node in cluster.get("nodes")["items"] if not ready(node)}
     stuck = [pod["metadata"]["name"] for pod in cluster.get("pods", "-n", NAMESPACE)["items"]
@@ -779,7 +797,7 @@ def uninstall(cluster: LocalCluster) -> Uninstall:
     say(f"deleting namespace {NAMESPACE}")
     cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=300s", timeout=330)
     gone = NAMESPACE not in {ns["metadata"]["name"] for ns in cluster.get("namespaces")["items"]}
-    return Uninstall(succeeded, bookies, claims, gone)
+    return Uninstall(bookies, ledgers, claims, gone)
 
 
 def main() -> int:
@@ -788,7 +806,7 @@ def main() -> int:
     entries = 100
     say("starting the local cluster (the first run builds Kubernetes from its Go modules)")
     with running_cluster() as cluster:
-        say(f"helm install into namespace {NAMESPACE} (restricted Pod Security), kubectl apply -f examples/")
+        say(f"helm install into namespace {NAMESPACE} (restricted Pod Security) with the example BookieCluster")
         install(cluster)
         say("three bookies Running, one per zone")
         outcome = closed_loop(cluster, entries)

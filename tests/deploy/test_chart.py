@@ -646,12 +646,23 @@ def stored_cluster_and_bookie_pod(objects: list[dict[str, Any]]) -> tuple[Bookie
 def test_helm_test_is_a_client_of_the_chart_cluster_as_the_operator_builds_clients() -> None:
     """`helm test`'s pod: a hook of kind test, labelled as a client (the NetworkPolicies admit it), the ZooKeeper
     credential and TLS directory a client of the cluster gets (resources.security_env), the client certificate the
-    cluster keeps issued for it; ZooKeeper's TLS Secret mounted where bookies have it. No chart cluster: no test."""
-    for values in (CHART_CLUSTER, {**CHART_CLUSTER, "security": {"zookeeperTlsSecret": "zk-client"}}):
+    cluster keeps issued for it, readable as the operator's client pods read it (their pod security context: the
+    group reads the 0440 Secret files); ZooKeeper's TLS Secret mounted where bookies have it. The operator's image
+    where the operator runs (its node holds that image, maybe not the bookie image), and helm prints the pod's log
+    whether it passes or fails. No chart cluster: no test."""
+    placement = {"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "system", "effect": "NoSchedule"}]}
+    for values in (CHART_CLUSTER, {**CHART_CLUSTER, "security": {"zookeeperTlsSecret": "zk-client"}},
+                   {**CHART_CLUSTER, "operator": placement}):
         objects = render_chart(values)
         (pod,) = by_kind(objects, "Pod")
         cluster, bookie = stored_cluster_and_bookie_pod(objects)
+        (operator,) = by_kind(objects, "Deployment")
         assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert pod["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-succeeded,hook-failed"
+        assert pod["spec"]["securityContext"] == resources.pod_security_context()
+        assert pod["spec"]["containers"][0]["image"] == operator["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert {key: pod["spec"].get(key) for key in placement} == {
+            key: operator["spec"]["template"]["spec"].get(key) for key in placement}
         assert pod["metadata"]["labels"][resources.CLIENT_LABEL] == "true"
         assert pod["metadata"]["namespace"] == cluster.metadata.namespace
         (container,) = pod["spec"]["containers"]
