@@ -176,7 +176,7 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 """A plain int for the per-add work (an enum attribute costs a lookup each time)."""
-_request_head, _ok_add_answer_txn, _varint = bkwire.v3_request_head, bkwire.ok_add_answer_txn, bkwire.varint
+_request_head, _ok_add_answer, _varint = bkwire.v3_request_head, bkwire.OK_ADD_ANSWER.fullmatch, bkwire.varint
 next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
 """The next txnId, as its varint's bytes (as the wire carries it): one sequence for every connection of the process,
 so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
@@ -293,11 +293,8 @@ class BookieClient:
         """ADD_ENTRY of `frame`, a whole request frame whose header carries `txn` (`next_txn`'s): a
         bkwire.AddRequestEncoder's frame head + the encoded entry, built once and shared by a whole write set, never
         copied here; `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader:
-        no future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
-        if txn in self._pending:  # sent again on this connection before its first send was answered: a new txnId
-            txn = next_txn()
-            frame = bkwire.with_txn(frame, txn)
-        self._enqueue(frame, txn, (on_answer, arg))
+        no future, no callback object, no event-loop turn. Ignores write backpressure."""
+        self.enqueue(frame, txn, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
@@ -399,30 +396,41 @@ class BookieClient:
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
-    def _enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
-        """Queue one request, `frame` (length prefix included) whose header carries `txn`; `waiter` gets the
-        Response or fails with BookieError or ConnectionError. A caller that gives up just drops its future: the late
-        answer is ignored."""
-        if self._error is not None:
-            _settle(waiter, self._error)
+    def enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
+        """Queue one request, `frame` (length prefix included) whose header carries `txn` (`next_txn`'s); `waiter`
+        gets the Response or fails with BookieError or ConnectionError: a future, or `(on_answer, arg)` of an add
+        (see `add_entry_callback`). A caller that gives up just drops its future: the late answer is ignored. The
+        ledger writer's hot path (one call per add and bookie): ignores write backpressure."""
+        pending, size = self._pending, len(frame)
+        if txn in pending or self._error is not None or size > _MAX_FRAME_WITH_LENGTH:
+            self._enqueue_checked(frame, txn, waiter)
             return
-        if len(frame) > _MAX_FRAME_WITH_LENGTH:  # the bookie would close the shared connection
-            text = f"request of {len(frame) - _LENGTH_SIZE} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
-            _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
-            return
-        self._pending[txn] = waiter
-        if not self._outgoing:
+        pending[txn] = waiter
+        outgoing = self._outgoing
+        if not outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing.append(frame)
-        self._outgoing_bytes += len(frame)
+        outgoing.append(frame)
+        self._outgoing_bytes += size
         if self._outgoing_bytes >= FLUSH_BYTES:
             self._flush()
+
+    def _enqueue_checked(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
+        """`enqueue`'s rare cases: a failed connection, a frame above the bookie's limit, an add sent again on this
+        connection before its first send was answered (a new txnId: only add frames are ever sent twice)."""
+        if self._error is not None:
+            _settle(waiter, self._error)
+        elif len(frame) > _MAX_FRAME_WITH_LENGTH:  # the bookie would close the shared connection
+            text = f"request of {len(frame) - _LENGTH_SIZE} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
+            _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
+        else:
+            txn = next_txn()
+            self.enqueue(bkwire.with_txn(frame, txn), txn, waiter)
 
     async def _call(self, operation: int, message: bytes):
         """The Response to one request, once its status is EOK."""
         future = self._loop.create_future()
         txn = next_txn()
-        self._enqueue(_request_head(operation, txn, len(message)) + message, txn, future)
+        self.enqueue(_request_head(operation, txn, len(message)) + message, txn, future)
         return await self._answered(future)
 
     async def _answered(self, future: asyncio.Future):
@@ -455,11 +463,16 @@ class BookieClient:
                 if end - start < length:
                     return
                 pos = start + length
-                txn = _ok_add_answer_txn(buffer, start, pos)
-                if txn is not None and type(waiter := pending.get(txn)) is tuple:
-                    del pending[txn]
-                    waiter[0](waiter[1], None)
-                    continue
+                match = _ok_add_answer(buffer, start, pos)  # bkwire.ok_add_answer_txn, inline
+                if match is not None:
+                    header_end = match.end(1)
+                    if buffer[start + 1] == header_end - start - 2 and buffer[header_end + 4] == pos - header_end - 5:
+                        waiter = pending.pop(match.group(1), None)
+                        if type(waiter) is tuple:
+                            waiter[0](waiter[1], None)
+                            continue
+                        if waiter is not None:  # an add's answer to another request: parsed whole, and refused
+                            pending[match.group(1)] = waiter
                 self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
         finally:
             del buffer[:pos]
