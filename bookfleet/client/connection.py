@@ -182,7 +182,8 @@ next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
 so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
 keyed by these bytes, so an ack is matched without decoding its txnId."""
 _unpack_length, _LENGTH_SIZE = wire.LENGTH_PREFIX.unpack_from, wire.LENGTH_PREFIX.size
-_MAX_FRAME_WITH_LENGTH = wire.MAX_FRAME_SIZE + _LENGTH_SIZE
+_MAX_FRAME = wire.MAX_FRAME_SIZE
+_MAX_FRAME_WITH_LENGTH = _MAX_FRAME + _LENGTH_SIZE
 """The largest request sent, its length prefix included: a bookie's frame limit."""
 
 
@@ -457,10 +458,10 @@ class BookieClient:
         try:
             while end - pos >= _LENGTH_SIZE:
                 (length,) = _unpack_length(buffer, pos)
-                if length > wire.MAX_FRAME_SIZE:
-                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit")
+                if length > _MAX_FRAME:
+                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {_MAX_FRAME}-byte limit")
                 start = pos + _LENGTH_SIZE
-                if end - start < length:
+                if start + length > end:
                     return
                 pos = start + length
                 match = _ok_add_answer(buffer, start, pos)  # bkwire.ok_add_answer_txn, inline
