@@ -176,7 +176,7 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 """A plain int for the per-add work (an enum attribute costs a lookup each time)."""
-_request_head, _ok_add_answer, _varint = bkwire.v3_request_head, bkwire.OK_ADD_ANSWER.fullmatch, bkwire.varint
+_request_head, _ok_add_answer_txn, _varint = bkwire.v3_request_head, bkwire.ok_add_answer_txn, bkwire.varint
 next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
 """The next txnId, as its varint's bytes (as the wire carries it): one sequence for every connection of the process,
 so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
@@ -464,16 +464,14 @@ class BookieClient:
                 if start + length > end:
                     return
                 pos = start + length
-                match = _ok_add_answer(buffer, start, pos)  # bkwire.ok_add_answer_txn, inline
-                if match is not None:
-                    header_end = match.end(1)
-                    if buffer[start + 1] == header_end - start - 2 and buffer[header_end + 4] == pos - header_end - 5:
-                        waiter = pending.pop(match.group(1), None)
-                        if type(waiter) is tuple:
-                            waiter[0](waiter[1], None)
-                            continue
-                        if waiter is not None:  # an add's answer to another request: parsed whole, and refused
-                            pending[match.group(1)] = waiter
+                txn = _ok_add_answer_txn(buffer, start, pos)
+                if txn is not None:
+                    waiter = pending.pop(txn, None)
+                    if type(waiter) is tuple:
+                        waiter[0](waiter[1], None)
+                        continue
+                    if waiter is not None:  # a future's (not an add's): its answer is parsed whole
+                        pending[txn] = waiter
                 self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
         finally:
             del buffer[:pos]
