@@ -54,7 +54,7 @@ from bookfleet.meta.formats import (
     LockDataFormat,
     UnderreplicatedLedgerFormat,
 )
-from bookfleet.meta.zk import pipelined, read_many
+from bookfleet.meta.zk import pipelined, put, read_many
 
 DEFAULT_RECOVERY_DELAY = 0.0
 """lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""
@@ -464,7 +464,7 @@ class UnderReplication:
         """Store the delay; BookKeeper keeps whole seconds, so a fraction is refused rather than rounded."""
         if not seconds >= 0 or seconds != int(seconds):
             raise ValueError(f"lostBookieRecoveryDelay must be whole seconds >= 0, got {seconds}")
-        self._put(zkpaths.UR_RECOVERY_DELAY, str(int(seconds)).encode())
+        put(self.zk, zkpaths.UR_RECOVERY_DELAY, str(int(seconds)).encode())
 
     def configure(self, enabled: bool, delay: float) -> None:
         """Set the switch and the delay to these values, writing only what differs (the operator, every pass)."""
@@ -493,18 +493,7 @@ class UnderReplication:
         return check_all_ledgers_ctime_of(data)
 
     def set_check_all_ledgers_ctime(self, ctime_ms: int) -> None:
-        self._put(zkpaths.UR_CHECK_ALL_LEDGERS_CTIME, check_all_ledgers_record(ctime_ms))
-
-    def _put(self, path: str, data: bytes) -> None:
-        """Set a node's data whatever its version, creating it if it is not there (BookKeeper's setters do the
-        same: the last writer wins)."""
-        try:
-            self.zk.set(path, data)
-        except NoNodeError:
-            try:
-                self.zk.create(path, data, makepath=True)
-            except NodeExistsError:
-                self.zk.set(path, data)
+        put(self.zk, zkpaths.UR_CHECK_ALL_LEDGERS_CTIME, check_all_ledgers_record(ctime_ms))
 
     # --- data loss ------------------------------------------------------------------------------------------
 
