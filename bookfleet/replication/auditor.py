@@ -71,7 +71,7 @@ DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
 def first_check_delay(last_check_ms: int | None, now_ms: int, interval: float) -> float:
     """Seconds from taking office to the first replica check, as BookKeeper's auditor schedules checkAllLedgers:
     at once when no check was recorded or the last one is `interval` old, else the rest of the interval. A recorded
-    time ahead of this host's clock (another host's clock) counts as just now."""
+    time ahead of this host's clock (the writer's clock runs ahead) counts as just now."""
     if last_check_ms is None:
         return 0.0
     since = max(0.0, (now_ms - last_check_ms) / 1000)
