@@ -34,7 +34,7 @@ from bookfleet.meta.registry import BookieRegistry
 from bookfleet.meta.underreplication import UnderReplication
 from bookfleet.polling import wait_for
 from bookfleet.replication.runner import AutoRecoveryRunner
-from tests.interop.javaside import JavaBookie, started_side_by_side
+from tests.interop.javaside import JavaBookie, shell, started_side_by_side, write_conf
 from tests.pulsar.broker import PulsarBroker
 from tests.pulsar.fleet import BookKeeperFleet, bookkeeper_fleet, broker_on
 from tests.pulsar.scenario import (
@@ -60,8 +60,6 @@ a stopped bookie in its ensemble at once), few enough for a short test."""
 BOOKKEEPER_AUTORECOVERY = {**RECOVERY_SETTINGS, "openLedgerRereplicationGracePeriod": int(OPEN_GRACE_S * 1000)}
 """The Java bookies of the way back run BookKeeper's AutoRecovery as it is deployed by default (an auditor elected
 among the bookies, a replication worker in each, no delay after a loss), with the repair's open grace above."""
-CHECK_ALL_LEDGERS_DONE = f"{zkpaths.UNDERREPLICATION}/checkallledgersctime"
-"""Where BookKeeper's auditor records when its last full check of every ledger ended."""
 PRELOAD_ENTRY_SIZE = 64 << 10
 PRELOAD_ENTRIES_PER_LEDGER = 256
 """`--size`'s ledgers: 16 MiB each (bench repair's bulk case), written before bookfleet's bookies join."""
@@ -165,19 +163,23 @@ def back_to_bookkeeper(migration: Migration, step_timeout: float) -> tuple[list[
     migration.fleet.bookies += returning  # stopped with the fleet
 
     def join_java() -> dict:
-        """The Java bookies started and bookfleet's auto-recovery stopped; then BookKeeper's auditor, elected, runs
-        its full check of every ledger at once (checkAllLedgers, never run on this cluster before), waited out so
-        that what it marks (or its replication workers then move) with every bookie up is counted apart from the
-        steps: a replica its readers could not find on a bookfleet bookie (docs/pulsar.md says why one was)."""
+        """The Java bookies started, BookKeeper's full check forced (`shell forceauditchecks -calc`: bookfleet's
+        auditor recorded its own check where BookKeeper's auditor reads the last one, which would otherwise wait out
+        the interval from it) and bookfleet's auto-recovery stopped; then BookKeeper's auditor, elected, runs its
+        full check of every ledger at once (checkAllLedgers), waited out so that what it marks (or its replication
+        workers then move) with every bookie up is counted apart from the steps: a replica its readers could not
+        find on a bookfleet bookie (docs/pulsar.md says why one was)."""
         with zkclient.session(zk) as session:
-            store = MetadataStore(session)
+            store, under_replication = MetadataStore(session), UnderReplication(session)
             before = ensembles(store)
             started_side_by_side(returning, session)
+            shell(write_conf(migration.directory / "admin.conf", zk), "forceauditchecks", "-calc")
+            forced = under_replication.check_all_ledgers_ctime()
             migration.recovery.stop()
-            wait_for(lambda: session.exists(CHECK_ALL_LEDGERS_DONE), timeout=step_timeout, interval=0.5,
-                     what="BookKeeper's auditor to check every ledger")
+            wait_for(lambda: under_replication.check_all_ledgers_ctime() != forced, timeout=step_timeout,
+                     interval=0.5, what="BookKeeper's auditor to check every ledger")
             after = ensembles(store)
-            return {"marked_by_bookkeepers_check": len(UnderReplication(session).ledger_ids()),
+            return {"marked_by_bookkeepers_check": len(under_replication.ledger_ids()),
                     "moved_by_bookkeepers_check": sum(before[ledger_id] != after[ledger_id]
                                                       for ledger_id in before.keys() & after.keys())}
 
