@@ -115,9 +115,11 @@ bench: setup
 	$(VENV)/bin/bookfleet bench bookie --entry-size 1024 --seconds 10 --json
 	$(VENV)/bin/bookfleet bench bookie --entry-size 65536 --seconds 10 --json
 
-# Ours against Apache BookKeeper's Java bookies and client, same run, same disk: one JSON line per scenario.
+# Ours against Apache BookKeeper's Java bookies and client, same run, same disk: one JSON line per scenario. The
+# bookie matrix (the same Java client on either bookie) at 5 s per phase keeps the whole under about 25 minutes.
 bench-bookkeeper: setup bookkeeper-reference
 	$(VENV)/bin/bookfleet bench bookkeeper --json
+	$(VENV)/bin/bookfleet bench bookkeeper --matrix --seconds 5 --json
 	$(VENV)/bin/bookfleet bench bookkeeper --recovery --json
 
 lint: setup

@@ -7,23 +7,34 @@ bookies (hack/bookkeeper-bench, built into ~/.cache/bookfleet/bookkeeper-<v>/ by
 alternating ours, Java, ours, Java: one pair per Java variant (ledger storage x wire protocol), each ratio taken
 against the run of ours just before it. Latency percentiles are true ones on both sides (every sample sorted here,
 HdrHistogram there). Every line carries the same-run disk and CPU baselines and the Java settings used.
+
+`--matrix` compares the bookies alone: the same Java bench client (V2, V3) on Java bookies and then on ours, each
+cell on bookies of its own, the bookies' CPU per entry read from /proc of the bookie processes only; then our client
+on Java bookies. Each cell runs the same two loads (full, then half of its own full-load rate, paced).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from bookfleet import spark as sparksettings
 from bookfleet.bench import baseline, client, repair
 from bookfleet.commanderror import CommandError
+from bookfleet.fleet import BookieFleet
+from bookfleet.meta import zk as zkclient
+from bookfleet.meta.registry import BookieRegistry
 from bookfleet.zkserver import ZooKeeperServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,8 +141,11 @@ SCENARIOS = {
         Scenario("one-bookie", 1, 1, 1, 1, 1024),
         Scenario("e3", 3, 3, 3, 2, 1024),
         Scenario("one-bookie-64k", 1, 1, 1, 1, 64 << 10),
+        Scenario("e3-64k", 3, 3, 3, 2, 64 << 10),
     )
 }
+PAIRED_SCENARIOS = ("one-bookie", "e3", "one-bookie-64k")
+"""The default run's: each side's own client and bookies (e3-64k only in `--matrix`, which takes every scenario)."""
 
 
 def register(subparsers) -> None:
@@ -140,14 +154,20 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--scenario", action="append", choices=list(SCENARIOS),
-        help="one-bookie (E=Qw=Qa=1, 1 KiB), e3 (3 bookies E3/Qw3/Qa2, 1 KiB), one-bookie-64k (repeatable; "
-        "default all)",
+        help="one-bookie (E=Qw=Qa=1, 1 KiB), e3 (3 bookies E3/Qw3/Qa2, 1 KiB), one-bookie-64k, e3-64k (repeatable; "
+        "default: the first three, all four with --matrix)",
     )
     parser.add_argument("--storage", action="append", choices=list(STORAGE_CLASSES),
-                        help="Java ledger storage (repeatable; default db and sorted)")
+                        help="Java ledger storage (repeatable; default db and sorted, db alone with --matrix)")
     parser.add_argument("--protocol", action="append", choices=PROTOCOLS,
                         help="Java client wire protocol (repeatable; default v2 and v3)")
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--matrix", action="store_true",
+        help="instead: bookie against bookie, per scenario the same Java client (each --protocol) on Java bookies "
+        "and on ours, then our client on Java bookies; ratios ours/Java of adds/s and of the bookies' CPU per entry",
+    )
+    mode.add_argument(
         "--recovery", action="store_true",
         help="instead: per --recovery-case, a bookie of 4 is killed; seconds until every ledger is back at Qw, our "
         "auditor + Spark repair against the Java bookies' AutoRecovery",
@@ -196,21 +216,33 @@ class JavaSide:
                 run: Path) -> dict:
         """One load of `scenario` on Java bookies keeping their data under `run`."""
         root = f"/bookkeeper-java/{scenario.name}-{storage}-{protocol}"
-        bookies = [self._start_bookie(run / f"bookie-{index}", root, storage)[0] for index in range(scenario.bookies)]
+        with self.bookies(scenario.bookies, storage, root, run) as bookies:
+            return self.load(scenario, protocol, root, [bookie.pid for bookie in bookies], seconds, warmup, run)
+
+    @contextlib.contextmanager
+    def bookies(self, count: int, storage: str, root: str, run: Path) -> Iterator[list[subprocess.Popen]]:
+        """`count` Java bookies of the cluster under `root`, their data under `run`; stopped on leaving."""
+        bookies = [self._start_bookie(run / f"bookie-{index}", root, storage)[0] for index in range(count)]
         try:
-            options = {
-                "ensemble": scenario.ensemble, "write_quorum": scenario.write_quorum,
-                "ack_quorum": scenario.ack_quorum, "entry_size": scenario.entry_size,
-                "in_flight": scenario.in_flight, "seconds": seconds, "warmup": warmup, "protocol": protocol,
-                "bookie_pids": ",".join(str(bookie.pid) for bookie in bookies),
-            }
-            load = subprocess.run(
-                self._java(CLIENT_JVM, "BookKeeperBench", "load", self.zk, root,
-                           *(f"{name}={value}" for name, value in options.items())),
-                capture_output=True, text=True, timeout=seconds * 4 + warmup + 180,
-            )
+            yield bookies
         finally:
             self._stop(bookies)
+
+    def load(self, scenario: Scenario, protocol: str, root: str, bookie_pids: list[int], seconds: float,
+             warmup: float, run: Path) -> dict:
+        """The Java bench client's loads on whichever bookies serve the cluster under `root` (Java's or ours), the
+        bookies' CPU read from /proc of `bookie_pids`; the bookies' logs are under `run`."""
+        options = {
+            "ensemble": scenario.ensemble, "write_quorum": scenario.write_quorum,
+            "ack_quorum": scenario.ack_quorum, "entry_size": scenario.entry_size,
+            "in_flight": scenario.in_flight, "seconds": seconds, "warmup": warmup, "protocol": protocol,
+            "bookie_pids": ",".join(map(str, bookie_pids)),
+        }
+        load = subprocess.run(
+            self._java(CLIENT_JVM, "BookKeeperBench", "load", self.zk, root,
+                       *(f"{name}={value}" for name, value in options.items())),
+            capture_output=True, text=True, timeout=seconds * 4 + warmup + 180,
+        )
         return self._figures(load, run)
 
     def recover(self, ledgers: int, entries: int, entry_size: int) -> dict:
@@ -247,8 +279,7 @@ class JavaSide:
     @staticmethod
     def _figures(load: subprocess.CompletedProcess, run: Path) -> dict:
         if load.returncode != 0:
-            logs = "".join(path.read_text()[-2000:] for path in run.glob("bookie-*/bookie.log"))
-            raise CommandError(f"the Java side failed:\n{load.stderr[-3000:]}\n{logs}")
+            raise CommandError(f"the Java side failed:\n{load.stderr[-3000:]}\n{_bookie_logs(run)}")
         return json.loads(load.stdout.strip().splitlines()[-1])
 
     def _start_bookie(
@@ -275,14 +306,67 @@ class JavaSide:
         return process, port
 
 
-def _ours(zk: str, directory: Path, scenario: Scenario, args: argparse.Namespace) -> dict:
-    """`bookfleet bench client`'s loads on a fleet of our bookies of its own."""
-    settings = argparse.Namespace(
+def _bookie_logs(run: Path) -> str:
+    """The tails of the logs of the bookies (Java's or ours) that kept their data under `run`."""
+    return "".join(path.read_text(errors="replace")[-2000:] for path in run.glob("bookie-*/bookie.log"))
+
+
+def _client_settings(scenario: Scenario, args: argparse.Namespace) -> argparse.Namespace:
+    """`bookfleet bench client`'s settings for `scenario`."""
+    return argparse.Namespace(
         bookies=scenario.bookies, ensemble=scenario.ensemble, write_quorum=scenario.write_quorum,
         ack_quorum=scenario.ack_quorum, entry_size=scenario.entry_size, seconds=args.seconds,
         in_flight=scenario.in_flight, event_loop=args.event_loop,
     )
-    return client._measure(zk, directory, settings)
+
+
+def _ours(zk: str, directory: Path, scenario: Scenario, args: argparse.Namespace) -> dict:
+    """`bookfleet bench client`'s loads on a fleet of our bookies of its own."""
+    return client._measure(zk, directory, _client_settings(scenario, args))
+
+
+def _cluster_of_its_own(zk: str, run: Path) -> tuple[str, str]:
+    """One matrix cell's cluster in the shared ZooKeeper: the connect string with a chroot (as bookfleet's bookies
+    and client take it) and the same cluster's ledgers root as BookKeeper's configuration names it. The chroot's
+    node is made here: a session opened on a chroot not there yet works, but warns."""
+    with zkclient.session(zk, auth=zkclient.NO_AUTH, tls_dir=zkclient.NO_TLS) as session:
+        session.ensure_path(f"/{run.name}")
+    return f"{zk}/{run.name}", f"/{run.name}/ledgers"
+
+
+def _java_client_on_our_bookies(
+    java: JavaSide, zk: str, scenario: Scenario, protocol: str, args: argparse.Namespace, run: Path
+) -> dict:
+    """The Java bench client's loads on a fleet of our bookies of its own (it waits for their registrations)."""
+    chroot, root = _cluster_of_its_own(zk, run)
+    with BookieFleet(chroot, run) as fleet:
+        bookies = fleet.start(scenario.bookies, log_level="WARNING", event_loop=args.event_loop)
+        figures = java.load(scenario, protocol, root, [bookie.process.pid for bookie in bookies], args.seconds,
+                            args.warmup, run)
+        fleet.stop()
+    return figures
+
+
+def _our_client_on_java_bookies(
+    java: JavaSide, zk: str, scenario: Scenario, storage: str, args: argparse.Namespace, run: Path
+) -> dict:
+    """`bookfleet bench client`'s loads on Java bookies of a cluster of their own."""
+    chroot, root = _cluster_of_its_own(zk, run)
+    with java.bookies(scenario.bookies, storage, root, run) as bookies:
+        _wait_registered(chroot, bookies, run)
+        return client.measure_against(chroot, _client_settings(scenario, args), [bookie.pid for bookie in bookies])
+
+
+def _wait_registered(zk: str, bookies: list[subprocess.Popen], run: Path, timeout: float = 120.0) -> None:
+    """Return once every one of `bookies` is registered under `zk`: our client takes the bookies it finds, and a
+    JVM's start takes seconds (BookKeeper's client waits by itself)."""
+    deadline = time.monotonic() + timeout
+    with zkclient.session(zk, auth=zkclient.NO_AUTH, tls_dir=zkclient.NO_TLS) as session:
+        registry = BookieRegistry(session)
+        while len(registry.ids()) < len(bookies):
+            if time.monotonic() > deadline or any(bookie.poll() is not None for bookie in bookies):
+                raise CommandError(f"the Java bookies did not all register:\n{_bookie_logs(run)}")
+            time.sleep(0.2)
 
 
 RATIOS = {
@@ -294,11 +378,53 @@ RATIOS = {
     "bookies_cpu_per_entry": ("full_bookies_cpu_us_per_entry", False),
     "client_cpu_per_entry": ("full_client_cpu_us_per_entry", False),
 }
+BOOKIE_RATIOS = {
+    # name: figure; ours over Java's bookie under the same client (adds/s > 1 and the rest < 1: ours is better)
+    "adds_per_s": "full_entries_per_s",
+    "bookies_cpu_per_entry": "full_bookies_cpu_us_per_entry",
+    "half_p50": "half_p50_ms",
+    "half_p99": "half_p99_ms",
+}
+CLIENT_RATIOS = {
+    # name: figure; our client over Java's on the same Java bookies
+    "adds_per_s": "full_entries_per_s",
+    "client_cpu_per_entry": "full_client_cpu_us_per_entry",
+    "half_p50": "half_p50_ms",
+    "half_p99": "half_p99_ms",
+}
+
+
+def quotients(ours: dict, java: dict, figures: dict[str, str]) -> dict[str, float]:
+    """Ours over Java for each named figure."""
+    return {name: ours[figure] / java[figure] for name, figure in figures.items()}
 
 
 def ratios(ours: dict, java: dict) -> dict[str, float]:
     """Ours over Java for each compared figure (throughput > 1 and latency or CPU < 1 mean ours is better)."""
-    return {f"{name}_ours_over_java": ours[figure] / java[figure] for name, (figure, _) in RATIOS.items()}
+    named = {f"{name}_ours_over_java": figure for name, (figure, _) in RATIOS.items()}
+    return quotients(ours, java, named)
+
+
+def _shape(scenario: Scenario, args: argparse.Namespace, loop_name: str) -> dict:
+    """What every report of a scenario says of its load."""
+    return {
+        "bookies": scenario.bookies,
+        "ensemble": scenario.ensemble,
+        "write_quorum": scenario.write_quorum,
+        "ack_quorum": scenario.ack_quorum,
+        "entry_size": scenario.entry_size,
+        "in_flight": scenario.in_flight,
+        "seconds": args.seconds,
+        "java_warmup_seconds": args.warmup,
+        "event_loop": loop_name,
+    }
+
+
+JAVA_SETTINGS = {
+    "java_bookie_jvm": " ".join(BOOKIE_JVM),
+    "java_client_jvm": " ".join(CLIENT_JVM),
+    "java_bookie_settings": BOOKIE_SETTINGS,
+}
 
 
 def _scenario_report(
@@ -315,21 +441,56 @@ def _scenario_report(
                      **ratios(ours, reference)})
     return {
         "scenario": scenario.name,
-        "bookies": scenario.bookies,
-        "ensemble": scenario.ensemble,
-        "write_quorum": scenario.write_quorum,
-        "ack_quorum": scenario.ack_quorum,
-        "entry_size": scenario.entry_size,
-        "in_flight": scenario.in_flight,
-        "seconds": args.seconds,
-        "java_warmup_seconds": args.warmup,
-        "event_loop": loop_name,
+        **_shape(scenario, args, loop_name),
         "order": "ours, java per pair; pairs in the order listed",
         "runs": runs,
         **baselines,
-        "java_bookie_jvm": " ".join(BOOKIE_JVM),
-        "java_client_jvm": " ".join(CLIENT_JVM),
-        "java_bookie_settings": BOOKIE_SETTINGS,
+        **JAVA_SETTINGS,
+    }
+
+
+def _matrix_report(
+    scenario: Scenario, java: JavaSide, zk: str, root: Path, args: argparse.Namespace, loop_name: str
+) -> dict:
+    """Per Java client protocol, the Java client on Java bookies (each --storage) and right after on ours, our
+    bookies' figures over Java's; then our client on Java bookies, its figures over each Java client's there."""
+    baselines = baseline.same_run_baselines(root, scenario.entry_size)
+    cells: list[dict] = []
+
+    def cell(client_name: str, bookie_name: str, measure: Callable[[Path], dict]) -> dict:
+        run = root / f"{scenario.name}-cell-{len(cells)}"
+        figures = measure(run)
+        shutil.rmtree(run)  # a 64 KiB cell writes gigabytes
+        cells.append({"client": client_name, "bookie": bookie_name, "figures": figures})
+        return cells[-1]
+
+    java_clients: dict[str, dict[str, dict]] = {}  # Java client -> Java storage -> figures
+    for protocol in args.protocol:
+        client_name = f"java-{protocol}"
+        on_java = java_clients[client_name] = {
+            storage: cell(client_name, f"java-{storage}", partial(
+                java.measure, scenario, storage, protocol, args.seconds, args.warmup
+            ))["figures"]
+            for storage in args.storage
+        }
+        ours = cell(client_name, "bookfleet", partial(_java_client_on_our_bookies, java, zk, scenario, protocol, args))
+        ours["bookfleet_bookie_over_java_bookie"] = {
+            f"java-{storage}": quotients(ours["figures"], figures, BOOKIE_RATIOS)
+            for storage, figures in on_java.items()
+        }
+    for storage in args.storage:
+        ours = cell("bookfleet", f"java-{storage}", partial(_our_client_on_java_bookies, java, zk, scenario, storage,
+                                                            args))
+        ours["bookfleet_client_over_java_client"] = {
+            name: quotients(ours["figures"], on_java[storage], CLIENT_RATIOS) for name, on_java in java_clients.items()
+        }
+    return {
+        "matrix": scenario.name,
+        **_shape(scenario, args, loop_name),
+        "order": "cells in the order listed, each on bookies of its own, stopped before the next",
+        "cells": cells,
+        **baselines,
+        **JAVA_SETTINGS,
     }
 
 
@@ -373,7 +534,7 @@ def handle(args: argparse.Namespace) -> int:
     loop_name = baseline.chosen_event_loop(args.event_loop)
     if args.seconds <= 0 or args.warmup < 0:
         raise CommandError("--seconds must be positive and --warmup not negative")
-    args.storage = args.storage or list(STORAGE_CLASSES)
+    args.storage = args.storage or (["db"] if args.matrix else list(STORAGE_CLASSES))
     args.protocol = args.protocol or list(PROTOCOLS)
     reference = args.java_dir or built_reference()
     if args.recovery:
@@ -385,22 +546,40 @@ def handle(args: argparse.Namespace) -> int:
         root = Path(tmp)
         with ZooKeeperServer(root / "zookeeper") as zookeeper:
             java = JavaSide(reference, zookeeper.connect, root / "java")
-            for name in args.scenario or list(SCENARIOS):
-                report = _scenario_report(SCENARIOS[name], java, zookeeper.connect, root, args, loop_name)
+            measure, text = (_matrix_report, _print_matrix_text) if args.matrix else (_scenario_report, _print_text)
+            for name in args.scenario or (list(SCENARIOS) if args.matrix else PAIRED_SCENARIOS):
+                report = measure(SCENARIOS[name], java, zookeeper.connect, root, args, loop_name)
                 if args.json:
                     print(json.dumps(report), flush=True)
                 else:
-                    _print_text(report)
+                    text(report)
     return 0
+
+
+def _print_heading(name: str, report: dict) -> None:
+    """The scenario's shape and its disk's fsync baseline, above its figures."""
+    print(f"{name}: {report['entry_size']} B, E{report['ensemble']}/Qw{report['write_quorum']}/"
+          f"Qa{report['ack_quorum']}, raw fsync {report['raw_fsync_mb_per_s']:.1f} MB/s")
 
 
 def _print_text(report: dict) -> None:
     """A readable summary: per Java variant, both sides' throughput and half-load p99 and their ratios."""
-    print(f"{report['scenario']}: {report['entry_size']} B, E{report['ensemble']}/Qw{report['write_quorum']}/"
-          f"Qa{report['ack_quorum']}, raw fsync {report['raw_fsync_mb_per_s']:.1f} MB/s")
+    _print_heading(report["scenario"], report)
     for run in report["runs"]:
         ours, java = run["ours"], run["java_figures"]
         print(f"  vs {run['java']:>9}: {ours['full_entries_per_s']:9.0f} vs {java['full_entries_per_s']:9.0f} "
               f"entries/s ({run['throughput_ours_over_java']:.2f}x), half p99 {ours['half_p99_ms']:.2f} vs "
               f"{java['half_p99_ms']:.2f} ms")
 
+
+def _print_matrix_text(report: dict) -> None:
+    """A readable summary: per cell, adds/s, half-load p50/p99 and CPU per entry, and the ratios to Java's side."""
+    _print_heading(report["matrix"], report)
+    for measured in report["cells"]:
+        figures = measured["figures"]
+        print(f"  {measured['client']:>9} on {measured['bookie']:<9}: {figures['full_entries_per_s']:9.0f} adds/s, "
+              f"half p50/p99 {figures['half_p50_ms']:.2f}/{figures['half_p99_ms']:.2f} ms, CPU per entry bookies "
+              f"{figures['full_bookies_cpu_us_per_entry']:.1f} client {figures['full_client_cpu_us_per_entry']:.1f} µs")
+        over = measured.get("bookfleet_bookie_over_java_bookie") or measured.get("bookfleet_client_over_java_client")
+        for against, ratio in (over or {}).items():
+            print(f"    over {against}: " + ", ".join(f"{name} {value:.2f}x" for name, value in ratio.items()))

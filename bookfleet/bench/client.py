@@ -25,7 +25,7 @@ from bookfleet.bench.latency_profile import LatencyProfile
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
 from bookfleet.commanderror import CommandError
-from bookfleet.fleet import BookieFleet, BookieProcess
+from bookfleet.fleet import BookieFleet
 from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
 from bookfleet.security.tls import use_client_tls
@@ -118,10 +118,9 @@ async def _paced_load(
     return latencies, tick_lags
 
 
-async def _run(zk: str, args: argparse.Namespace, bookies: list[BookieProcess]) -> dict:
+async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int], profile: LatencyProfile) -> dict:
+    """Both loads through one writer; the bookies' CPU per entry from /proc of `bookie_pids` alone."""
     payload = os.urandom(args.entry_size)
-    bookie_pids = [bookie.process.pid for bookie in bookies]
-    profile = LatencyProfile(bookies, os.getpid())
 
     def bookies_cpu() -> float:
         return sum(_cpu_seconds(pid) for pid in bookie_pids)
@@ -152,9 +151,16 @@ def _measure(zk: str, directory: Path, args: argparse.Namespace, ca: Certificate
     """Both loads on a fleet of its own (serving mutual TLS with `ca`), stopped afterwards."""
     with BookieFleet(zk, directory, ca=ca) as fleet:
         bookies = fleet.start(args.bookies, log_level="WARNING", event_loop=args.event_loop)
-        result = eventloop.run(_run(zk, args, bookies), args.event_loop)
+        pids = [bookie.process.pid for bookie in bookies]
+        result = eventloop.run(_run(zk, args, pids, LatencyProfile(os.getpid(), pids, bookies)), args.event_loop)
         fleet.stop()
     return result
+
+
+def measure_against(zk: str, args: argparse.Namespace, bookie_pids: list[int]) -> dict:
+    """Both loads on bookies started elsewhere (Apache BookKeeper's, registered under `zk`), known by their pids."""
+    profile = LatencyProfile(os.getpid(), bookie_pids)
+    return eventloop.run(_run(zk, args, bookie_pids, profile), args.event_loop)
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -110,12 +110,13 @@ class GcPauses:
 
 
 class LatencyProfile:
-    """Everything above for one load phase: `start()` before it, `report()` after, with the client's tick lags."""
+    """Everything above for one load phase: `start()` before it, `report()` after, with the client's tick lags.
+    `metered` are the bookies whose histograms are read: ours; a stock bookie has none of them, only its pid."""
 
-    def __init__(self, bookies: list[BookieProcess], client_pid: int):
-        self.bookies = bookies
+    def __init__(self, client_pid: int, bookie_pids: Sequence[int], metered: Sequence[BookieProcess] = ()):
+        self.bookies = metered
         self.watch = ProcessWatch(
-            {"client": client_pid} | {f"bookie{index}": bookie.process.pid for index, bookie in enumerate(bookies)}
+            {"client": client_pid} | {f"bookie{index}": pid for index, pid in enumerate(bookie_pids)}
         )
         self.gc = GcPauses()
         self.histograms_before: list[dict] = []

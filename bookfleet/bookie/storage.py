@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import heapq
 import hmac
+import itertools
 import logging
 import os
 import random
@@ -73,6 +74,9 @@ GcReport = gc.GcReport
 _CORRUPT_INDEX = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 """Primary SQLite result codes of an index file that is damaged or not a database: Python raises them as a plain
 sqlite3.DatabaseError, the class a refused row (IntegrityError) belongs to as well."""
+FLUSH_STEP_ENTRIES = 512
+"""Entries a flush appends to the entry log per worker-thread call: about half a millisecond of Python at 1 KiB,
+the longest the flush keeps the GIL from the event loop (the index's multi-row INSERTs are as short)."""
 MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
@@ -627,7 +631,7 @@ class LedgerStorage:
             dirty, self._dirty = self._dirty, set()
             mark = self._journal.synced
             try:
-                refused = await asyncio.to_thread(self._write_snapshot, snapshot, ledgers)
+                refused = await self._write_snapshot(snapshot, ledgers)
             except BaseException as exc:
                 snapshot.absorb(self._active)
                 self._active = snapshot
@@ -643,11 +647,22 @@ class LedgerStorage:
                 mark = min(mark, await self._keep_quarantine_journaled(bool(refused)))
             await asyncio.to_thread(self._checkpoint, mark)
 
-    def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
-        """Append the snapshot to the entry log, sync it, index it; returns the ledgers the index refused (with
-        why), after committing every other ledger on its own. A failure of the disk or the database itself
+    async def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
+        """Append the snapshot to the entry log in steps of FLUSH_STEP_ENTRIES, each its own worker-thread call, so
+        the GIL goes back to the event loop between steps: the per-entry Python of a whole flush in one call held
+        it for tens of ms (the loop waiting out a switch interval at each of its syscalls meanwhile). Then sync the
+        log and index it (`_index_snapshot`). The snapshot stays readable throughout: the caller drops it only
+        once this returns."""
+        entries = snapshot.items()
+        locations: list[tuple[int, int, int, int, int]] = []
+        while step := await asyncio.to_thread(self._entry_logger.append, itertools.islice(entries, FLUSH_STEP_ENTRIES)):
+            locations += step
+        return await asyncio.to_thread(self._index_snapshot, locations, ledgers)
+
+    def _index_snapshot(self, locations: list[tuple], ledgers: list[tuple]) -> dict[int, str]:
+        """Sync the entry log the snapshot was appended to, then index it; returns the ledgers the index refused
+        (with why), after committing every other ledger on its own. A failure of the disk or the database itself
         (`_is_storage_error`) is raised instead: it is no ledger's fault."""
-        locations = self._entry_logger.append(snapshot.items())
         self._entry_logger.sync()
         try:
             self._index.commit_flush(locations, ledgers)

@@ -182,7 +182,8 @@ next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
 so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
 keyed by these bytes, so an ack is matched without decoding its txnId."""
 _unpack_length, _LENGTH_SIZE = wire.LENGTH_PREFIX.unpack_from, wire.LENGTH_PREFIX.size
-_MAX_FRAME_WITH_LENGTH = wire.MAX_FRAME_SIZE + _LENGTH_SIZE
+_MAX_FRAME = wire.MAX_FRAME_SIZE
+_MAX_FRAME_WITH_LENGTH = _MAX_FRAME + _LENGTH_SIZE
 """The largest request sent, its length prefix included: a bookie's frame limit."""
 
 
@@ -293,11 +294,8 @@ class BookieClient:
         """ADD_ENTRY of `frame`, a whole request frame whose header carries `txn` (`next_txn`'s): a
         bkwire.AddRequestEncoder's frame head + the encoded entry, built once and shared by a whole write set, never
         copied here; `on_answer(arg, None)` once durable or `on_answer(arg, error)`, called straight from the reader:
-        no future, no callback object, no event-loop turn. The ledger writer's hot path; ignores write backpressure."""
-        if txn in self._pending:  # sent again on this connection before its first send was answered: a new txnId
-            txn = next_txn()
-            frame = bkwire.with_txn(frame, txn)
-        self._enqueue(frame, txn, (on_answer, arg))
+        no future, no callback object, no event-loop turn. Ignores write backpressure."""
+        self.enqueue(frame, txn, (on_answer, arg))
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence_key: bytes | None = None) -> bytes:
         """The encoded entry; with `fence_key` (the ledger's master key) the bookie fences the ledger before it
@@ -399,30 +397,41 @@ class BookieClient:
 
     # --- plumbing ---------------------------------------------------------------------------------------------
 
-    def _enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
-        """Queue one request, `frame` (length prefix included) whose header carries `txn`; `waiter` gets the
-        Response or fails with BookieError or ConnectionError. A caller that gives up just drops its future: the late
-        answer is ignored."""
-        if self._error is not None:
-            _settle(waiter, self._error)
+    def enqueue(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
+        """Queue one request, `frame` (length prefix included) whose header carries `txn` (`next_txn`'s); `waiter`
+        gets the Response or fails with BookieError or ConnectionError: a future, or `(on_answer, arg)` of an add
+        (see `add_entry_callback`). A caller that gives up just drops its future: the late answer is ignored. The
+        ledger writer's hot path (one call per add and bookie): ignores write backpressure."""
+        pending, size = self._pending, len(frame)
+        if txn in pending or self._error is not None or size > _MAX_FRAME_WITH_LENGTH:
+            self._enqueue_checked(frame, txn, waiter)
             return
-        if len(frame) > _MAX_FRAME_WITH_LENGTH:  # the bookie would close the shared connection
-            text = f"request of {len(frame) - _LENGTH_SIZE} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
-            _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
-            return
-        self._pending[txn] = waiter
-        if not self._outgoing:
+        pending[txn] = waiter
+        outgoing = self._outgoing
+        if not outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing.append(frame)
-        self._outgoing_bytes += len(frame)
+        outgoing.append(frame)
+        self._outgoing_bytes += size
         if self._outgoing_bytes >= FLUSH_BYTES:
             self._flush()
+
+    def _enqueue_checked(self, frame: bytes, txn: bytes, waiter: _Waiter) -> None:
+        """`enqueue`'s rare cases: a failed connection, a frame above the bookie's limit, an add sent again on this
+        connection before its first send was answered (a new txnId: only add frames are ever sent twice)."""
+        if self._error is not None:
+            _settle(waiter, self._error)
+        elif len(frame) > _MAX_FRAME_WITH_LENGTH:  # the bookie would close the shared connection
+            text = f"request of {len(frame) - _LENGTH_SIZE} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte frame limit"
+            _settle(waiter, TooLargeError(Status.TOO_LARGE, text + "; not sent"))
+        else:
+            txn = next_txn()
+            self.enqueue(bkwire.with_txn(frame, txn), txn, waiter)
 
     async def _call(self, operation: int, message: bytes):
         """The Response to one request, once its status is EOK."""
         future = self._loop.create_future()
         txn = next_txn()
-        self._enqueue(_request_head(operation, txn, len(message)) + message, txn, future)
+        self.enqueue(_request_head(operation, txn, len(message)) + message, txn, future)
         return await self._answered(future)
 
     async def _answered(self, future: asyncio.Future):
@@ -449,17 +458,20 @@ class BookieClient:
         try:
             while end - pos >= _LENGTH_SIZE:
                 (length,) = _unpack_length(buffer, pos)
-                if length > wire.MAX_FRAME_SIZE:
-                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {wire.MAX_FRAME_SIZE}-byte limit")
+                if length > _MAX_FRAME:
+                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {_MAX_FRAME}-byte limit")
                 start = pos + _LENGTH_SIZE
-                if end - start < length:
+                if start + length > end:
                     return
                 pos = start + length
                 txn = _ok_add_answer_txn(buffer, start, pos)
-                if txn is not None and type(waiter := pending.get(txn)) is tuple:
-                    del pending[txn]
-                    waiter[0](waiter[1], None)
-                    continue
+                if txn is not None:
+                    waiter = pending.pop(txn, None)
+                    if type(waiter) is tuple:
+                        waiter[0](waiter[1], None)
+                        continue
+                    if waiter is not None:  # a future's (not an add's): its answer is parsed whole
+                        pending[txn] = waiter
                 self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
         finally:
             del buffer[:pos]

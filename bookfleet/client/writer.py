@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial, reduce
 
 from bookfleet import bkwire, wire
-from bookfleet.client.connection import WRITE_BUFFER_HIGH, FencedError, next_txn
+from bookfleet.client.connection import WRITE_BUFFER_HIGH, BookieClient, FencedError, next_txn
 from bookfleet.client.ensemblechange import EnsembleChange
 from bookfleet.client.errors import (
     EntryTooLargeError,
@@ -46,6 +46,7 @@ from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, 
 from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic
 
 
 
@@ -126,6 +127,9 @@ class LedgerWriter(EnsembleChange):
         self._ensemble: list[str] = []
         self._answer_handlers: list[Callable[[_Add, BaseException | None], None]] = []
         """Per ensemble position, the answer callback of its bookie: an add sent there allocates nothing for it."""
+        self._senders: list[BookieClient | None] = []
+        """Per ensemble position, the connection `_send` last found open there (None: ask the pool): while it is not
+        closed it is the pool's connection to that bookie, so the per-add send asks the pool nothing."""
         self._set_ensemble(list(metadata.segments[-1].bookies))
         self._write_sets = [
             write_set(e, metadata.ensemble_size, metadata.write_quorum) for e in range(len(self._ensemble))
@@ -170,9 +174,12 @@ class LedgerWriter(EnsembleChange):
         """Recovery open's writer: adds with RECOVERY_ADD (the ledger is fenced), changes the ensemble of a ledger
         that is IN_RECOVERY but stores the new segments only with the close, and writes no explicit LAC (closing
         makes the tail visible)."""
-        self._add_request = bkwire.AddRequestEncoder(ledger_id, self._master_key, self.writer_epoch, recovery)
-        """Each add's AddRequest before its entry: ledger, master key, writer epoch and recovery flag once."""
-        self._entry_overhead = wire.ENTRY_HEADER.size + self._digester.size
+        self._add_frames = bkwire.AddFrameEncoder(
+            ledger_id, self._master_key, self.writer_epoch, recovery, self._digester
+        )
+        """Each add's whole frame: ledger, master key, writer epoch and recovery flag laid out once."""
+        self._ack_quorum = metadata.ack_quorum
+        """Qa, read per answer (fixed for the ledger's life)."""
         self._lease = lease
         """This writer's lease on the ledger (see lease.py): watched while writing, released by close and detach."""
         self._unstored_changes: list[Callable[[LedgerMetadata], LedgerMetadata]] = []
@@ -223,17 +230,17 @@ class LedgerWriter(EnsembleChange):
         """`append` without a future: `on_done(entry_id, None)` once Qa bookies have the entry durably, in entry order,
         or `on_done(entry_id, error)` (entry id -1 for a payload above `max_payload`, which takes none). Called
         straight from the answer that completes it (no event-loop turn); it must not raise."""
-        if len(payload) > self.max_payload:
+        size = len(payload)
+        if size > self.max_payload:
             on_done(
                 wire.INVALID_ENTRY_ID,
                 EntryTooLargeError(
-                    f"entry of {len(payload)} bytes for ledger {self.ledger_id} exceeds the {self.max_payload}-byte "
+                    f"entry of {size} bytes for ledger {self.ledger_id} exceeds the {self.max_payload}-byte "
                     f"limit (bookie frames are at most {wire.MAX_FRAME_SIZE} bytes)"
                 ),
             )
             return
-        entry_id, length = self._next_entry_id, self._pushed_length + len(payload)
-        self._push(entry_id, length, payload, self.last_add_confirmed, on_done)
+        self._push(self._next_entry_id, self._pushed_length + size, payload, self.last_add_confirmed, on_done)
 
     def recovery_add(self, entry: wire.Entry) -> asyncio.Future[int]:
         """Recovery open: add a recovered entry again, as its writer encoded it (its own LAC and length), to its
@@ -251,12 +258,17 @@ class LedgerWriter(EnsembleChange):
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
         txn = next_txn()
-        head = self._add_request.frame_head(txn, entry_id, self._entry_overhead + len(payload))
-        body = self._digester.encode(self.ledger_id, entry_id, lac, length, payload, head)
-        add = _Add(entry_id, length, body, txn, on_done, time.monotonic())
+        add = _Add(entry_id, length, self._add_frames.frame_of(txn, entry_id, lac, length, payload), txn, on_done,
+                   _monotonic())
         self._pending.append(add)
+        senders = self._senders
         for position in self._write_sets[entry_id % len(self._write_sets)]:
-            self._send(add, position)
+            client = senders[position]
+            if client is None or client.closed or client.backed_up or self._backlogs or position in self._failed:
+                self._send(add, position)
+            else:  # _send's usual case, inline: a connection known to be open, nothing waiting before this add
+                add.owed |= 1 << position
+                client.enqueue(add.body, txn, (self._answer_handlers[position], add))
 
     async def add(self, payload: bytes) -> int:
         """Append one entry and wait for it: returns its entry id."""
@@ -266,7 +278,7 @@ class LedgerWriter(EnsembleChange):
         if position in self._failed:
             return  # resent to the replacement once the ensemble change is done
         bookie = self._ensemble[position]
-        client = self._pool.connected(bookie)
+        client = self._senders[position] = self._pool.connected(bookie)
         if client is None:
             self._bookie_failed(position, bookie, ConnectionError(f"no connection to bookie {bookie}"))
             return
@@ -278,7 +290,7 @@ class LedgerWriter(EnsembleChange):
             self._backlogs[position] = collections.deque((add,))
             client.when_writable(partial(self._send_backlog, position, bookie))
         else:
-            client.add_entry_callback(add.body, add.txn, self._answer_handlers[position], add)
+            client.enqueue(add.body, add.txn, (self._answer_handlers[position], add))
 
     def _send_backlog(self, position: int, bookie: str) -> None:
         """The socket to `bookie` drained: send it the adds that waited, up to WRITE_BUFFER_HIGH bytes per turn."""
@@ -302,6 +314,7 @@ class LedgerWriter(EnsembleChange):
 
     def _set_ensemble(self, ensemble: list[str]) -> None:
         self._ensemble = ensemble
+        self._senders = [None] * len(ensemble)
         self._answer_handlers = [partial(self._on_answer, position, bookie) for position, bookie in enumerate(ensemble)]
 
     def _on_answer(self, position: int, bookie: str, add: _Add, error: BaseException | None) -> None:
@@ -311,7 +324,7 @@ class LedgerWriter(EnsembleChange):
         add.owed &= ~bit
         if error is None:
             add.acks |= bit
-            if self._pending and self._pending[0] is add and add.acks.bit_count() >= self.metadata.ack_quorum:
+            if self._pending and self._pending[0] is add and add.acks.bit_count() >= self._ack_quorum:
                 self._complete_ready()
             elif not add.owed and self._lagging and self._lagging[0] is add:
                 self._release_answered()
@@ -325,7 +338,7 @@ class LedgerWriter(EnsembleChange):
         """Acknowledge the contiguous prefix of adds that reached Qa (not while the ensemble is changing)."""
         if self._changing is not None:
             return
-        quorum = self.metadata.ack_quorum
+        quorum = self._ack_quorum
         pending, lagging = self._pending, self._lagging
         while pending and pending[0].acks.bit_count() >= quorum:
             add = pending.popleft()

@@ -1,7 +1,8 @@
 """Apache BookKeeper's ZooKeeper record messages, in bookfleet's own schema.
 
 The field names, numbers, types and labels are the facts BookKeeper 4.17 documents for its records (ledger metadata,
-bookie registrations, cookies, under-replication markers, locks, auditor votes, the rereplication layout); the
+bookie registrations, cookies, under-replication markers, locks, auditor votes, the rereplication layout, the time
+of the auditor's last full check); the
 schema is built here in Python from descriptor_pb2 rather than compiled from a .proto, so there is no protoc step and
 no generated file to keep in step. Names matter as much as numbers: the text-format records (markers, cookies,
 locks, votes) are read by BookKeeper's text parser, which refuses a name it does not know.
@@ -91,6 +92,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     ])
     _message(proto.message_type, "LockDataFormat", [("bookieId", 1, _OPTIONAL, _STRING)])
     _message(proto.message_type, "AuditorVoteFormat", [("bookieId", 1, _OPTIONAL, _STRING)])
+    _message(proto.message_type, "CheckAllLedgersFormat", [("checkAllLedgersCTime", 1, _OPTIONAL, _INT64)])
     bs = f".{_PACKAGE}.BookieServiceInfoFormat"
     info = _message(
         proto.message_type,
@@ -132,4 +134,5 @@ UnderreplicatedLedgerFormat = _class("UnderreplicatedLedgerFormat")
 CookieFormat = _class("CookieFormat")
 LockDataFormat = _class("LockDataFormat")
 AuditorVoteFormat = _class("AuditorVoteFormat")
+CheckAllLedgersFormat = _class("CheckAllLedgersFormat")
 BookieServiceInfoFormat = _class("BookieServiceInfoFormat")

@@ -15,12 +15,12 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 from pydantic import BaseModel
 
 from bookfleet.meta import zkpaths
 from bookfleet.meta.formats import BookieServiceInfoFormat
-from bookfleet.meta.zk import pipelined, read_many
+from bookfleet.meta.zk import pipelined, put, read_many
 
 BOOKIE_ENDPOINT, BOOKIE_PROTOCOL, TLS_EXTENSION = "bookie", "bookie-rpc", "tls"
 ZONE_PROPERTY = "bookfleet.zone"
@@ -138,14 +138,7 @@ class BookieRegistry:
     def record_address(self, bookie_id: str, address: str) -> None:
         """Keep the address a bookie serves on in a persistent node, so that once its registration is gone (a
         frozen or partitioned bookie, a session expired) repair can still ask it before calling anything lost."""
-        path, data = zkpaths.last_address(bookie_id), address.encode()
-        try:
-            self.zk.set(path, data)
-        except NoNodeError:
-            try:
-                self.zk.create(path, data, makepath=True)
-            except NodeExistsError:
-                self.zk.set(path, data)
+        put(self.zk, zkpaths.last_address(bookie_id), address.encode())
 
     def last_known_addresses(self, bookie_ids: Iterable[str]) -> dict[str, str]:
         """bookie id -> HOST:PORT: its registration if it has one, else the address it last registered with

@@ -6,8 +6,10 @@ create: two auditors, or an auditor racing a repair, never lose each other's upd
 
 Markers, locks, the switch and the delay are Apache BookKeeper's own records, so its AutoRecovery and shell read
 them: a marker is an UnderreplicatedLedgerFormat in protobuf text (`replica: "<bookie>"` lines and `ctime: <ms>`), a
-lock a LockDataFormat in text, the delay an integer of seconds. BookKeeper's text parser refuses a name it does not
-know, so what bookfleet adds lives beside them, in nodes BookKeeper never reads.
+lock a LockDataFormat in text, the delay an integer of seconds, and the time the auditor last finished checking every
+ledger a CheckAllLedgersFormat in protobuf binary (BookKeeper writes this one with toByteArray, not as text), so an
+auditor of either kind that takes office after the other waits out the same interval. BookKeeper's text parser
+refuses a name it does not know, so what bookfleet adds lives beside them, in nodes BookKeeper never reads.
 
 A marker says why it names each bookie, in its reasons node: "lostBookies" were declared lost by the lost-bookie
 rule (replication/lostbookie.py, through auditor.mark_lost_bookie), "missedEntries" were named by a writer that went
@@ -23,6 +25,7 @@ left behind by a marker that BookKeeper's replication worker cleared are never r
     lock     zkpaths.underreplication_lock(id)  ephemeral, LockDataFormat text naming the holder
     switch   zkpaths.UR_DISABLE                 present while ledger replication is disabled
     delay    zkpaths.UR_RECOVERY_DELAY          lostBookieRecoveryDelay, whole seconds
+    check    zkpaths.UR_CHECK_ALL_LEDGERS_CTIME CheckAllLedgersFormat binary, checkAllLedgersCTime in ms since epoch
     loss     zkpaths.dataloss(id)               {"entries": [...], "ctime": <ms since epoch>}
 """
 
@@ -38,14 +41,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from google.protobuf import text_format
+from google.protobuf.message import DecodeError
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
 from bookfleet.meta import zkpaths
-from bookfleet.meta.formats import AuditorVoteFormat, LockDataFormat, UnderreplicatedLedgerFormat
-from bookfleet.meta.zk import pipelined, read_many
+from bookfleet.meta.formats import (
+    AuditorVoteFormat,
+    CheckAllLedgersFormat,
+    LockDataFormat,
+    UnderreplicatedLedgerFormat,
+)
+from bookfleet.meta.zk import pipelined, put, read_many
 
 DEFAULT_RECOVERY_DELAY = 0.0
 """lostBookieRecoveryDelay when none is stored: mark at once (BookKeeper's default too)."""
@@ -148,6 +157,22 @@ def auditor_vote(auditor_id: str) -> bytes:
 
 def auditor_of_vote(data: bytes) -> str:
     return _named(AuditorVoteFormat, data)
+
+
+def check_all_ledgers_record(ctime_ms: int) -> bytes:
+    """When the full replica check last finished, as BookKeeper's auditor writes it: CheckAllLedgersFormat binary."""
+    return CheckAllLedgersFormat(checkAllLedgersCTime=ctime_ms).SerializeToString()
+
+
+def check_all_ledgers_ctime_of(data: bytes) -> int | None:
+    """The time (ms since the epoch) a check-all-ledgers record holds; None when it holds none (BookKeeper's -1:
+    never checked)."""
+    record = CheckAllLedgersFormat()
+    try:
+        record.ParseFromString(data)
+    except DecodeError as exc:
+        raise ValueError(f"{zkpaths.UR_CHECK_ALL_LEDGERS_CTIME} is not a CheckAllLedgersFormat: {exc}") from None
+    return record.checkAllLedgersCTime if record.HasField("checkAllLedgersCTime") else None
 
 
 def _naming(kind, bookie_id: str) -> bytes:
@@ -439,14 +464,7 @@ class UnderReplication:
         """Store the delay; BookKeeper keeps whole seconds, so a fraction is refused rather than rounded."""
         if not seconds >= 0 or seconds != int(seconds):
             raise ValueError(f"lostBookieRecoveryDelay must be whole seconds >= 0, got {seconds}")
-        data = str(int(seconds)).encode()
-        try:
-            self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
-        except NoNodeError:
-            try:
-                self.zk.create(zkpaths.UR_RECOVERY_DELAY, data, makepath=True)
-            except NodeExistsError:
-                self.zk.set(zkpaths.UR_RECOVERY_DELAY, data)
+        put(self.zk, zkpaths.UR_RECOVERY_DELAY, str(int(seconds)).encode())
 
     def configure(self, enabled: bool, delay: float) -> None:
         """Set the switch and the delay to these values, writing only what differs (the operator, every pass)."""
@@ -462,6 +480,20 @@ class UnderReplication:
             callback(default if stat is None else _delay_from(data, default))
 
         self.zk.DataWatch(zkpaths.UR_RECOVERY_DELAY, changed)
+
+    # --- the full replica check ---------------------------------------------------------------------------
+
+    def check_all_ledgers_ctime(self) -> int | None:
+        """When (ms since the epoch) an auditor, bookfleet's or BookKeeper's, last finished checking every ledger's
+        replicas; None if none ever did."""
+        try:
+            data, _ = self.zk.get(zkpaths.UR_CHECK_ALL_LEDGERS_CTIME)
+        except NoNodeError:
+            return None
+        return check_all_ledgers_ctime_of(data)
+
+    def set_check_all_ledgers_ctime(self, ctime_ms: int) -> None:
+        put(self.zk, zkpaths.UR_CHECK_ALL_LEDGERS_CTIME, check_all_ledgers_record(ctime_ms))
 
     # --- data loss ------------------------------------------------------------------------------------------
 

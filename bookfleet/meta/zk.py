@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import EXCEPTIONS, NoNodeError
+from kazoo.exceptions import EXCEPTIONS, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import (
     GetChildren,
@@ -108,6 +108,18 @@ class MultiRead(Transaction):
                 offset += int_struct.size
             header, offset = MultiHeader.deserialize(data, offset)
         return results
+
+
+def put(zk: KazooClient, path: str, data: bytes) -> None:
+    """Set a node's data whatever its version, creating it if it is not there: the last writer wins (BookKeeper's
+    setters of the delay and the check times do the same)."""
+    try:
+        zk.set(path, data)
+    except NoNodeError:
+        try:
+            zk.create(path, data, makepath=True)
+        except NodeExistsError:
+            zk.set(path, data)
 
 
 def read_many(

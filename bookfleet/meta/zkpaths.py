@@ -14,6 +14,7 @@ bookfleet's own nodes beside it where a BookKeeper peer never looks.
     /ledgers/000/0000/0000/0000/L0001         ledger metadata, larger ids: 19 digits split 3/4/4/4/4
     /ledgers/underreplication/...             markers (urL%010d), locks, LAYOUT, switches, the auditor election
     /ledgers/underreplication/bookfleetreasons/urL%010d   bookfleet's reasons of a marker (JSON)
+    /ledgers/underreplication/checkallledgersctime        when an auditor last finished checking every ledger
     /ledgers/topics/<topic>/<partition>       a partition's ordered ledger list
     /ledgers/writers/<ledgerId>               ephemeral lease of the one live writer of an open ledger
 """
@@ -43,6 +44,7 @@ UR_DISABLE = f"{UNDERREPLICATION}/disable"
 UR_RECOVERY_DELAY = f"{UNDERREPLICATION}/lostBookieRecoveryDelay"
 UR_DATALOSS = f"{UNDERREPLICATION}/dataloss"
 UR_REASONS = f"{UNDERREPLICATION}/bookfleetreasons"
+UR_CHECK_ALL_LEDGERS_CTIME = f"{UNDERREPLICATION}/checkallledgersctime"
 AUDITOR_ELECTION = f"{UNDERREPLICATION}/auditorelection"
 AUDITOR_VOTE_PREFIX = f"{AUDITOR_ELECTION}/V_"
 

@@ -16,7 +16,10 @@ active auditor:
 - every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
   ledgers whose replicas answer definitely that they lack an entry or hold a corrupt copy. A connection error, a
   bookie shutting down or a read that times out is retried and, if it persists, marks nothing: a silent bookie is
-  the lost-bookie rule's to judge, after the delay, never the check's.
+  the lost-bookie rule's to judge, after the delay, never the check's. When the check finishes its time goes into
+  ZooKeeper where BookKeeper's auditor keeps its own (UnderReplication.set_check_all_ledgers_ctime), and an
+  auditor taking office counts the interval from there (first_check_delay): at once if no check was recorded or
+  the last is overdue, so restarts and changes of leader never push the check back, whichever kind ran it last.
 
 While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
 """
@@ -63,6 +66,16 @@ READ_BATCH = 2000
 """Ledgers whose metadata one pipeline of the replica check reads (bounds the requests in flight)."""
 DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
 """Replies on which the check marks a ledger."""
+
+
+def first_check_delay(last_check_ms: int | None, now_ms: int, interval: float) -> float:
+    """Seconds from taking office to the first replica check, as BookKeeper's auditor schedules checkAllLedgers:
+    at once when no check was recorded or the last one is `interval` old, else the rest of the interval. A recorded
+    time ahead of this host's clock (the writer's clock runs ahead) counts as just now."""
+    if last_check_ms is None:
+        return 0.0
+    since = max(0.0, (now_ms - last_check_ms) / 1000)
+    return max(0.0, interval - since)
 
 
 def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
@@ -140,6 +153,10 @@ def read_checks(store: MetadataStore, ledger_ids: Iterable[int]) -> dict[int, tu
                       for ledger_id, stored in store.read_all(ids[start:start + READ_BATCH]).items()
                       if stored is not None)
     return checks
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _writable(zk: KazooClient) -> set[str]:
@@ -270,8 +287,11 @@ class Auditor:
         return self._active.wait(timeout)
 
     def check_now(self) -> list[int]:
-        """Run the replica check at once, in the caller's thread; returns the ledgers it marked."""
-        return check_ledgers(self.zk)
+        """Run the replica check at once, in the caller's thread, and record when it finished; returns the ledgers
+        it marked."""
+        marked = check_ledgers(self.zk)
+        UnderReplication(self.zk).set_check_all_ledgers_ctime(_now_ms())
+        return marked
 
     def __enter__(self) -> Auditor:
         return self.start()
@@ -355,7 +375,10 @@ class Auditor:
         now = time.monotonic()
         absent_since = {b: now for b in MetadataStore(self.zk).bookies_with_ledgers() if b not in registered}
         stale_markers_checked = False
-        next_check = now + self.check_interval
+        last_check = self._last_check(under_replication)
+        next_check = now + first_check_delay(last_check, _now_ms(), self.check_interval)
+        log.info("auditor %s: last full replica check %s; next in %.0f s", self.auditor_id,
+                 "never recorded" if last_check is None else f"at {last_check} ms", next_check - now)
         self._active.set()
         while self._serving():
             self._wake.clear()
@@ -391,9 +414,18 @@ class Auditor:
             elif came_back:
                 clear_stale_markers(self.zk, came_back)
             if now >= next_check:
-                check_ledgers(self.zk)
+                self.check_now()
                 next_check = time.monotonic() + self.check_interval
             self._wake.wait(max(0.0, min([*rechecks, next_check]) - time.monotonic()))
+
+    @staticmethod
+    def _last_check(under_replication: UnderReplication) -> int | None:
+        """The recorded time of the last full check; an unreadable record counts as none, as in BookKeeper."""
+        try:
+            return under_replication.check_all_ledgers_ctime()
+        except ValueError as exc:
+            log.warning("%s; checking every ledger at once", exc)
+            return None
 
     def _registered(self) -> set[str]:
         """Ids of writable and read-only bookies, watching both lists for the next change."""

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookfleet import bkprotocol, bkwire
+from bookfleet import bkprotocol, bkwire, wire
 from bookfleet.bkprotocol import OperationType, ReadFlag, StatusCode
 from bookfleet.bkwire import Protocol, V2Flag, V2Op, V2Status
 from bookfleet.wire import InvalidField, ProtocolError, Status
@@ -252,6 +252,24 @@ def test_the_add_encoder_writes_what_protobuf_parses_as_the_same_request(fields,
     assert bkwire.with_txn(encoder.frame(bkwire.varint(5), entry), txn) == frame
     assert body(frame) != request.SerializeToString() and len(body(frame)) == request.ByteSize()
     assert bkprotocol.Request.FromString(body(frame)) == request
+
+
+@given(_ADD_FRAMES, st.lists(st.tuples(st.integers(0, 2**63 - 1), st.binary(max_size=3000)), min_size=1, max_size=4),
+       st.sampled_from(list(wire.DigestType)))
+def test_the_writer_s_template_frames_are_the_encoder_s_frames(fields, entries, digest_type):
+    """The writer's one-call add frame (AddFrameEncoder: a template per payload size, txnId and entry id varint
+    lengths) is byte for byte `frame_head` + `Digester.encode`, which protobuf parses as the Request: for entry ids
+    and txnIds of every varint length, payload sizes changing and repeating, every digest type."""
+    digester = wire.Digester(digest_type, b"password")
+    args = (fields["ledger_id"], MASTER_KEY, fields["writer_epoch"], fields["recovery"])
+    frames, head = bkwire.AddFrameEncoder(*args, digester), bkwire.AddRequestEncoder(*args)
+    overhead = wire.ENTRY_HEADER.size + digester.size
+    for entry_id, payload in entries + entries:  # twice: the templates made by the first pass serve the second
+        txn, lac, length = bkwire.varint(fields["txn_id"]), fields["lac"], 2**40 + len(payload)
+        expected = head.frame_head(txn, entry_id, overhead + len(payload)) + digester.encode(
+            fields["ledger_id"], entry_id, lac, length, payload
+        )
+        assert frames.frame_of(txn, entry_id, lac, length, payload) == expected
 
 
 @given(_INT64, st.lists(st.tuples(_INT64 | st.integers(2**63, 2**64 - 1), _INT64), min_size=1, max_size=5))

@@ -339,15 +339,15 @@ class ScriptedBookies:
         """Per bookie, its WRITE_LAC in flight: the test answers it (or fails it) by hand."""
 
     def connected(self, bookie: str) -> SimpleNamespace:
-        def add_entry_callback(frame: bytes, txn: bytes, on_answer: Callable, arg: object) -> None:
-            self._adds[bookie, bkprotocol.Request.FromString(frame[4:]).addRequest.entryId] = on_answer, arg
+        def enqueue(frame: bytes, txn: bytes, waiter: tuple[Callable, object]) -> None:
+            self._adds[bookie, bkprotocol.Request.FromString(frame[4:]).addRequest.entryId] = waiter
 
         async def write_lac(master_key: bytes, ledger_id: int, lac: int, body: bytes = b"") -> None:
             self.lac_writes[bookie] = asyncio.get_running_loop().create_future()
             await self.lac_writes[bookie]
 
         return SimpleNamespace(
-            add_entry_callback=add_entry_callback, write_lac=write_lac, closed=False, backed_up=False
+            enqueue=enqueue, write_lac=write_lac, closed=False, backed_up=False
         )
 
     async def get(self, bookie: str) -> SimpleNamespace:

@@ -191,7 +191,7 @@ class JavaBookie(JavaProcess):
         self.port = free_port()
         self.bookie_id = f"127.0.0.1:{self.port}"
         self.conf = write_conf(
-            self.directory / "bookie.conf", zk, **BOOKIE_SETTINGS, **settings, bookiePort=self.port,
+            self.directory / "bookie.conf", zk, **{**BOOKIE_SETTINGS, **settings}, bookiePort=self.port,
             journalDirectories=self.directory / "journal", ledgerDirectories=self.directory / "ledgers",
             ledgerStorageClass=STORAGE_CLASSES["db"],
         )

@@ -14,6 +14,8 @@ from bookfleet.meta.underreplication import (
     UnderReplication,
     auditor_of_vote,
     auditor_vote,
+    check_all_ledgers_ctime_of,
+    check_all_ledgers_record,
     lock_holder,
     lock_record,
 )
@@ -189,3 +191,20 @@ def test_locks_and_auditor_votes_are_bookkeepers_text():
     assert lock_record("repair-1") == b'bookieId: "repair-1"\n' and lock_holder(lock_record("repair-1")) == "repair-1"
     assert auditor_of_vote(auditor_vote("10.0.0.1:3181")) == "10.0.0.1:3181"
     assert auditor_vote("a") == b'bookieId: "a"\n'
+
+
+def test_the_last_full_check_is_bookkeepers_binary_record_where_its_auditor_keeps_it(zk):
+    """The bytes are those BookKeeper 4.17.2's CheckAllLedgersFormat.toByteArray() gives for 1700000000123 ms: its
+    setCheckAllLedgersCTime writes protobuf binary here, not the text of the markers."""
+    java_bytes = bytes.fromhex("08fbd095ffbc31")
+    assert check_all_ledgers_record(1_700_000_000_123) == java_bytes
+    assert check_all_ledgers_ctime_of(java_bytes) == 1_700_000_000_123
+    assert check_all_ledgers_ctime_of(b"") is None  # a record without the field: BookKeeper's -1, never checked
+    with pytest.raises(ValueError, match="checkallledgersctime is not a CheckAllLedgersFormat"):
+        check_all_ledgers_ctime_of(b"checkAllLedgersCTime: 1700000000123")
+    ur = UnderReplication(zk)
+    assert ur.check_all_ledgers_ctime() is None
+    ur.set_check_all_ledgers_ctime(1_700_000_000_123)
+    assert zk.get("/ledgers/underreplication/checkallledgersctime")[0] == java_bytes
+    ur.set_check_all_ledgers_ctime(1_700_000_000_124)
+    assert ur.check_all_ledgers_ctime() == 1_700_000_000_124

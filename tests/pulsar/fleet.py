@@ -5,7 +5,7 @@ side, the same broker on 4 of Apache BookKeeper's own bookies from the reference
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +21,10 @@ BOOKIES = 4
 
 
 @contextmanager
-def fleet_with_broker(directory: Path) -> Iterator[tuple[StandaloneCluster, PulsarBroker]]:
+def fleet_with_broker(directory: Path, auto_recovery: bool = True) -> Iterator[tuple[StandaloneCluster, PulsarBroker]]:
+    """Without `auto_recovery` for the throughput side by side: the Java bookies there run no AutoRecovery either."""
     with (StandaloneCluster(directory / "fleet", BOOKIES) as cluster,
-          AutoRecoveryRunner(cluster.zk, poll_interval=0.2),
+          AutoRecoveryRunner(cluster.zk, poll_interval=0.2) if auto_recovery else nullcontext(),
           broker_on(directory, cluster.zk) as broker):
         yield cluster, broker
 

@@ -153,6 +153,13 @@ async def entries_missing_payloads(zk: str, topic: str, received: dict[int, list
     return missing
 
 
+def not_where_acked(zk: str, topic: str, produced: Produced) -> int:
+    """Acknowledged messages whose payload is not inside the entry bookfleet's client reads at their MessageId."""
+    return asyncio.run(entries_missing_payloads(zk, topic, {
+        0: [(seq, acked.ledger_id, acked.entry_id) for seq, acked in produced.acked.items()]
+    }))
+
+
 def ledgers_naming(zk: str, ledger_ids: set[int], bookie_id: str) -> set[int]:
     """The ledgers among `ledger_ids` whose ensembles still name `bookie_id` or that are marked under-replicated."""
     with zkclient.session(zk) as session:
@@ -227,9 +234,7 @@ def run(cluster: StandaloneCluster, broker: PulsarBroker, topic: str, messages: 
         "duplicates": duplicates,
         # read at each acknowledged MessageId itself: a consumer stops at its last new message, and a message the
         # killed broker stored but never acknowledged comes first, from that older entry (Pulsar's at-least-once)
-        "not_where_acked": asyncio.run(entries_missing_payloads(cluster.zk, topic, {
-            0: [(seq, acked.ledger_id, acked.entry_id) for seq, acked in produced.acked.items()]
-        })),
+        "not_where_acked": not_where_acked(cluster.zk, topic, produced),
         "not_in_bookfleet_entry": asyncio.run(entries_missing_payloads(cluster.zk, topic, received)),
         "ledgers": len(ledger_ids),
         "killed_bookie": lost_bookie[0],
@@ -240,6 +245,17 @@ def run(cluster: StandaloneCluster, broker: PulsarBroker, topic: str, messages: 
         "produce_rate_msg_s": round(len(steady) / (broker_down[0] - produced.began)),
         "p99_publish_ms": round(p99([acked.latency for acked in steady]) * 1000, 1),
     }
+
+
+def rounds(broker: PulsarBroker, messages: int, partitions: int, measured: int) -> dict:
+    """`throughput` once, or with `measured` > 1 once to warm the broker's and bookies' JVMs (not counted) and then
+    `measured` times on topics of their own: the median round's figures, and every round's rate."""
+    if measured <= 1:
+        return throughput(broker, "rate", messages, partitions)
+    throughput(broker, "warm-up", messages, partitions)
+    runs = sorted((throughput(broker, f"rate-{index}", messages, partitions) for index in range(measured)),
+                  key=lambda figures: figures["produce_rate_msg_s"])
+    return {**runs[len(runs) // 2], "rounds_msg_s": [figures["produce_rate_msg_s"] for figures in runs]}
 
 
 def throughput(broker: PulsarBroker, topic: str, messages: int, partitions: int = 4) -> dict:

@@ -1,4 +1,5 @@
-"""The auditor against real bookies: lost-bookie delay, returns, election failover, stale markers, replica check."""
+"""The auditor against real bookies: lost-bookie delay, returns, election failover, stale markers, replica check and
+its schedule."""
 
 import asyncio
 import os
@@ -17,7 +18,18 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication, auditor_of_vote
-from bookfleet.replication.auditor import Auditor, check_ledgers, clear_stale_markers, mark_lost_bookie, read_checks
+from bookfleet.replication.auditor import (
+    WEEK,
+    Auditor,
+    check_ledgers,
+    clear_stale_markers,
+    first_check_delay,
+    mark_lost_bookie,
+    read_checks,
+)
+
+DAY = 24 * 3600
+NOW_MS = 1_700_000_000_000
 
 
 def wait_for(condition, timeout=15.0, what="condition"):
@@ -69,6 +81,49 @@ def auditor_sessions(zk_connect):
 
 def _markers(zk):
     return {m.ledger_id: m.missing_bookies for m in UnderReplication(zk).markers()}
+
+
+def _emptied(zk, bookie):
+    """`bookie` back on empty disks under its old id: registered, answering "no such ledger" for every replica it
+    had; returns the markers a replica check makes of that."""
+    bookie.stop()
+    bookie.wipe()
+    zk.delete(zkpaths.cookie(bookie.bookie_id))
+    bookie.start().wait_ready()
+    return {ledger_id: {bookie.bookie_id} for ledger_id in MetadataStore(zk).ledgers_on_bookie(bookie.bookie_id)}
+
+
+def _now_ms():
+    return int(time.time() * 1000)
+
+
+def _checked_since(ur, since_ms):
+    """Whether a full check finished at or after `since_ms` (a record that does not parse yet: not)."""
+    try:
+        return (ur.check_all_ledgers_ctime() or 0) >= since_ms
+    except ValueError:
+        return False
+
+
+def test_with_no_check_recorded_the_first_check_is_at_once():
+    assert first_check_delay(None, NOW_MS, WEEK) == 0
+
+
+def test_a_recent_check_is_waited_out_for_the_rest_of_the_interval_and_an_overdue_one_not():
+    assert first_check_delay(NOW_MS - 3600_000, NOW_MS, WEEK) == WEEK - 3600
+    assert first_check_delay(NOW_MS - int(WEEK * 1000), NOW_MS, WEEK) == 0
+    assert first_check_delay(NOW_MS - 30 * DAY * 1000, NOW_MS, WEEK) == 0
+
+
+def test_a_check_recorded_ahead_of_this_hosts_clock_counts_as_just_now():
+    assert first_check_delay(NOW_MS + 60_000, NOW_MS, WEEK) == WEEK
+
+
+def test_restarts_more_often_than_the_interval_never_push_the_check_back():
+    """An auditor that took office every day once set its weekly check a week from each start: it never ran."""
+    restarts = range(NOW_MS, NOW_MS + 7 * DAY * 1000, DAY * 1000)
+    assert {restart + first_check_delay(NOW_MS, restart, WEEK) * 1000 for restart in restarts} == {
+        NOW_MS + WEEK * 1000}
 
 
 def test_lost_bookie_is_marked_after_the_delay_read_at_run_time(zk, fleet, auditor_sessions):
@@ -144,20 +199,53 @@ def test_new_auditor_clears_stale_markers_and_catches_bookies_lost_while_none_ra
 def test_periodic_replica_check_marks_only_replicas_that_answer_they_are_gone(zk, fleet, auditor_sessions):
     assert check_ledgers(zk) == []  # every replica answers
     UnderReplication(zk).set_recovery_delay(3600)  # only the replica check may mark in this test
-    emptied, down = fleet[2], fleet[3]
-    # back on empty disks under its old id: registered, answering "no such ledger" for every replica it had
-    emptied.stop()
-    emptied.wipe()
-    zk.delete(zkpaths.cookie(emptied.bookie_id))
-    emptied.start().wait_ready()
+    expected = _emptied(zk, fleet[2])
+    down = fleet[3]
     down.stop()  # unreachable: the lost-bookie rule's to judge after the delay, not the check's
     auditor, _ = auditor_sessions("a1", check_interval=0.5)
     assert auditor.wait_active(10)
-    store = MetadataStore(zk)
-    expected = {ledger_id: {emptied.bookie_id} for ledger_id in store.ledgers_on_bookie(emptied.bookie_id)}
     wait_for(lambda: _markers(zk) == expected, what="marking by the periodic check")
     assert auditor.check_now() == sorted(expected)  # idempotent: same markers again
-    assert store.ledgers_on_bookie(down.bookie_id)  # the silent bookie had replicas, and none was marked
+    assert MetadataStore(zk).ledgers_on_bookie(down.bookie_id)  # the silent bookie had replicas, none was marked
+
+
+@pytest.mark.parametrize("record", [None, b"not a CheckAllLedgersFormat"], ids=["none", "unreadable"])
+def test_an_auditor_taking_office_with_no_check_recorded_checks_at_once_and_records_when(
+    zk, fleet, auditor_sessions, record
+):
+    """A week's interval, as `bookfleet auditor` has by default: the check must not wait for it on a first election
+    (BookKeeper's auditor does not either; a ledger a migration left short was found by it alone). A record that does
+    not parse counts as none, as in BookKeeper."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(3600)  # only the replica check may mark in this test
+    if record is not None:
+        zk.create(zkpaths.UR_CHECK_ALL_LEDGERS_CTIME, record, makepath=True)
+    expected = _emptied(zk, fleet[2])
+    started = _now_ms()
+    auditor_sessions("a1")
+    wait_for(lambda: _markers(zk) == expected, what="the check on taking office")
+    wait_for(lambda: _checked_since(ur, started), what="the check's time recorded")
+
+
+def test_a_restarted_auditor_waits_out_a_recent_check_and_checks_at_once_when_one_is_overdue(
+    zk, fleet, auditor_sessions
+):
+    """A day's interval. The record is moved back to stand for the time that passes between the two starts."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(3600)
+    expected = _emptied(zk, fleet[2])
+    recent = _now_ms() - 3600_000
+    ur.set_check_all_ledgers_ctime(recent)
+    first, _ = auditor_sessions("a1", check_interval=DAY)
+    assert first.wait_active(10)
+    stays(lambda: _markers(zk) == {} and ur.check_all_ledgers_ctime() == recent, 1.0)
+    first.stop()
+
+    overdue = _now_ms() - (DAY + 60) * 1000  # restarted once the check came due
+    ur.set_check_all_ledgers_ctime(overdue)
+    auditor_sessions("a1", check_interval=DAY)
+    wait_for(lambda: _markers(zk) == expected, what="the overdue check on taking office again")
+    wait_for(lambda: _checked_since(ur, overdue + 1), what="the check's time recorded")
 
 
 def test_replica_check_verifies_a_mac_copy_with_the_ledgers_own_password(zk, fleet):
