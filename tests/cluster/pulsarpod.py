@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import sys
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -47,6 +49,7 @@ from tests.cluster.walkthrough import (
 )
 from tests.pulsar.broker import CLUSTER as PULSAR_CLUSTER
 from tests.pulsar.broker import METADATA_ROOT, admin, broker_settings, healthy
+from tests.pulsar.migration import paced
 from tests.pulsar.scenario import NAMESPACE as PULSAR_NAMESPACE
 from tests.pulsar.scenario import QUIET, Produced, consume, order_figures, p99, payload, produce
 
@@ -247,7 +250,8 @@ def run(cluster: LocalCluster, address: str, messages: int, partitions: int, rat
     client = pulsar.Client(f"pulsar://{address}:{BROKER_PORT}", logger=QUIET, operation_timeout_seconds=120)
     try:
         say(f"producing {messages} messages at {rate:.0f}/s to {partitions} partitions; a third in, a bookie is lost")
-        produced = produce(client, TOPIC, range(messages), {messages // 3: delete_bookie}, rate=rate)
+        paced_seqs = itertools.islice(paced(rate, threading.Event()), messages)
+        produced = produce(client, TOPIC, paced_seqs, {messages // 3: delete_bookie})
         produce_ended_at = time.time()
         admin(web_url, "PUT", f"/admin/v2/persistent/{PULSAR_NAMESPACE}/{TOPIC}/unload")  # closes its ledgers
         bookie_id, deleted_at, seconds = deletion[0].result()

@@ -66,11 +66,10 @@ class Produced:
 
 
 def produce(client: pulsar.Client, topic: str, seqs: Iterable[int], faults: dict[int, Callable[[Produced], None]],
-            produced: Produced | None = None, rate: float = 0.0) -> Produced:
+            produced: Produced | None = None) -> Produced:
     """Send a message for each of `seqs` asynchronously (batching on, the Java client's default; no send timeout, so
     messages in flight wait for a restarted broker and are sent again), calling `faults[seq]` just before sending
-    `seq`; into `produced` when given (a caller watching the acknowledgements while this runs); at most `rate`
-    messages a second when given (a run long enough for a fault and what it sets off to happen during it)."""
+    `seq`; into `produced` when given (a caller watching the acknowledgements while this runs)."""
     produced = produced or Produced()
     producer = client.create_producer(
         f"persistent://{NAMESPACE}/{topic}", batching_enabled=True, block_if_queue_full=True, send_timeout_millis=0,
@@ -88,9 +87,7 @@ def produce(client: pulsar.Client, topic: str, seqs: Iterable[int], faults: dict
         return callback
 
     produced.began = time.monotonic()
-    for sent_count, seq in enumerate(seqs):
-        if rate and (ahead := produced.began + sent_count / rate - time.monotonic()) > 0:
-            time.sleep(ahead)
+    for seq in seqs:
         if seq in faults:
             faults[seq](produced)
         producer.send_async(payload(topic, seq), sent(seq, time.monotonic()))
