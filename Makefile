@@ -8,7 +8,7 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV_HOME := $(HOME)/.cache/bookfleet/checkov-$(CHECKOV_VERSION)
 CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 
-.PHONY: setup lock images run test test-cluster kube-binaries promtool bookkeeper-reference pulsar-broker pulsar-demo bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition chaos floors bench lint crds clean
+.PHONY: setup lock images run test test-cluster kube-binaries promtool bookkeeper-reference pulsar-broker pulsar-demo bench-bookkeeper cluster cluster-demo cluster-node-failure cluster-zone-loss cluster-zone-partition cluster-pulsar chaos floors bench lint crds clean
 
 setup: $(STAMP)
 
@@ -96,6 +96,11 @@ cluster-zone-loss: setup kube-binaries
 # The partition variant: the zone's pods run on, cut off from the rest and ZooKeeper, a writer inside it (JSON).
 cluster-zone-partition: setup kube-binaries
 	$(VENV)/bin/bookfleet bench operator --zone-loss --partition --json
+
+# A Pulsar broker pod (the `pulsar` image, built here only) on the chart's BookieCluster: a bookie pod and its volumes
+# deleted while Pulsar's Python client produces, the operator's Spark repair, every message consumed back (JSON).
+cluster-pulsar: setup kube-binaries pulsar-broker
+	$(PY) -m tests.cluster.pulsarpod
 
 # The history run (tests/chaos/test_chaos_history.py) keeps its histories and porcupine drawings under build/chaos;
 # the zone loss (tests/cluster/test_zone_loss.py) runs the cluster tier's long form on a local cluster of its own.

@@ -3,9 +3,10 @@
 # debootstrap (no registry needed), into ~/.cache/bookfleet/images/ (buildah's private storage). Each image is
 # built once per content hash (Dockerfile, sources, pins, base); buildah's layer cache keeps a source-only change
 # to the last layers. Elsewhere the same Dockerfiles build with docker from the public base (see docs/operating.md, Images).
-# Usage: scripts/build-images.sh [bookie|operator|repair|pause|zookeeper ...]   (default: bookie, operator, repair)
+# Usage: scripts/build-images.sh [bookie|operator|repair|pause|zookeeper|pulsar ...]   (default: bookie, operator, repair)
 # `pause` is the pod sandbox image of the local cluster's real nodes: hack/pause built static, FROM scratch;
-# `zookeeper` the local cluster's stand-in for the official image the chart names (tests/cluster/images/).
+# `zookeeper` the local cluster's stand-in for the official image the chart names (tests/cluster/images/); `pulsar`
+# Apache Pulsar's broker from the jars of scripts/build-pulsar.sh (`make cluster-pulsar` only: never by default).
 # Prints one line per image, "<name> <reference>", on stdout; progress goes to stderr. With BOOKFLEET_IMAGE_ARCHIVES=1
 # the line ends with the image's OCI archive (for `ctr images import`), written under the build lock: another
 # worktree's build of the same image may remove this reference from buildah's storage right after.
@@ -93,18 +94,34 @@ for name in "${names[@]}"; do
         echo "pause $image$(archive pause "$image")"
         continue
     fi
-    dockerfile="${DOCKERFILE[$name]:?unknown image $name}"
-    # What the build context sends (.dockerignore) and the Dockerfile: tracked and untracked, never ignored files.
-    mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" ${INPUTS[$name]} | sort)
-    hash="$( (echo "$BASE"; sha256sum "${inputs[@]}") | digest)"
+    context=.
+    if [[ "$name" == pulsar ]]; then
+        # Its context is the broker's jars (about 250 MB, outside the clone), staged as hard links beside the images
+        # when it is built; its hash is the Dockerfile's and the jars' names (each carries its version).
+        dockerfile=pulsar-image/Dockerfile
+        lib="$(bash scripts/build-pulsar.sh | tail -n 1)/lib"
+        hash="$( (echo "$BASE"; cat "$dockerfile" "$lib.version"; ls "$lib") | digest)"
+        context="$OUT/tmp-pulsar"
+    else
+        dockerfile="${DOCKERFILE[$name]:?unknown image $name}"
+        # What the build context sends (.dockerignore) and the Dockerfile: tracked and untracked, never ignored files.
+        mapfile -t inputs < <(git ls-files -co --exclude-standard -- "$dockerfile" ${INPUTS[$name]} | sort)
+        hash="$( (echo "$BASE"; sha256sum "${inputs[@]}") | digest)"
+    fi
     image="localhost/bookfleet/$name:$hash"
     if exists "$image"; then
         echo "build-images: $image already built" >&2
     else
         started=$SECONDS
         echo "build-images: building $image ..." >&2
+        if [[ "$name" == pulsar ]]; then
+            rm -rf "$context" && mkdir -p "$context"
+            cp -al "$lib" "$context/lib" 2>/dev/null || cp -a "$lib" "$context/lib"
+        fi
         nice -n 10 buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay bud --quiet \
-            --layers --isolation chroot --build-arg "BASE=$BASE" "${lend_ca[@]}" -f "$dockerfile" -t "$image" . >&2
+            --layers --isolation chroot --build-arg "BASE=$BASE" "${lend_ca[@]}" -f "$dockerfile" -t "$image" \
+            "$context" >&2
+        [[ "$context" == . ]] || rm -rf "$context"
         echo "build-images: $name built in $((SECONDS - started)) s" >&2
         # Older builds of this image go; the layer cache stays for the next source change.
         bh images --format '{{.Name}}:{{.Tag}}' | grep "^localhost/bookfleet/$name:" | grep -v ":$hash\$" \

@@ -259,18 +259,21 @@ def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
     return {"executors": 1, "driverPodTemplate": realnode.PLACEMENT, "executorPodTemplate": realnode.PLACEMENT}
 
 
-def install(cluster: LocalCluster) -> None:
+def install(cluster: LocalCluster, zookeeper_credential: bool = True) -> None:
     """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper and the example BookieCluster
     (CHART_VALUES), the example Ledger, 3 Ready bookies, repairs placed on the system node where the cluster has real
-    nodes."""
+    nodes. Without `zookeeper_credential` the chart makes no ZooKeeper credential and its cluster names none: its
+    nodes are open to any ZooKeeper client, as a Java BookKeeper client (Pulsar's broker) needs, since it cannot
+    present a digest credential (docs/bookkeeper.md)."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
     if cluster.real_node():  # before the chart creates the bookies: nothing is pulled, a missing image backs off
         say(f"bookies on the zones' nodes (containerd), image {realnode.published_reference('bookie')}")
         cluster.node_image("bookie")
+    credential = () if zookeeper_credential else ("--set", "security.zookeeperAuth.enabled=false")
     cluster.helm("install", RELEASE, str(ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE, *CHART_VALUES,
-                 *chart_placement(cluster), "--wait", "--timeout", "10m")
+                 *credential, *chart_placement(cluster), "--wait", "--timeout", "10m")
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f",
                     str(ROOT / "examples" / "ledger.yaml"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),

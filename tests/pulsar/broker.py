@@ -62,6 +62,27 @@ def broker_settings(zk: str, broker_port: int, web_port: int) -> dict[str, objec
     }
 
 
+def admin(web_url: str, method: str, path: str, body: object = None, timeout: float = 60.0) -> object:
+    """One call of a broker's admin REST API (at `web_url`); its JSON (or text) answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{web_url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        text = response.read().decode()
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return text
+
+
+def healthy(web_url: str) -> bool:
+    """The broker's health check answers ok: it writes and reads a heartbeat topic, so through the bookies."""
+    try:
+        return admin(web_url, "GET", "/admin/v2/brokers/health") == "ok"
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 class PulsarBroker(JavaProcess):
     """One broker process on the fleet whose ZooKeeper is `zk`; `start` returns once its health check (which writes
     and reads a heartbeat topic, so through the bookies) answers ok."""
@@ -103,22 +124,10 @@ class PulsarBroker(JavaProcess):
         return self
 
     def _healthy(self) -> bool:
-        try:
-            return self.admin("GET", "/admin/v2/brokers/health") == "ok"
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return healthy(self.web_url)
 
     def admin(self, method: str, path: str, body: object = None, timeout: float = 60.0) -> object:
-        """One call of the broker's admin REST API; its JSON (or text) answer."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.web_url}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            text = response.read().decode()
-        try:
-            return json.loads(text) if text else None
-        except json.JSONDecodeError:
-            return text
+        return admin(self.web_url, method, path, body, timeout)
 
     def restart(self) -> PulsarBroker:
         """Kill -9 and start again on the same ports: what a crashed broker's supervisor does."""
