@@ -2,10 +2,10 @@
 
 The field names, numbers, types and labels are the facts BookKeeper 4.17 documents for its records (ledger metadata,
 bookie registrations, cookies, under-replication markers, locks, auditor votes, the rereplication layout, the time
-of the auditor's last full check); the
-schema is built here in Python from descriptor_pb2 rather than compiled from a .proto, so there is no protoc step and
-no generated file to keep in step. Names matter as much as numbers: the text-format records (markers, cookies,
-locks, votes) are read by BookKeeper's text parser, which refuses a name it does not know.
+of the auditor's last full check); the schema is built here in Python from descriptor_pb2 rather than compiled from
+a .proto, so there is no protoc step and no generated file to keep in step. Names matter as much as numbers: the
+text-format records (markers, cookies, locks, votes) are read by BookKeeper's text parser, which refuses a name it
+does not know.
 """
 
 from __future__ import annotations
