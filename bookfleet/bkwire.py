@@ -8,9 +8,10 @@ from its first frame (`frame_protocol`), and closes a connection that opens with
 
 bookfleet's own client speaks V3 (client/connection.py), with bookfleet's extensions (bkprotocol.py's fields and
 operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestEncoder`,
-`v3_request_head`), the bookie's in-place reading of an add (`AddRequestReader`) and the answer to an add
-(`encode_v3_add_acks`, `ok_add_answer_txn`) are written by hand here, as protobuf parses them, because they are the
-add path's per-entry work.
+`v3_request_head`) and the client's reading of an answer (`ok_add_answer_txn`) are written by hand here, as protobuf
+parses them, because they are the add path's per-entry work. The bookie's per-entry loop, its in-place reading of a
+read's adds (`AddReader`) and their answers (`encode_v2_add_acks`, `encode_v3_add_acks`), is C (`_addframes.c`),
+imported here only: this module stays the one definition of the wire format.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -42,7 +43,7 @@ from typing import NamedTuple
 import crc32c
 from google.protobuf.message import DecodeError
 
-from bookfleet import bkprotocol, wire
+from bookfleet import _addframes, bkprotocol, wire
 from bookfleet.bkprotocol import AddFlag, OperationType, StatusCode
 from bookfleet.wire import InvalidField, ProtocolError, Status
 
@@ -268,70 +269,9 @@ def encode_v2_request(op: int, flags: int, body: bytes) -> bytes:
     return V2_HEADER.pack(V2_HEADER.size + len(body)) + V2_HEADER.pack(v2_header(op, flags)) + body
 
 
-class V2AddWriter:
-    """The fields a V2 writer's adds repeat: the frame's bytes from its header through the entry header's ledger id
-    (`prefix`: op and flags, master key, ledger id), and what they say."""
-
-    __slots__ = ("ledger_id", "master_key", "prefix", "recovery")
-    writer_epoch = 0
-    """V2 carries no writer epoch: its adds are of epoch 0, as the generic path applies them."""
-
-    def __init__(self, prefix: bytes) -> None:
-        (header,) = V2_HEADER.unpack_from(prefix)
-        self.prefix = prefix
-        self.recovery = bool(header & V2Flag.RECOVERY_ADD)
-        self.master_key = prefix[V2_HEADER.size : V2_HEADER.size + MASTER_KEY_SIZE]
-        (self.ledger_id,) = _LEDGER_ID.unpack_from(prefix, V2_HEADER.size + MASTER_KEY_SIZE)
-
-
-_LEDGER_ID = struct.Struct(">q")
-_V2_ADD_PREFIX = V2_HEADER.size + MASTER_KEY_SIZE + _LEDGER_ID.size
-_V2_ADD_MIN_FRAME = 4 + V2_HEADER.size + MASTER_KEY_SIZE + wire.ENTRY_HEADER.size
-_V2_ENTRY_AND_LAC = struct.Struct(">qq")
-
-
-class V2AddReader:
-    """Reads a V2 ADD in place: what `decode_v2_request` and `check_v2_request` accept as an ADD, read as they read
-    it (ids signed from the entry header, in range; any flags, RECOVERY_ADD the one that counts); anything else reads
-    as None and goes to them. One per connection, keeping the last writer: an add that repeats its header, master
-    key and ledger id costs one comparison of those 32 bytes, one unpack and the entry's copy."""
-
-    __slots__ = ("writer",)
-
-    def __init__(self) -> None:
-        self.writer: V2AddWriter | None = None
-
-    def read(self, buffer: bytearray, frame_start: int, end: int) -> tuple | None:
-        """The add framed in buffer[frame_start:end] (its length prefix included) as bkwire.AddFields, the txnId
-        empty; None when it is no V2 ADD or a field is out of range."""
-        if end - frame_start < _V2_ADD_MIN_FRAME:
-            return None
-        writer = self.writer
-        if writer is None or not buffer.startswith(writer.prefix, frame_start + 4):
-            if buffer[frame_start + 4] != V2_VERSION or buffer[frame_start + 5] != V2Op.ADD:
-                return None
-            writer = V2AddWriter(bytes(buffer[frame_start + 4 : frame_start + 4 + _V2_ADD_PREFIX]))
-            if writer.ledger_id < 0:
-                return None
-            self.writer = writer
-        entry_id, lac = _V2_ENTRY_AND_LAC.unpack_from(buffer, frame_start + 4 + _V2_ADD_PREFIX)
-        if entry_id < 0 or lac < -1:
-            return None
-        with memoryview(buffer) as view:
-            entry = bytes(view[frame_start + 8 + MASTER_KEY_SIZE : end])
-        return b"", writer.ledger_id, entry_id, writer.master_key, entry, writer.recovery, 0, lac
-
-
-def encode_v2_add_acks(ledger_id: int, entry_ids: list[int]) -> bytes:
-    """The OK answers of V2 adds to one ledger, as `encode_v2_response` lays each out."""
-    count = len(entry_ids)
-    return b"".join(map(
-        V2_RESPONSE.pack, itertools.repeat(V2_RESPONSE.size - 4, count), itertools.repeat(_V2_ADD_ANSWER, count),
-        itertools.repeat(V2Status.EOK, count), itertools.repeat(ledger_id, count), entry_ids,
-    ))
-
-
-_V2_ADD_ANSWER = v2_header(V2Op.ADD)
+encode_v2_add_acks = _addframes.encode_v2_add_acks
+"""`encode_v2_add_acks(ledger_id, entry_ids)`: the OK answers of V2 adds to one ledger, as `encode_v2_response`
+lays each out."""
 
 
 # --- V3 ---------------------------------------------------------------------------------------------------------
@@ -586,7 +526,7 @@ class AddRequestEncoder:
     a Request whose header is version 3, ADD_ENTRY and the txnId, and whose AddRequest holds ledgerId, masterKey,
     [flag RECOVERY_ADD], writerEpoch, entryId and body, in that order. The writer's fields are encoded once; per
     entry only txnId, entry id and sizes. The one definition of this layout: the client writes its adds with it and
-    the bookie's in-place reader (`AddRequestReader`) accepts an add only if it is byte for byte what this writes."""
+    the bookie's in-place reader (`AddReader`) reads an add only if it is byte for byte what this writes."""
 
     __slots__ = ("_fixed", "_fixed_size", "ledger_id", "master_key", "recovery", "writer_epoch")
 
@@ -717,20 +657,10 @@ _OK_ADD_ANSWER = b"\x10\x00" + _ADD_REQUEST_TAG
 """The EOK status, then Response.addResponse's tag."""
 
 
-def encode_v3_add_acks(ledger_id: int, txns: list[bytes], entry_ids: list[int]) -> bytes:
-    """The OK answer frames of adds to one ledger given by their txnIds' varints and entry ids (>= 0), as protobuf
-    lays each Response out: a bookie answers the adds of one writer and one group commit together (the ledger's
-    part is encoded once)."""
-    parts: list[bytes] = []
-    ledger_part = b"\x08\x00\x10" + varint(ledger_id) + b"\x18"
-    for txn, entry_id in zip(txns, entry_ids, strict=True):
-        entry = _V[entry_id] if entry_id < 16384 else varint(entry_id)
-        answer_size = len(ledger_part) + len(entry)
-        parts += (  # header, status and answer, each shorter than 128 bytes
-            _LENGTH.pack(12 + len(txn) + answer_size), b"\x0a", _V[5 + len(txn)], _ADD_HEADER, txn,
-            _OK_ADD_ANSWER, _V[answer_size], ledger_part, entry,
-        )
-    return b"".join(parts)
+encode_v3_add_acks = _addframes.encode_v3_add_acks
+"""`encode_v3_add_acks(ledger_id, txns, entry_ids)`: the OK answer frames of adds to one ledger given by their
+txnIds' varints and entry ids (>= 0), as protobuf lays each Response out: a bookie answers the adds of one writer and
+one group commit together (the ledger's part is encoded once)."""
 
 
 def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
@@ -799,7 +729,7 @@ path applies it as it is."""
 def checked_add_fields(request: V3Request) -> AddFields | None:
     """The fields of a decoded V3 ADD that passes every check `check_v3_request` makes, each field read once; None
     for anything else (the session's full checks then name the fault). The bookie's per-add check for an add in
-    another layout than `AddRequestReader`'s: a quarter of the generic one's cost."""
+    another layout than `AddReader`'s: a quarter of the generic one's cost."""
     fields = request.fields
     if request.version != bkprotocol.ProtocolVersion.VERSION_THREE or fields is None:
         return None
@@ -826,59 +756,54 @@ def add_request_of(txn: bytes, ledger_id: int, entry_id: int) -> V3Request:
 
 _INT64_MAX = wire.INT64_MAX
 _ENTRY_HEADER = wire.ENTRY_HEADER
-_ADD_REQUEST_SHAPE = re.compile(
-    rb"\x0a[\x06-\x0f]" + re.escape(_ADD_HEADER) + _TXN_PATTERN + re.escape(_ADD_REQUEST_TAG)
-    + rb"[\x80-\xff]{0,3}[\x00-\x7f]"
-    + rb"\x08(" + _VARINT_PATTERN + rb")\x1a\x14(.{20})(" + re.escape(_RECOVERY_FLAG) + rb")?"
-    + re.escape(_WRITER_EPOCH_TAG) + rb"(" + _VARINT_PATTERN + rb")"
-    + rb"\x10" + _VARINT_PATTERN + rb"\x22[\x80-\xff]{0,3}[\x00-\x7f]",
-    re.DOTALL,
-)
-"""The shape of an ADD request as `AddRequestEncoder` lays it out, up to the entry: where the entry starts, and
-(groups) the txnId, ledger id, master key, recovery flag and writer epoch. Its varints of ids and epoch are at most
-9 bytes: at most INT64_MAX."""
 
 
-class AddRequestReader:
-    """Reads a V3 ADD request in place if it is byte for byte what `AddRequestEncoder` writes for the fields it
-    names (the shape `_ADD_REQUEST_SHAPE` finds the entry; the entry header gives its ledger and entry ids; the
-    encoder of the connection's last writer, re-encoding the frame's head from them, must give its very bytes).
-    Anything else (another order, a field more or repeated, a value out of range, a varint not as protobuf writes
-    it) reads as None and goes to the generic decoder, which decodes and checks it as protobuf would; what this
-    reads is what that decodes. The entry is the one copy made.
+class InPlaceWriter(NamedTuple):
+    """The fields every add of one writer repeats, as `AddReader` read them; `key` is their bytes in the frame (V2:
+    header, master key and the entry header's ledger id; V3: the AddRequest's fields before the entry id), which every
+    next add of the writer repeats byte for byte."""
 
-    One per connection: it keeps the encoder of the last writer's fields (ledger, key, flag, epoch), so an add that
-    repeats them costs a match, an unpack and one re-encoding."""
+    key: bytes
+    ledger_id: int
+    master_key: bytes
+    recovery: bool
+    writer_epoch: int
 
-    __slots__ = ("writer",)
 
-    def __init__(self) -> None:
-        self.writer = AddRequestEncoder(-1, b"", 0)  # no add is of ledger -1
-        """The encoder of the last writer read: the same object for every add of one writer."""
+class AddReader:
+    """Reads a connection's adds in place (`_addframes.c`): V2 ADDs as `decode_v2_request` and `check_v2_request`
+    accept them (ids signed from the entry header, in range; any flags, RECOVERY_ADD the one that counts; epoch 0),
+    V3 ADDs byte for byte as `AddRequestEncoder` writes them for the fields they name, every field in the range
+    `check_v3_request` checks (the txnId's varint kept as it came, echoed in the answer). Anything else (another order,
+    a field more or repeated, a value out of range, a varint not as protobuf writes it) is not read and goes to the
+    generic decoder, which decodes and checks it; what this reads is what that decodes. The entry is the one copy made.
 
-    def read(self, buffer: bytearray, frame_start: int, end: int) -> AddFields | None:
-        """The checked fields of the request framed in buffer[frame_start:end] (its length prefix included, checked
-        too); None when it is not an ADD laid out this way or a field is out of range."""
-        match = _ADD_REQUEST_SHAPE.match(buffer, frame_start + 4, end)
-        if match is None:
+    One per connection, keeping the last writer: a run of its adds is one C call (`read_run`)."""
+
+    __slots__ = ("_v3", "writer")
+
+    def __init__(self, protocol: Protocol) -> None:
+        self._v3 = protocol == Protocol.V3
+        self.writer: InPlaceWriter | None = None
+        """The writer of the last add read: the same object for every add of one writer."""
+
+    def writer_of(self, buffer: bytearray, frame_start: int, end: int) -> InPlaceWriter | None:
+        """The writer of the add framed in buffer[frame_start:end] (its length prefix included), kept as the reader's
+        writer; None when it is not an add this reads (the generic decoder decides it)."""
+        fields = _addframes.writer_of(self._v3, buffer, frame_start, end)
+        if fields is None:
             return None
-        pos = match.end()
-        if end - pos < _ENTRY_HEADER.size:
-            return None
-        ledger_id, entry_id, lac, _ = _ENTRY_HEADER.unpack_from(buffer, pos)
-        if entry_id < 0 or lac < -1:
-            return None
-        txn, encoder, entry_size = match.group(1), self.writer, end - pos
-        if ledger_id != encoder.ledger_id or not buffer.startswith(
-            encoder.frame_head(txn, entry_id, entry_size), frame_start
-        ):
-            encoder = self.writer = AddRequestEncoder(
-                varint_value(match.group(2)), match.group(3), varint_value(match.group(5)), match.group(4) is not None
-            )
-            if ledger_id != encoder.ledger_id or not buffer.startswith(
-                encoder.frame_head(txn, entry_id, entry_size), frame_start
-            ):
-                return None
-        with memoryview(buffer) as view:
-            entry = bytes(view[pos:end])
-        return txn, ledger_id, entry_id, encoder.master_key, entry, encoder.recovery, encoder.writer_epoch, lac
+        writer = self.writer
+        if writer is None or writer.key != fields[0]:
+            writer = self.writer = InPlaceWriter(*fields)
+        return writer
+
+    def read_run(self, buffer: bytearray, pos: int, end: int, run, max_count: int, room: int) -> tuple[int, int, int]:
+        """Read the writer's adds framed one after another from buffer[pos:end] into `run` (txnId varints, b"" in
+        V2, entry ids, lacs, entries appended to its lists): as many as are whole and read in place, at most
+        `max_count`, those after the first only while their frame's length fits what `room` leaves after the entries
+        before them. Returns the position after the last one read, how many, and their entries' bytes."""
+        return _addframes.read_adds(
+            self._v3, buffer, pos, end, self.writer.key, run.txns, run.entry_ids, run.lacs, run.entries, max_count,
+            room,
+        )

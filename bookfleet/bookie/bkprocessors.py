@@ -175,7 +175,7 @@ class V2Session(_Session):
 
     def __init__(self, conn: SessionConnection):
         super().__init__(conn)
-        self.add_reader = bkwire.V2AddReader()
+        self.add_reader = bkwire.AddReader(bkwire.Protocol.V2)
         """Reads this connection's adds in place (the connection's fast path)."""
 
     @staticmethod
@@ -263,7 +263,7 @@ class V3Session(_Session):
 
     def __init__(self, conn: SessionConnection):
         super().__init__(conn)
-        self.add_reader = bkwire.AddRequestReader()
+        self.add_reader = bkwire.AddReader(bkwire.Protocol.V3)
         """Reads this connection's adds in place when laid out as bookfleet's client writes them."""
         self._processors = {
             OperationType.ADD_ENTRY: self._add,

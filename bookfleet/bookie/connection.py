@@ -5,9 +5,10 @@ its server only as a `serving.Server` (the add path's admission, apply and relea
 chooses the protocol, BookKeeper's V2 or V3 (a connection that opens with neither is closed); the protocol's session
 (bookie/bkprocessors.py) decodes and answers each request through `step`, `send` and `holding_add_bytes`. An add
 that needs nothing but its fields (no TLS roles, a writable bookie), V2 or V3, takes the fast path here: read in place
-by the session's reader, gathered with the same writer's other adds of the read into a run (`AddRun`), applied with
-one storage call before anything else of the read starts (a run of a ledger not held yet, once its one admission
-lookup answers), and answered with its group commit's other adds, in one write."""
+by the session's reader (in C, every whole add of one writer lying in the buffer in one call) into a run of that
+writer's adds of the read (`AddRun`), applied with one storage call before anything else of the read starts (a run
+of a ledger not held yet, once its one admission lookup answers), and answered with its group commit's other adds,
+in one write."""
 
 from __future__ import annotations
 
@@ -162,8 +163,8 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Start the buffered requests while there is room (in flight, answers pending, adds admitted); the rest
-        wait in the buffer. The adds of one writer read here in place are applied together (`_apply_run`), before
-        any other request starts and at the end."""
+        wait in the buffer. The adds of one writer read here in place, as many at once as lie whole in the buffer
+        (`_read_run`), are applied together (`_apply_run`), before any other request starts and at the end."""
         if self._processing:  # a request that completed at once, from inside the loop below
             return
         self._processing = True
@@ -194,19 +195,18 @@ class Connection(asyncio.Protocol):
                     fast = self._fast_adds_allowed()
                     reader = self._session.add_reader if fast else None
                 frame_end = pos + _LENGTH_SIZE + length
-                if (  # the common case, a whole add laid out as the reader reads it, of an admitted writer's run
+                if (  # the common case: whole adds laid out as the reader reads them, joining (or starting) a run
                     fast and frame_end <= end and length <= _MAX_FRAME_SIZE
-                    and (add := reader.read(buffer, pos, frame_end)) is not None
-                    and (
-                        (self._run is not None and reader.writer is self._run.writer) or self._start_run(reader.writer)
-                    )
+                    and (writer := reader.writer_of(buffer, pos, frame_end)) is not None
                 ):
-                    if (
-                        length > max_connection_add_bytes - self.add_bytes or length > max_add_bytes - server.add_bytes
-                    ) and not self._wait_for_room(length):
+                    if self._run is None or self._run.writer is not writer:
+                        self._start_run(writer)
+                    room = min(max_connection_add_bytes - self.add_bytes, max_add_bytes - server.add_bytes)
+                    if length > room and not self._wait_for_room(length):
                         break
-                    self._join_run(add)
-                elif not self._take(buffer, pos, end, length, fast):
+                    pos = self._read_run(reader, buffer, pos, end, room)
+                    continue
+                if not self._take(buffer, pos, end, length, fast):
                     partial = not self._rejected and not self._admission_blocked
                     break
                 pos = frame_end
@@ -272,8 +272,8 @@ class Connection(asyncio.Protocol):
         server = self.server
         return self.principal is None and not server.stopping and server.read_only is None
 
-    def _start_run(self, writer: AddWriter) -> bool:
-        """Apply the run so far and start one of `writer`'s adds (always True: an add joins the run it starts).
+    def _start_run(self, writer: AddWriter) -> None:
+        """Apply the run so far and start one of `writer`'s adds.
 
         A ledger this bookie does not hold yet (a new ledger's first adds, every copy a repair makes to a replacement)
         is looked up once: its runs wait together, in order, behind that lookup, then are applied as any other run or
@@ -286,7 +286,6 @@ class Connection(asyncio.Protocol):
             lookup = self._loop.create_task(admission.admit(ledger_id))
             lookup.add_done_callback(functools.partial(self._admission_answered, ledger_id))
         self._run = AddRun(writer, self._session, self._received_at)
-        return True
 
     def _joins_run(self, add: bkwire.AddFields) -> bool:
         """Whether a checked add decoded by protobuf joins the run (same writer's fields) or starts one."""
@@ -298,7 +297,19 @@ class Connection(asyncio.Protocol):
                 ledger_id, key, recovery, writer_epoch
             ):
                 return True
-        return self._start_run(WriterFields(ledger_id, key, recovery, writer_epoch))
+        self._start_run(WriterFields(ledger_id, key, recovery, writer_epoch))
+        return True
+
+    def _read_run(self, reader: bkwire.AddReader, buffer: bytearray, pos: int, end: int, room: int) -> int:
+        """The run's writer's adds read in place from buffer[pos:] (the first one's room decided already), as many
+        as the in-flight and add-byte limits take, held toward them from now on: the position after them."""
+        run, server = self._run, self.server
+        pos, count, size = reader.read_run(buffer, pos, end, run, server.max_in_flight - self.in_flight, room)
+        run.size += size
+        self.add_bytes += size
+        server.add_bytes += size
+        self.in_flight += count
+        return pos
 
     def _join_run(self, add: bkwire.AddFields) -> None:
         """One more add of the run's writer, held toward the add-byte limits and in flight from now on."""

@@ -67,7 +67,8 @@ class AddRun:
 
 
 class AddWriter(Protocol):
-    """The fields every add of one writer repeats (bkwire's AddRequestEncoder for V3, V2AddWriter for V2)."""
+    """The fields every add of one writer repeats (bkwire's InPlaceWriter of adds read in place, WriterFields of the
+    others)."""
 
     ledger_id: int
     master_key: bytes

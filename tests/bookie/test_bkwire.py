@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -340,6 +341,18 @@ def _by_value(fields):
     return fields if fields is None else (bkwire.varint_value(fields[0]), *fields[1:])
 
 
+def _read_in_place(reader: bkwire.AddReader, buffer: bytearray, start: int, end: int):
+    """The fields of the add framed in buffer[start:end] as the bookie's fast path reads it (its writer, then a run
+    of the one add), as the generic path's: None when the reader leaves it to the generic decoder."""
+    writer = reader.writer_of(buffer, start, end)
+    if writer is None:
+        return None
+    run = SimpleNamespace(txns=[], entry_ids=[], lacs=[], entries=[])
+    assert reader.read_run(buffer, start, end, run, 1, 0) == (end, 1, len(run.entries[0]))  # the add writer_of read
+    return (run.txns[0], writer.ledger_id, run.entry_ids[0], writer.master_key, run.entries[0], writer.recovery,
+            writer.writer_epoch, run.lacs[0])
+
+
 def _hostile(frame: bytes, changes: list[tuple[int, int]], resize: int) -> bytearray:
     """`frame` with bytes after its length prefix changed, cut short or made longer, its prefix fitted to it."""
     hostile = bytearray(frame)
@@ -357,13 +370,13 @@ def test_the_in_place_add_reader_reads_what_the_generic_decoder_accepts(fields, 
     range, a byte changed, a frame cut short or longer, its writer's encoder kept from the frame before or not) is
     exactly what the generic decoder decodes and its checks accept: nothing the generic path refuses gets past it."""
     frame = _client_add_frame(**fields)
-    reader = bkwire.AddRequestReader()
-    unchanged = reader.read(bytearray(before + frame + after), len(before), len(before) + len(frame))
+    reader = bkwire.AddReader(Protocol.V3)
+    unchanged = _read_in_place(reader, bytearray(before + frame + after), len(before), len(before) + len(frame))
     assert unchanged == _generic_add_fields(body(frame))  # the client's own layout: read in place whenever valid
     if not warm:
-        reader = bkwire.AddRequestReader()
+        reader = bkwire.AddReader(Protocol.V3)
     hostile = _hostile(frame, changes, resize)
-    read = reader.read(bytearray(before) + hostile + after, len(before), len(before) + len(hostile))
+    read = _read_in_place(reader, bytearray(before) + hostile + after, len(before), len(before) + len(hostile))
     assert read is None or _by_value(read) == _by_value(_generic_add_fields(bytes(hostile[4:])))
 
 
@@ -380,10 +393,12 @@ def test_an_add_with_a_field_more_goes_to_the_generic_decoder(extra):
     request = bkprotocol.Request.FromString(frame[4:])
     message = request.addRequest.SerializeToString() + extra
     longer = bkwire.v3_request_head(OperationType.ADD_ENTRY, bkwire.varint(9), len(message)) + message
-    assert bkwire.AddRequestReader().read(bytearray(longer), 0, len(longer)) is None
-    reader = bkwire.AddRequestReader()
-    assert reader.read(bytearray(frame), 0, len(frame)) is not None  # warm: the writer's encoder kept
-    assert reader.read(bytearray(longer), 0, len(longer)) is None
+    assert bkwire.AddReader(Protocol.V3).writer_of(bytearray(longer), 0, len(longer)) is None
+    reader = bkwire.AddReader(Protocol.V3)
+    assert reader.writer_of(bytearray(frame), 0, len(frame)) is not None  # warm: the writer kept
+    assert reader.writer_of(bytearray(longer), 0, len(longer)) is None
+    run = SimpleNamespace(txns=[], entry_ids=[], lacs=[], entries=[])
+    assert reader.read_run(bytearray(longer), 0, len(longer), run, 1, 1 << 30) == (0, 0, 0)
 
 
 def test_txn_ids_are_distinct_canonical_varints():
@@ -419,12 +434,13 @@ def test_the_v2_add_reader_reads_what_the_generic_decoder_accepts(ledger_id, ent
     the generic decoder decodes and its checks accept."""
     header = struct.pack(">QQQQ", ledger_id % 2**64, entry_id % 2**64, lac % 2**64, 7)
     frame = v2_add(header + b"payload", flags)
-    reader = bkwire.V2AddReader()
-    assert reader.read(bytearray(before + frame), len(before), len(before) + len(frame)) == _generic_v2_add(frame[4:])
+    reader = bkwire.AddReader(Protocol.V2)
+    unchanged = _read_in_place(reader, bytearray(before + frame), len(before), len(before) + len(frame))
+    assert unchanged == _generic_v2_add(frame[4:])
     if not warm:
-        reader = bkwire.V2AddReader()
+        reader = bkwire.AddReader(Protocol.V2)
     hostile = _hostile(frame, changes, resize)
-    read = reader.read(bytearray(before) + hostile, len(before), len(before) + len(hostile))
+    read = _read_in_place(reader, bytearray(before) + hostile, len(before), len(before) + len(hostile))
     assert read is None or read == _generic_v2_add(bytes(hostile[4:]))
 
 
@@ -432,3 +448,67 @@ def test_v2_acks_of_a_run_are_the_answers_of_each_add():
     assert bkwire.encode_v2_add_acks(7, [0, 1, 2**40]) == b"".join(
         bkwire.encode_v2_response(V2Op.ADD, V2Status.EOK, 7, entry_id) for entry_id in (0, 1, 2**40)
     )
+
+
+def test_acks_of_runs_that_cannot_be_answered_are_refused():
+    """The C encoders check what they are given rather than write a wrong frame."""
+    with pytest.raises(ValueError):
+        bkwire.encode_v3_add_acks(7, [b"\x01", b"\x02"], [0])  # an entry id short
+    with pytest.raises(ValueError):
+        bkwire.encode_v3_add_acks(7, [bytes(11)], [0])  # no txnId varint is 11 bytes
+    with pytest.raises(OverflowError):
+        bkwire.encode_v2_add_acks(7, [2**63])
+
+
+def _stream_frame(protocol: Protocol, writer: int, entry_id: int, txn_id: int, payload: bytes) -> bytes:
+    """A whole add frame of one of two writers as its client lays it out."""
+    ledger_id, epoch = (5, 0) if writer == 0 else (2**40, 2**35)
+    entry = bk_entry(ledger_id, entry_id, payload)
+    if protocol == Protocol.V2:
+        return v2_add(entry, V2Flag.RECOVERY_ADD if writer else 0)
+    return bkwire.AddRequestEncoder(ledger_id, MASTER_KEY, epoch, bool(writer)).frame(bkwire.varint(txn_id), entry)
+
+
+_LYING_LENGTHS = st.sampled_from([0, 1, 3, 4, 60, 2**23, 2**23 + 1, 2**31, 2**32 - 1])
+
+
+@given(st.sampled_from([Protocol.V2, Protocol.V3]),
+       st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1),
+                          st.binary(max_size=40)), min_size=1, max_size=8),
+       st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+       st.none() | st.tuples(st.integers(0, 7), _LYING_LENGTHS), st.integers(0, 40), st.binary(max_size=8),
+       st.binary(max_size=200), st.integers(1, 9), st.integers(0, 2000))
+def test_the_reader_reads_a_stream_only_as_the_generic_decoder_reads_each_frame(
+    protocol, adds, changes, lying_length, cut, before, after, max_count, room
+):
+    """Never trust the network: a read's adds (two writers, V2 or V3), with bytes changed anywhere, a frame's length
+    prefix lying (cut short, huge), the buffer's end cutting a frame whose rest lies beyond it, are read in runs as
+    the connection reads them. Every add read is exactly what the generic decoder and its checks make of its frame;
+    nothing is read from a frame that is not whole before the end, nor past the limits; an untouched stream is read
+    whole."""
+    frames = [bytearray(_stream_frame(protocol, *add)) for add in adds]
+    if lying_length is not None:
+        frames[lying_length[0] % len(frames)][:4] = struct.pack(">I", lying_length[1])
+    stream = bytearray(b"".join(frames))
+    for position, value in changes:
+        stream[position % len(stream)] = value
+    buffer = bytearray(before) + stream + after
+    start, end = len(before), max(len(before), len(before) + len(stream) - cut)
+    untouched = not changes and lying_length is None and cut == 0
+    generic = _generic_add_fields if protocol == Protocol.V3 else _generic_v2_add
+    reader = bkwire.AddReader(protocol)
+    pos = start
+    while (writer := reader.writer_of(buffer, pos, end)) is not None:
+        run = SimpleNamespace(txns=[], entry_ids=[], lacs=[], entries=[])
+        new_pos, count, size = reader.read_run(buffer, pos, end, run, max_count, room)
+        assert 1 <= count <= max_count and size == sum(map(len, run.entries)) and pos < new_pos <= end
+        for index in range(count):
+            (length,) = struct.unpack_from(">I", buffer, pos)
+            assert pos + 4 + length <= end and (index == 0 or length <= room - sum(map(len, run.entries[:index])))
+            read = (run.txns[index], writer.ledger_id, run.entry_ids[index], writer.master_key, run.entries[index],
+                    writer.recovery, writer.writer_epoch, run.lacs[index])
+            assert _by_value(read) == _by_value(generic(bytes(buffer[pos + 4 : pos + 4 + length])))
+            pos += 4 + length
+        assert pos == new_pos
+    if untouched:
+        assert pos == end  # the client's own frames: all read in place
