@@ -13,7 +13,8 @@ CHECKOV_STAMP := $(CHECKOV_HOME)/.installed
 setup: $(STAMP)
 
 # constraints.txt pins every package of this venv and of the images; `make lock` rewrites it from the venv.
-$(STAMP): pyproject.toml constraints.txt
+# The package's C extensions are compiled by its install (setup.py): a changed source installs again.
+$(STAMP): pyproject.toml setup.py constraints.txt $(wildcard bookfleet/*.c)
 	@bash scripts/setup-system.sh
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -70,7 +70,7 @@ lend_ca=()
 declare -A DOCKERFILE=([bookie]=bookie-image/Dockerfile [operator]=operator/Dockerfile [repair]=repair-image/Dockerfile
                        [zookeeper]=tests/cluster/images/zookeeper.Dockerfile)
 # What each build context's COPY lines read (the product images: the package; the local ZooKeeper: its two scripts).
-PRODUCT_INPUTS="pyproject.toml README.md constraints.txt bookfleet repair-image/entrypoint.sh"
+PRODUCT_INPUTS="pyproject.toml setup.py README.md constraints.txt bookfleet repair-image/entrypoint.sh"
 declare -A INPUTS=([bookie]=$PRODUCT_INPUTS [operator]=$PRODUCT_INPUTS [repair]=$PRODUCT_INPUTS
                    [zookeeper]="tests/cluster/images/zookeeper-entrypoint.sh tests/cluster/images/zookeeper-bin")
 names=("$@")
