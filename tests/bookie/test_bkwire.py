@@ -475,23 +475,24 @@ _LYING_LENGTHS = st.sampled_from([0, 1, 3, 4, 60, 2**23, 2**23 + 1, 2**31, 2**32
 @given(st.sampled_from([Protocol.V2, Protocol.V3]),
        st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1),
                           st.binary(max_size=40)), min_size=1, max_size=8),
-       st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+       st.lists(st.tuples(st.integers(0, 7), st.integers(0, 120), st.integers(0, 255)), max_size=4),
        st.none() | st.tuples(st.integers(0, 7), _LYING_LENGTHS), st.integers(0, 40), st.binary(max_size=8),
        st.binary(max_size=200), st.integers(1, 9), st.integers(0, 2000))
 def test_the_reader_reads_a_stream_only_as_the_generic_decoder_reads_each_frame(
     protocol, adds, changes, lying_length, cut, before, after, max_count, room
 ):
-    """Never trust the network: a read's adds (two writers, V2 or V3), with bytes changed anywhere, a frame's length
-    prefix lying (cut short, huge), the buffer's end cutting a frame whose rest lies beyond it, are read in runs as
-    the connection reads them. Every add read is exactly what the generic decoder and its checks make of its frame;
-    nothing is read from a frame that is not whole before the end, nor past the limits; an untouched stream is read
-    whole."""
+    """Never trust the network: a read's adds (two writers, V2 or V3), with bytes of their heads changed (where every
+    field but the payload lies: a varint, a tag, a length, an id), a frame's length prefix lying (cut short, huge),
+    the buffer's end cutting a frame whose rest lies beyond it, are read in runs as the connection reads them. Every
+    add read is exactly what the generic decoder and its checks make of its frame; nothing is read from a frame that
+    is not whole before the end, nor past the limits; an untouched stream is read whole."""
     frames = [bytearray(_stream_frame(protocol, *add)) for add in adds]
     if lying_length is not None:
         frames[lying_length[0] % len(frames)][:4] = struct.pack(">I", lying_length[1])
+    for index, position, value in changes:
+        frame = frames[index % len(frames)]
+        frame[position % len(frame)] = value
     stream = bytearray(b"".join(frames))
-    for position, value in changes:
-        stream[position % len(stream)] = value
     buffer = bytearray(before) + stream + after
     start, end = len(before), max(len(before), len(before) + len(stream) - cut)
     untouched = not changes and lying_length is None and cut == 0
@@ -512,3 +513,33 @@ def test_the_reader_reads_a_stream_only_as_the_generic_decoder_reads_each_frame(
         assert pos == new_pos
     if untouched:
         assert pos == end  # the client's own frames: all read in place
+
+
+@pytest.mark.parametrize("protocol", [Protocol.V2, Protocol.V3])
+@pytest.mark.parametrize("writer", [0, 1])
+def test_every_byte_of_an_add_s_head_changed_is_read_only_as_the_generic_decoder_reads_it(protocol, writer):
+    """Each byte of a frame up to its entry's payload (length prefix, header, every tag, length, varint and id of both
+    layouts), changed to each of a few values, after a frame of the same writer (the reader warm): the frame is either
+    read as the generic decoder and its checks read it, or left to them."""
+    first = _stream_frame(protocol, writer, 7, 300, b"first")
+    frame = _stream_frame(protocol, writer, 2**35, 2**40, b"payload")
+    generic = _generic_add_fields if protocol == Protocol.V3 else _generic_v2_add
+    for position in range(len(frame) - len(b"payload") - 4):  # the entry's digest too
+        for value in {0x00, 0x01, 0x7F, 0x80, 0xFF, frame[position] ^ 0x01, (frame[position] + 1) % 256}:
+            changed = bytearray(frame)
+            changed[position] = value
+            buffer = bytearray(first) + changed
+            reader = bkwire.AddReader(protocol)
+            run = SimpleNamespace(txns=[], entry_ids=[], lacs=[], entries=[])
+            assert reader.writer_of(buffer, 0, len(buffer)) is not None
+            pos, count, _ = reader.read_run(buffer, 0, len(buffer), run, 2, 1 << 30)
+            if count == 2:
+                (length,) = struct.unpack_from(">I", buffer, len(first))  # a shorter one leaves bytes after it
+                assert pos == len(first) + 4 + length <= len(buffer)
+                expected = generic(bytes(buffer[len(first) + 4 : pos]))
+                assert expected is not None and _by_value(expected) == _by_value((
+                    run.txns[1], reader.writer.ledger_id, run.entry_ids[1], reader.writer.master_key,
+                    run.entries[1], reader.writer.recovery, reader.writer.writer_epoch, run.lacs[1],
+                )), (position, value)
+            elif (in_place := _read_in_place(bkwire.AddReader(protocol), changed, 0, len(changed))) is not None:
+                assert _by_value(in_place) == _by_value(generic(bytes(changed[4:]))), (position, value)
