@@ -86,17 +86,12 @@ static int parse_v2(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end, Add *add
     add->entry_id = (int64_t)be64(entry + 8);
     add->lac = (int64_t)be64(entry + 16);
     if (ledger_id < 0 || add->entry_id < 0 || add->lac < -1) return 0;
-    add->frame_end = frame_end;
-    add->writer = frame;
-    add->writer_size = V2_PREFIX_SIZE;
-    add->txn = NULL;
-    add->txn_size = 0;
-    add->entry = entry;
-    add->entry_size = buf + frame_end - entry;
-    add->ledger_id = (uint64_t)ledger_id;
-    add->writer_epoch = 0; /* V2 carries none: its adds are of epoch 0, as the generic path applies them */
-    add->master_key = frame + 4;
-    add->recovery = (frame[3] & V2_RECOVERY_ADD) != 0;
+    *add = (Add){
+        .length = add->length, .frame_end = frame_end, .writer = frame, .writer_size = V2_PREFIX_SIZE,
+        .entry = entry, .entry_size = buf + frame_end - entry, .entry_id = add->entry_id, .lac = add->lac,
+        .ledger_id = (uint64_t)ledger_id, .master_key = frame + 4, .recovery = (frame[3] & V2_RECOVERY_ADD) != 0,
+        /* no txnId; V2 carries no writer epoch: its adds are of epoch 0, as the generic path applies them */
+    };
     return 1;
 }
 
@@ -149,19 +144,12 @@ static int parse_v3(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t end, Add *add
     if (entry_size != (uint64_t)(limit - p) || entry_size < ENTRY_HEADER_SIZE) return 0;
     int64_t header_entry_id = (int64_t)be64(p + 8), lac = (int64_t)be64(p + 16);
     if (be64(p) != ledger_id || header_entry_id < 0 || (uint64_t)header_entry_id != entry_id || lac < -1) return 0;
-    add->frame_end = frame_end;
-    add->writer = writer;
-    add->writer_size = writer_size;
-    add->txn = txn;
-    add->txn_size = txn_size;
-    add->entry = p;
-    add->entry_size = (Py_ssize_t)entry_size;
-    add->entry_id = header_entry_id;
-    add->lac = lac;
-    add->ledger_id = ledger_id;
-    add->writer_epoch = writer_epoch;
-    add->master_key = master_key;
-    add->recovery = recovery;
+    *add = (Add){
+        .length = add->length, .frame_end = frame_end, .writer = writer, .writer_size = writer_size, .txn = txn,
+        .txn_size = txn_size, .entry = p, .entry_size = (Py_ssize_t)entry_size, .entry_id = header_entry_id,
+        .lac = lac, .ledger_id = ledger_id, .writer_epoch = writer_epoch, .master_key = master_key,
+        .recovery = recovery,
+    };
     return 1;
 }
 
