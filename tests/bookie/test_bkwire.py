@@ -37,10 +37,10 @@ def _recorder(answered: list[bytes]):
 
 def answered_in_place(buffer: bytearray, txns: list[bytes] | None = None) -> list[bytes]:
     """The txnIds whose waiters `bkwire.take_ok_add_answers` answers out of `buffer` (taking their frames off it), in
-    order; a waiter waits under each of `txns`, by default under the txnId bytes of the buffer's first frame (the
-    header's length tells them: whatever they are, a waiter waits for them)."""
+    order; a waiter waits under each of `txns`, by default under every 1 to 10 bytes where the first frame's txnId
+    starts (whatever its header's length says: a waiter waits for any txnId the bytes could be read as)."""
     if txns is None:
-        txns = [bytes(buffer[11 : 6 + buffer[5]])] if len(buffer) > 5 else []
+        txns = list(dict.fromkeys(bytes(buffer[11 : 11 + size]) for size in range(1, 11)))
     answered: list[bytes] = []
     pending = {txn: (_recorder(answered), txn) for txn in txns}
     bkwire.take_ok_add_answers(buffer, pending)
@@ -377,6 +377,25 @@ def test_the_client_reads_an_ack_in_place_only_as_protobuf_parses_it(txn_id, led
     _check_answered_in_place(original, buffer, answered_in_place(buffer))
     if not changes and not resize and extra is None and lie == 0:
         assert buffer == after  # the bookie's own ack: always read in place
+
+
+@pytest.mark.parametrize("txn_id", [0, 2**63 - 1, 2**64 - 1])
+def test_no_single_byte_change_or_cut_of_an_ack_is_read_in_place_unless_protobuf_parses_it_so(txn_id):
+    """Every byte of an ack (ids at their longest varints) changed to each value that tells a varint's or a length's
+    byte apart, and the ack cut at every length: read in place only as protobuf parses it."""
+    ack = bkwire.encode_v3_add_ack(txn_id, 2**63 - 1, 2**63 - 1)
+    for position in range(4, len(ack)):
+        for value in {0x00, 0x01, 0x02, 0x7F, 0x80, 0xFF, (ack[position] + 1) % 256, (ack[position] - 1) % 256}:
+            changed = bytearray(ack)
+            changed[position] = value
+            buffer = bytearray(changed)
+            _check_answered_in_place(bytes(changed), buffer, answered_in_place(buffer))
+    for cut in range(len(ack)):
+        for fitted in (False, True):
+            hostile = bytearray(ack[:cut])
+            if fitted and cut >= 4:
+                hostile[:4] = struct.pack(">I", cut - 4)
+            _check_answered_in_place(bytes(hostile), hostile, answered_in_place(hostile))
 
 
 @given(st.binary(max_size=80))
