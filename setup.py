@@ -4,6 +4,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("bookfleet._addframes", ["bookfleet/_addframes.c"]),
+        Extension("bookfleet._clientadds", ["bookfleet/_clientadds.c"]),
     ],
 )

@@ -11,7 +11,7 @@ operations numbered from 1000) that a stock bookie skips; its per-request encodi
 `v3_request_head`), the bookie's in-place reading of an add (`AddRequestReader`) and the answer to an add
 (`encode_v3_add_acks`) are written by hand here, as protobuf parses them, because they are the add path's per-entry
 work; the client's two per-entry loops, an add's whole frame (`AddFrameEncoder`) and the reading of OK add answers
-(`take_ok_add_answers`), are in C (`_addframes.c`, which only this module imports) for the same layouts.
+(`take_ok_add_answers`), are in C (`_clientadds.c`, which only this module imports) for the same layouts.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from bookfleet import _addframes, bkprotocol, wire
+from bookfleet import _clientadds, bkprotocol, wire
 from bookfleet.bkprotocol import AddFlag, OperationType, StatusCode
 from bookfleet.wire import InvalidField, ProtocolError, Status
 
@@ -624,7 +624,7 @@ class AddRequestEncoder:
         return self.frame_head(txn, wire.entry_ids(entry)[1], len(entry)) + entry
 
 
-class AddFrameEncoder(_addframes.AddFrameEncoder):
+class AddFrameEncoder(_clientadds.AddFrameEncoder):
     """A writer's whole add frames, the entry encoded in them, in one C call (`frame_of(txn, entry_id, lac, length,
     payload)`): byte for byte `frame_head`'s bytes and then `wire.Digester.encode`'s entry (header, digest,
     payload). The ledger writer's per-entry encode, in C because in Python it was a quarter of the client's
@@ -706,7 +706,7 @@ _VARINT_PATTERN = rb"(?:[\x80-\xff]{0,8}[\x00-\x7f])"
 """A varint of at most 9 bytes: at most INT64_MAX, as every id and epoch of an add must be."""
 _TXN_PATTERN = rb"([\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{9}[\x00\x01])"
 """A txnId: any uint64's varint (up to 10 bytes)."""
-take_ok_add_answers = _addframes.take_ok_add_answers
+take_ok_add_answers = _clientadds.take_ok_add_answers
 """`take_ok_add_answers(buffer, pending)`: the client's per-ack reading, in C. Hands each OK ADD answer at the
 front of `buffer` (a bytearray of length-prefixed answers) to its waiter and deletes it from the buffer: the waiter
 `pending` holds under the answer's txnId varint, if it is an `(on_answer, arg)` tuple, is popped and called

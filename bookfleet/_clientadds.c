@@ -247,7 +247,7 @@ static PyType_Slot encoder_slots[] = {
 };
 
 static PyType_Spec encoder_spec = {
-    "bookfleet._addframes.AddFrameEncoder", sizeof(AddFrameEncoder), 0,
+    "bookfleet._clientadds.AddFrameEncoder", sizeof(AddFrameEncoder), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, encoder_slots,
 };
 
@@ -371,10 +371,10 @@ static PyModuleDef_Slot module_slots[] = {
     {0, NULL},
 };
 
-static struct PyModuleDef addframes_module = {
-    PyModuleDef_HEAD_INIT, "_addframes",
+static struct PyModuleDef clientadds_module = {
+    PyModuleDef_HEAD_INIT, "_clientadds",
     "The client's add frames and their OK answers, encoded and read in C: bkwire's per-entry loops.", 0,
     module_methods, module_slots, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__addframes(void) { return PyModuleDef_Init(&addframes_module); }
+PyMODINIT_FUNC PyInit__clientadds(void) { return PyModuleDef_Init(&clientadds_module); }
