@@ -1,0 +1,9 @@
+"""The package's C extensions (setuptools builds them with the package; pyproject.toml holds everything else)."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("bookfleet._clientadds", ["bookfleet/_clientadds.c"]),
+    ],
+)
