@@ -82,3 +82,33 @@ async def test_acknowledged_entries_and_the_mark_survive_power_cuts(storage_dirs
     storage = await check_survivors(storage_dirs, acked, mark)
     await storage.close()
     assert power_loss.syncs > 0
+
+
+async def test_a_power_cut_in_a_reused_journal_file_keeps_its_new_records_and_never_its_earlier_life(
+    storage_dirs, power_loss
+):
+    """Ledgers 100-159 fill journal files (each with its MASTER_KEY record); they are deleted and the checkpoint
+    moves past them, so the next files are those files reused, the old records still in them. A cut a few adds into
+    a reused file: every acked add is back, no deleted ledger (a MASTER_KEY record replayed would bring its ledger
+    back), no journal damage."""
+    journal_dir, _ = storage_dirs
+    acked: dict[tuple[int, int], bytes] = {}
+    storage = await open_storage(storage_dirs)
+    for ledger_id in range(100, 160):
+        await add(storage, {}, ledger_id, [0])
+    older = journal.journal_seqs(journal_dir)[:-1]  # the current file stays current past the checkpoint
+    earlier_inodes = {journal.journal_path(journal_dir, seq).stat().st_ino for seq in older}
+    await storage.collect_garbage(set())  # flushes: the mark passes the older files, the first becomes the spare
+    for entry_id in range(200):
+        await add(storage, acked, 8, [entry_id])
+        current = journal.journal_path(journal_dir, journal.journal_seqs(journal_dir)[-1])
+        if current.stat().st_ino in earlier_inodes:
+            break
+    else:
+        raise AssertionError("no journal file was reused")
+    await add(storage, acked, 8, range(entry_id + 1, entry_id + 4))
+    await power_loss.cut(storage)
+
+    storage = await check_survivors(storage_dirs, acked, LastLogMark(storage_dirs[1]).read())
+    assert storage.ledger_ids() == {8} and storage.journal_damage is None
+    await storage.close()
