@@ -332,6 +332,7 @@ class SpareFile:
         """The ready spare's salt; None while there is none."""
         self._busy = False
         """A spare is being made."""
+        self._filler: threading.Thread | None = None
 
     def load(self) -> None:
         """Take up a spare the last run left ready; remove one a crash left half filled."""
@@ -378,7 +379,13 @@ class SpareFile:
             if self.salt is not None or self._busy:
                 return
             self._busy = True
-        threading.Thread(target=self._fill_new, name="journal-spare", daemon=True).start()
+        self._filler = threading.Thread(target=self._fill_new, name="journal-spare", daemon=True)
+        self._filler.start()
+
+    def wait(self) -> None:
+        """Wait for a spare being filled with zeros (when the journal stops)."""
+        if self._filler is not None:
+            self._filler.join()
 
     def _fill_new(self) -> None:
         try:
@@ -561,7 +568,8 @@ class Journal:
             log.warning("journal %s: no END record written at close (the next start seals it)", self.directory)
 
     def stop_writer(self) -> None:
-        """Stop the writer thread once it waits for records (what is still pending is left unwritten)."""
+        """Stop the writer thread once it waits for records (what is still pending is left unwritten), and wait
+        for a spare it asked for."""
         if self._writer is None:
             return
         with self._lock:
@@ -569,6 +577,7 @@ class Journal:
             self._records_ready.notify()
         self._writer.join()
         self._writer = None
+        self._spare.wait()
 
     # --- writer side ---------------------------------------------------------------------------------------
 
