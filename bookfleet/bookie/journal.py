@@ -44,6 +44,10 @@ from bookfleet.bookie.errors import StorageFailure
 log = logging.getLogger(__name__)
 
 RECORD_HEADER = struct.Struct(">IIB")
+"""A record's header in a file of the first format: length | crc32c | type."""
+SALTED_RECORD_HEADER = struct.Struct(">IIB4s")
+"""A record's header in a salted file: length | crc32c | type | the file's tag (the CRC32C of its salt), so the
+search for the next intact record past a bad one finds candidates with one C `find` and checks only those."""
 LEDGER = struct.Struct(">Q")
 LEDGER_AND_LAC = struct.Struct(">Qq")
 LEDGER_AND_EPOCH = struct.Struct(">QQ")
@@ -77,11 +81,23 @@ class RecordType(enum.IntEnum):
     """body: empty. A file's last record: its writer moved on to the next file or stopped cleanly."""
 
 
-def type_crcs(salt: bytes) -> dict[int, int]:
-    """Each record type's CRC32C seed in a file salted with `salt`: the CRC of salt and type byte, which a record's
-    body then extends. The first format is the empty salt."""
-    salted = crc32c.crc32c(salt)
-    return {t: crc32c.crc32c(bytes([t]), salted) for t in RecordType}
+class RecordFormat(NamedTuple):
+    """How the records of one file are made and checked."""
+
+    header: struct.Struct
+    crcs: dict[int, int]
+    """Each record type's CRC32C seed: the CRC of the file's salt and the type byte, which the body extends."""
+    tag: bytes
+    """In every record header of a salted file; empty in the first format."""
+
+
+def record_format(salt: bytes | None) -> RecordFormat:
+    """The records of a file salted with `salt`, or of the first format (None: no salt, no tag)."""
+    salted = crc32c.crc32c(salt or b"")
+    crcs = {t: crc32c.crc32c(bytes([t]), salted) for t in RecordType}
+    if salt is None:
+        return RecordFormat(RECORD_HEADER, crcs, b"")
+    return RecordFormat(SALTED_RECORD_HEADER, crcs, salted.to_bytes(4, "big"))
 
 
 def file_header(salt: bytes) -> bytes:
@@ -104,8 +120,8 @@ def file_salt(data: bytes | mmap.mmap) -> bytes | str | None:
     return salt
 
 
-def end_record(crcs: dict[int, int]) -> bytes:
-    return RECORD_HEADER.pack(0, crcs[RecordType.END], RecordType.END)
+def end_record(fmt: RecordFormat) -> bytes:
+    return SALTED_RECORD_HEADER.pack(0, fmt.crcs[RecordType.END], RecordType.END, fmt.tag)
 
 
 class Batch(asyncio.Future):
@@ -218,19 +234,19 @@ class Replay:
                 if isinstance(salt, str):
                     self._lost(Damage(path, 0, size, salt))
                     return
-                crcs = type_crcs(salt or b"")
+                fmt = record_format(salt)
                 if salt is not None:
                     offset = max(offset, FILE_HEADER.size)
                 while offset < size:
-                    record = _record_at(data, offset, size, crcs)
+                    record = _record_at(data, offset, size, fmt)
                     if isinstance(record, str):
-                        resume = _next_record(data, offset + 1, size, crcs)
+                        resume = _next_record(data, offset + 1, size, fmt)
                         if resume is None and newest:
                             log.warning(
                                 "journal %s: %s at offset %d; dropped what follows it (a torn tail%s)", path, record,
                                 offset, "" if salt is None else ", zeros or the file's earlier life",
                             )
-                            seal = (b"" if salt is None else end_record(crcs)), offset
+                            seal = (b"" if salt is None else end_record(fmt)), offset
                             break
                         problem = record if resume is not None or salt is None else f"{record}, before any END"
                         self._lost(Damage(path, offset, (size if resume is None else resume) - offset, problem))
@@ -250,37 +266,44 @@ class Replay:
         self.damage.append(damage)
 
 
-def _record_at(
-    data: mmap.mmap, offset: int, size: int, crcs: dict[int, int]
-) -> tuple[RecordType, bytes, int] | str:
+def _record_at(data: mmap.mmap, offset: int, size: int, fmt: RecordFormat) -> tuple[RecordType, bytes, int] | str:
     """The intact record at `offset` with where the next one starts, or what is wrong with it."""
-    if size - offset < RECORD_HEADER.size:
+    if size - offset < fmt.header.size:
         return "short record header"
+    if fmt.tag and data[offset + RECORD_HEADER.size : offset + fmt.header.size] != fmt.tag:
+        return "no record of this file"
     length, crc, rtype = RECORD_HEADER.unpack_from(data, offset)
-    start = offset + RECORD_HEADER.size
-    if rtype not in crcs:
+    start = offset + fmt.header.size
+    if rtype not in fmt.crcs:
         return f"unknown record type {rtype}"
     if size - start < length:
         return f"record of {length} bytes runs past the end of the file"
     body = data[start : start + length]
-    if crc32c.crc32c(body, crcs[rtype]) != crc:
+    if crc32c.crc32c(body, fmt.crcs[rtype]) != crc:
         return "checksum mismatch"
     return RecordType(rtype), body, start + length
 
 
 _TYPE_BYTE = re.compile(b"[" + re.escape(bytes(sorted(RecordType))) + b"]")
-"""A byte that may be a record's type: where the search for the next intact record looks (9th byte of a header)."""
+"""A byte that may be a record's type: where the search in a file of the first format looks (9th byte of a header)."""
 
 
-def _next_record(data: mmap.mmap, offset: int, size: int, crcs: dict[int, int]) -> int | None:
-    """Where the first intact record at or after `offset` starts (None if there is none): the header's type byte
-    narrows the search, its length and salted CRC32C decide."""
-    type_offset = RECORD_HEADER.size - 1
-    for match in _TYPE_BYTE.finditer(data, offset + type_offset):
-        start = match.start() - type_offset
-        if not isinstance(_record_at(data, start, size, crcs), str):
-            return start
-    return None
+def _next_record(data: mmap.mmap, offset: int, size: int, fmt: RecordFormat) -> int | None:
+    """Where the first intact record at or after `offset` starts (None if there is none): the file's tag (in the
+    first format, a header's type byte) narrows the search, length and CRC32C decide."""
+    if fmt.tag:
+        candidates = (found - RECORD_HEADER.size for found in _finds(data, fmt.tag, offset + RECORD_HEADER.size))
+    else:
+        type_offset = RECORD_HEADER.size - 1
+        candidates = (match.start() - type_offset for match in _TYPE_BYTE.finditer(data, offset + type_offset))
+    return next((start for start in candidates if not isinstance(_record_at(data, start, size, fmt), str)), None)
+
+
+def _finds(data: mmap.mmap, needle: bytes, position: int) -> Iterator[int]:
+    """Every place of `needle` in `data` from `position` on."""
+    while (found := data.find(needle, position)) >= 0:
+        yield found
+        position = found + 1
 
 
 def _seal(path: Path, end: bytes, offset: int) -> None:
@@ -412,22 +435,24 @@ class SpareFile:
 
 
 def _new_salt(earlier: bytes | str | None) -> bytes:
-    """A random salt, never the one a reused file had."""
+    """A random salt whose tag is never the one of the salt a reused file had."""
     salt = os.urandom(SALT_SIZE)
-    return salt if salt != earlier else _new_salt(earlier)
+    if isinstance(earlier, bytes) and record_format(salt).tag == record_format(earlier).tag:
+        return _new_salt(earlier)
+    return salt
 
 
-def _record_pieces(crcs: dict[int, int], rtype: RecordType, bodies: list[bytes]) -> tuple[list[bytes], int]:
-    """The header and body of each record of `bodies`, headers made in C, and their size in all."""
+def _record_pieces(fmt: RecordFormat, rtype: RecordType, bodies: list[bytes]) -> tuple[list[bytes], int]:
+    """The header and body of each record of `bodies` in a salted file, headers made in C, and their size in all."""
     count = len(bodies)
     sizes = list(map(len, bodies))
     pieces: list[bytes] = [b""] * (2 * count)
     pieces[::2] = map(
-        RECORD_HEADER.pack, sizes, map(crc32c.crc32c, bodies, itertools.repeat(crcs[rtype], count)),
-        itertools.repeat(rtype, count),
+        SALTED_RECORD_HEADER.pack, sizes, map(crc32c.crc32c, bodies, itertools.repeat(fmt.crcs[rtype], count)),
+        itertools.repeat(rtype, count), itertools.repeat(fmt.tag, count),
     )
     pieces[1::2] = bodies
-    return pieces, RECORD_HEADER.size * count + sum(sizes)
+    return pieces, SALTED_RECORD_HEADER.size * count + sum(sizes)
 
 
 class Journal:
@@ -462,14 +487,14 @@ class Journal:
         """The writer waits up to max_wait for flush_bytes (an append that reaches them wakes it)."""
         self._stopping = False
         self._last: Batch | None = None
-        self._crcs = type_crcs(b"")
-        """The salted CRC seeds appends use: the next file's from the moment the writer takes the current file's
-        last batch (swapped under the lock: `_queue` re-salts a record whose seeds went stale meanwhile)."""
+        self._format = record_format(bytes(SALT_SIZE))
+        """The salted records appends make: the next file's from the moment the writer takes the current file's
+        last batch (swapped under the lock: `_queue` re-salts records made for the file before meanwhile)."""
         self._spare = SpareFile(directory, roll_bytes)
         self._fd = -1
         self._seq = 0
-        self._file_crcs = self._crcs
-        """The seeds of the file being written (its END record's)."""
+        self._file_format = self._format
+        """The records of the file being written (its END record's)."""
         self._offset = 0
         self._roll_at = roll_bytes
         self._spare_asked = False
@@ -486,7 +511,7 @@ class Journal:
         seqs = journal_seqs(self.directory)
         await asyncio.to_thread(self._spare.load)
         salt = self._spare.salt or _new_salt(None)
-        self._crcs = type_crcs(salt)
+        self._format = record_format(salt)
         await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1, salt, self._roll_bytes)
         self.synced = JournalPosition(self._seq, self._offset)
         self._loop = asyncio.get_running_loop()
@@ -497,24 +522,24 @@ class Journal:
     def append(self, rtype: RecordType, body: bytes) -> Batch:
         """Queue a record; the returned future (shared by the whole batch) resolves once it is fdatasynced.
         Await it directly: it ignores cancellation, so no asyncio.shield (an allocation per add) is needed."""
-        crcs = self._crcs
-        header = RECORD_HEADER.pack(len(body), crc32c.crc32c(body, crcs[rtype]), rtype)
-        return self._queue((header, body), RECORD_HEADER.size + len(body), crcs, rtype)
+        fmt = self._format
+        header = SALTED_RECORD_HEADER.pack(len(body), crc32c.crc32c(body, fmt.crcs[rtype]), rtype, fmt.tag)
+        return self._queue((header, body), SALTED_RECORD_HEADER.size + len(body), fmt, rtype)
 
     def append_run(self, rtype: RecordType, bodies: list[bytes]) -> Batch:
         """`append` of each body in order, their headers made in C, queued at once: the adds of one read."""
-        crcs = self._crcs
-        pieces, size = _record_pieces(crcs, rtype, bodies)
-        return self._queue(pieces, size, crcs, rtype)
+        fmt = self._format
+        pieces, size = _record_pieces(fmt, rtype, bodies)
+        return self._queue(pieces, size, fmt, rtype)
 
     def _queue(
-        self, pieces: tuple[bytes, ...] | list[bytes], size: int, crcs: dict[int, int], rtype: RecordType
+        self, pieces: tuple[bytes, ...] | list[bytes], size: int, fmt: RecordFormat, rtype: RecordType
     ) -> Batch:
         if self._failure is not None:
             raise StorageFailure(f"journal in {self.directory} failed: {self._failure}")
         with self._lock:
-            if crcs is not self._crcs:  # the writer took the last batch of a file meanwhile: these go to the next
-                pieces = _record_pieces(self._crcs, rtype, pieces[1::2])[0]
+            if fmt is not self._format:  # the writer took the last batch of a file meanwhile: these go to the next
+                pieces = _record_pieces(self._format, rtype, pieces[1::2])[0]
             self._pending += pieces
             self._pending_bytes += size
             if self._writer_idle or (self._writer_filling and self._pending_bytes >= self._flush_bytes):
@@ -562,7 +587,7 @@ class Journal:
     def _seal(self) -> None:
         """End the file with its END record, so the next start finds a clean end, not a crash's."""
         try:
-            os.pwrite(self._fd, end_record(self._file_crcs), self._offset)
+            os.pwrite(self._fd, end_record(self._file_format), self._offset)
             os.fdatasync(self._fd)
         except OSError:
             log.warning("journal %s: no END record written at close (the next start seals it)", self.directory)
@@ -593,7 +618,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd, self._seq, self._offset = fd, seq, FILE_HEADER.size
-        self._file_crcs = type_crcs(salt)
+        self._file_format = record_format(salt)
         self._roll_at = roll_point(self._roll_bytes)
         self._spare_asked = False
 
@@ -622,7 +647,7 @@ class Journal:
             next_salt = None
             if self._offset + self._pending_bytes >= self._roll_at:
                 next_salt = self._spare.salt or _new_salt(None)
-                self._crcs = type_crcs(next_salt)
+                self._format = record_format(next_salt)
             taken = self._pending, self._pending_bytes, self._batch, next_salt
             self._pending, self._pending_bytes, self._batch = [], 0, Batch(loop=self._loop)
             return taken
@@ -634,7 +659,7 @@ class Journal:
             pieces, size, batch, next_salt = taken
             try:
                 if next_salt is not None:
-                    pieces.append(end_record(self._file_crcs))
+                    pieces.append(end_record(self._file_format))
                 seconds = self._write_and_sync(pieces)
                 self._offset += size
                 if next_salt is not None:

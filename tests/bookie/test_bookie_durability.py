@@ -9,7 +9,7 @@ import os
 import pytest
 
 from bookfleet import wire
-from bookfleet.bookie.journal import RECORD_HEADER, journal_path, journal_seqs
+from bookfleet.bookie.journal import SALTED_RECORD_HEADER, journal_path, journal_seqs
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, ReadOnlyError
 from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
@@ -82,7 +82,7 @@ async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
     newest = journal_path(bookie.journal_dir, journal_seqs(bookie.journal_dir)[-1])
     offset, body = tear_last_journal_record(newest, 100)  # the last record (entry 19) is now torn in the middle
     with open(newest, "r+b") as journal:
-        journal.seek(offset + RECORD_HEADER.size + len(body))
+        journal.seek(offset + SALTED_RECORD_HEADER.size + len(body))
         journal.write(b"\xde\xad\xbe\xef" * 10)  # and garbage follows it, as after a torn page write
 
     bookie.start().wait_ready()

@@ -329,7 +329,7 @@ async def test_journals_fed_the_same_records_roll_at_different_points_within_the
         await log.close()
         files = [journal.journal_path(tmp_path / name, seq) for seq in journal.journal_seqs(tmp_path / name)]
         sizes.append([journal_records(path)[-1][0] for path in files[:-1]])  # where END is; the last still fills
-    step = journal.RECORD_HEADER.size + len(record)
+    step = journal.SALTED_RECORD_HEADER.size + len(record)
     for rolled in sizes:
         assert len(rolled) >= 5 and all(roll // 2 <= size < roll + step for size in rolled), rolled
     assert sizes[0] != sizes[1]
@@ -355,7 +355,7 @@ async def test_the_journal_commits_while_the_event_loop_is_busy_and_resolves_the
         if synced[0]:
             break
         time.sleep(0.001)
-    assert synced[0] == journal.RECORD_HEADER.size + len(record) and not batch.done()
+    assert synced[0] == journal.SALTED_RECORD_HEADER.size + len(record) and not batch.done()
     await batch
     assert log.synced == journal.JournalPosition(log.current_seq, journal.FILE_HEADER.size + synced[0])
     await log.close()
@@ -405,9 +405,8 @@ async def test_a_reused_journal_file_replays_only_its_new_life(tmp_path):
     while log.current_seq == journal.journal_seqs(tmp_path)[0]:
         await log.append(journal.RecordType.ADD, b"earlier life " * 20)
     assert len(journal_records(first)) > 20
-    log.remove_before(log.synced)  # the checkpoint: the first file becomes the spare, records and all
-    while not (tmp_path / journal.SPARE_NAME).exists():
-        await log.append(journal.RecordType.ADD, b"second file")
+    log.remove_before(log.synced)  # the checkpoint, as the second file starts: the first becomes the spare
+    assert (tmp_path / journal.SPARE_NAME).stat().st_ino == earlier_inode and not first.exists()
     while journal.journal_path(tmp_path, log.current_seq).stat().st_ino != earlier_inode:
         await log.append(journal.RecordType.ADD, b"second file")
     mark = log.synced
