@@ -4,11 +4,12 @@ Files are `journal-<seq>.log`. A file starts with a header (`magic | version u32
 per file) and is preallocated: it is created at the full roll size with real zeros written, or it is an older
 journal file the checkpoint no longer needs, renamed and reused (`SpareFile`), its header and zeros synced before its
 new name appears. So a group commit's fdatasync writes data only, never the inode's new size or block allocation.
-Each record is `length u32 | crc32c u32 | type u8 | body`, where `length` counts the body and the CRC covers the
-file's salt, the type byte and the body: a record left from a reused file's earlier life, or zeros, fails its check.
+Each record is `length u32 | crc32c u32 | type u8 | tag | body`, where `length` counts the body, the tag is the
+file's (the CRC32C of its salt) and the CRC covers the salt, the type byte and the body: a record left from a reused
+file's earlier life, or zeros, fails its check.
 A file's last record is END (written with its last group commit, or at a clean close); without it, the file ends at
-the first record that fails its check. Files of the first format (no header, no salt, no END, grown by append) are
-still replayed, as before.
+the first record that fails its check. Files of the first format (no header, no salt, no tag, no END, grown by
+append) are still replayed, as before.
 
 Records are group-committed: appends accumulate in memory, one writer thread takes all of them, writes them with
 writev and fdatasyncs, hands the one future every append of that batch shares to the event loop to resolve, and at
