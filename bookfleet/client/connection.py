@@ -485,11 +485,15 @@ class BookieClient:
             waiter.set_result(response)
 
     def _fail(self, error: ConnectionError) -> None:
+        """Close the connection and settle every waiter with its error. The waiters leave the very dict the reader
+        holds: an answer's callback can fail its own connection (the writer drops a bookie owing too many answers),
+        and the answers after it in the same read must find no waiter, not answer one a second time, as durable."""
         if self._error is None:
             self._error = error
             self.closed = True
         if not self._transport.is_closing():
             self._transport.close()
-        pending, self._pending = self._pending, {}
-        for waiter in pending.values():
+        waiters = list(self._pending.values())
+        self._pending.clear()
+        for waiter in waiters:
             _settle(waiter, self._error)
