@@ -185,6 +185,10 @@ def bookie_pod_as_built(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any
         "automountServiceAccountToken": False,  # a bookie never calls the Kubernetes API
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": 60,
+        # The pod's pause process is PID 1, not the bookie: the kernel drops a signal to a namespace's PID 1 that has
+        # no handler, so a bookie stopped before it installed its own (a pod deleted as it starts: the restart for
+        # its node's zone) ignored SIGTERM and took the whole grace period to go. Not in RUNS: rolls no bookie.
+        "shareProcessNamespace": True,
         "containers": [container],
         "volumes": volumes,
     }
