@@ -222,8 +222,10 @@ def runs_hash(cluster: BookieCluster, manifest: dict[str, Any]) -> str:
 def whole_pod_hash(cluster: BookieCluster, bookie: Bookie) -> str:
     """The digest operators before `runs_hash` annotated pods with: of the whole pod as built. A pod carrying it is
     current while it matches what this operator builds (then re-annotated in place, without a restart), so the
-    upgrade to an operator with `runs_hash` restarts no bookie."""
-    return digest(bookie_pod_as_built(cluster, bookie))
+    upgrade to an operator with `runs_hash` restarts no bookie. Their pods had no shared process namespace."""
+    pod = bookie_pod_as_built(cluster, bookie)
+    del pod["spec"]["shareProcessNamespace"]
+    return digest(pod)
 
 
 def digest(value: Any) -> str:
