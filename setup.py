@@ -1,10 +1,10 @@
-"""The package's C extensions, built by its own install (`pip install`, `make setup`); everything else about the
-package is in pyproject.toml. docs/design.md says why each exists."""
+"""The package's C extensions (setuptools builds them with the package; pyproject.toml holds everything else)."""
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension("bookfleet._addframes", ["bookfleet/_addframes.c"]),
+        Extension("bookfleet._clientadds", ["bookfleet/_clientadds.c"]),
     ],
 )

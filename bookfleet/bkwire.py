@@ -8,10 +8,10 @@ from its first frame (`frame_protocol`), and closes a connection that opens with
 
 bookfleet's own client speaks V3 (client/connection.py), with bookfleet's extensions (bkprotocol.py's fields and
 operations numbered from 1000) that a stock bookie skips; its per-request encoding (`AddRequestEncoder`,
-`v3_request_head`) and the client's reading of an answer (`ok_add_answer_txn`) are written by hand here, as protobuf
-parses them, because they are the add path's per-entry work. The bookie's per-entry loop, its in-place reading of a
-read's adds (`AddReader`) and their answers (`encode_v2_add_acks`, `encode_v3_add_acks`), is C (`_addframes.c`),
-imported here only: this module stays the one definition of the wire format.
+`v3_request_head`) is written by hand here, as protobuf parses it. The per-entry loops over the same layouts are
+C, each imported by this module only: the client's, an add's whole frame (`AddFrameEncoder`) and the reading of OK
+add answers (`take_ok_add_answers`), in `_clientadds.c`; the bookie's, its in-place reading of a read's adds
+(`AddReader`) and their answers (`encode_v2_add_acks`, `encode_v3_add_acks`), in `_addframes.c`.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -35,15 +35,13 @@ from __future__ import annotations
 import enum
 import itertools
 import operator
-import re
 import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import crc32c
 from google.protobuf.message import DecodeError
 
-from bookfleet import _addframes, bkprotocol, wire
+from bookfleet import _addframes, _clientadds, bkprotocol, wire
 from bookfleet.bkprotocol import AddFlag, OperationType, StatusCode
 from bookfleet.wire import InvalidField, ProtocolError, Status
 
@@ -528,16 +526,17 @@ class AddRequestEncoder:
     entry only txnId, entry id and sizes. The one definition of this layout: the client writes its adds with it and
     the bookie's in-place reader (`AddReader`) reads an add only if it is byte for byte what this writes."""
 
-    __slots__ = ("_fixed", "_fixed_size", "ledger_id", "master_key", "recovery", "writer_epoch")
+    __slots__ = ("_fixed_size", "fixed", "ledger_id", "master_key", "recovery", "writer_epoch")
 
     def __init__(self, ledger_id: int, master_key: bytes, writer_epoch: int, recovery: bool = False):
         self.ledger_id, self.master_key = ledger_id, master_key
         self.writer_epoch, self.recovery = writer_epoch, recovery
-        self._fixed = b"".join((
+        self.fixed = b"".join((
             _tag(1, _VARINT), varint(ledger_id), _tag(3, _LENGTH_DELIMITED), varint(len(master_key)), master_key,
             _RECOVERY_FLAG if recovery else b"", _WRITER_EPOCH_TAG, varint(writer_epoch),
         ))
-        self._fixed_size = len(self._fixed) + 2
+        """The AddRequest's writer fields (ledger id, master key, recovery flag, writer epoch) as they are laid out."""
+        self._fixed_size = len(self.fixed) + 2
         """The AddRequest's bytes beside the entry id's and the body's varints and the body: the fixed fields and
         the entry id's and body's tags."""
 
@@ -555,7 +554,7 @@ class AddRequestEncoder:
         message = _V[message_size] if message_size < 16384 else _V2[message_size & 16383] + _V[message_size >> 14]
         return b"".join((
             _LENGTH.pack(9 + len(txn) + len(message) + message_size), b"\x0a", _V[5 + len(txn)], _ADD_HEADER, txn,
-            _ADD_REQUEST_TAG, message, self._fixed, b"\x10", entry, b"\x22", size,
+            _ADD_REQUEST_TAG, message, self.fixed, b"\x10", entry, b"\x22", size,
         ))
 
     def frame(self, txn: bytes, entry: bytes) -> bytes:
@@ -563,55 +562,18 @@ class AddRequestEncoder:
         return self.frame_head(txn, wire.entry_ids(entry)[1], len(entry)) + entry
 
 
-_TXN_START = 11
-"""Where an add frame's txnId starts: after the length prefix, the header's tag and length and `_ADD_HEADER`."""
-_CRC32C = struct.Struct(">I")
+class AddFrameEncoder(_clientadds.AddFrameEncoder):
+    """A writer's whole add frames, the entry encoded in them, in one C call (`frame_of(txn, entry_id, lac, length,
+    payload)`): byte for byte `frame_head`'s bytes and then `wire.Digester.encode`'s entry (header, digest,
+    payload). The ledger writer's per-entry encode, in C because in Python it was a quarter of the client's
+    instructions per entry (docs/design.md); a CRC32C digest is made in C too, any other by the ledger's digest."""
 
+    __slots__ = ()
 
-class AddFrameEncoder(AddRequestEncoder):
-    """A writer's whole add frames, the entry encoded in them (`wire.Digester.encode`'s header, digest and payload
-    after `frame_head`'s bytes), in one call: the ledger writer's per-entry encode. Per payload size it keeps the
-    frame's bytes that only the txnId's and the entry id's varint lengths change (a template), so an entry costs the
-    entry header's pack, its digest and one join."""
-
-    __slots__ = ("_crc32c", "_digest", "_entry_overhead", "_payload_size", "_templates")
-
-    def __init__(self, ledger_id: int, master_key: bytes, writer_epoch: int, recovery: bool, digester: wire.Digester):
-        super().__init__(ledger_id, master_key, writer_epoch, recovery)
-        self._digest = digester.digest
-        self._crc32c = digester.digest_type == wire.DigestType.CRC32C
-        """Decided once: a CRC32C digest is made here by crc32c directly, not through a call of `digest`."""
-        self._entry_overhead = _ENTRY_HEADER.size + digester.size
-        self._payload_size = -1
-        self._templates: dict[int, tuple[bytes, bytes, bytes]] = {}
-        """For the payload size `_payload_size`, by txnId varint length << 4 | entry id varint length: the frame's
-        bytes before the txnId, those between it and the entry id, and the body's tag and length after the entry
-        id."""
-
-    def frame_of(self, txn: bytes, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
-        """The whole ADD request frame of one entry: `frame_head(txn, entry_id, size) + Digester.encode(...)`'s
-        bytes, `entry_id` >= 0."""
-        if len(payload) != self._payload_size:
-            self._payload_size, self._templates = len(payload), {}
-        entry = (
-            _V[entry_id] if entry_id < 16384 else _V2[entry_id & 16383] + _V[entry_id >> 14]
-            if entry_id < 268435456 else varint(entry_id)
-        )
-        template = self._templates.get(len(txn) << 4 | len(entry))
-        if template is None:
-            template = self._templates[len(txn) << 4 | len(entry)] = self._template(txn, entry_id, entry)
-        header = _ENTRY_HEADER.pack(self.ledger_id, entry_id, lac, length)
-        digest = (
-            _CRC32C.pack(crc32c.crc32c(payload, crc32c.crc32c(header))) if self._crc32c
-            else self._digest(header, payload)
-        )
-        return b"".join((template[0], txn, template[1], entry, template[2], header, digest, payload))
-
-    def _template(self, txn: bytes, entry_id: int, entry: bytes) -> tuple[bytes, bytes, bytes]:
-        """`frame_head`'s bytes around the txnId and the entry id's varint, for their lengths and this payload size."""
-        tail = b"\x22" + varint(self._entry_overhead + self._payload_size)
-        head = self.frame_head(txn, entry_id, self._entry_overhead + self._payload_size)
-        return head[:_TXN_START], head[_TXN_START + len(txn) : len(head) - len(tail) - len(entry)], tail
+    def __new__(cls, ledger_id: int, master_key: bytes, writer_epoch: int, recovery: bool, digester: wire.Digester):
+        fixed = AddRequestEncoder(ledger_id, master_key, writer_epoch, recovery).fixed
+        digest = None if digester.digest_type == wire.DigestType.CRC32C else digester.digest
+        return super().__new__(cls, ledger_id, fixed, digester.size, digest)
 
 
 def with_txn(frame: bytes, txn: bytes) -> bytes:
@@ -653,10 +615,6 @@ def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
     return v3_request_head(operation, varint(txn_id), len(data)) + data
 
 
-_OK_ADD_ANSWER = b"\x10\x00" + _ADD_REQUEST_TAG
-"""The EOK status, then Response.addResponse's tag."""
-
-
 encode_v3_add_acks = _addframes.encode_v3_add_acks
 """`encode_v3_add_acks(ledger_id, txns, entry_ids)`: the OK answer frames of adds to one ledger given by their
 txnIds' varints and entry ids (>= 0), as protobuf lays each Response out: a bookie answers the adds of one writer and
@@ -668,31 +626,15 @@ def encode_v3_add_ack(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     return encode_v3_add_acks(ledger_id, [varint(txn_id)], [entry_id])
 
 
-_VARINT_PATTERN = rb"(?:[\x80-\xff]{0,8}[\x00-\x7f])"
-"""A varint of at most 9 bytes: at most INT64_MAX, as every id and epoch of an add must be."""
-_TXN_PATTERN = rb"([\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{9}[\x00\x01])"
-"""A txnId: any uint64's varint (up to 10 bytes)."""
-OK_ADD_ANSWER = re.compile(
-    rb"\x0a[\x06-\x0f]" + re.escape(_ADD_HEADER) + _TXN_PATTERN + re.escape(_OK_ADD_ANSWER)
-    + rb"[\x06-\x16]\x08\x00\x10" + _VARINT_PATTERN + rb"\x18" + _VARINT_PATTERN,
-    re.DOTALL,
-)
-"""An OK ADD answer as protobuf (and so every bookie) lays it out: a header with version, operation and txnId only,
-the EOK status, an AddResponse of status, ledger id and entry id, nothing else. Matched whole (`fullmatch`) on a
-frame without its length prefix, with its two lengths (header, AddResponse) checked by `ok_add_answer_txn`."""
-
-
-def ok_add_answer_txn(buffer: bytearray, start: int, end: int) -> bytes | None:
-    """The txnId's varint of the answer in buffer[start:end] if it is an OK ADD answer laid out as protobuf writes
-    one (`OK_ADD_ANSWER`), else None (the caller parses it whole). The client's per-ack reading, written out
-    inline there."""
-    match = OK_ADD_ANSWER.fullmatch(buffer, start, end)
-    if match is None:
-        return None
-    header_end = match.end(1)
-    if buffer[start + 1] != header_end - start - 2 or buffer[header_end + 4] != end - header_end - 5:
-        return None
-    return match.group(1)
+take_ok_add_answers = _clientadds.take_ok_add_answers
+"""`take_ok_add_answers(buffer, pending)`: the client's per-ack reading, in C. Hands each OK ADD answer at the
+front of `buffer` (a bytearray of length-prefixed answers) to its waiter and deletes it from the buffer: the waiter
+`pending` holds under the answer's txnId varint, if it is an `(on_answer, arg)` tuple, is popped and called
+`on_answer(arg, None)`. An OK ADD answer is one laid out as protobuf writes it: a header with version, operation
+and txnId only, the EOK status, an AddResponse of status EOK, ledger id and entry id (each an int64's varint),
+nothing else. It stops at the first frame that is not whole, is above the frame limit, is no such answer or has no
+such waiter: the caller parses that one whole (`decode_v3_response`). An exception from `on_answer` is raised once
+the answers before it are taken off."""
 
 
 def decode_v3_response(frame: bytes | memoryview):

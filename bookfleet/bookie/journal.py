@@ -1,14 +1,23 @@
 """The journal: every state change is appended here and fdatasynced before it is acknowledged.
 
-Files are `journal-<seq>.log`; each record is `length u32 | crc32c u32 | type u8 | body`, where `length` counts
-the body and the CRC covers the type byte and the body. Records are group-committed: appends accumulate in memory,
-one writer thread takes all of them, writes them with writev and fdatasyncs, hands the one future every append of
-that batch shares to the event loop to resolve, and at once takes what accumulated meanwhile. The writer never
-waits for the event loop between commits: a loop busy reading the next requests (a receive of 256 KiB is about a
-millisecond of Python) held each commit back by the two or three turns a thread's result needs to reach a task, and
-the disk sat idle meanwhile. A new file is started on every start and whenever the current one passes its
-roll point (`roll_point`: at random in the upper half of the roll size), so a torn tail can only be at the end of
-the file that was current at a crash.
+Files are `journal-<seq>.log`. A file starts with a header (`magic | version u32 | salt | crc32c u32`: a random salt
+per file) and is preallocated: it is created at the full roll size with real zeros written, or it is an older
+journal file the checkpoint no longer needs, renamed and reused (`SpareFile`), its header and zeros synced before its
+new name appears. So a group commit's fdatasync writes data only, never the inode's new size or block allocation.
+Each record is `length u32 | crc32c u32 | type u8 | tag | body`, where `length` counts the body, the tag is the
+file's (the CRC32C of its salt) and the CRC covers the salt, the type byte and the body: a record left from a reused
+file's earlier life, or zeros, fails its check.
+A file's last record is END (written with its last group commit, or at a clean close); without it, the file ends at
+the first record that fails its check. Files of the first format (no header, no salt, no tag, no END, grown by
+append) are still replayed, as before.
+
+Records are group-committed: appends accumulate in memory, one writer thread takes all of them, writes them with
+writev and fdatasyncs, hands the one future every append of that batch shares to the event loop to resolve, and at
+once takes what accumulated meanwhile. The writer never waits for the event loop between commits: a loop busy reading
+the next requests (a receive of 256 KiB is about a millisecond of Python) held each commit back by the two or three
+turns a thread's result needs to reach a task, and the disk sat idle meanwhile. A new file is started on every start
+and whenever the current one passes its roll point (`roll_point`: at random in the upper half of the roll size), so
+a torn tail can only be at the end of the file that was current at a crash.
 """
 
 from __future__ import annotations
@@ -36,11 +45,26 @@ from bookfleet.bookie.errors import StorageFailure
 log = logging.getLogger(__name__)
 
 RECORD_HEADER = struct.Struct(">IIB")
+"""A record's header in a file of the first format: length | crc32c | type."""
+SALTED_RECORD_HEADER = struct.Struct(">IIB4s")
+"""A record's header in a salted file: length | crc32c | type | the file's tag (the CRC32C of its salt), so the
+search for the next intact record past a bad one finds candidates with one C `find` and checks only those."""
 LEDGER = struct.Struct(">Q")
 LEDGER_AND_LAC = struct.Struct(">Qq")
 LEDGER_AND_EPOCH = struct.Struct(">QQ")
 PREFIX = "journal-"
 SUFFIX = ".log"
+SPARE_NAME = "journal-spare.log"
+"""The next journal file, ready (header and zeros synced) before the writer needs it; never replayed."""
+FILLING_NAME = "journal-spare.tmp"
+"""A spare being zero-filled; removed at start (a crash cut its filling short)."""
+SALT_SIZE = 8
+FILE_HEADER = struct.Struct(f">8sI{SALT_SIZE}sI")
+"""magic | format version | salt | crc32c of the fields before it."""
+MAGIC = b"bfjournl"
+FORMAT_VERSION = 2
+"""Version 1 is the first format: no header, no salt, no END record (still replayed)."""
+_ZEROS = bytes(1 << 20)
 
 
 class RecordType(enum.IntEnum):
@@ -54,9 +78,51 @@ class RecordType(enum.IntEnum):
     """body: ledger_id u64 | explicit lac i64."""
     WRITER_EPOCH = 5
     """body: ledger_id u64 | writer epoch u64 (the highest epoch seen: adds of older ones are refused)."""
+    END = 6
+    """body: empty. A file's last record: its writer moved on to the next file or stopped cleanly."""
 
 
-_TYPE_CRC = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
+class RecordFormat(NamedTuple):
+    """How the records of one file are made and checked."""
+
+    header: struct.Struct
+    crcs: dict[int, int]
+    """Each record type's CRC32C seed: the CRC of the file's salt and the type byte, which the body extends."""
+    tag: bytes
+    """In every record header of a salted file; empty in the first format."""
+
+
+def record_format(salt: bytes | None) -> RecordFormat:
+    """The records of a file salted with `salt`, or of the first format (None: no salt, no tag)."""
+    salted = crc32c.crc32c(salt or b"")
+    crcs = {t: crc32c.crc32c(bytes([t]), salted) for t in RecordType}
+    if salt is None:
+        return RecordFormat(RECORD_HEADER, crcs, b"")
+    return RecordFormat(SALTED_RECORD_HEADER, crcs, salted.to_bytes(4, "big"))
+
+
+def file_header(salt: bytes) -> bytes:
+    fields = FILE_HEADER.pack(MAGIC, FORMAT_VERSION, salt, 0)[: -4]
+    return fields + crc32c.crc32c(fields).to_bytes(4, "big")
+
+
+def file_salt(data: bytes | mmap.mmap) -> bytes | str | None:
+    """The salt in a journal file's header; None for a file of the first format; a str saying why the header is
+    bad. A version this bookie does not know fails the start: its records cannot be read."""
+    if data[: len(MAGIC)] != MAGIC:
+        return None
+    if len(data) < FILE_HEADER.size:
+        return "short file header"
+    _, version, salt, crc = FILE_HEADER.unpack_from(data)
+    if crc32c.crc32c(data[: FILE_HEADER.size - 4]) != crc:
+        return "file header checksum mismatch"
+    if version != FORMAT_VERSION:
+        raise StorageFailure(f"journal file format version {version} is not this bookie's ({FORMAT_VERSION})")
+    return salt
+
+
+def end_record(fmt: RecordFormat) -> bytes:
+    return SALTED_RECORD_HEADER.pack(0, fmt.crcs[RecordType.END], RecordType.END, fmt.tag)
 
 
 class Batch(asyncio.Future):
@@ -135,11 +201,15 @@ class Replay:
     """Every intact record of a journal from a mark on, in order (iterate once); afterwards `damage` lists the synced
     spans that were lost.
 
-    A bad record is judged by what follows it. When no intact record follows it in the newest file, it is that file's
-    torn tail: the end of a group commit a crash cut short, never acknowledged. It is dropped with a WARNING and cut
-    off the file before the next file is started, so a later replay never meets it in a file that is no longer the
-    newest. When an intact record follows it, or its file is an older one (rolled, hence synced whole), synced
-    records were lost: replay resumes at the next intact record and the span is reported in `damage` (ERROR).
+    A bad record is judged by what follows it. A search for the next intact record (type, length and salted CRC32C
+    check; a reused file's earlier life and zeros never pass) decides: when one follows, synced records were lost
+    (the writer only appends, and a commit is acknowledged only once it and everything before it are synced):
+    replay resumes there and the span is reported in `damage` (ERROR). When none follows, the bad record is where
+    the file ends. That is expected only in the newest file: the end of the group commit a crash cut short (or of
+    the file, when the crash fell between commits), never acknowledged; dropped with a WARNING and sealed (an END
+    record written there, a first-format file cut), so a later replay never meets it in a file that is no longer
+    the newest. In an older file the end is its END record (it rolled only after the commit holding it synced): a
+    bad record with nothing intact after it there is lost data, as in a first-format file, whose end is its size.
     """
 
     def __init__(self, directory: Path, mark: JournalPosition):
@@ -155,79 +225,239 @@ class Replay:
                 yield from self._file(journal_path(self.directory, seq), start, newest=seq == seqs[-1])
 
     def _file(self, path: Path, offset: int, newest: bool) -> Iterator[tuple[RecordType, bytes]]:
-        torn_at = None
+        seal = None
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size <= offset:
                 return
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                salt = file_salt(data)
+                if isinstance(salt, str):
+                    self._lost(Damage(path, 0, size, salt))
+                    return
+                fmt = record_format(salt)
+                if salt is not None:
+                    offset = max(offset, FILE_HEADER.size)
                 while offset < size:
-                    record = _record_at(data, offset, size)
+                    record = _record_at(data, offset, size, fmt)
                     if isinstance(record, str):
-                        resume = _next_record(data, offset + 1, size)
+                        resume = _next_record(data, offset + 1, size, fmt)
                         if resume is None and newest:
                             log.warning(
-                                "journal %s: %s at offset %d; dropped %d bytes from there to the end of the file "
-                                "(a torn tail)", path, record, offset, size - offset,
+                                "journal %s: %s at offset %d; dropped what follows it (a torn tail%s)", path, record,
+                                offset, "" if salt is None else ", zeros or the file's earlier life",
                             )
-                            torn_at = offset
+                            seal = (b"" if salt is None else end_record(fmt)), offset
                             break
-                        damage = Damage(path, offset, (size if resume is None else resume) - offset, record)
-                        log.error("journal %s: synced records lost: %s", path, damage)
-                        self.damage.append(damage)
+                        problem = record if resume is not None or salt is None else f"{record}, before any END"
+                        self._lost(Damage(path, offset, (size if resume is None else resume) - offset, problem))
                         if resume is None:
                             break
                         offset = resume
                         continue
                     rtype, body, offset = record
+                    if rtype == RecordType.END:
+                        return
                     yield rtype, body
-        if torn_at is not None:
-            _cut(path, torn_at)
+        if seal is not None:
+            _seal(path, *seal)
+
+    def _lost(self, damage: Damage) -> None:
+        log.error("journal %s: synced records lost: %s", damage.path, damage)
+        self.damage.append(damage)
 
 
-def _record_at(data: mmap.mmap, offset: int, size: int) -> tuple[RecordType, bytes, int] | str:
+def _record_at(data: mmap.mmap, offset: int, size: int, fmt: RecordFormat) -> tuple[RecordType, bytes, int] | str:
     """The intact record at `offset` with where the next one starts, or what is wrong with it."""
-    if size - offset < RECORD_HEADER.size:
+    if size - offset < fmt.header.size:
         return "short record header"
+    if fmt.tag and data[offset + RECORD_HEADER.size : offset + fmt.header.size] != fmt.tag:
+        return "no record of this file"
     length, crc, rtype = RECORD_HEADER.unpack_from(data, offset)
-    start = offset + RECORD_HEADER.size
-    if rtype not in _TYPE_CRC:
+    start = offset + fmt.header.size
+    if rtype not in fmt.crcs:
         return f"unknown record type {rtype}"
     if size - start < length:
         return f"record of {length} bytes runs past the end of the file"
     body = data[start : start + length]
-    if crc32c.crc32c(body, _TYPE_CRC[rtype]) != crc:
+    if crc32c.crc32c(body, fmt.crcs[rtype]) != crc:
         return "checksum mismatch"
     return RecordType(rtype), body, start + length
 
 
 _TYPE_BYTE = re.compile(b"[" + re.escape(bytes(sorted(RecordType))) + b"]")
-"""A byte that may be a record's type: where the search for the next intact record looks (9th byte of a header)."""
+"""A byte that may be a record's type: where the search in a file of the first format looks (9th byte of a header)."""
 
 
-def _next_record(data: mmap.mmap, offset: int, size: int) -> int | None:
-    """Where the first intact record at or after `offset` starts (None if there is none): the header's type byte
-    narrows the search, its length and CRC32C decide."""
-    type_offset = RECORD_HEADER.size - 1
-    for match in _TYPE_BYTE.finditer(data, offset + type_offset):
-        start = match.start() - type_offset
-        if not isinstance(_record_at(data, start, size), str):
-            return start
-    return None
+def _next_record(data: mmap.mmap, offset: int, size: int, fmt: RecordFormat) -> int | None:
+    """Where the first intact record at or after `offset` starts (None if there is none): the file's tag (in the
+    first format, a header's type byte) narrows the search, length and CRC32C decide."""
+    if fmt.tag:
+        candidates = (found - RECORD_HEADER.size for found in _finds(data, fmt.tag, offset + RECORD_HEADER.size))
+    else:
+        type_offset = RECORD_HEADER.size - 1
+        candidates = (match.start() - type_offset for match in _TYPE_BYTE.finditer(data, offset + type_offset))
+    return next((start for start in candidates if not isinstance(_record_at(data, start, size, fmt), str)), None)
 
 
-def _cut(path: Path, offset: int) -> None:
-    """Cut a torn tail off its file, durably, so only what replay yielded is left in it."""
+def _finds(data: mmap.mmap, needle: bytes, position: int) -> Iterator[int]:
+    """Every place of `needle` in `data` from `position` on."""
+    while (found := data.find(needle, position)) >= 0:
+        yield found
+        position = found + 1
+
+
+def _seal(path: Path, end: bytes, offset: int) -> None:
+    """Make `offset` the durable end of a file replay found torn there: an END record written at it (a file of the
+    first format is cut there instead, `end` empty)."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.ftruncate(fd, offset)
+        if end:
+            os.pwrite(fd, end, offset)
+        else:
+            os.ftruncate(fd, offset)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _fill(fd: int, start: int, stop: int) -> None:
+    """Write real zeros over [start, stop): blocks allocated and written now, so later writes there change no
+    metadata (fallocate's unwritten extents would still be converted, in the journal of the file system, on sync)."""
+    while start < stop:
+        start += os.pwrite(fd, memoryview(_ZEROS)[: stop - start], start)
+
+
+def create_file(path: Path, salt: bytes, size: int) -> None:
+    """A new journal file: its header, then zeros up to `size`, synced (its name is the caller's to sync)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.pwrite(fd, file_header(salt), 0)
+        _fill(fd, FILE_HEADER.size, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SpareFile:
+    """The next journal file, made before the writer rolls into it: an older journal file the checkpoint no longer
+    needs (`recycle`: a new salt in its header, zeros up to the roll size), else a new one filled with zeros by a
+    thread of its own (`fill_soon`). One at a time; only the writer takes it (`take`), by a rename.
+
+    A spare's header, with a salt it never had, is synced before the file gets its spare name, and the spare name
+    before its journal name: a journal name never shows a file whose salt is the one of its earlier life."""
+
+    def __init__(self, directory: Path, size: int):
+        self.path = directory / SPARE_NAME
+        self._filling_path = directory / FILLING_NAME
+        self._size = size
+        self._lock = threading.Lock()
+        self.salt: bytes | None = None
+        """The ready spare's salt; None while there is none."""
+        self._busy = False
+        """A spare is being made."""
+        self._filler: threading.Thread | None = None
+
+    def load(self) -> None:
+        """Take up a spare the last run left ready; remove one a crash left half filled."""
+        self._filling_path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as file:
+            salt = file_salt(file.read(FILE_HEADER.size))
+            if isinstance(salt, bytes):
+                self.salt = salt
+                return
+        self.path.unlink(missing_ok=True)
+
+    def recycle(self, old: Path) -> bool:
+        """Make `old`, a journal file no replay reads any more, the spare, unless one is ready or being made
+        (then the caller removes it). Its earlier records stay: the new salt fails every one of them."""
+        with self._lock:
+            if self.salt is not None or self._busy:
+                return False
+            self._busy = True
+        try:
+            fd = os.open(old, os.O_WRONLY)
+            try:
+                with open(old, "rb") as file:
+                    earlier = file_salt(file.read(FILE_HEADER.size))
+                salt = _new_salt(earlier)
+                _fill(fd, os.fstat(fd).st_size, self._size)
+                os.pwrite(fd, file_header(salt), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._lock:
+                os.rename(old, self.path)
+                self.salt = salt
+            return True
+        except OSError:
+            log.warning("journal file %s could not be reused; removing it", old, exc_info=True)
+            return False
+        finally:
+            with self._lock:
+                self._busy = False
+
+    def fill_soon(self) -> None:
+        """Start filling a new spare with zeros in a thread, unless one is ready or being made."""
+        with self._lock:
+            if self.salt is not None or self._busy:
+                return
+            self._busy = True
+        self._filler = threading.Thread(target=self._fill_new, name="journal-spare", daemon=True)
+        self._filler.start()
+
+    def wait(self) -> None:
+        """Wait for a spare being filled with zeros (when the journal stops)."""
+        if self._filler is not None:
+            self._filler.join()
+
+    def _fill_new(self) -> None:
+        try:
+            salt = _new_salt(None)
+            self._filling_path.unlink(missing_ok=True)
+            create_file(self._filling_path, salt, self._size)
+            with self._lock:
+                os.rename(self._filling_path, self.path)
+                self.salt = salt
+        except OSError:
+            log.warning("no spare journal file (the next roll creates one as it goes)", exc_info=True)
+        finally:
+            with self._lock:
+                self._busy = False
+
+    def take(self, path: Path, salt: bytes) -> bool:
+        """Rename the spare to `path` if it is ready with `salt` (the caller then syncs the directory)."""
+        with self._lock:
+            if self.salt != salt:
+                return False
+            os.rename(self.path, path)
+            self.salt = None
+            return True
+
+
+def _new_salt(earlier: bytes | str | None) -> bytes:
+    """A random salt whose tag is never the one of the salt a reused file had."""
+    salt = os.urandom(SALT_SIZE)
+    if isinstance(earlier, bytes) and record_format(salt).tag == record_format(earlier).tag:
+        return _new_salt(earlier)
+    return salt
+
+
+def _record_pieces(fmt: RecordFormat, rtype: RecordType, bodies: list[bytes]) -> tuple[list[bytes], int]:
+    """The header and body of each record of `bodies` in a salted file, headers made in C, and their size in all."""
+    count = len(bodies)
+    sizes = list(map(len, bodies))
+    pieces: list[bytes] = [b""] * (2 * count)
+    pieces[::2] = map(
+        SALTED_RECORD_HEADER.pack, sizes, map(crc32c.crc32c, bodies, itertools.repeat(fmt.crcs[rtype], count)),
+        itertools.repeat(rtype, count), itertools.repeat(fmt.tag, count),
+    )
+    pieces[1::2] = bodies
+    return pieces, SALTED_RECORD_HEADER.size * count + sum(sizes)
+
+
 class Journal:
-    """Append-only, group-committed journal in one directory, written by its own thread."""
+    """Append-only, group-committed journal in one directory, written by its own thread into preallocated files."""
 
     def __init__(
         self,
@@ -258,10 +488,17 @@ class Journal:
         """The writer waits up to max_wait for flush_bytes (an append that reaches them wakes it)."""
         self._stopping = False
         self._last: Batch | None = None
+        self._format = record_format(bytes(SALT_SIZE))
+        """The salted records appends make: the next file's from the moment the writer takes the current file's
+        last batch (swapped under the lock: `_queue` re-salts records made for the file before meanwhile)."""
+        self._spare = SpareFile(directory, roll_bytes)
         self._fd = -1
         self._seq = 0
+        self._file_format = self._format
+        """The records of the file being written (its END record's)."""
         self._offset = 0
         self._roll_at = roll_bytes
+        self._spare_asked = False
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: threading.Thread | None = None
@@ -269,11 +506,15 @@ class Journal:
         """Everything before this position is fdatasynced (moved on the event loop, as each commit resolves)."""
 
     async def start(self) -> None:
-        """Start a new journal file (never append to one a crash may have torn) and the writer thread."""
+        """Start a new journal file (never append to one a crash may have torn) and the writer thread. The file is
+        the spare the last run left, else one filled with zeros now, before the bookie serves."""
         self.directory.mkdir(parents=True, exist_ok=True)
         seqs = journal_seqs(self.directory)
-        await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1)
-        self.synced = JournalPosition(self._seq, 0)
+        await asyncio.to_thread(self._spare.load)
+        salt = self._spare.salt or _new_salt(None)
+        self._format = record_format(salt)
+        await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1, salt, self._roll_bytes)
+        self.synced = JournalPosition(self._seq, self._offset)
         self._loop = asyncio.get_running_loop()
         self._batch = Batch(loop=self._loop)
         self._writer = threading.Thread(target=self._write_batches, name="journal-writer", daemon=True)
@@ -282,25 +523,24 @@ class Journal:
     def append(self, rtype: RecordType, body: bytes) -> Batch:
         """Queue a record; the returned future (shared by the whole batch) resolves once it is fdatasynced.
         Await it directly: it ignores cancellation, so no asyncio.shield (an allocation per add) is needed."""
-        header = RECORD_HEADER.pack(len(body), crc32c.crc32c(body, _TYPE_CRC[rtype]), rtype)
-        return self._queue((header, body), RECORD_HEADER.size + len(body))
+        fmt = self._format
+        header = SALTED_RECORD_HEADER.pack(len(body), crc32c.crc32c(body, fmt.crcs[rtype]), rtype, fmt.tag)
+        return self._queue((header, body), SALTED_RECORD_HEADER.size + len(body), fmt, rtype)
 
     def append_run(self, rtype: RecordType, bodies: list[bytes]) -> Batch:
         """`append` of each body in order, their headers made in C, queued at once: the adds of one read."""
-        count = len(bodies)
-        sizes = list(map(len, bodies))
-        pieces: list[bytes] = [b""] * (2 * count)
-        pieces[::2] = map(
-            RECORD_HEADER.pack, sizes, map(crc32c.crc32c, bodies, itertools.repeat(_TYPE_CRC[rtype], count)),
-            itertools.repeat(rtype, count),
-        )
-        pieces[1::2] = bodies
-        return self._queue(pieces, RECORD_HEADER.size * count + sum(sizes))
+        fmt = self._format
+        pieces, size = _record_pieces(fmt, rtype, bodies)
+        return self._queue(pieces, size, fmt, rtype)
 
-    def _queue(self, pieces: tuple[bytes, ...] | list[bytes], size: int) -> Batch:
+    def _queue(
+        self, pieces: tuple[bytes, ...] | list[bytes], size: int, fmt: RecordFormat, rtype: RecordType
+    ) -> Batch:
         if self._failure is not None:
             raise StorageFailure(f"journal in {self.directory} failed: {self._failure}")
         with self._lock:
+            if fmt is not self._format:  # the writer took the last batch of a file meanwhile: these go to the next
+                pieces = _record_pieces(self._format, rtype, pieces[1::2])[0]
             self._pending += pieces
             self._pending_bytes += size
             if self._writer_idle or (self._writer_filling and self._pending_bytes >= self._flush_bytes):
@@ -319,14 +559,17 @@ class Journal:
         return self._last
 
     def remove_before(self, mark: JournalPosition) -> int:
-        """Delete the files that lie wholly before `mark` (never the current one); returns how many.
+        """Reuse or delete the files that lie wholly before `mark` (never the current one): the first becomes the
+        spare if none is ready (`SpareFile.recycle`), the others are deleted. Returns how many went.
 
-        The removals need no directory fsync: `mark` is durable before this runs, so a file a power cut brings back
-        lies before it, is skipped by replay and removed by the next checkpoint."""
+        Neither needs a directory fsync: `mark` is durable before this runs, so a file a power cut brings back
+        under its old name lies before it, is skipped by replay and goes at the next checkpoint."""
         removed = 0
         for seq in journal_seqs(self.directory):
             if seq < mark.seq and seq != self._seq:
-                journal_path(self.directory, seq).unlink(missing_ok=True)
+                path = journal_path(self.directory, seq)
+                if not self._spare.recycle(path):
+                    path.unlink(missing_ok=True)
                 removed += 1
         return removed
 
@@ -338,10 +581,21 @@ class Journal:
             with contextlib.suppress(StorageFailure):
                 await self._last
         await asyncio.to_thread(self.stop_writer)
+        if self._failure is None:
+            await asyncio.to_thread(self._seal)
         os.close(self._fd)
 
+    def _seal(self) -> None:
+        """End the file with its END record, so the next start finds a clean end, not a crash's."""
+        try:
+            os.pwrite(self._fd, end_record(self._file_format), self._offset)
+            os.fdatasync(self._fd)
+        except OSError:
+            log.warning("journal %s: no END record written at close (the next start seals it)", self.directory)
+
     def stop_writer(self) -> None:
-        """Stop the writer thread once it waits for records (what is still pending is left unwritten)."""
+        """Stop the writer thread once it waits for records (what is still pending is left unwritten), and wait
+        for a spare it asked for."""
         if self._writer is None:
             return
         with self._lock:
@@ -349,16 +603,25 @@ class Journal:
             self._records_ready.notify()
         self._writer.join()
         self._writer = None
+        self._spare.wait()
 
     # --- writer side ---------------------------------------------------------------------------------------
 
-    def _open(self, seq: int) -> None:
-        fd = os.open(journal_path(self.directory, seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    def _open(self, seq: int, salt: bytes, size: int) -> None:
+        """Start writing file `seq` salted with `salt`: the spare if it has that salt, else a new file of `size`
+        (a roll that finds no spare ready creates one of its header only, which then grows by append)."""
+        path = journal_path(self.directory, seq)
+        if not self._spare.take(path, salt):
+            create_file(path, salt, size)
         fsync_dir(self.directory)
+        fd = os.open(path, os.O_WRONLY)
+        os.lseek(fd, FILE_HEADER.size, os.SEEK_SET)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd, self._seq, self._offset = fd, seq, 0
+        self._fd, self._seq, self._offset = fd, seq, FILE_HEADER.size
+        self._file_format = record_format(salt)
         self._roll_at = roll_point(self._roll_bytes)
+        self._spare_asked = False
 
     def _write_and_sync(self, pieces: list[bytes]) -> float:
         """Write and fdatasync; returns the seconds it took."""
@@ -367,9 +630,10 @@ class Journal:
         os.fdatasync(self._fd)
         return time.perf_counter() - started
 
-    def _take_batch(self) -> tuple[list[bytes], int, Batch] | None:
+    def _take_batch(self) -> tuple[list[bytes], int, Batch, bytes | None] | None:
         """Wait for records (and, with max_wait, up to that long for flush_bytes of them); take them all with their
-        batch. None once stopping."""
+        batch, and when they fill the file the salt of the next one (appends use it from now on). None once
+        stopping."""
         with self._lock:
             while not self._pending and not self._stopping:
                 self._writer_idle = True
@@ -381,7 +645,11 @@ class Journal:
                 self._writer_filling = False
             if self._stopping:
                 return None
-            taken = self._pending, self._pending_bytes, self._batch
+            next_salt = None
+            if self._offset + self._pending_bytes >= self._roll_at:
+                next_salt = self._spare.salt or _new_salt(None)
+                self._format = record_format(next_salt)
+            taken = self._pending, self._pending_bytes, self._batch, next_salt
             self._pending, self._pending_bytes, self._batch = [], 0, Batch(loop=self._loop)
             return taken
 
@@ -389,14 +657,18 @@ class Journal:
         """The writer thread: commit after commit, each resolved on the event loop."""
         call_soon = self._loop.call_soon_threadsafe
         while (taken := self._take_batch()) is not None:
-            pieces, size, batch = taken
+            pieces, size, batch, next_salt = taken
             try:
+                if next_salt is not None:
+                    pieces.append(end_record(self._file_format))
                 seconds = self._write_and_sync(pieces)
                 self._offset += size
+                if next_salt is not None:
+                    self._open(self._seq + 1, next_salt, FILE_HEADER.size)
+                elif not self._spare_asked and 2 * self._offset >= self._roll_at:
+                    self._spare.fill_soon()  # a checkpoint's reuse of an older file usually made one long before
+                    self._spare_asked = True
                 synced = JournalPosition(self._seq, self._offset)
-                if self._offset >= self._roll_at:
-                    self._open(self._seq + 1)
-                    synced = JournalPosition(self._seq, 0)
             except OSError as exc:
                 with self._lock:
                     self._failure = exc

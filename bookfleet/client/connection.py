@@ -176,7 +176,7 @@ _Waiter = asyncio.Future | tuple[AnswerCallback, Any]
 
 _ADD_ENTRY = int(Op.ADD_ENTRY)
 """A plain int for the per-add work (an enum attribute costs a lookup each time)."""
-_request_head, _ok_add_answer_txn, _varint = bkwire.v3_request_head, bkwire.ok_add_answer_txn, bkwire.varint
+_request_head, _take_ok_add_answers, _varint = bkwire.v3_request_head, bkwire.take_ok_add_answers, bkwire.varint
 next_txn: Callable[[], bytes] = bkwire.txn_ids().__next__
 """The next txnId, as its varint's bytes (as the wire carries it): one sequence for every connection of the process,
 so a txnId is unique on each, and one encoded add frame, its txnId inside, serves a whole write set. Waiters are
@@ -451,30 +451,21 @@ class BookieClient:
 
     def _take_answers(self, buffer: bytearray) -> None:
         """Hand every whole answer at the front of `buffer` to its waiter and take them off (a partial one stays).
-        An OK add answer of a callback add is recognized in place (bkwire.ok_add_answer_txn): no parse; any
-        other answer is parsed whole. ProtocolError on a frame that cannot be an answer; those before it were
-        handed over and are taken off."""
-        pos, end, pending = 0, len(buffer), self._pending
-        try:
-            while end - pos >= _LENGTH_SIZE:
-                (length,) = _unpack_length(buffer, pos)
-                if length > _MAX_FRAME:
-                    raise wire.ProtocolError(f"answer of {length} bytes exceeds the {_MAX_FRAME}-byte limit")
-                start = pos + _LENGTH_SIZE
-                if start + length > end:
-                    return
-                pos = start + length
-                txn = _ok_add_answer_txn(buffer, start, pos)
-                if txn is not None:
-                    waiter = pending.pop(txn, None)
-                    if type(waiter) is tuple:
-                        waiter[0](waiter[1], None)
-                        continue
-                    if waiter is not None:  # a future's (not an add's): its answer is parsed whole
-                        pending[txn] = waiter
-                self._answer(bkwire.decode_v3_response(bytes(buffer[start:pos])))
-        finally:
-            del buffer[:pos]
+        The OK add answers of callback adds are read and answered in C (bkwire.take_ok_add_answers), a socket read's
+        run of them in one call; any other answer is parsed whole. ProtocolError on a frame that cannot be an
+        answer; those before it were handed over and are taken off, and so is it."""
+        while True:
+            _take_ok_add_answers(buffer, self._pending)
+            if len(buffer) < _LENGTH_SIZE:
+                return
+            (length,) = _unpack_length(buffer, 0)
+            if length > _MAX_FRAME:
+                raise wire.ProtocolError(f"answer of {length} bytes exceeds the {_MAX_FRAME}-byte limit")
+            if _LENGTH_SIZE + length > len(buffer):
+                return
+            frame = bytes(buffer[_LENGTH_SIZE : _LENGTH_SIZE + length])
+            del buffer[: _LENGTH_SIZE + length]
+            self._answer(bkwire.decode_v3_response(frame))
 
     def _answer(self, response) -> None:
         """Resolve the waiter of one parsed answer: the Response, or the bookie's error."""
@@ -494,11 +485,15 @@ class BookieClient:
             waiter.set_result(response)
 
     def _fail(self, error: ConnectionError) -> None:
+        """Close the connection and settle every waiter with its error. The waiters leave the very dict the reader
+        holds: an answer's callback can fail its own connection (the writer drops a bookie owing too many answers),
+        and the answers after it in the same read must find no waiter, not answer one a second time, as durable."""
         if self._error is None:
             self._error = error
             self.closed = True
         if not self._transport.is_closing():
             self._transport.close()
-        pending, self._pending = self._pending, {}
-        for waiter in pending.values():
+        waiters = list(self._pending.values())
+        self._pending.clear()
+        for waiter in waiters:
             _settle(waiter, self._error)

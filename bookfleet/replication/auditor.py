@@ -20,6 +20,9 @@ active auditor:
   ZooKeeper where BookKeeper's auditor keeps its own (UnderReplication.set_check_all_ledgers_ctime), and an
   auditor taking office counts the interval from there (first_check_delay): at once if no check was recorded or
   the last is overdue, so restarts and changes of leader never push the check back, whichever kind ran it last.
+  The check runs on a thread and event loop of its own (`_FullCheck`), never on the auditor's: a bookie lost while
+  it reads is marked once its delay is over, not once the check ends. Leaving office or the disable switch cancels a
+  running check before it marks or records anything.
 
 While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
 """
@@ -33,7 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -94,8 +97,21 @@ def mark_lost_bookie(zk: KazooClient, bookie_id: str) -> list[int]:
 
 def check_ledgers(zk: KazooClient, ledger_ids: Iterable[int] | None = None) -> list[int]:
     """Verify the replicas of `ledger_ids` (default: every ledger) and mark those that fail; returns their ids."""
+    return asyncio.run(_check_and_mark(zk, ledger_ids))
+
+
+async def _check_all_ledgers(zk: KazooClient) -> list[int]:
+    """The full check: every ledger checked, then the time it finished recorded where BookKeeper's auditor keeps it."""
+    marked = await _check_and_mark(zk)
+    UnderReplication(zk).set_check_all_ledgers_ctime(_now_ms())
+    return marked
+
+
+async def _check_and_mark(zk: KazooClient, ledger_ids: Iterable[int] | None = None) -> list[int]:
+    """check_ledgers on the running loop. It marks only once every read is in, with no await between the marks: a
+    check cancelled while it reads marks nothing."""
     ids = MetadataStore(zk).ledger_ids() if ledger_ids is None else list(ledger_ids)
-    failing = asyncio.run(_ReplicaChecker(zk).damaged(ids))
+    failing = await _ReplicaChecker(zk).damaged(ids)
     under_replication = UnderReplication(zk)
     damaged = {}
     for ledger_id, replies in failing.items():
@@ -232,6 +248,42 @@ class _ReplicaChecker:
         return Reply.UNREACHABLE
 
 
+class _FullCheck:
+    """One full replica check on a thread and event loop of its own, started at once: the auditor's loop goes on
+    marking lost bookies while it reads (minutes on a large fleet, longer while silent bookies make its reads wait
+    out their deadlines). `on_done` is called once it ends; its owner then takes its `result()` or `cancel()`s it."""
+
+    def __init__(self, zk: KazooClient, on_done: Callable[[], None]):
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(_check_all_ledgers(zk))
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(on_done,), name="auditor-check", daemon=True)
+        self._thread.start()
+
+    def _run(self, on_done: Callable[[], None]) -> None:
+        self._loop.run_until_complete(asyncio.wait([self._task]))  # its outcome is the owner's to take
+        self._finished.set()
+        on_done()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self) -> list[int]:
+        """The ledgers it marked; raises what the check raised."""
+        self._close()
+        return self._task.result()
+
+    def cancel(self) -> None:
+        """Stop it where it is, unrecorded: cancelled while it reads, it has marked nothing."""
+        self._loop.call_soon_threadsafe(self._task.cancel)  # a loop that already returned never runs it
+        self._close()
+
+    def _close(self) -> None:
+        self._thread.join()
+        self._loop.close()
+
+
 class Auditor:
     """An auditor candidate: `start()` joins the election and runs in a thread; `stop()` resigns.
 
@@ -289,9 +341,7 @@ class Auditor:
     def check_now(self) -> list[int]:
         """Run the replica check at once, in the caller's thread, and record when it finished; returns the ledgers
         it marked."""
-        marked = check_ledgers(self.zk)
-        UnderReplication(self.zk).set_check_all_ledgers_ctime(_now_ms())
-        return marked
+        return asyncio.run(_check_all_ledgers(self.zk))
 
     def __enter__(self) -> Auditor:
         return self.start()
@@ -380,43 +430,55 @@ class Auditor:
         log.info("auditor %s: last full replica check %s; next in %.0f s", self.auditor_id,
                  "never recorded" if last_check is None else f"at {last_check} ms", next_check - now)
         self._active.set()
-        while self._serving():
-            self._wake.clear()
-            current = self._registered()
-            now = time.monotonic()
-            for bookie in registered - current:
-                log.info("bookie %s vanished; lost unless it returns within the recovery delay", bookie)
-                absent_since.setdefault(bookie, now)
-            came_back = current - registered
-            registered = current
-            disabled = self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None
-            self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
-            delay = under_replication.recovery_delay(self.default_delay)
-            rechecks = []
-            for bookie, since in list(absent_since.items()):
-                # A registered bookie passed its cookie check at start: its data is the one it had.
-                verdict = decide_lost_bookie(since, now, delay, disabled, registered=bookie in current,
-                                             data_present=True)
-                if verdict.action == LostBookieAction.WAIT:
-                    if verdict.recheck_at is not None:
-                        rechecks.append(verdict.recheck_at)
+        check: _FullCheck | None = None
+        try:
+            while self._serving():
+                self._wake.clear()
+                current = self._registered()
+                now = time.monotonic()
+                for bookie in registered - current:
+                    log.info("bookie %s vanished; lost unless it returns within the recovery delay", bookie)
+                    absent_since.setdefault(bookie, now)
+                came_back = current - registered
+                registered = current
+                disabled = self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None
+                self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
+                delay = under_replication.recovery_delay(self.default_delay)
+                rechecks = []
+                for bookie, since in list(absent_since.items()):
+                    # A registered bookie passed its cookie check at start: its data is the one it had.
+                    verdict = decide_lost_bookie(since, now, delay, disabled, registered=bookie in current,
+                                                 data_present=True)
+                    if verdict.action == LostBookieAction.WAIT:
+                        if verdict.recheck_at is not None:
+                            rechecks.append(verdict.recheck_at)
+                        continue
+                    log.info("bookie %s: %s", bookie, verdict.reason)
+                    if verdict.action == LostBookieAction.MARK:
+                        mark_lost_bookie(self.zk, bookie)
+                    del absent_since[bookie]
+                if disabled:
+                    if check is not None:
+                        check.cancel()  # it marks nothing while disabled, and is due again once enabled
+                        check = None
+                    self._wake.wait()
                     continue
-                log.info("bookie %s: %s", bookie, verdict.reason)
-                if verdict.action == LostBookieAction.MARK:
-                    mark_lost_bookie(self.zk, bookie)
-                del absent_since[bookie]
-            if disabled:
-                self._wake.wait()
-                continue
-            if not stale_markers_checked:
-                clear_stale_markers(self.zk)  # every marker once on taking office
-                stale_markers_checked = True
-            elif came_back:
-                clear_stale_markers(self.zk, came_back)
-            if now >= next_check:
-                self.check_now()
-                next_check = time.monotonic() + self.check_interval
-            self._wake.wait(max(0.0, min([*rechecks, next_check]) - time.monotonic()))
+                if not stale_markers_checked:
+                    clear_stale_markers(self.zk)  # every marker once on taking office
+                    stale_markers_checked = True
+                elif came_back:
+                    clear_stale_markers(self.zk, came_back)
+                if check is not None and check.finished:
+                    finished, check = check, None  # taken before result() raises what the check raised
+                    finished.result()
+                    next_check = time.monotonic() + self.check_interval
+                if check is None and now >= next_check:
+                    check = _FullCheck(self.zk, on_done=self._poke)
+                deadlines = rechecks if check is not None else [*rechecks, next_check]
+                self._wake.wait(max(0.0, min(deadlines) - time.monotonic()) if deadlines else None)
+        finally:
+            if check is not None:
+                check.cancel()  # one auditor at a time: a former one's check marks nothing more
 
     @staticmethod
     def _last_check(under_replication: UnderReplication) -> int | None:

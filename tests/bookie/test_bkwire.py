@@ -3,6 +3,7 @@ from a connection's first byte, and every field checked before a processor reads
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import struct
 from types import SimpleNamespace
@@ -23,6 +24,29 @@ def body(frame: bytes) -> bytes:
     (length,) = struct.unpack_from(">I", frame)
     assert length == len(frame) - 4
     return frame[4:]
+
+
+def _recorder(answered: list[bytes]):
+    """An add's answer callback that records the txnId it was given as its argument, once answered OK."""
+
+    def on_answer(txn: bytes, error: BaseException | None) -> None:
+        assert error is None
+        answered.append(txn)
+
+    return on_answer
+
+
+def answered_in_place(buffer: bytearray, txns: list[bytes] | None = None) -> list[bytes]:
+    """The txnIds whose waiters `bkwire.take_ok_add_answers` answers out of `buffer` (taking their frames off it), in
+    order; a waiter waits under each of `txns`, by default under every 1 to 10 bytes where the first frame's txnId
+    starts (whatever its header's length says: a waiter waits for any txnId the bytes could be read as)."""
+    if txns is None:
+        txns = list(dict.fromkeys(bytes(buffer[11 : 11 + size]) for size in range(1, 11)))
+    answered: list[bytes] = []
+    pending = {txn: (_recorder(answered), txn) for txn in txns}
+    bkwire.take_ok_add_answers(buffer, pending)
+    assert all(txn not in pending for txn in answered)
+    return answered
 
 
 def test_the_first_byte_tells_the_protocol():
@@ -47,9 +71,9 @@ def test_bookfleet_client_requests_are_v3_requests_a_stock_decoder_reads():
     ack = bytearray(bkwire.encode_v3_add_ack(2**35, 7, 300))
     response = bkwire.decode_v3_response(body(bytes(ack)))
     assert (response.header.txnId, response.status, response.addResponse.entryId) == (2**35, StatusCode.EOK, 300)
-    assert bkwire.ok_add_answer_txn(ack, 4, len(ack)) == bkwire.varint(2**35)
+    assert answered_in_place(ack) == [bkwire.varint(2**35)] and not ack
     refusal = bytearray(bkwire.encode_v3(bkwire.v3_refusal(request, StatusCode.EFENCED, "fenced")))
-    assert bkwire.ok_add_answer_txn(refusal, 4, len(refusal)) is None  # parsed whole, status and message read
+    assert answered_in_place(refusal) == [] and len(refusal) > 4  # parsed whole, status and message read
     assert bkwire.decode_v3_response(body(bytes(refusal))).errorMessage == "fenced"
 
 
@@ -255,22 +279,31 @@ def test_the_add_encoder_writes_what_protobuf_parses_as_the_same_request(fields,
     assert bkprotocol.Request.FromString(body(frame)) == request
 
 
-@given(_ADD_FRAMES, st.lists(st.tuples(st.integers(0, 2**63 - 1), st.binary(max_size=3000)), min_size=1, max_size=4),
+_PAYLOADS = st.binary(max_size=3000) | st.integers(0, 1 << 20).map(
+    lambda size: bytes(range(7, 256)) * (size // 249) + bytes(size % 249)
+)
+"""Random bytes, or a large payload (to 1 MiB): every size class of the body's varint and of the CRC's tail."""
+
+
+@given(_ADD_FRAMES, st.lists(st.tuples(st.integers(0, 2**63 - 1), _PAYLOADS), min_size=1, max_size=4),
        st.sampled_from(list(wire.DigestType)))
-def test_the_writer_s_template_frames_are_the_encoder_s_frames(fields, entries, digest_type):
-    """The writer's one-call add frame (AddFrameEncoder: a template per payload size, txnId and entry id varint
-    lengths) is byte for byte `frame_head` + `Digester.encode`, which protobuf parses as the Request: for entry ids
-    and txnIds of every varint length, payload sizes changing and repeating, every digest type."""
+def test_the_c_encoder_s_frames_are_the_python_encoders_and_protobuf_s(fields, entries, digest_type):
+    """The writer's one-call add frame, made in C (AddFrameEncoder), is byte for byte `frame_head` + `Digester.encode`
+    (struct, crc32c, zlib, hmac): for ids, lacs and lengths of every varint length, txnIds up to 2^64 - 1, payloads
+    from empty to 1 MiB, every digest type; and protobuf parses it as the same Request."""
     digester = wire.Digester(digest_type, b"password")
     args = (fields["ledger_id"], MASTER_KEY, fields["writer_epoch"], fields["recovery"])
     frames, head = bkwire.AddFrameEncoder(*args, digester), bkwire.AddRequestEncoder(*args)
     overhead = wire.ENTRY_HEADER.size + digester.size
-    for entry_id, payload in entries + entries:  # twice: the templates made by the first pass serve the second
+    for entry_id, payload in entries:
         txn, lac, length = bkwire.varint(fields["txn_id"]), fields["lac"], 2**40 + len(payload)
-        expected = head.frame_head(txn, entry_id, overhead + len(payload)) + digester.encode(
-            fields["ledger_id"], entry_id, lac, length, payload
+        entry = digester.encode(fields["ledger_id"], entry_id, lac, length, payload)
+        frame = frames.frame_of(txn, entry_id, lac, length, payload)
+        assert frame == head.frame_head(txn, entry_id, overhead + len(payload)) + entry
+        request = bkprotocol.Request.FromString(body(frame))
+        assert (request.header.txnId, request.addRequest.entryId, request.addRequest.body) == (
+            fields["txn_id"], entry_id, entry
         )
-        assert frames.frame_of(txn, entry_id, lac, length, payload) == expected
 
 
 @given(_INT64, st.lists(st.tuples(_INT64 | st.integers(2**63, 2**64 - 1), _INT64), min_size=1, max_size=5))
@@ -285,10 +318,13 @@ def test_the_bookie_acks_what_protobuf_serializes_and_the_client_reads_them_in_p
         response.addResponse.entryId = entry_id
         expected.append(bkwire.encode_v3(response))
         frame = expected[-1]
-        in_place = bkwire.ok_add_answer_txn(bytearray(acks), pos + 4, pos + len(frame))
-        assert in_place == bkwire.varint(txn_id)
         pos += len(frame)
     assert acks == b"".join(expected)
+    txns = list(dict.fromkeys(bkwire.varint(txn) for txn, _ in adds))  # a txnId twice: its waiter answered once
+    buffer = bytearray(acks)
+    answered = answered_in_place(buffer, txns)
+    assert answered == txns[: len(answered)]
+    assert not buffer if len(txns) == len(adds) else len(answered) < len(adds)
 
 
 _EXTRA_FIELDS = [  # a field more, as a stock or future bookie might send it: the header's priority, or bytes after
@@ -300,13 +336,33 @@ _EXTRA_FIELDS = [  # a field more, as a stock or future bookie might send it: th
 ]
 
 
-@given(_INT64, _INT64, _INT64, st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3),
-       st.integers(-3, 3), st.sampled_from([None, *_EXTRA_FIELDS]))
+_LIES = st.integers(-3, 3) | st.sampled_from([2**31, wire.MAX_FRAME_SIZE + 1 - 40, 2**32 - 1])
+"""How far an answer's length prefix is off its bytes: a few bytes either way, or far past them and the frame limit."""
+
+
+def _check_answered_in_place(original: bytes, buffer: bytearray, answered: list[bytes]) -> None:
+    """An answer taken in place from the front of `original` (what is left is `buffer`) is a whole frame within the
+    bytes given that protobuf parses as an OK ADD answer of that txnId; none taken leaves every byte in place."""
+    if not answered:
+        assert buffer == original
+        return
+    (length,) = struct.unpack_from(">I", original)
+    assert 4 + length <= len(original) and buffer == original[4 + length :]
+    response = bkwire.decode_v3_response(original[4 : 4 + length])
+    assert (response.header.txnId, response.status) == (bkwire.varint_value(answered[0]), StatusCode.EOK)
+    assert response.header.operation == OperationType.ADD_ENTRY and response.addResponse.status == StatusCode.EOK
+    assert not response.header.HasField("priority") and not response.errorMessage
+
+
+@given(_INT64 | st.integers(2**63, 2**64 - 1), _INT64, _INT64,
+       st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3), st.integers(-3, 3),
+       st.sampled_from([None, *_EXTRA_FIELDS]), _LIES, st.binary(max_size=4))
 def test_the_client_reads_an_ack_in_place_only_as_protobuf_parses_it(txn_id, ledger_id, entry_id, changes, resize,
-                                                                     extra):
+                                                                     extra, lie, after):
     """Whatever bytes an answer holds (a byte changed, cut short or longer, a field more, a duplicated message that
-    protobuf would merge), the client's in-place reading gives a txnId only for an OK ADD answer whose txnId protobuf
-    parses the same; anything else is left to the parse."""
+    protobuf would merge) and whatever its length prefix claims (a few bytes off, past the bytes received, past the
+    frame limit), the client's in-place reading (C) answers a waiter only for a whole OK ADD answer whose txnId
+    protobuf parses the same, reads nothing past the buffer, and leaves anything else in place for the parse."""
     ack = bytearray(body(bkwire.encode_v3_add_ack(txn_id, ledger_id, entry_id)))
     if extra == "priority":
         response = bkprotocol.Response.FromString(bytes(ack))
@@ -317,13 +373,65 @@ def test_the_client_reads_an_ack_in_place_only_as_protobuf_parses_it(txn_id, led
     for position, value in changes:
         ack[position % len(ack)] = value
     ack = ack[: len(ack) + resize] if resize < 0 else ack + bytes(resize)
-    txn = bkwire.ok_add_answer_txn(ack, 0, len(ack))
-    if txn is None:
-        return
-    response = bkwire.decode_v3_response(bytes(ack))
-    assert (response.header.txnId, response.status) == (bkwire.varint_value(txn), StatusCode.EOK)
-    assert response.header.operation == OperationType.ADD_ENTRY and response.HasField("addResponse")
-    assert not response.header.HasField("priority") and not response.errorMessage
+    original = struct.pack(">I", (len(ack) + lie) % 2**32) + ack + after
+    buffer = bytearray(original)
+    _check_answered_in_place(original, buffer, answered_in_place(buffer))
+    if not changes and not resize and extra is None and lie == 0:
+        assert buffer == after  # the bookie's own ack: always read in place
+
+
+@pytest.mark.parametrize("txn_id", [0, 2**63 - 1, 2**64 - 1])
+def test_no_single_byte_change_or_cut_of_an_ack_is_read_in_place_unless_protobuf_parses_it_so(txn_id):
+    """Every byte of an ack (ids at their longest varints) changed to each value that tells a varint's or a length's
+    byte apart, and the ack cut at every length: read in place only as protobuf parses it."""
+    ack = bkwire.encode_v3_add_ack(txn_id, 2**63 - 1, 2**63 - 1)
+    for position in range(4, len(ack)):
+        for value in {0x00, 0x01, 0x02, 0x7F, 0x80, 0xFF, (ack[position] + 1) % 256, (ack[position] - 1) % 256}:
+            changed = bytearray(ack)
+            changed[position] = value
+            buffer = bytearray(changed)
+            _check_answered_in_place(bytes(changed), buffer, answered_in_place(buffer))
+    for cut in range(len(ack)):
+        for fitted in (False, True):
+            hostile = bytearray(ack[:cut])
+            if fitted and cut >= 4:
+                hostile[:4] = struct.pack(">I", cut - 4)
+            _check_answered_in_place(bytes(hostile), hostile, answered_in_place(hostile))
+
+
+@given(st.binary(max_size=80))
+def test_the_client_s_in_place_reading_of_any_bytes_answers_only_ok_add_answers(data):
+    """Any bytes at all (bad varints, lying lengths, truncated frames): read in place only as protobuf parses them."""
+    buffer = bytearray(data)
+    _check_answered_in_place(data, buffer, answered_in_place(buffer))
+
+
+async def test_the_in_place_reading_stops_where_the_caller_must_read():
+    """OK ADD answers are answered in place up to the first one whose waiter is no callback add's (none waits, or a
+    future does: the caller parses it whole) and up to a waiter that raises, which is raised with the answers before
+    it and its own taken off."""
+    txns = [bkwire.varint(txn) for txn in (5, 300, 2**40, 7)]
+    acks = [bkwire.encode_v3_add_ack(bkwire.varint_value(txn), 1, entry) for entry, txn in enumerate(txns)]
+    answered: list[bytes] = []
+    record = _recorder(answered)
+    pending = {txns[0]: (record, txns[0]), txns[2]: (record, txns[2])}
+    buffer = bytearray(b"".join(acks))
+    bkwire.take_ok_add_answers(buffer, pending)
+    assert answered == txns[:1] and buffer == b"".join(acks[1:])  # no waiter for the second
+    pending[txns[1]] = asyncio.get_running_loop().create_future()
+    bkwire.take_ok_add_answers(buffer, pending)
+    assert answered == txns[:1] and buffer == b"".join(acks[1:]) and txns[1] in pending  # a future's: parsed whole
+
+    def refuse(txn: bytes, error: BaseException | None) -> None:
+        raise RuntimeError(f"waiter of {txn!r}")
+
+    del buffer[: len(acks[1])]
+    pending[txns[2]], pending[txns[3]] = (refuse, txns[2]), (record, txns[3])
+    with pytest.raises(RuntimeError, match="waiter of"):
+        bkwire.take_ok_add_answers(buffer, pending)
+    assert buffer == acks[3] and txns[2] not in pending
+    bkwire.take_ok_add_answers(buffer, pending)
+    assert answered == [txns[0], txns[3]] and not buffer and not pending.keys() - {txns[1]}
 
 
 def _generic_add_fields(frame: bytes):

@@ -9,17 +9,18 @@ import os
 import pytest
 
 from bookfleet import wire
-from bookfleet.bookie.journal import journal_path, journal_seqs
+from bookfleet.bookie.journal import SALTED_RECORD_HEADER, journal_path, journal_seqs
 from bookfleet.client.connection import BookieClient, BookieError, NoSuchEntryError, ReadOnlyError
 from bookfleet.meta.registry import BookieRegistry
 from tests.fixtures.bookies import MASTER_KEY, encode_test_entry
-from tests.fixtures.storage import damage_journal_record
+from tests.fixtures.storage import damage_journal_record, tear_last_journal_record
 
 
 @pytest.mark.parametrize("crash", ["kill -9", "SIGTERM"])
 async def test_stop_under_pipelined_load_loses_no_acknowledged_entry(bookie_fleet, crash):
-    # A short flush interval lets entries reach the entry log too, so recovery mixes both paths.
-    (bookie,) = bookie_fleet.start(1, flush_interval=0.2)
+    # A short flush interval lets entries reach the entry log too, so recovery mixes both paths; small journal files
+    # roll and are reused (stale records behind the new ones) all through the load.
+    (bookie,) = bookie_fleet.start(1, flush_interval=0.2, journal_roll_bytes=64 * 1024)
     acknowledged: dict[tuple[int, int], bytes] = {}
 
     async def writer(ledger_id: int) -> None:
@@ -79,10 +80,9 @@ async def killed_with_entries_in_its_journal(bookie_fleet):
 async def test_torn_journal_tail_keeps_everything_before_it(bookie_fleet):
     bookie, entries = await killed_with_entries_in_its_journal(bookie_fleet)
     newest = journal_path(bookie.journal_dir, journal_seqs(bookie.journal_dir)[-1])
-    size = newest.stat().st_size
+    offset, body = tear_last_journal_record(newest, 100)  # the last record (entry 19) is now torn in the middle
     with open(newest, "r+b") as journal:
-        journal.truncate(size - 100)  # the last record (entry 19) is now torn in the middle
-        journal.seek(0, os.SEEK_END)
+        journal.seek(offset + SALTED_RECORD_HEADER.size + len(body))
         journal.write(b"\xde\xad\xbe\xef" * 10)  # and garbage follows it, as after a torn page write
 
     bookie.start().wait_ready()

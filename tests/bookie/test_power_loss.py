@@ -6,6 +6,7 @@ needed for one of these to hold."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from bookfleet.bookie import journal
 from bookfleet.bookie.checkpoint import LastLogMark
@@ -82,3 +83,33 @@ async def test_acknowledged_entries_and_the_mark_survive_power_cuts(storage_dirs
     storage = await check_survivors(storage_dirs, acked, mark)
     await storage.close()
     assert power_loss.syncs > 0
+
+
+async def test_a_power_cut_in_a_reused_journal_file_keeps_its_new_records_and_never_its_earlier_life(
+    storage_dirs, power_loss
+):
+    """Ledgers from 100 on fill journal files (a MASTER_KEY and an add each); they are deleted and the checkpoint
+    moves past them, so the oldest file is reused as the next one, the old records still in it. New ledgers, shaped
+    alike (so the old records line up right behind the new ones), then a cut a few ledgers into the reused file:
+    every acked add is back, no deleted ledger (a MASTER_KEY record replayed would bring its ledger back), no
+    journal damage."""
+    journal_dir, _ = storage_dirs
+    acked: dict[tuple[int, int], bytes] = {}
+    storage = await open_storage(storage_dirs)
+    ledger_ids = itertools.count(100)
+    while len(journal.journal_seqs(journal_dir)) < 3:  # then a file has just started: no spare is ready yet
+        await add(storage, {}, next(ledger_ids), [0])
+    oldest = journal.journal_path(journal_dir, journal.journal_seqs(journal_dir)[0])
+    reused_inode = oldest.stat().st_ino
+    await storage.collect_garbage(set())  # flushes: the mark passes the older files, the oldest becomes the spare
+    assert (journal_dir / journal.SPARE_NAME).stat().st_ino == reused_inode and not oldest.exists()
+    new_ledgers = itertools.count(1000)
+    while journal.journal_path(journal_dir, journal.journal_seqs(journal_dir)[-1]).stat().st_ino != reused_inode:
+        await add(storage, acked, next(new_ledgers), [0])
+    for _ in range(3):
+        await add(storage, acked, next(new_ledgers), [0])
+    await power_loss.cut(storage)
+
+    storage = await check_survivors(storage_dirs, acked, LastLogMark(storage_dirs[1]).read())
+    assert storage.ledger_ids() == {ledger_id for ledger_id, _ in acked} and storage.journal_damage is None
+    await storage.close()

@@ -7,6 +7,7 @@ import logging
 import sqlite3
 import time
 
+import crc32c
 import pytest
 
 from bookfleet.bookie import index, journal
@@ -22,7 +23,7 @@ from bookfleet.bookie.errors import (
 )
 from bookfleet.bookie.storage import StorageSettings
 from bookfleet.wire import InvalidField, Status, encode_entry, master_key
-from tests.fixtures.storage import DIGESTER, KEY, make_entry
+from tests.fixtures.storage import DIGESTER, KEY, journal_records, make_entry, tear_last_journal_record
 
 OTHER_KEY = master_key(b"another password")
 
@@ -277,15 +278,11 @@ async def test_torn_journal_tail_keeps_everything_before_it(open_storage, storag
     storage = await open_storage()
     entries = await add_all(storage, 1, range(10))
     path = last_journal(storage_dirs)
-    size = path.stat().st_size
-    with open(path, "r+b") as file:
-        file.truncate(size - 10)  # the last record, entry 9, loses its end
+    torn_at, _ = tear_last_journal_record(path, 10)  # the last record, entry 9, loses its end
 
     with caplog.at_level(logging.WARNING, logger="bookfleet.bookie.journal"):
         storage = await open_storage()
-    record_size = journal.RECORD_HEADER.size + len(entries[9])
-    assert f"journal {path}: record of {len(entries[9])} bytes runs past the end of the file" in caplog.text
-    assert f"at offset {size - record_size}; dropped {record_size - 10} bytes" in caplog.text
+    assert f"journal {path}: checksum mismatch at offset {torn_at}; dropped what follows it (a torn tail" in caplog.text
     assert [await storage.read_entry(1, e) for e in range(9)] == [entries[e] for e in range(9)]
     with pytest.raises(NoSuchEntry):
         await storage.read_entry(1, 9)
@@ -331,8 +328,8 @@ async def test_journals_fed_the_same_records_roll_at_different_points_within_the
             await log.append(journal.RecordType.ADD, record)  # one record per group commit: exact roll offsets
         await log.close()
         files = [journal.journal_path(tmp_path / name, seq) for seq in journal.journal_seqs(tmp_path / name)]
-        sizes.append([path.stat().st_size for path in files[:-1]])  # the last one is still filling
-    step = journal.RECORD_HEADER.size + len(record)
+        sizes.append([journal_records(path)[-1][0] for path in files[:-1]])  # where END is; the last still fills
+    step = journal.SALTED_RECORD_HEADER.size + len(record)
     for rolled in sizes:
         assert len(rolled) >= 5 and all(roll // 2 <= size < roll + step for size in rolled), rolled
     assert sizes[0] != sizes[1]
@@ -358,9 +355,9 @@ async def test_the_journal_commits_while_the_event_loop_is_busy_and_resolves_the
         if synced[0]:
             break
         time.sleep(0.001)
-    assert synced[0] == journal.RECORD_HEADER.size + len(record) and not batch.done()
+    assert synced[0] == journal.SALTED_RECORD_HEADER.size + len(record) and not batch.done()
     await batch
-    assert log.synced == journal.JournalPosition(log.current_seq, synced[0])
+    assert log.synced == journal.JournalPosition(log.current_seq, journal.FILE_HEADER.size + synced[0])
     await log.close()
 
 
@@ -396,3 +393,59 @@ async def test_a_run_of_adds_is_applied_as_each_add_would_be_or_not_at_all(open_
     storage = await open_storage()  # the first one is dropped, never closed: its journal replayed
     assert [await storage.read_entry(1, e) for e in range(7)] == [*entries, make_entry(1, 5), make_entry(1, 6)]
     assert (storage.last_entry_id(1), storage.lac(1)) == (6, 5)
+
+
+async def test_a_reused_journal_file_replays_only_its_new_life(tmp_path):
+    """A journal file the checkpoint no longer needs is reused as the next one, its earlier records left in place: a
+    crash after a few new records replays those, never the earlier life behind them (the new salt fails each one)."""
+    log = journal.Journal(tmp_path, max_wait=0, flush_bytes=1 << 20, roll_bytes=16 * 1024)
+    await log.start()
+    first = journal.journal_path(tmp_path, log.current_seq)
+    earlier_inode = first.stat().st_ino
+    while log.current_seq == journal.journal_seqs(tmp_path)[0]:
+        await log.append(journal.RecordType.ADD, b"earlier life " * 20)
+    assert len(journal_records(first)) > 20
+    log.remove_before(log.synced)  # the checkpoint, as the second file starts: the first becomes the spare
+    assert (tmp_path / journal.SPARE_NAME).stat().st_ino == earlier_inode and not first.exists()
+    while journal.journal_path(tmp_path, log.current_seq).stat().st_ino != earlier_inode:
+        await log.append(journal.RecordType.ADD, b"second file")
+    mark = log.synced
+    new = [f"new life {i}".encode() for i in range(3)]
+    for body in new:
+        await log.append(journal.RecordType.ADD, body)
+    log.stop_writer()  # killed: no END record
+
+    replay = journal.Replay(tmp_path, mark)
+    assert [body for _, body in replay] == new and replay.damage == []
+    reused = journal.journal_path(tmp_path, mark.seq).read_bytes()
+    assert reused.count(b"earlier life") > 100  # the earlier life is still there, behind the new records
+
+
+def first_format_record(rtype: journal.RecordType, body: bytes) -> bytes:
+    """A record as the journal's first format wrote it: no file header before it, its CRC32C over type and body."""
+    return journal.RECORD_HEADER.pack(len(body), crc32c.crc32c(bytes([rtype]) + body), rtype) + body
+
+
+async def test_a_journal_of_the_first_format_is_replayed_whole_after_an_upgrade(open_storage, storage_dirs):
+    """A bookie restarted on this code over files of the first format (no header, CRCs without a salt, grown by
+    append, the newest torn by a crash): every record replays, then and after the next crash, when the files of the
+    new format follow them."""
+    journal_dir, _ = storage_dirs
+    journal_dir.mkdir(parents=True)
+    entries = [make_entry(1, e) for e in range(15)]
+    older = [first_format_record(journal.RecordType.MASTER_KEY, journal.LEDGER.pack(1) + KEY)]
+    older += [first_format_record(journal.RecordType.ADD, entry) for entry in entries[:6]]
+    journal.journal_path(journal_dir, 1).write_bytes(b"".join(older))
+    newest = [first_format_record(journal.RecordType.ADD, entry) for entry in entries[6:10]]
+    torn = first_format_record(journal.RecordType.ADD, entries[10])[:-5]
+    journal.journal_path(journal_dir, 2).write_bytes(b"".join(newest) + torn)
+
+    storage = await open_storage()
+    assert [await storage.read_entry(1, e) for e in range(10)] == entries[:10] and storage.journal_damage is None
+    with pytest.raises(NoSuchEntry):
+        await storage.read_entry(1, 10)
+    for entry_id in range(10, 15):
+        await storage.add_entry(1, entry_id, entries[entry_id], KEY)
+    storage = await open_storage()  # the first one is dropped, never closed
+    assert [await storage.read_entry(1, e) for e in range(15)] == entries and storage.journal_damage is None
+    assert journal.file_salt(journal.journal_path(journal_dir, 3).read_bytes()) is not None

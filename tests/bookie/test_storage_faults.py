@@ -21,7 +21,16 @@ from bookfleet.bookie.entrylog import EntryLogger
 from bookfleet.bookie.errors import CannotVouch, LedgerFenced, NoSuchEntry, StorageFailure
 from bookfleet.bookie.index import LedgerIndex
 from bookfleet.bookie.storage import LedgerStorage, StorageSettings
-from tests.fixtures.storage import INDEX_DAMAGE, KEY, TEST_SETTINGS, corrupt_index, damage_journal_record, make_entry
+from tests.fixtures.storage import (
+    INDEX_DAMAGE,
+    KEY,
+    TEST_SETTINGS,
+    corrupt_index,
+    damage_journal_record,
+    journal_records,
+    make_entry,
+    tear_last_journal_record,
+)
 
 POISON = 2**63
 """A ledger id a u64 field can carry and no SQLite integer can hold."""
@@ -272,32 +281,27 @@ async def test_a_bad_record_at_the_end_of_an_older_journal_file_is_damage_not_a_
     for entry_id in range(80):  # one by one: a file rolls between group commits
         await storage.add_entry(1, entry_id, make_entry(1, entry_id), KEY)
     older = journal.journal_path(storage_dirs[0], journal.journal_seqs(storage_dirs[0])[0])
-    with open(older, "r+b") as file:
-        file.seek(-1, os.SEEK_END)
-        last_byte = file.read(1)[0]
-        file.seek(-1, os.SEEK_END)
-        file.write(bytes([last_byte ^ 0xFF]))
+    tear_last_journal_record(older, 1)  # the record before its END
 
     storage = await open_storage(journal_roll_bytes=4096)
     assert "cannot vouch for ledger 1 entry" in await cannot_vouch(storage.read_range(1, 0, 79, 1 << 22))
     assert str(older) in storage.journal_damage
 
 
-async def test_a_torn_tail_is_cut_off_quietly_and_stays_a_torn_tail(open_storage, storage_dirs, caplog):
-    """The newest file's last record, cut short by a crash, was never acknowledged: dropped with a warning, and cut
-    off the file, so the crash after the next start does not find it in a file that is no longer the newest."""
+async def test_a_torn_tail_is_sealed_quietly_and_stays_a_torn_tail(open_storage, storage_dirs, caplog):
+    """The newest file's last record, cut short by a crash, was never acknowledged: dropped with a warning, and the
+    file sealed there (an END record), so the crash after the next start does not find it in a file that is no longer
+    the newest."""
     storage = await open_storage()
     entries = await add_all(storage, 1, range(10))
     torn = journal.journal_path(storage_dirs[0], journal.journal_seqs(storage_dirs[0])[-1])
-    size = torn.stat().st_size
-    with open(torn, "r+b") as file:
-        file.truncate(size - 10)  # entry 9's record loses its end
+    torn_at, _ = tear_last_journal_record(torn, 10)  # entry 9's record loses its end
 
     with caplog.at_level(logging.WARNING, logger="bookfleet.bookie"):
         storage = await open_storage()
-    assert "(a torn tail)" in caplog.text and "synced records lost" not in caplog.text
+    assert "(a torn tail" in caplog.text and "synced records lost" not in caplog.text
     assert storage.journal_damage is None
-    assert torn.stat().st_size == size - journal.RECORD_HEADER.size - len(entries[9])
+    assert journal_records(torn)[-1][:2] == (torn_at, journal.RecordType.END)  # sealed where it tore
     with pytest.raises(NoSuchEntry):
         await storage.read_entry(1, 9)
     storage = await open_storage()  # crashed again: the torn file is now an older one

@@ -26,6 +26,8 @@ class RecordingTransport:
     def close(self) -> None:
         self.closed = True
 
+    abort = close
+
     def writelines(self, pieces: list[bytes]) -> None:
         self.writes.append(b"".join(pieces))
 
@@ -115,3 +117,28 @@ async def test_answers_before_a_bad_one_are_handed_over_and_the_bad_one_named(ba
     with pytest.raises(wire.ProtocolError, match=error):
         client._take_answers(buffer)
     assert await good is None
+
+
+async def test_adds_answered_ok_after_their_connection_failed_in_the_same_read_are_failed_once_not_answered_again():
+    """An add's answer callback can fail its own connection (the writer drops a bookie owing too many answers: its
+    `_shed_laggards`): the OK answers after it in the same socket read are of adds that `_fail` settled with the
+    connection's error already, and must not be answered a second time, as durable."""
+    transport = RecordingTransport()
+    client = BookieClient("bookie:1", transport, _ClientProtocol("bookie:1"))
+    entry = wire.encode_entry(wire.Digester("crc32c"), 3, 0, -1, 10, b"b" * 10)
+    encoder = bkwire.AddRequestEncoder(3, wire.master_key(b"pw"), 0)
+    txns = [next_txn() for _ in range(4)]
+    answers: dict[bytes, list[BaseException | None]] = {txn: [] for txn in txns}
+
+    def on_answer(txn: bytes, error: BaseException | None) -> None:
+        answers[txn].append(error)
+        if txn == txns[0]:
+            client.abort("it owes answers for too many bytes of acknowledged adds")
+
+    for txn in txns:
+        client.add_entry_callback(encoder.frame(txn, entry), txn, on_answer, txn)
+    client._take_answers(bytearray(bkwire.encode_v3_add_acks(3, txns[:3], [0, 1, 2])))
+    assert answers[txns[0]] == [None]
+    for txn in txns[1:]:
+        assert [type(error) for error in answers[txn]] == [ConnectionError], txn
+    assert "dropped: it owes answers" in str(answers[txns[1]][0])

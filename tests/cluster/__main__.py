@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import kubernetes
@@ -50,12 +51,17 @@ def nodes_ready(api: kubernetes.client.CoreV1Api, names: set[str]) -> bool:
     )
 
 
+def node_plans(zones: bool) -> list[realnode.NodePlan]:
+    """The real nodes the cluster runs where it can: `realnode.NODES`, or the system node only without `zones`."""
+    return [plan for plan in realnode.NODES if zones or plan.tainted]
+
+
 def start_real_nodes(binaries: Path, state: Path, pki: pki_module.Pki, server: str, bridge: Bridge,
-                     api: kubernetes.client.CoreV1Api, zones: bool) -> list[RealNode]:
+                     api: kubernetes.client.CoreV1Api, zones: bool, builds: ImageBuilds) -> list[RealNode]:
     """The real nodes of `realnode.NODES` (the system node only, without `zones`), started side by side, spares
     cordoned, all Ready, when this machine can run them; else none (one that fails to come up stops them all: the
     cluster goes on with the process kubelet's nodes). One line says which."""
-    plans = [plan for plan in realnode.NODES if zones or plan.tainted]
+    plans = node_plans(zones)
     reason = realnode.unavailable(binaries)
     nodes: list[RealNode] = []
     started = time.monotonic()
@@ -66,7 +72,7 @@ def start_real_nodes(binaries: Path, state: Path, pki: pki_module.Pki, server: s
         try:
             subprocess.run([str(ROOT / "scripts" / "build-kube.sh"), *realnode.BINARIES], check=True,
                            stdout=subprocess.DEVNULL)
-            pause = realnode.built_image("pause")
+            pause = builds.get("pause")
             with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
                 list(pool.map(lambda node: node.start(pause), nodes))
             wait_for(lambda: all(node.check_alive() for node in nodes) and names <= {
@@ -98,32 +104,70 @@ def start_real_nodes(binaries: Path, state: Path, pki: pki_module.Pki, server: s
 
 
 IMAGE_ORDER = ("operator", "zookeeper", "bookie", "repair")
-"""The order the images reach the nodes in: what an install needs first, the repair image (1 GB) last."""
+"""The order a node's images reach it in: what an install needs first, the repair image (1 GB) last."""
+BUILD_ORDER = ("pause", "bookie", "operator", "zookeeper", "repair")
+"""The order they are built in (one at a time: scripts/build-images.sh holds a lock): the nodes' sandbox image
+first, then the bookie image, whose import into six nodes takes longest, the repair image last."""
 
 
-def preload_images(nodes: list[RealNode], folder: Path) -> None:
+class ImageBuilds:
+    """scripts/build-images.sh of the real nodes' images, one after another in `BUILD_ORDER`, in a thread started
+    with the cluster (a changed source rebuilds them: minutes that the control plane's and the nodes' start
+    overlap); `get` waits for one."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.futures = {name: concurrent.futures.Future() for name in BUILD_ORDER if name in names}
+        threading.Thread(target=self._build, daemon=True).start()
+
+    def _build(self) -> None:
+        for name, future in self.futures.items():
+            try:
+                future.set_result(realnode.built_image(name))
+            except Exception as error:  # whoever waits for it is told, never left waiting
+                future.set_exception(error)
+
+    def get(self, name: str) -> realnode.NodeImage:
+        return self.futures[name].result()
+
+
+def preload_images(nodes: list[RealNode], folder: Path, builds: ImageBuilds) -> None:
     """Every node's images (`NodePlan.images`) imported into its containerd, ours under their published names too,
-    as `kind load` leaves them; image by image, in `IMAGE_ORDER`. `folder/<image>` says, once every node that
-    needs it has it, its local reference (or `failed: <why>`): `LocalCluster.node_image` waits for it."""
+    as `kind load` leaves them: each node its own in `IMAGE_ORDER` as `builds` has them, the nodes side by side (the
+    system node's operator, ZooKeeper and repair images while the zones' nodes take the bookie image: the install
+    waits for the first three only). `folder/<image>` says, once every node that needs it has it, its local
+    reference (or `failed: <why>`): `LocalCluster.node_image` waits for it."""
     folder.mkdir(exist_ok=True)
-    for name in IMAGE_ORDER:
-        holders = [node for node in nodes if name in node.plan.images]
-        if not holders:
-            continue
-        try:
-            image = realnode.built_image(name)
+    holders = {name: [node for node in nodes if name in node.plan.images] for name in IMAGE_ORDER}
+    outcomes: dict[str, list[tuple[str, float]]] = {name: [] for name in IMAGE_ORDER}
+    lock = threading.Lock()
+
+    def import_all(node: RealNode) -> None:
+        for name in (name for name in IMAGE_ORDER if name in node.plan.images):
             names = [realnode.fully_qualified(realnode.published_reference(name))] if name in realnode.PUBLISHED else []
-            with concurrent.futures.ThreadPoolExecutor(len(holders)) as pool:
-                seconds = list(pool.map(lambda node, image=image, names=names: node.import_image(image, *names),
-                                        holders))
-            outcome = image.reference
-            print(f"image {image.reference}{f' as {names[0]}' if names else ''} imported into "
-                  f"{', '.join(node.name for node in holders)} in {max(seconds):.1f} s", flush=True)
-        except (subprocess.CalledProcessError, ValueError) as error:
-            outcome = f"failed: {error}"
-            print(f"image {name} not imported: {error}", flush=True)
+            try:
+                image = builds.get(name)
+                outcome = (image.reference, node.import_image(image, *names))
+            except (subprocess.CalledProcessError, ValueError) as error:
+                outcome = (f"failed: {error}", 0.0)
+            with lock:
+                outcomes[name].append(outcome)
+                if len(outcomes[name]) == len(holders[name]):
+                    announce(name, names)
+
+    def announce(name: str, names: list[str]) -> None:
+        failed = next((reference for reference, _ in outcomes[name] if reference.startswith("failed")), None)
+        outcome = failed or outcomes[name][0][0]
+        if failed:
+            print(f"image {name} not imported: {failed}", flush=True)
+        else:
+            print(f"image {outcome}{f' as {names[0]}' if names else ''} imported into "
+                  f"{', '.join(node.name for node in holders[name])} in "
+                  f"{max(seconds for _, seconds in outcomes[name]):.1f} s", flush=True)
         (folder / f".{name}").write_text(outcome)
         (folder / f".{name}").rename(folder / name)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(nodes))) as pool:
+        list(pool.map(import_all, nodes))
 
 
 CONTROL_VERBS = ("fail-node", "cut-zone", "partition-zone", "heal-zone", "evict-pod")
@@ -177,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     kubelet: Kubelet | None = None
     real_nodes: list[RealNode] = []
     started = time.monotonic()
+    builds = ImageBuilds({"pause", *(name for plan in node_plans(not args.process_zones) for name in plan.images)}
+                         if realnode.unavailable(binaries) is None else ())
     try:
         bridge.create()
         pki = pki_module.create(state / "pki", ["127.0.0.1", bridge.host_address, SERVICE_IP], API_NAMES)
@@ -184,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         control_plane.start()
         api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(control_plane.kubeconfig)))
         real_nodes = start_real_nodes(binaries, state, pki, control_plane.server, bridge, api,
-                                      zones=not args.process_zones)
+                                      zones=not args.process_zones, builds=builds)
         zones_real = any(not node.plan.tainted for node in real_nodes)
         kubelet = Kubelet(control_plane.kubeconfig, bridge, state, control_plane.port,
                           nodes={} if zones_real else ZONE_NODES)
         kubelet.start()
         wait_for(lambda: nodes_ready(api, set(kubelet.nodes)), timeout=120, what="every node Ready", interval=0.5)
-        threading.Thread(target=preload_images, args=(real_nodes, state / "images"), daemon=True).start()
+        threading.Thread(target=preload_images, args=(real_nodes, state / "images", builds), daemon=True).start()
         kubeconfig = control_plane.kubeconfig
         print(f"local cluster up in {time.monotonic() - started:.1f} s (state and logs in {state})", flush=True)
         print(f"  export KUBECONFIG={kubeconfig}", flush=True)

@@ -101,7 +101,7 @@ def test_two_clusters_with_their_own_zookeeper_credentials_work_side_by_side_in_
     try:
         wait_for(lambda: [(b.get("status") or {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
                           if b["metadata"]["name"] == f"{OTHER}-0"] == ["Running"],
-                 timeout=300, what=f"Bookie {OTHER}-0 Running", interval=2.0)
+                 timeout=300, what=f"Bookie {OTHER}-0 Running", interval=1.0)
         # Once its bookie is writable: a Ledger refused for want of bookies waits for the feed's resync (10 min).
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(ledger))
         walkthrough.issue_client_certificate(cluster, OTHER)
@@ -152,7 +152,7 @@ def delete_bookie_cluster(cluster: LocalCluster, name: str) -> None:
                     "--timeout=300s", timeout=330)
     wait_for(lambda: not [b for b in cluster.get("bookies", "-n", NAMESPACE)["items"]
                           if b["metadata"]["name"].startswith(f"{name}-")],
-             timeout=300, what=f"the Bookies of {name} gone", interval=2.0)
+             timeout=300, what=f"the Bookies of {name} gone", interval=1.0)
 
 
 REAL = "real"
@@ -341,7 +341,7 @@ def test_an_operator_upgrade_and_a_spec_change_reach_the_owned_service_and_polic
     walkthrough.patch_cluster(cluster, {"networkPolicy": {"clients": [PULSAR_BROKERS]}})
     deployment = cluster.get("deployment", "-n", NAMESPACE, "bookfleet")["metadata"]["generation"]
     cluster.helm("upgrade", "bookfleet", str(walkthrough.ROOT / "charts" / "bookfleet"), "--namespace", NAMESPACE,
-                 "--reuse-values", "--set", "operator.extraArgs={--interval,10}", "--wait", "--timeout", "10m")
+                 "--reuse-values", "--set", "operator.extraArgs={--interval,3}", "--wait", "--timeout", "10m")
     assert cluster.get("deployment", "-n", NAMESPACE, "bookfleet")["metadata"]["generation"] > deployment
 
     def applied() -> bool:
@@ -351,7 +351,7 @@ def test_an_operator_upgrade_and_a_spec_change_reach_the_owned_service_and_polic
             NOBODY not in peers and len(peers) == 3  # own pods, labelled clients, the spec's client: not the operator
 
     wait_for(applied, timeout=180, what="the Service and NetworkPolicy as the upgraded operator applies them",
-             interval=2.0)
+             interval=1.0)
     managers = {entry["manager"] for entry in cluster.get("service", "-n", NAMESPACE, service,
                                                           "--show-managed-fields")["metadata"]["managedFields"]
                 if entry["operation"] == "Apply"}
@@ -377,7 +377,7 @@ def test_bookie_pods_deleted_or_evicted_returning_within_the_delay_are_not_repai
         return bool(pods) and pods[0]["metadata"]["uid"] != old_uids[name] and walkthrough.ready(pods[0]) \
             and bookie.get("phase") == "Running" and not bookie.get("lostSince")
 
-    wait_for(lambda: all(map(back, old_uids)), timeout=600, what="both bookies back on their volumes", interval=2.0)
+    wait_for(lambda: all(map(back, old_uids)), timeout=600, what="both bookies back on their volumes", interval=1.0)
     assert walkthrough.repair_jobs(cluster) == []
     # A real kubelet says "Evicted" in an Event of the pod, which ends Succeeded (the bookie exits 0 on the SIGTERM);
     # the process kubelet leaves it Failed with reason Evicted.
@@ -407,7 +407,7 @@ def test_a_drained_bookie_whose_replacement_starts_later_than_the_loss_delay_is_
                         .get("status") == "True" and c, timeout=120, what=f"bookie {name} drained", interval=1.0)
         assert lost["reason"] == "Evicted", lost
         since = cluster.get("bookie", "-n", NAMESPACE, name)["status"]["lostSince"]
-        # Four loss delays and two operator passes (10 s apart) go by with the replacement still not started.
+        # Four loss delays and several operator passes go by with the replacement still not started.
         wait_for(lambda: walkthrough.server_seconds(since, time.time()) < -20, timeout=120,
                  what="20 s past the loss", interval=1.0)
         replacement = walkthrough.bookie_pods(cluster)
@@ -420,7 +420,7 @@ def test_a_drained_bookie_whose_replacement_starts_later_than_the_loss_delay_is_
         bookie = cluster.get("bookie", "-n", NAMESPACE, name).get("status") or {}
         return bookie.get("phase") == "Running" and not bookie.get("lostSince")
 
-    wait_for(back, timeout=300, what=f"bookie {name} back on {node}", interval=2.0)
+    wait_for(back, timeout=300, what=f"bookie {name} back on {node}", interval=1.0)
     assert walkthrough.repair_jobs(cluster) == []
     assert "BookieReturned" in walkthrough.event_reasons(cluster, name)
     walkthrough.apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": 600}})
@@ -438,7 +438,7 @@ def test_spec_changes_roll_one_bookie_at_a_time_and_a_pod_that_never_gets_ready_
         body = cluster.get("bookiecluster", "-n", NAMESPACE, "demo")
         return walkthrough.condition(body, "RolloutStuck").get("status") == "True"
 
-    wait_for(stuck, timeout=300, what="RolloutStuck on the BookieCluster", interval=2.0)
+    wait_for(stuck, timeout=300, what="RolloutStuck on the BookieCluster", interval=1.0)
     pods = walkthrough.bookie_pods(cluster)
     assert sorted(pod["spec"]["containers"][0]["image"] for pod in pods if not walkthrough.ready(pod)) == \
         [MISSING_IMAGE]  # only the first restarted bookie; the other two serve on
@@ -534,7 +534,7 @@ def test_scaling_down_then_up_drains_the_bookie_then_brings_back_a_fresh_writabl
 
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, "demo", "--replicas=3")
     wait_for(lambda: FOURTH not in {b["metadata"]["name"] for b in cluster.get("bookies", "-n", NAMESPACE)["items"]},
-             timeout=300, what=f"Bookie {FOURTH} drained and removed", interval=2.0)
+             timeout=300, what=f"Bookie {FOURTH} drained and removed", interval=1.0)
     kept = {claim["metadata"]["name"]: claim for claim in walkthrough.bookie_claims(cluster)}
     assert first.keys() <= kept.keys() and all(
         ANNOTATION_RELEASED in kept[name]["metadata"]["annotations"] for name in first)
@@ -574,7 +574,7 @@ def test_a_bookie_whose_node_is_drained_then_deleted_is_repaired_and_replaced_on
         return bookie.get("status", {}).get("phase") == "Running" and bool(pods) and walkthrough.ready(pods[0]) \
             and "BookieReplaced" in walkthrough.event_reasons(cluster, FOURTH)
 
-    wait_for(replaced, timeout=600, what=f"{FOURTH} replaced on a live node", interval=2.0)
+    wait_for(replaced, timeout=600, what=f"{FOURTH} replaced on a live node", interval=1.0)
     [pod] = fourth_pods(cluster)
     assert pod["spec"]["nodeName"] == "node-a"
     fresh = set(fourth_claims(cluster).values())
@@ -627,7 +627,7 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
                 for outcome in ("launched", "succeeded")}
 
     try:
-        wait_for(lambda: min(repair_outcomes().values()) >= 1, timeout=180, what="the repair counted", interval=2.0)
+        wait_for(lambda: min(repair_outcomes().values()) >= 1, timeout=180, what="the repair counted", interval=1.0)
     except TimeoutError:
         pytest.fail(f"repairs counted by the operators: {repair_outcomes()}")
     syncs = [sample.value for pod in walkthrough.bookie_pods(cluster) if walkthrough.ready(pod)
@@ -636,7 +636,7 @@ def test_lost_bookie_is_repaired_by_spark_on_kubernetes_after_the_acting_operato
     # The dashboard during this repair: the driver, scraped while it ran, lingered for one more scrape after it.
     driver = wait_for(lambda: (text := walkthrough.scrape_driver(cluster, repair)) and sum(
         s.value for s in samples(text, "bookfleet_repair_ledgers_total")) >= 1 and text,
-        timeout=150, what="the repair driver's counts scraped", interval=2.0)
+        timeout=150, what="the repair driver's counts scraped", interval=1.0)
     assert sum(s.value for s in samples(driver, "bookfleet_repair_entries_total")) >= ENTRIES
     assert unfilled_panels(cluster, repair, driver) == {}
 

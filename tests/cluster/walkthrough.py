@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from bookfleet.kube import resources
 from bookfleet.kube.models import BookieCluster
 from bookfleet.polling import wait_for
 from tests.cluster import realnode
+from tests.cluster.apiget import ApiGet
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "bookfleet"
@@ -71,7 +73,12 @@ class LocalCluster:
         return result
 
     def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", *args, "-o", "json"))
+        """`kubectl get ARGS -o json`, read in this process (tests/cluster/apiget.py)."""
+        return self._reads(*args)
+
+    @functools.cached_property
+    def _reads(self) -> ApiGet:
+        return ApiGet(self.kubeconfig)
 
     def fail_node(self, name: str) -> float:
         """Stop a node's kubelet (heartbeats stop, its pods' processes die at once); the wall-clock time it happened."""
@@ -137,6 +144,13 @@ class LocalCluster:
                 return ""
             return self.kubectl("logs", "-n", namespace, pod, "-c", container)
         return (self.state / "pods" / body["metadata"]["uid"] / f"{container}.log").read_text(errors="replace")
+
+    def stops_escalated(self) -> list[str]:
+        """containerd's lines, on every real node, for a container it killed after the grace period of its stop: one
+        that outlived its SIGTERM (none on the process kubelet's nodes)."""
+        logs = sorted((self.state / "nodes").glob("*/logs/containerd.log"))
+        return [line for log in logs for line in log.read_text(errors="replace").splitlines()
+                if 'msg="Kill container ' in line]
 
     def real_node(self) -> bool:
         """Whether the cluster runs real nodes (kubelets on containerd): the system node at least."""
@@ -259,12 +273,12 @@ def repair_placement(cluster: LocalCluster) -> dict[str, Any]:
     return {"executors": 1, "driverPodTemplate": realnode.PLACEMENT, "executorPodTemplate": realnode.PLACEMENT}
 
 
-def install(cluster: LocalCluster, zookeeper_credential: bool = True) -> None:
+def install(cluster: LocalCluster, zookeeper_credential: bool = True, repairs: bool = True) -> None:
     """A namespace enforcing restricted Pod Security, the chart with its ZooKeeper and the example BookieCluster
     (CHART_VALUES), the example Ledger, 3 Ready bookies, repairs placed on the system node where the cluster has real
-    nodes. Without `zookeeper_credential` the chart makes no ZooKeeper credential and its cluster names none: its
-    nodes are open to any ZooKeeper client, as a Java BookKeeper client (Pulsar's broker) needs, since it cannot
-    present a digest credential (docs/bookkeeper.md)."""
+    nodes (`place_repairs`; not with `repairs` False). Without `zookeeper_credential` the chart makes no ZooKeeper
+    credential and its cluster names none: its nodes are open to any ZooKeeper client, as a Java BookKeeper client
+    (Pulsar's broker) needs, since it cannot present a digest credential (docs/bookkeeper.md)."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
@@ -277,11 +291,18 @@ def install(cluster: LocalCluster, zookeeper_credential: bool = True) -> None:
     cluster.kubectl("apply", "--server-side", "--validate=strict", "-n", NAMESPACE, "-f",
                     str(ROOT / "examples" / "ledger.yaml"))
     wait_for(lambda: len(pods := bookie_pods(cluster)) == 3 and all(map(ready, pods)),
-             timeout=600, what="three Ready bookie pods", interval=2.0)
+             timeout=600, what="three Ready bookie pods", interval=1.0)
     wait_for(lambda: [b.get("status", {}).get("phase") for b in cluster.get("bookies", "-n", NAMESPACE)["items"]]
-             == ["Running"] * 3, timeout=300, what="three Running Bookies", interval=2.0)
+             == ["Running"] * 3, timeout=300, what="three Running Bookies", interval=1.0)
     wait_for(lambda: zones_served(cluster), timeout=300, what="every bookie serving with its node's zone",
-             interval=2.0)
+             interval=1.0)
+    if repairs:
+        place_repairs(cluster)
+
+
+def place_repairs(cluster: LocalCluster) -> None:
+    """The example BookieCluster's repairs on the system node where the cluster has real nodes, once it holds the
+    repair image."""
     if placement := repair_placement(cluster):
         apply_settings(cluster, {"autoRecovery": {"repair": placement}})
 
@@ -376,7 +397,7 @@ def scale(cluster: LocalCluster, replicas: int) -> None:
     """Through the BookieCluster's scale subresource, then wait until every Bookie is Running."""
     cluster.kubectl("scale", "bookiecluster", "-n", NAMESPACE, CLUSTER, f"--replicas={replicas}")
     wait_for(lambda: [b.get("status", {}).get("phase") for b in example_bookies(cluster)]
-             == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=2.0)
+             == ["Running"] * replicas, timeout=600, what=f"{replicas} Running Bookies", interval=1.0)
 
 
 CLIENT_TEAM = "tier"
@@ -467,7 +488,7 @@ def write_entries(cluster: LocalCluster, count: int, ledger: str = LEDGER, on: s
     """`count` entries into a Ledger (the example one by default) of the BookieCluster `on`, which is then closed;
     its ledger id."""
     ledger_id = wait_for(lambda: (status := ledger_status(cluster, ledger)).get("state") and status,
-                         timeout=300, what=f"Ledger {ledger} created in ZooKeeper", interval=2.0)["ledgerId"]
+                         timeout=300, what=f"Ledger {ledger} created in ZooKeeper", interval=1.0)["ledgerId"]
     zk = bookie_cluster(cluster, on).spec.zookeeper
     run_client(cluster, f"{on}-writer", f"bookfleet ledger write {ledger_id} --zk {zk} --count {count} --size 32 && "
                                         f"bookfleet ledger close {ledger_id} --zk {zk}", on)
@@ -533,7 +554,7 @@ def watch_repair(cluster: LocalCluster, lost_bookie_id: str, earlier: Collection
                 say(f"Spark executor pod {name} on {pod['status']['podIP']}")
         return repaired_off(ledger_status(cluster), lost_bookie_id)
 
-    wait_for(healthy, timeout=timeout, what=f"Ledger {LEDGER} repaired off {lost_bookie_id}", interval=2.0)
+    wait_for(healthy, timeout=timeout, what=f"Ledger {LEDGER} repaired off {lost_bookie_id}", interval=1.0)
     return seen
 
 

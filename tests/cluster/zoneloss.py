@@ -118,7 +118,7 @@ def ids_of(cluster: LocalCluster, names: list[str]) -> dict[str, int]:
     for name in names:
         try:
             ids[name] = wait_for(lambda n=name: (status := ledger_status(cluster, n)).get("ledgerId") is not None
-                                 and status, timeout=300, what=f"Ledger {name} created", interval=2.0)["ledgerId"]
+                                 and status, timeout=300, what=f"Ledger {name} created", interval=1.0)["ledgerId"]
         except TimeoutError as exc:
             raise AssertionError(f"{exc}: {ledger_status(cluster, name).get('conditions')}") from exc
     return ids
@@ -296,7 +296,7 @@ def set_up(cluster: LocalCluster, form: Form) -> ZoneSetUp:
     scale(cluster, form.bookies)
     # Whatever earlier tests left, the layout the cut relies on: each bookie registered with its node's zone.
     wait_for(lambda: zones_served(cluster), timeout=300, what="every bookie serving with its node's zone",
-             interval=2.0)
+             interval=1.0)
     issue_client_certificate(cluster)
     apply_settings(cluster, {"autoRecovery": {"lostBookieRecoveryDelaySeconds": form.delay}})
     zone = zone_to_cut(cluster)
@@ -314,7 +314,7 @@ def set_up(cluster: LocalCluster, form: Form) -> ZoneSetUp:
             f"ledger write {i} --zk {zk} --count {form.entries} --size {SIZE}", f"ledger close {i} --zk {zk}")]))
     client_log(cluster, "zone-loss-fill", timeout=900)
     wait_for(lambda: all(ledger_status(cluster, n).get("state") == "CLOSED" and -1 not in sharing(cluster, n)
-                         for n in (*spread, *kept)), timeout=300, what="Ledgers closed, zones in status", interval=2.0)
+                         for n in (*spread, *kept)), timeout=300, what="Ledgers closed, zones in status", interval=1.0)
     sharing_before = {name: sharing(cluster, name) for name in spread}
     if any(counts != [0] for counts in sharing_before.values()):
         raise AssertionError(f"placement put two replicas of a write set in one zone: {sharing_before}")
@@ -377,7 +377,7 @@ def zone_loss(cluster: LocalCluster, form: Form = LONG_FORM) -> ZoneLoss:
     say(f"writer rounds on {writer_node}; waiting for one before the cut")
     start_client(cluster, WRITER, writer_script(zk, stop_id, form.round_pause), writer_node)
     # One round closed shows the writer writing; the checks ask for rounds during the cut and after the repairs.
-    wait_for(lambda: writer_rounds(cluster), timeout=600, what="a writer round", interval=2.0)
+    wait_for(lambda: writer_rounds(cluster), timeout=600, what="a writer round", interval=1.0)
     jobs_before = {job["metadata"]["name"] for job in repair_jobs(cluster)}
     outcome.claims_before = zone_claims(cluster, zone_bookies)
     outcome.gc_interval = bookie_cluster(cluster).spec.bookie.gc_interval_seconds
@@ -420,7 +420,7 @@ def zone_loss(cluster: LocalCluster, form: Form = LONG_FORM) -> ZoneLoss:
         return outcome.seconds.keys() >= SETTLED
 
     wait_for(settled, timeout=1800, what=f"ledgers back at Qw without zone {zone}, its bookies' volumes kept",
-             interval=2.0)
+             interval=1.0)
     outcome.sharing_after = {name: sharing(cluster, name) for name in spread}
 
     say(f"zone {zone} returns")
@@ -429,7 +429,7 @@ def zone_loss(cluster: LocalCluster, form: Form = LONG_FORM) -> ZoneLoss:
     outcome.stale = access.named_no_more(named_before)
     say(f"stale copies on the returning bookies: {({b: sorted(s) for b, s in outcome.stale.items()})}")
     wait_for(lambda: returned(cluster, outcome, access, zone_bookies, returned_at), timeout=900,
-             what=f"{form.bookies} Running Bookies after the return, the stale copies reclaimed", interval=2.0)
+             what=f"{form.bookies} Running Bookies after the return, the stale copies reclaimed", interval=1.0)
     outcome.claims_after = zone_claims(cluster, zone_bookies)
     outcome.returned = {bookie: event_reasons(cluster, bookie, cut_at) for bookie in zone_bookies}
     outcome.restarts = {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get(

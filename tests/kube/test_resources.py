@@ -108,6 +108,7 @@ def test_bookie_pod(cluster: BookieCluster, bookie: Bookie) -> None:
     assert mounts == {**resources.VOLUMES, "tmp": "/tmp"}, "the data volumes and /tmp are the only writable paths"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert spec["automountServiceAccountToken"] is False
+    assert spec["shareProcessNamespace"] is True, "the bookie is not PID 1: a SIGTERM before its handler still ends it"
     assert "topologySpreadConstraints" not in spec, "explicit zones pin each bookie already"
 
 

@@ -2,6 +2,7 @@
 its schedule."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
 from bookfleet.meta.underreplication import UnderReplication, auditor_of_vote
+from bookfleet.replication import auditor as auditor_module
 from bookfleet.replication.auditor import (
     WEEK,
     Auditor,
@@ -27,6 +29,7 @@ from bookfleet.replication.auditor import (
     mark_lost_bookie,
     read_checks,
 )
+from tests.fixtures.bookies import paused
 
 DAY = 24 * 3600
 NOW_MS = 1_700_000_000_000
@@ -53,12 +56,29 @@ async def _write_ledgers(zk, count):
             await writer.close()
 
 
+def _start_fleet(zk, bookie_fleet, **bookie_flags):
+    bookies = bookie_fleet.start(4, **bookie_flags)
+    asyncio.run(_write_ledgers(zk, 8))
+    return bookies
+
+
 @pytest.fixture
 def fleet(zk, bookie_fleet):
     """Four bookies holding eight closed ledgers (E=3, Qw=2), so every bookie has some."""
-    bookies = bookie_fleet.start(4)
-    asyncio.run(_write_ledgers(zk, 8))
-    return bookies
+    return _start_fleet(zk, bookie_fleet)
+
+
+FREEZE_SESSION_TIMEOUT = 40.0
+"""ZooKeeper's cap at its 2 s tick: a bookie frozen for less keeps its registration."""
+
+
+@pytest.fixture
+def freezable_fleet(zk, bookie_fleet, monkeypatch):
+    """The fleet, where a frozen bookie holds the replica check for exactly as long as the test freezes it: its reads
+    wait for the bookie, not for a deadline, and the bookie keeps its registration meanwhile (a loss the test does
+    not make would be marked otherwise)."""
+    monkeypatch.setattr(auditor_module, "READ_TIMEOUT", 3600.0)
+    return _start_fleet(zk, bookie_fleet, zk_session_timeout=FREEZE_SESSION_TIMEOUT)
 
 
 @pytest.fixture
@@ -95,6 +115,14 @@ def _emptied(zk, bookie):
 
 def _now_ms():
     return int(time.time() * 1000)
+
+
+def _connected_to(port):
+    """Whether this host holds an established TCP connection to 127.0.0.1:`port` (a frozen bookie's, in its accept
+    queue: the client side's line is the one whose remote end is the port)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return any(remote == f"0100007F:{port:04X}" and state == "01" for _, _, remote, state, *_ in rows)
 
 
 def _checked_since(ur, since_ms):
@@ -283,6 +311,77 @@ def test_replica_check_of_a_frozen_bookie_times_out_retries_and_marks_nothing(zk
     finally:
         os.kill(frozen.process.pid, signal.SIGCONT)
     assert marked == [] and _markers(zk) == {}
+
+
+@contextlib.contextmanager
+def _check_held_by(frozen, auditor_sessions):
+    """An active auditor whose full check (none is recorded: it checks at once) is under way and held by `frozen`
+    (SIGSTOP) until the `with` ends."""
+    with paused(frozen):
+        auditor, _ = auditor_sessions("a1")
+        assert auditor.wait_active(10)
+        wait_for(lambda: _connected_to(frozen.port), what="the check asking the frozen bookie")
+        yield auditor
+
+
+LOSS_SLACK = 30.0
+"""Beyond the loss delay, for noticing the loss and writing its markers on a loaded machine."""
+
+
+def test_a_bookie_lost_while_a_frozen_bookie_holds_the_full_check_is_marked_before_the_check_ends(
+    zk, freezable_fleet, auditor_sessions
+):
+    """The full check reads every ledger's replicas: minutes on a large fleet, longer while silent bookies make it
+    wait. A bookie lost meanwhile is marked once the loss delay is over, while the check still reads (it ran on the
+    auditor's one loop and held the marking up until it ended); the check's own findings, marked once it ends, merge
+    into the loss's markers and remove none."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(1)
+    frozen, lost, emptied = freezable_fleet[:3]
+    found_by_check = _emptied(zk, emptied)
+    marked_for_loss = {ledger_id: {lost.bookie_id} for ledger_id in MetadataStore(zk).ledgers_on_bookie(lost.bookie_id)}
+    started = _now_ms()
+    with _check_held_by(frozen, auditor_sessions):
+        lost.stop()
+        wait_for(lambda: _markers(zk) == marked_for_loss, timeout=1 + LOSS_SLACK, what="the lost bookie marked")
+        assert not _checked_since(ur, started)  # before the check ended
+    wait_for(lambda: _checked_since(ur, started), what="the check ending once the bookie thaws")
+    expected = {ledger_id: set(missing) for ledger_id, missing in marked_for_loss.items()}
+    for ledger_id, missing in found_by_check.items():
+        expected[ledger_id] = expected.get(ledger_id, set()) | missing
+    assert _markers(zk) == expected
+    assert all(ur.marker(ledger_id).lost_bookies == {lost.bookie_id} for ledger_id in marked_for_loss)
+
+
+def test_an_auditor_leaving_office_mid_check_lets_its_check_mark_and_record_nothing(
+    zk, freezable_fleet, auditor_sessions
+):
+    """One auditor acts at a time: a check its auditor left behind would mark on (and record a check no one
+    finished) while a successor takes office."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(3600)  # only the replica check may mark in this test
+    frozen = freezable_fleet[0]
+    assert _emptied(zk, freezable_fleet[2])  # what a check that ran to its end would mark
+    started = _now_ms()
+    with _check_held_by(frozen, auditor_sessions) as auditor:
+        auditor.stop()
+    stays(lambda: _markers(zk) == {} and not _checked_since(ur, started), 1.0)
+
+
+def test_the_disable_switch_cancels_a_running_check_and_enabling_runs_it_again(zk, freezable_fleet, auditor_sessions):
+    """While disabled the auditor marks nothing, a check already running included."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(3600)  # only the replica check may mark in this test
+    frozen = freezable_fleet[0]
+    found_by_check = _emptied(zk, freezable_fleet[2])
+    started = _now_ms()
+    with _check_held_by(frozen, auditor_sessions):
+        ur.disable()
+        wait_for(lambda: not _connected_to(frozen.port), what="the check cancelled, its connections closed")
+    stays(lambda: _markers(zk) == {} and not _checked_since(ur, started), 1.0)
+    ur.enable()
+    wait_for(lambda: _markers(zk) == found_by_check, what="the check run again once enabled")
+    wait_for(lambda: _checked_since(ur, started), what="the check's time recorded")
 
 
 def test_a_writers_missed_entries_marker_is_never_cleared_as_stale(zk, fleet, auditor_sessions):

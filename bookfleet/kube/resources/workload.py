@@ -185,6 +185,10 @@ def bookie_pod_as_built(cluster: BookieCluster, bookie: Bookie) -> dict[str, Any
         "automountServiceAccountToken": False,  # a bookie never calls the Kubernetes API
         "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": 60,
+        # The pod's pause process is PID 1, not the bookie: the kernel drops a signal to a namespace's PID 1 that has
+        # no handler, so a bookie stopped before it installed its own (a pod deleted as it starts: the restart for
+        # its node's zone) ignored SIGTERM and took the whole grace period to go. Not in RUNS: rolls no bookie.
+        "shareProcessNamespace": True,
         "containers": [container],
         "volumes": volumes,
     }
@@ -218,8 +222,10 @@ def runs_hash(cluster: BookieCluster, manifest: dict[str, Any]) -> str:
 def whole_pod_hash(cluster: BookieCluster, bookie: Bookie) -> str:
     """The digest operators before `runs_hash` annotated pods with: of the whole pod as built. A pod carrying it is
     current while it matches what this operator builds (then re-annotated in place, without a restart), so the
-    upgrade to an operator with `runs_hash` restarts no bookie."""
-    return digest(bookie_pod_as_built(cluster, bookie))
+    upgrade to an operator with `runs_hash` restarts no bookie. Their pods had no shared process namespace."""
+    pod = bookie_pod_as_built(cluster, bookie)
+    del pod["spec"]["shareProcessNamespace"]
+    return digest(pod)
 
 
 def digest(value: Any) -> str:
