@@ -4,7 +4,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("bookfleet._addframes", ["bookfleet/_addframes.c"]),
+        Extension("bookfleet._bookieadds", ["bookfleet/_bookieadds.c"]),
         Extension("bookfleet._clientadds", ["bookfleet/_clientadds.c"]),
     ],
 )

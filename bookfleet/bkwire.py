@@ -11,7 +11,7 @@ operations numbered from 1000) that a stock bookie skips; its per-request encodi
 `v3_request_head`) is written by hand here, as protobuf parses it. The per-entry loops over the same layouts are
 C, each imported by this module only: the client's, an add's whole frame (`AddFrameEncoder`) and the reading of OK
 add answers (`take_ok_add_answers`), in `_clientadds.c`; the bookie's, its in-place reading of a read's adds
-(`AddReader`) and their answers (`encode_v2_add_acks`, `encode_v3_add_acks`), in `_addframes.c`.
+(`AddReader`) and their answers (`encode_v2_add_acks`, `encode_v3_add_acks`), in `_bookieadds.c`.
 
 V2 requests carry no id: the client matches an answer by (ledger, entry, op), so every answer repeats the request's
 ledger and entry ids (BATCH_READ carries a request id of its own). V2 bodies:
@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from bookfleet import _addframes, _clientadds, bkprotocol, wire
+from bookfleet import _bookieadds, _clientadds, bkprotocol, wire
 from bookfleet.bkprotocol import AddFlag, OperationType, StatusCode
 from bookfleet.wire import InvalidField, ProtocolError, Status
 
@@ -267,7 +267,7 @@ def encode_v2_request(op: int, flags: int, body: bytes) -> bytes:
     return V2_HEADER.pack(V2_HEADER.size + len(body)) + V2_HEADER.pack(v2_header(op, flags)) + body
 
 
-encode_v2_add_acks = _addframes.encode_v2_add_acks
+encode_v2_add_acks = _bookieadds.encode_v2_add_acks
 """`encode_v2_add_acks(ledger_id, entry_ids)`: the OK answers of V2 adds to one ledger, as `encode_v2_response`
 lays each out."""
 
@@ -615,7 +615,7 @@ def encode_v3_request(operation: int, txn_id: int, message) -> bytes:
     return v3_request_head(operation, varint(txn_id), len(data)) + data
 
 
-encode_v3_add_acks = _addframes.encode_v3_add_acks
+encode_v3_add_acks = _bookieadds.encode_v3_add_acks
 """`encode_v3_add_acks(ledger_id, txns, entry_ids)`: the OK answer frames of adds to one ledger given by their
 txnIds' varints and entry ids (>= 0), as protobuf lays each Response out: a bookie answers the adds of one writer and
 one group commit together (the ledger's part is encoded once)."""
@@ -713,7 +713,7 @@ class InPlaceWriter(NamedTuple):
 
 
 class AddReader:
-    """Reads a connection's adds in place (`_addframes.c`): V2 ADDs as `decode_v2_request` and `check_v2_request`
+    """Reads a connection's adds in place (`_bookieadds.c`): V2 ADDs as `decode_v2_request` and `check_v2_request`
     accept them (ids signed from the entry header, in range; any flags, RECOVERY_ADD the one that counts; epoch 0),
     V3 ADDs byte for byte as `AddRequestEncoder` writes them for the fields they name, every field in the range
     `check_v3_request` checks (the txnId's varint kept as it came, echoed in the answer). Anything else (another order,
@@ -732,7 +732,7 @@ class AddReader:
     def writer_of(self, buffer: bytearray, frame_start: int, end: int) -> InPlaceWriter | None:
         """The writer of the add framed in buffer[frame_start:end] (its length prefix included), kept as the reader's
         writer; None when it is not an add this reads (the generic decoder decides it)."""
-        fields = _addframes.writer_of(self._v3, buffer, frame_start, end)
+        fields = _bookieadds.writer_of(self._v3, buffer, frame_start, end)
         if fields is None:
             return None
         writer = self.writer
@@ -745,7 +745,7 @@ class AddReader:
         V2, entry ids, lacs, entries appended to its lists): as many as are whole and read in place, at most
         `max_count`, those after the first only while their frame's length fits what `room` leaves after the entries
         before them. Returns the position after the last one read, how many, and their entries' bytes."""
-        return _addframes.read_adds(
+        return _bookieadds.read_adds(
             self._v3, buffer, pos, end, self.writer.key, run.txns, run.entry_ids, run.lacs, run.entries, max_count,
             room,
         )

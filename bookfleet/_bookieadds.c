@@ -396,8 +396,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "bookfleet._addframes",
+    PyModuleDef_HEAD_INIT, "bookfleet._bookieadds",
     "The bookie's per-entry add loop: adds read in place, acks encoded (bkwire re-exports it).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__addframes(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__bookieadds(void) { return PyModule_Create(&module); }
