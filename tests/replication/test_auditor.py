@@ -437,10 +437,10 @@ def test_the_stale_marker_clean_up_keeps_the_markers_of_a_bookie_lost_again_whil
     """Its replicas answered, then the bookie went again and its loss was marked on markers that named it lost
     already: a loss that changes nothing leaves no version for the clean-up's compare-and-set to trip on, so the
     clean-up itself keeps every marker naming a bookie gone since it began."""
-    caplog.set_level(logging.INFO, logger=auditor_module.__name__)
     on = {bookie: set(MetadataStore(zk).ledgers_on_bookie(bookie.bookie_id)) for bookie in freezable_fleet}
     back, again = next((b, a) for b in freezable_fleet for a in freezable_fleet if on[a] and on[b] - on[a])
     stale = _on_taking_office_with_stale_markers(zk, back, again)
+    caplog.set_level(logging.INFO, logger=auditor_module.__name__)  # the auditor's lines from here on
     with _cleanup_held_by(back, auditor_sessions):
         again.stop()
         wait_for(lambda: f"bookie {again.bookie_id} is lost" in caplog.text, timeout=1 + LOSS_SLACK,
