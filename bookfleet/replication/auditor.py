@@ -12,7 +12,7 @@ active auditor:
   death;
 - on taking office, treats bookies some ledger's metadata names but that are not registered as just lost (they vanished
   while no auditor ran), and clears stale markers whose missing bookies are back and hold their replicas
-  (apache/pulsar#1886 kept such lists forever);
+  (apache/pulsar#1886 kept such lists forever), then those naming each bookie that registers again;
 - every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
   ledgers whose replicas answer definitely that they lack an entry or hold a corrupt copy. A connection error, a
   bookie shutting down or a read that times out is retried and, if it persists, marks nothing: a silent bookie is
@@ -20,11 +20,15 @@ active auditor:
   ZooKeeper where BookKeeper's auditor keeps its own (UnderReplication.set_check_all_ledgers_ctime), and an
   auditor taking office counts the interval from there (first_check_delay): at once if no check was recorded or
   the last is overdue, so restarts and changes of leader never push the check back, whichever kind ran it last.
-  The check runs on a thread and event loop of its own (`_FullCheck`), never on the auditor's: a bookie lost while
-  it reads is marked once its delay is over, not once the check ends. Leaving office or the disable switch cancels a
-  running check before it marks or records anything.
 
-While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
+The check and the stale-marker clean-up read replicas, each on a thread and event loop of its own (`_OffLoop`),
+never on the auditor's: a bookie lost while a silent or frozen bookie holds their reads is marked once its delay is
+over, not once they end. One clean-up runs at a time (returns meanwhile wait for the next); the auditor's loop makes
+its clears, by compare-and-set, and keeps every marker naming a bookie gone since the clean-up began. Leaving office
+cancels both, and the disable switch a running check, before they mark, clear or record anything.
+
+While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending, marks nothing and
+clears nothing (a clean-up that ends meanwhile has its clears made once enabled, under the same guards).
 """
 
 from __future__ import annotations
