@@ -431,6 +431,21 @@ def test_a_bookie_lost_while_a_frozen_returning_bookie_holds_the_stale_marker_cl
     wait_for(lambda: _markers(zk) == {}, what="the returned bookie's markers cleared")
 
 
+def test_a_bookie_returning_while_a_clean_up_runs_has_its_markers_cleared_by_the_next_one(
+    zk, freezable_fleet, auditor_sessions
+):
+    """One clean-up runs at a time: a bookie that registers again meanwhile is looked at once it ends."""
+    back, returning = freezable_fleet[:2]
+    _on_taking_office_with_stale_markers(zk, back)
+    on_returning = set(MetadataStore(zk).ledgers_on_bookie(returning.bookie_id))
+    with _cleanup_held_by(back, auditor_sessions):
+        returning.stop()
+        wait_for(lambda: {ledger_id for ledger_id, missing in _markers(zk).items() if returning.bookie_id in missing}
+                 == on_returning, timeout=1 + LOSS_SLACK, what="the returning bookie marked lost")
+        returning.start().wait_ready()  # same id, same cookie and data
+    wait_for(lambda: _markers(zk) == {}, what="both clean-ups' clears")
+
+
 def test_the_stale_marker_clean_up_keeps_the_markers_of_a_bookie_lost_again_while_it_reads(
     zk, freezable_fleet, auditor_sessions, caplog
 ):
