@@ -12,7 +12,7 @@ active auditor:
   death;
 - on taking office, treats bookies some ledger's metadata names but that are not registered as just lost (they vanished
   while no auditor ran), and clears stale markers whose missing bookies are back and hold their replicas
-  (apache/pulsar#1886 kept such lists forever);
+  (apache/pulsar#1886 kept such lists forever), then those naming each bookie that registers again;
 - every `check_interval` reads the first and last entry of every closed fragment on every replica and marks the
   ledgers whose replicas answer definitely that they lack an entry or hold a corrupt copy. A connection error, a
   bookie shutting down or a read that times out is retried and, if it persists, marks nothing: a silent bookie is
@@ -20,11 +20,15 @@ active auditor:
   ZooKeeper where BookKeeper's auditor keeps its own (UnderReplication.set_check_all_ledgers_ctime), and an
   auditor taking office counts the interval from there (first_check_delay): at once if no check was recorded or
   the last is overdue, so restarts and changes of leader never push the check back, whichever kind ran it last.
-  The check runs on a thread and event loop of its own (`_FullCheck`), never on the auditor's: a bookie lost while
-  it reads is marked once its delay is over, not once the check ends. Leaving office or the disable switch cancels a
-  running check before it marks or records anything.
 
-While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending and marks nothing.
+The check and the stale-marker clean-up read replicas, each on a thread and event loop of its own (`_OffLoop`),
+never on the auditor's: a bookie lost while a silent or frozen bookie holds their reads is marked once its delay is
+over, not once they end. One clean-up runs at a time (returns meanwhile wait for the next); the auditor's loop makes
+its clears, by compare-and-set, and keeps every marker naming a bookie gone since the clean-up began. Leaving office
+cancels both, and the disable switch a running check, before they mark, clear or record anything.
+
+While the disable switch (UnderReplication.disable) is set it keeps lost bookies pending, marks nothing and
+clears nothing (a clean-up that ends meanwhile has its clears made once enabled, under the same guards).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable
+from typing import Generic, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -47,7 +52,7 @@ from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import LedgerMetadata, MetadataStore
 from bookfleet.meta.registry import BookieRegistry
-from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, UnderReplication, auditor_vote
+from bookfleet.meta.underreplication import DEFAULT_RECOVERY_DELAY, Marker, UnderReplication, auditor_vote
 from bookfleet.replication.lostbookie import LostBookieAction, decide_lost_bookie
 from bookfleet.replication.repair import DEFINITIVE, Reply
 from bookfleet.replication.replicacheck import ENDS, ReplicaRange, entries_to_check, verdict
@@ -69,6 +74,7 @@ READ_BATCH = 2000
 """Ledgers whose metadata one pipeline of the replica check reads (bounds the requests in flight)."""
 DEFINITE = frozenset({Reply.LACKS, Reply.CORRUPT})
 """Replies on which the check marks a ledger."""
+T = TypeVar("T")
 
 
 def first_check_delay(last_check_ms: int | None, now_ms: int, interval: float) -> float:
@@ -132,6 +138,12 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
     marker. Clearing is a compare-and-set, so a loss marked meanwhile survives. Returns the ids of the cleared
     markers.
     """
+    return _clear_stale(zk, asyncio.run(_stale_markers(zk, bookies)), _writable(zk))
+
+
+async def _stale_markers(zk: KazooClient, bookies: Collection[str] | None) -> list[tuple[Marker, frozenset[str]]]:
+    """clear_stale_markers' reads on the running loop: the markers it may clear, each with the bookies it still
+    names (all of them writable and holding their replicas when read)."""
     under_replication = UnderReplication(zk)
     store = MetadataStore(zk)
     writable = _writable(zk)
@@ -140,7 +152,7 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
     stored = store.read_all(m.ledger_id for m in markers)
     for marker in markers:
         if stored[marker.ledger_id] is None:
-            candidates[marker.ledger_id] = (marker, None, set())
+            candidates[marker.ledger_id] = (marker, None, frozenset())
             continue
         metadata, _ = stored[marker.ledger_id]
         still_named = marker.missing_bookies & metadata.bookies()
@@ -149,12 +161,15 @@ def clear_stale_markers(zk: KazooClient, bookies: Collection[str] | None = None)
         if still_named <= writable:
             candidates[marker.ledger_id] = (marker, metadata, still_named)
     checks = {ledger_id: (metadata, named) for ledger_id, (_, metadata, named) in candidates.items() if named}
-    damaged = asyncio.run(_ReplicaChecker(zk).damaged_with(checks)) if checks else {}
-    cleared = [
-        ledger_id
-        for ledger_id, (marker, _, _) in sorted(candidates.items())
-        if ledger_id not in damaged and under_replication.clear(marker)
-    ]
+    damaged = await _ReplicaChecker(zk).damaged_with(checks) if checks else {}
+    return [(marker, named) for ledger_id, (marker, _, named) in sorted(candidates.items()) if ledger_id not in damaged]
+
+
+def _clear_stale(zk: KazooClient, stale: list[tuple[Marker, frozenset[str]]], writable: set[str]) -> list[int]:
+    """Clear, each by compare-and-set, the markers _stale_markers found whose bookies are all still `writable`: one
+    that went since its replicas were read may be lost again, with a loss marked that changed nothing to bump."""
+    under_replication = UnderReplication(zk)
+    cleared = [marker.ledger_id for marker, named in stale if named <= writable and under_replication.clear(marker)]
     if cleared:
         log.info("cleared %d stale under-replication marker(s): %s", len(cleared), cleared)
     return cleared
@@ -248,16 +263,17 @@ class _ReplicaChecker:
         return Reply.UNREACHABLE
 
 
-class _FullCheck:
-    """One full replica check on a thread and event loop of its own, started at once: the auditor's loop goes on
-    marking lost bookies while it reads (minutes on a large fleet, longer while silent bookies make its reads wait
-    out their deadlines). `on_done` is called once it ends; its owner then takes its `result()` or `cancel()`s it."""
+class _OffLoop(Generic[T]):
+    """One job of the auditor's that reads replicas (the full check, a stale-marker clean-up) on a thread and event
+    loop of its own, started at once: the auditor's loop goes on marking lost bookies while it reads (minutes on a
+    large fleet, longer while silent or frozen bookies make its reads wait out their deadlines). `on_done` is called
+    once it ends; its owner then takes its `result()` or `cancel()`s it."""
 
-    def __init__(self, zk: KazooClient, on_done: Callable[[], None]):
+    def __init__(self, name: str, job: Coroutine[object, object, T], on_done: Callable[[], None]):
         self._loop = asyncio.new_event_loop()
-        self._task = self._loop.create_task(_check_all_ledgers(zk))
+        self._task = self._loop.create_task(job, name=name)
         self._finished = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(on_done,), name="auditor-check", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(on_done,), name=f"auditor-{name}", daemon=True)
         self._thread.start()
 
     def _run(self, on_done: Callable[[], None]) -> None:
@@ -269,15 +285,18 @@ class _FullCheck:
     def finished(self) -> bool:
         return self._finished.is_set()
 
-    def result(self) -> list[int]:
-        """The ledgers it marked; raises what the check raised."""
+    def result(self) -> T:
+        """What the job returned; raises what it raised."""
         self._close()
         return self._task.result()
 
     def cancel(self) -> None:
-        """Stop it where it is, unrecorded: cancelled while it reads, it has marked nothing."""
+        """Stop it where it is: cancelled while it reads, it has marked and cleared nothing. One that failed before
+        the cancel reached it has its error logged here (left unread, asyncio would log it as never retrieved)."""
         self._loop.call_soon_threadsafe(self._task.cancel)  # a loop that already returned never runs it
         self._close()
+        if not self._task.cancelled() and (error := self._task.exception()) is not None:
+            log.warning("auditor's %s failed as it was cancelled", self._task.get_name(), exc_info=error)
 
     def _close(self) -> None:
         self._thread.join()
@@ -424,13 +443,15 @@ class Auditor:
         registered = self._registered()
         now = time.monotonic()
         absent_since = {b: now for b in MetadataStore(self.zk).bookies_with_ledgers() if b not in registered}
-        stale_markers_checked = False
+        unchecked: set[str] | None = None  # bookies whose stale markers are due a clean-up; None: every marker's
+        cleanup: _OffLoop[list[tuple[Marker, frozenset[str]]]] | None = None
+        gone_since_cleanup: set[str] = set()  # the running clean-up read their replicas maybe before they went
+        check: _OffLoop[list[int]] | None = None
         last_check = self._last_check(under_replication)
         next_check = now + first_check_delay(last_check, _now_ms(), self.check_interval)
         log.info("auditor %s: last full replica check %s; next in %.0f s", self.auditor_id,
                  "never recorded" if last_check is None else f"at {last_check} ms", next_check - now)
         self._active.set()
-        check: _FullCheck | None = None
         try:
             while self._serving():
                 self._wake.clear()
@@ -439,7 +460,9 @@ class Auditor:
                 for bookie in registered - current:
                     log.info("bookie %s vanished; lost unless it returns within the recovery delay", bookie)
                     absent_since.setdefault(bookie, now)
-                came_back = current - registered
+                    gone_since_cleanup.add(bookie)
+                if unchecked is not None:
+                    unchecked |= current - registered
                 registered = current
                 disabled = self.zk.exists(zkpaths.UR_DISABLE, watch=self._poke) is not None
                 self.zk.exists(zkpaths.UR_RECOVERY_DELAY, watch=self._poke)
@@ -463,22 +486,24 @@ class Auditor:
                         check = None
                     self._wake.wait()
                     continue
-                if not stale_markers_checked:
-                    clear_stale_markers(self.zk)  # every marker once on taking office
-                    stale_markers_checked = True
-                elif came_back:
-                    clear_stale_markers(self.zk, came_back)
+                if cleanup is not None and cleanup.finished:
+                    cleaned, cleanup = cleanup, None  # taken before result() raises what the clean-up raised
+                    _clear_stale(self.zk, cleaned.result(), _writable(self.zk) - gone_since_cleanup)
+                if cleanup is None and (unchecked is None or unchecked):
+                    cleanup = _OffLoop("stale-markers", _stale_markers(self.zk, unchecked), on_done=self._poke)
+                    unchecked, gone_since_cleanup = set(), set()
                 if check is not None and check.finished:
                     finished, check = check, None  # taken before result() raises what the check raised
                     finished.result()
                     next_check = time.monotonic() + self.check_interval
                 if check is None and now >= next_check:
-                    check = _FullCheck(self.zk, on_done=self._poke)
+                    check = _OffLoop("check", _check_all_ledgers(self.zk), on_done=self._poke)
                 deadlines = rechecks if check is not None else [*rechecks, next_check]
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()) if deadlines else None)
         finally:
-            if check is not None:
-                check.cancel()  # one auditor at a time: a former one's check marks nothing more
+            for job in (check, cleanup):
+                if job is not None:
+                    job.cancel()  # one auditor at a time: a former one's jobs mark and clear nothing more
 
     @staticmethod
     def _last_check(under_replication: UnderReplication) -> int | None:

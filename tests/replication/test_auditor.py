@@ -3,6 +3,8 @@ its schedule."""
 
 import asyncio
 import contextlib
+import gc
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +17,7 @@ import pytest
 from bookfleet import polling, wire
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.connection import BookieClient
+from bookfleet.client.pool import BookiePool
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta import zkpaths
 from bookfleet.meta.metadata import MetadataStore, new_metadata
@@ -382,6 +385,104 @@ def test_the_disable_switch_cancels_a_running_check_and_enabling_runs_it_again(z
     ur.enable()
     wait_for(lambda: _markers(zk) == found_by_check, what="the check run again once enabled")
     wait_for(lambda: _checked_since(ur, started), what="the check's time recorded")
+
+
+def _on_taking_office_with_stale_markers(zk, *bookies):
+    """`bookies`, up with every replica, marked lost anyway (as a bookie that returned while no auditor ran is); a
+    check is recorded as just made, so that only the stale-marker clean-up reads replicas once an auditor takes office.
+    Returns the markers."""
+    ur = UnderReplication(zk)
+    ur.set_recovery_delay(1)
+    ur.set_check_all_ledgers_ctime(_now_ms())
+    for bookie in bookies:
+        mark_lost_bookie(zk, bookie.bookie_id)
+    return _markers(zk)
+
+
+@contextlib.contextmanager
+def _cleanup_held_by(frozen, auditor_sessions):
+    """An active auditor whose stale-marker clean-up is under way and held by `frozen` (SIGSTOP) until the `with`
+    ends."""
+    with paused(frozen):
+        auditor, _ = auditor_sessions("a1")
+        assert auditor.wait_active(10)
+        wait_for(lambda: _connected_to(frozen.port), what="the clean-up asking the frozen bookie")
+        yield auditor
+
+
+def test_a_bookie_lost_while_a_frozen_returning_bookie_holds_the_stale_marker_clean_up_is_marked_before_it_ends(
+    zk, freezable_fleet, auditor_sessions
+):
+    """The clean-up reads the replicas of bookies that came back (on taking office, on each return): it ran on the
+    auditor's loop, so a frozen returning bookie held the marking of a bookie lost meanwhile until its reads ended.
+    The loss's markers merge into the stale ones and the clean-up, once it ends, clears none of them; the lost
+    bookie's return has its markers cleared in turn."""
+    back, lost = freezable_fleet[:2]
+    stale = _on_taking_office_with_stale_markers(zk, back)
+    on_lost = MetadataStore(zk).ledgers_on_bookie(lost.bookie_id)
+    merged = {**stale, **{ledger_id: stale.get(ledger_id, set()) | {lost.bookie_id} for ledger_id in on_lost}}
+    with _cleanup_held_by(back, auditor_sessions):
+        lost.stop()
+        wait_for(lambda: _markers(zk) == merged, timeout=1 + LOSS_SLACK, what="the lost bookie marked")
+        assert _connected_to(back.port)  # before the clean-up ended
+    wait_for(lambda: _markers(zk) == {ledger_id: merged[ledger_id] for ledger_id in on_lost},
+             what="the clean-up ending, the stale markers the loss left alone cleared")
+    lost.start().wait_ready()  # same id, same cookie and data
+    wait_for(lambda: _markers(zk) == {}, what="the returned bookie's markers cleared")
+
+
+def test_a_bookie_returning_while_a_clean_up_runs_has_its_markers_cleared_by_the_next_one(
+    zk, freezable_fleet, auditor_sessions
+):
+    """One clean-up runs at a time: a bookie that registers again meanwhile is looked at once it ends."""
+    back, returning = freezable_fleet[:2]
+    _on_taking_office_with_stale_markers(zk, back)
+    on_returning = set(MetadataStore(zk).ledgers_on_bookie(returning.bookie_id))
+    with _cleanup_held_by(back, auditor_sessions):
+        returning.stop()
+        wait_for(lambda: {ledger_id for ledger_id, missing in _markers(zk).items() if returning.bookie_id in missing}
+                 == on_returning, timeout=1 + LOSS_SLACK, what="the returning bookie marked lost")
+        returning.start().wait_ready()  # same id, same cookie and data
+    wait_for(lambda: _markers(zk) == {}, what="both clean-ups' clears")
+
+
+def test_the_stale_marker_clean_up_keeps_the_markers_of_a_bookie_lost_again_while_it_reads(
+    zk, freezable_fleet, auditor_sessions, caplog
+):
+    """Its replicas answered, then the bookie went again and its loss was marked on markers that named it lost
+    already: a loss that changes nothing leaves no version for the clean-up's compare-and-set to trip on, so the
+    clean-up itself keeps every marker naming a bookie gone since it began."""
+    on = {bookie: set(MetadataStore(zk).ledgers_on_bookie(bookie.bookie_id)) for bookie in freezable_fleet}
+    back, again = next((b, a) for b in freezable_fleet for a in freezable_fleet if on[a] and on[b] - on[a])
+    stale = _on_taking_office_with_stale_markers(zk, back, again)
+    caplog.set_level(logging.INFO, logger=auditor_module.__name__)  # the auditor's lines from here on
+    with _cleanup_held_by(back, auditor_sessions):
+        again.stop()
+        wait_for(lambda: f"bookie {again.bookie_id} is lost" in caplog.text, timeout=1 + LOSS_SLACK,
+                 what="the loss marked again")
+    wait_for(lambda: "stale under-replication marker(s)" in caplog.text, what="the clean-up clearing the others")
+    assert _markers(zk) == {ledger_id: stale[ledger_id] for ledger_id in on[again]}
+
+
+def test_a_check_failing_as_it_is_cancelled_has_its_error_logged_not_left_to_asyncio(
+    zk, freezable_fleet, auditor_sessions, caplog, monkeypatch
+):
+    """A check cancelled (here by the disable switch) may fail on its way out, closing its connections: the auditor
+    takes its error and logs it with its traceback. Left unread, asyncio logged "Task exception was never retrieved"
+    once the task was collected."""
+    UnderReplication(zk).set_recovery_delay(3600)  # only the replica check may act in this test
+    close = BookiePool.close
+
+    async def close_failing(pool):
+        await close(pool)
+        raise OSError("a connection that would not close")
+
+    monkeypatch.setattr(BookiePool, "close", close_failing)
+    with _check_held_by(freezable_fleet[0], auditor_sessions):
+        UnderReplication(zk).disable()
+        wait_for(lambda: "failed as it was cancelled" in caplog.text, what="the check cancelled")
+    gc.collect()
+    assert "a connection that would not close" in caplog.text and "never retrieved" not in caplog.text
 
 
 def test_a_writers_missed_entries_marker_is_never_cleared_as_stale(zk, fleet, auditor_sessions):
