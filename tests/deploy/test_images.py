@@ -147,8 +147,10 @@ def test_each_image_holds_the_compiled_add_loops_and_no_compiler(built_images) -
 
 def test_only_the_repair_image_carries_a_jre_and_pyspark(built_images) -> None:
     probe = "import importlib.util as u, shutil; print(u.find_spec('pyspark') is not None, bool(shutil.which('java')))"
-    found = {name: image.run("python3", "-c", probe).stdout.split() for name, image in built_images.items()}
-    assert found == {"bookie": ["False", "False"], "operator": ["False", "False"], "repair": ["True", "True"]}
+    results = {name: image.run("python3", "-c", probe) for name, image in built_images.items()}
+    found = {name: result.stdout.split() for name, result in results.items()}
+    expected = {"bookie": ["False", "False"], "operator": ["False", "False"], "repair": ["True", "True"]}
+    assert found == expected, {name: (result.returncode, result.stderr) for name, result in results.items()}
     # buildah's container has no /etc/hosts line for its hostname (a pod has): Spark takes the address given instead.
     submit = built_images["repair"].run("env", "SPARK_LOCAL_IP=127.0.0.1", "spark-submit", "--version")
     assert submit.returncode == 0 and f"version {spark.SPARK_VERSION}" in submit.stderr, submit.stderr[-2000:]
