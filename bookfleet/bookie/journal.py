@@ -1,9 +1,11 @@
 """The journal: every state change is appended here and fdatasynced before it is acknowledged.
 
 Files are `journal-<seq>.log`. A file starts with a header (`magic | version u32 | salt | crc32c u32`: a random salt
-per file) and is preallocated: it is created at the full roll size with real zeros written, or it is an older
-journal file the checkpoint no longer needs, renamed and reused (`SpareFile`), its header and zeros synced before its
-new name appears. So a group commit's fdatasync writes data only, never the inode's new size or block allocation.
+per file). It is an older journal file the checkpoint no longer needs, renamed and reused (`SpareFile`), its header
+synced with a new salt before its new name appears, so a group commit's fdatasync within its old size writes data
+only, never the inode's new size or block allocation. With no such file (the first lap: nothing released yet), a new
+file is its header only and grows by append. No zeros are ever written: filling a file with them while the bookie
+serves doubled the disk's writes (one bookie at 64 KiB: 2,540 adds/s against 3,290 by append).
 Each record is `length u32 | crc32c u32 | type u8 | tag | body`, where `length` counts the body, the tag is the
 file's (the CRC32C of its salt) and the CRC covers the salt, the type byte and the body: a record left from a reused
 file's earlier life, or zeros, fails its check.
@@ -55,16 +57,15 @@ LEDGER_AND_EPOCH = struct.Struct(">QQ")
 PREFIX = "journal-"
 SUFFIX = ".log"
 SPARE_NAME = "journal-spare.log"
-"""The next journal file, ready (header and zeros synced) before the writer needs it; never replayed."""
+"""The next journal file, a released one ready (its new header synced) before the writer needs it; never replayed."""
 FILLING_NAME = "journal-spare.tmp"
-"""A spare being zero-filled; removed at start (a crash cut its filling short)."""
+"""A spare an earlier bookfleet was filling with zeros; removed at start (a crash there cut its filling short)."""
 SALT_SIZE = 8
 FILE_HEADER = struct.Struct(f">8sI{SALT_SIZE}sI")
 """magic | format version | salt | crc32c of the fields before it."""
 MAGIC = b"bfjournl"
 FORMAT_VERSION = 2
 """Version 1 is the first format: no header, no salt, no END record (still replayed)."""
-_ZEROS = bytes(1 << 20)
 
 
 class RecordType(enum.IntEnum):
@@ -321,19 +322,14 @@ def _seal(path: Path, end: bytes, offset: int) -> None:
         os.close(fd)
 
 
-def _fill(fd: int, start: int, stop: int) -> None:
-    """Write real zeros over [start, stop): blocks allocated and written now, so later writes there change no
-    metadata (fallocate's unwritten extents would still be converted, in the journal of the file system, on sync)."""
-    while start < stop:
-        start += os.pwrite(fd, memoryview(_ZEROS)[: stop - start], start)
-
-
-def create_file(path: Path, salt: bytes, size: int) -> None:
-    """A new journal file: its header, then zeros up to `size`, synced (its name is the caller's to sync)."""
+def create_file(path: Path, salt: bytes) -> None:
+    """A new journal file, its header only, synced (its name is the caller's to sync): it grows by append. Never
+    filled with zeros first, nor fallocated (its unwritten extents would still be converted, in the journal of the
+    file system, on each sync): zeros written while the bookie serves doubled its disk writes, and at start they
+    delayed it and took the roll size of disk on every restart."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.pwrite(fd, file_header(salt), 0)
-        _fill(fd, FILE_HEADER.size, size)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -341,25 +337,23 @@ def create_file(path: Path, salt: bytes, size: int) -> None:
 
 class SpareFile:
     """The next journal file, made before the writer rolls into it: an older journal file the checkpoint no longer
-    needs (`recycle`: a new salt in its header, zeros up to the roll size), else a new one filled with zeros by a
-    thread of its own (`fill_soon`). One at a time; only the writer takes it (`take`), by a rename.
+    needs (`recycle`: a new salt in its header, its size and blocks kept). One at a time; only the writer takes it
+    (`take`), by a rename. None is made otherwise: on the first lap the writer rolls into a file of its header only.
 
     A spare's header, with a salt it never had, is synced before the file gets its spare name, and the spare name
     before its journal name: a journal name never shows a file whose salt is the one of its earlier life."""
 
-    def __init__(self, directory: Path, size: int):
+    def __init__(self, directory: Path):
         self.path = directory / SPARE_NAME
         self._filling_path = directory / FILLING_NAME
-        self._size = size
         self._lock = threading.Lock()
         self.salt: bytes | None = None
         """The ready spare's salt; None while there is none."""
         self._busy = False
         """A spare is being made."""
-        self._filler: threading.Thread | None = None
 
     def load(self) -> None:
-        """Take up a spare the last run left ready; remove one a crash left half filled."""
+        """Take up a spare the last run left ready; remove one an earlier bookfleet's crash left half filled."""
         self._filling_path.unlink(missing_ok=True)
         with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as file:
             salt = file_salt(file.read(FILE_HEADER.size))
@@ -370,7 +364,8 @@ class SpareFile:
 
     def recycle(self, old: Path) -> bool:
         """Make `old`, a journal file no replay reads any more, the spare, unless one is ready or being made
-        (then the caller removes it). Its earlier records stay: the new salt fails every one of them."""
+        (then the caller removes it). Its earlier records stay: the new salt fails every one of them. It is not
+        extended: a file that rolled short of the roll size grows by append past its end, and keeps that size."""
         with self._lock:
             if self.salt is not None or self._busy:
                 return False
@@ -381,7 +376,6 @@ class SpareFile:
                 with open(old, "rb") as file:
                     earlier = file_salt(file.read(FILE_HEADER.size))
                 salt = _new_salt(earlier)
-                _fill(fd, os.fstat(fd).st_size, self._size)
                 os.pwrite(fd, file_header(salt), 0)
                 os.fsync(fd)
             finally:
@@ -393,34 +387,6 @@ class SpareFile:
         except OSError:
             log.warning("journal file %s could not be reused; removing it", old, exc_info=True)
             return False
-        finally:
-            with self._lock:
-                self._busy = False
-
-    def fill_soon(self) -> None:
-        """Start filling a new spare with zeros in a thread, unless one is ready or being made."""
-        with self._lock:
-            if self.salt is not None or self._busy:
-                return
-            self._busy = True
-        self._filler = threading.Thread(target=self._fill_new, name="journal-spare", daemon=True)
-        self._filler.start()
-
-    def wait(self) -> None:
-        """Wait for a spare being filled with zeros (when the journal stops)."""
-        if self._filler is not None:
-            self._filler.join()
-
-    def _fill_new(self) -> None:
-        try:
-            salt = _new_salt(None)
-            self._filling_path.unlink(missing_ok=True)
-            create_file(self._filling_path, salt, self._size)
-            with self._lock:
-                os.rename(self._filling_path, self.path)
-                self.salt = salt
-        except OSError:
-            log.warning("no spare journal file (the next roll creates one as it goes)", exc_info=True)
         finally:
             with self._lock:
                 self._busy = False
@@ -457,7 +423,8 @@ def _record_pieces(fmt: RecordFormat, rtype: RecordType, bodies: list[bytes]) ->
 
 
 class Journal:
-    """Append-only, group-committed journal in one directory, written by its own thread into preallocated files."""
+    """Append-only, group-committed journal in one directory, written by its own thread into reused files (else
+    files that grow by append)."""
 
     def __init__(
         self,
@@ -491,14 +458,13 @@ class Journal:
         self._format = record_format(bytes(SALT_SIZE))
         """The salted records appends make: the next file's from the moment the writer takes the current file's
         last batch (swapped under the lock: `_queue` re-salts records made for the file before meanwhile)."""
-        self._spare = SpareFile(directory, roll_bytes)
+        self._spare = SpareFile(directory)
         self._fd = -1
         self._seq = 0
         self._file_format = self._format
         """The records of the file being written (its END record's)."""
         self._offset = 0
         self._roll_at = roll_bytes
-        self._spare_asked = False
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: threading.Thread | None = None
@@ -507,13 +473,13 @@ class Journal:
 
     async def start(self) -> None:
         """Start a new journal file (never append to one a crash may have torn) and the writer thread. The file is
-        the spare the last run left, else one filled with zeros now, before the bookie serves."""
+        the spare the last run left, else a new one that grows by append (see `create_file`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         seqs = journal_seqs(self.directory)
         await asyncio.to_thread(self._spare.load)
         salt = self._spare.salt or _new_salt(None)
         self._format = record_format(salt)
-        await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1, salt, self._roll_bytes)
+        await asyncio.to_thread(self._open, (seqs[-1] + 1) if seqs else 1, salt)
         self.synced = JournalPosition(self._seq, self._offset)
         self._loop = asyncio.get_running_loop()
         self._batch = Batch(loop=self._loop)
@@ -594,8 +560,7 @@ class Journal:
             log.warning("journal %s: no END record written at close (the next start seals it)", self.directory)
 
     def stop_writer(self) -> None:
-        """Stop the writer thread once it waits for records (what is still pending is left unwritten), and wait
-        for a spare it asked for."""
+        """Stop the writer thread once it waits for records (what is still pending is left unwritten)."""
         if self._writer is None:
             return
         with self._lock:
@@ -603,16 +568,15 @@ class Journal:
             self._records_ready.notify()
         self._writer.join()
         self._writer = None
-        self._spare.wait()
 
     # --- writer side ---------------------------------------------------------------------------------------
 
-    def _open(self, seq: int, salt: bytes, size: int) -> None:
-        """Start writing file `seq` salted with `salt`: the spare if it has that salt, else a new file of `size`
-        (a roll that finds no spare ready creates one of its header only, which then grows by append)."""
+    def _open(self, seq: int, salt: bytes) -> None:
+        """Start writing file `seq` salted with `salt`: the spare if it has that salt, else a new file of its header
+        only, which grows by append."""
         path = journal_path(self.directory, seq)
         if not self._spare.take(path, salt):
-            create_file(path, salt, size)
+            create_file(path, salt)
         fsync_dir(self.directory)
         fd = os.open(path, os.O_WRONLY)
         os.lseek(fd, FILE_HEADER.size, os.SEEK_SET)
@@ -621,7 +585,6 @@ class Journal:
         self._fd, self._seq, self._offset = fd, seq, FILE_HEADER.size
         self._file_format = record_format(salt)
         self._roll_at = roll_point(self._roll_bytes)
-        self._spare_asked = False
 
     def _write_and_sync(self, pieces: list[bytes]) -> float:
         """Write and fdatasync; returns the seconds it took."""
@@ -664,10 +627,7 @@ class Journal:
                 seconds = self._write_and_sync(pieces)
                 self._offset += size
                 if next_salt is not None:
-                    self._open(self._seq + 1, next_salt, FILE_HEADER.size)
-                elif not self._spare_asked and 2 * self._offset >= self._roll_at:
-                    self._spare.fill_soon()  # a checkpoint's reuse of an older file usually made one long before
-                    self._spare_asked = True
+                    self._open(self._seq + 1, next_salt)
                 synced = JournalPosition(self._seq, self._offset)
             except OSError as exc:
                 with self._lock:

@@ -93,8 +93,8 @@ class StorageSettings:
     journal_flush_bytes: int = 512 * 1024
     """A batch this large is written at once, without waiting."""
     journal_roll_bytes: int = 256 * 1024 * 1024
-    """A journal file rolls somewhere between half of this and this (journal.roll_point); each file is written at
-    this size before use (zeros, or an older file reused), and a bookie's first start writes one such file."""
+    """A journal file rolls somewhere between half of this and this (journal.roll_point); it is an older file
+    reused at the size it had, or, on the first lap, a new one that grows by append (no zeros written ahead)."""
     memtable_bytes: int = 64 * 1024 * 1024
     """Flush the memtable to the entry log once it holds this much."""
     flush_interval: float = 0.25

@@ -421,6 +421,39 @@ async def test_a_reused_journal_file_replays_only_its_new_life(tmp_path):
     assert reused.count(b"earlier life") > 100  # the earlier life is still there, behind the new records
 
 
+async def test_the_first_lap_writes_no_zeros_its_files_grow_by_append_until_one_is_released(tmp_path):
+    """Before a checkpoint releases a file there is nothing to reuse: the first file (also at start) and each one
+    after it hold their header and their records, not a byte more (zeros written while serving doubled the disk's
+    writes), and no spare is made. A released file becomes the spare at the size it had, and grows past it."""
+    log = journal.Journal(tmp_path, max_wait=0, flush_bytes=1 << 20, roll_bytes=16 * 1024)
+    await log.start()
+    first = journal.journal_path(tmp_path, log.current_seq)
+    assert first.stat().st_size == journal.FILE_HEADER.size
+    while len(journal.journal_seqs(tmp_path)) < 4:
+        await log.append(journal.RecordType.ADD, b"first lap " * 30)
+        assert not (tmp_path / journal.SPARE_NAME).exists()
+        current = journal.journal_path(tmp_path, log.current_seq)
+        assert current.stat().st_size == log.synced.offset  # the file ends where its records do
+    for seq in journal.journal_seqs(tmp_path)[:-1]:
+        path = journal.journal_path(tmp_path, seq)
+        offset, rtype, _ = journal_records(path)[-1]
+        assert rtype == journal.RecordType.END and path.stat().st_size == offset + journal.SALTED_RECORD_HEADER.size
+
+    released_size = first.stat().st_size
+    log.remove_before(log.synced)
+    spare = (tmp_path / journal.SPARE_NAME).stat()
+    assert spare.st_size == released_size and not first.exists()
+    while journal.journal_path(tmp_path, log.current_seq).stat().st_ino != spare.st_ino:
+        await log.append(journal.RecordType.ADD, b"next lap " * 30)
+    reused_seq = log.current_seq
+    while log.current_seq == reused_seq:  # until it rolls: it may pass its earlier size
+        await log.append(journal.RecordType.ADD, b"next lap " * 30)
+    reused = journal.journal_path(tmp_path, reused_seq)
+    end, _, _ = journal_records(reused)[-1]
+    assert reused.stat().st_size == max(released_size, end + journal.SALTED_RECORD_HEADER.size)
+    await log.close()
+
+
 def first_format_record(rtype: journal.RecordType, body: bytes) -> bytes:
     """A record as the journal's first format wrote it: no file header before it, its CRC32C over type and body."""
     return journal.RECORD_HEADER.pack(len(body), crc32c.crc32c(bytes([rtype]) + body), rtype) + body
