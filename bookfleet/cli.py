@@ -11,9 +11,7 @@ import importlib
 import logging
 import pkgutil
 import sys
-from importlib.metadata import version
 
-import shtab
 from kazoo.exceptions import NoAuthError
 
 from bookfleet import commands
@@ -42,6 +40,31 @@ EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes": "operator", "yam
 """Modules the base install lacks -> the extra of pyproject.toml that brings them."""
 
 
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh", "fish", "powershell")
+"""The shells shtab writes completion scripts for."""
+
+
+class _Version(argparse._VersionAction):
+    """argparse's --version, the installed version looked up only when asked: importlib.metadata and the lookup
+    are a few hundredths of a second of every command's start, every bookie's among them."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        self.version = f"%(prog)s {version('bookfleet')}"
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _PrintCompletion(argparse.Action):
+    """shtab's --print-completion, shtab imported only when asked for (for the same reason as `_Version`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import shtab
+
+        print(shtab.complete(parser, values))
+        parser.exit(0)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `command` (the first word of one) only the module of that name registers when
     there is one (`status` or `delete-cluster`, not `operator`), so a command starts without importing all the
@@ -50,8 +73,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bookfleet", description="Bookies, ledgers, topics, auto-recovery and the Kubernetes operator."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('bookfleet')}")
-    shtab.add_argument_to(parser, "--print-completion", help="print a bash, zsh or tcsh completion script")
+    parser.add_argument("--version", action=_Version)
+    parser.add_argument(
+        "--print-completion", action=_PrintCompletion, choices=COMPLETION_SHELLS,
+        help="print a bash, zsh or tcsh completion script",
+    )
     parser.add_argument(
         "--log-level", type=str.upper, choices=LOG_LEVELS,
         help=f"logging level (default {DEFAULT_LOG_LEVEL}; INFO for the long-running bookie, auditor, operator, "
@@ -68,9 +94,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def first_word(argv: list[str]) -> str | None:
-    """The first argument that is not an option: the command, unless an option's value comes first (`--log-level
-    INFO status`), which only makes build_parser register every command."""
-    return next((arg for arg in argv if not arg.startswith("-")), None)
+    """The first argument that is neither an option nor `--log-level`'s value: the command (`--log-level INFO
+    bookie`, as a fleet starts its bookies, registers the bookie alone). Another option's value first
+    (`--print-completion bash`) only makes build_parser register every command."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def configure_logging(args: argparse.Namespace) -> None:

@@ -205,8 +205,9 @@ def test_the_bookie_table_aligns_its_columns_and_colours_only_the_state():
 
 
 def test_a_command_registers_alone_and_anything_else_gets_every_command():
-    """`bookfleet status` imports only its own module (not aiohttp's bookie or Spark's jobs); a word that names no
-    module (`operator` lives in kube_operator, an option's value) or none registers every command."""
+    """`bookfleet status` imports only its own module (not the bookie or Spark's jobs), also after `--log-level`'s
+    value (as a fleet starts its bookies); a word that names no module (`operator` lives in kube_operator, another
+    option's value) or none registers every command."""
     probe = ("import sys; from bookfleet import cli; parser = cli.build_parser(cli.first_word(sys.argv[1:])); "
              "print(sorted(parser._subparsers._group_actions[0].choices), 'aiohttp' in sys.modules)")
 
@@ -215,6 +216,7 @@ def test_a_command_registers_alone_and_anything_else_gets_every_command():
                               check=True).stdout.strip()
     assert registered("status", "--zk", "h:1") == "['status'] False"
     assert registered("-v", "delete-cluster") == "['delete-cluster'] False"
-    for argv in (["operator"], ["--log-level", "INFO", "status"], []):
+    assert registered("--log-level", "INFO", "bookie") == "['bookie'] False"
+    for argv in (["operator"], ["--print-completion", "bash"], []):
         every = registered(*argv)
         assert "'operator'" in every and "'status'" in every and "'bookie'" in every, argv
