@@ -24,9 +24,9 @@ from bookfleet import childprocess
 from bookfleet import localsecurity as local_security
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.acls import secure_tree
-from bookfleet.security.certs import CA_FILE, CertificateAuthority, write_tls_dir
+from bookfleet.security.certs import CertificateAuthority, write_tls_dir
 from bookfleet.security.roles import Role
-from bookfleet.security.tls import bookie_host
+from bookfleet.security.tls import CA_FILE, bookie_host
 from bookfleet.zkserver import ZooKeeperServer, free_port
 
 log = logging.getLogger(__name__)

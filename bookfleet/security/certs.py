@@ -23,10 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bookfleet.security.roles import Role
+from bookfleet.security.tls import CA_FILE, CERT_FILE, KEY_FILE
 
-CA_FILE = "ca.pem"
-CERT_FILE = "cert.pem"
-KEY_FILE = "key.pem"
 ORGANIZATION = "bookfleet"
 CLOCK_SKEW = datetime.timedelta(minutes=5)
 """Certificates start this long before they are issued, so a peer whose clock lags still accepts them."""

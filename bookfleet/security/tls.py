@@ -20,8 +20,11 @@ import os
 import ssl
 from pathlib import Path
 
-from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
-
+CA_FILE = "ca.pem"
+CERT_FILE = "cert.pem"
+KEY_FILE = "key.pem"
+"""A TLS directory's files in our names. They live here, not beside the certificates' issuing (`certs`): a bookie or
+client that only reads its directory does not import `cryptography` (a twentieth of a second of every start)."""
 KUBERNETES_FILES = ("ca.crt", "tls.crt", "tls.key")
 """The same three files as a kubernetes.io/tls Secret (and cert-manager) names them."""
 

@@ -15,7 +15,7 @@ import pytest
 
 from bookfleet import childprocess, wire
 from bookfleet.bench.bookkeeper import BOOKIE_SETTINGS, JAVA17_OPENS, STORAGE_CLASSES, built_reference
-from bookfleet.security.certs import CA_FILE, CERT_FILE, KEY_FILE
+from bookfleet.security.tls import CA_FILE, CERT_FILE, KEY_FILE
 from bookfleet.zkserver import free_port
 
 requires_java = pytest.mark.skipif(
