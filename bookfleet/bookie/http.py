@@ -126,8 +126,8 @@ class BookieMetrics:
         return generate_latest(self.registry)
 
 
-REQUEST_HEAD_TIMEOUT = 10.0
-"""How long a connection may take to send its request line and headers before it is closed unanswered."""
+EXCHANGE_TIMEOUT = 5.0
+"""How long one connection may take to send its request and take the answer before it is closed."""
 TEXT = "text/plain; charset=utf-8"
 
 log = logging.getLogger(__name__)
@@ -154,26 +154,30 @@ class HealthServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
+        """Close the listening socket. An exchange still under way is not waited for (Python 3.12's wait_closed
+        would wait for it): it ends with its timeout or the event loop."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_HEAD_TIMEOUT)
-            method, _, rest = head.partition(b" ")
-            status, content_type, body = self._answer(method, rest.partition(b" ")[0].partition(b"?")[0])
-            writer.write(
-                f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + (body if method != b"HEAD" else b"")
-            )
-            await writer.drain()
+            await asyncio.wait_for(self._exchange(reader, writer), EXCHANGE_TIMEOUT)
         except (OSError, ssl.SSLError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # the peer went away, never finished its request, or sent headers past the stream's limit
+            pass  # the peer went away, was too slow, or sent headers past the stream's limit
         finally:
             writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        method, _, rest = head.partition(b" ")
+        status, content_type, body = self._answer(method, rest.partition(b" ")[0].partition(b"?")[0])
+        writer.write(
+            f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + (body if method != b"HEAD" else b"")
+        )
+        await writer.drain()
 
     def _answer(self, method: bytes, path: bytes) -> tuple[http.HTTPStatus, str, bytes]:
         route = self._routes.get(path)

@@ -101,7 +101,7 @@ class BookieNode:
             finally:
                 await self.storage.close()
         finally:
-            await self.health.stop()
+            self.health.stop()
             await asyncio.to_thread(zk.stop)
             await asyncio.to_thread(zk.close)
 

@@ -61,7 +61,7 @@ async def test_probes_and_scrapes_are_answered_and_each_connection_closed_after_
         assert (await exchange(server.port, get("/metrics", "POST")))[0] == b"HTTP/1.1 405 Method Not Allowed"
         assert (await exchange(server.port, b"GARBAGE\r\n\r\n"))[0] == b"HTTP/1.1 404 Not Found"
     finally:
-        await server.stop()
+        server.stop()
 
 
 async def test_https_presents_a_rotated_certificate_from_the_connection_after_the_request_that_saw_it(
@@ -83,4 +83,4 @@ async def test_https_presents_a_rotated_certificate_from_the_connection_after_th
         rotated = (await exchange(server.port, get("/readyz"), prober))[3]
         assert rotated["serialNumber"] != first["serialNumber"]
     finally:
-        await server.stop()
+        server.stop()
