@@ -11,8 +11,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
@@ -165,11 +167,8 @@ PyDoc_STRVAR(frame_of_doc,
 "The whole ADD request frame of one entry: bkwire.AddRequestEncoder.frame_head(txn, entry_id, size) followed by\n"
 "wire.Digester.encode's entry (header, digest, payload), byte for byte; `txn` is the txnId's varint.");
 
-static PyObject *encoder_frame_of(AddFrameEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "frame_of takes 5 arguments, %zd given", nargs);
-        return NULL;
-    }
+/* frame_of's frame of args[0:5] (txn, entry_id, lac, length, payload). */
+static PyObject *add_frame(AddFrameEncoder *self, PyObject *const *args) {
     PyObject *txn = args[0], *payload = args[4];
     if (!PyBytes_Check(txn) || PyBytes_GET_SIZE(txn) < 1 || PyBytes_GET_SIZE(txn) > MAX_TXN_SIZE) {
         PyErr_SetString(PyExc_ValueError, "txn must be a txnId's varint, 1 to 10 bytes");
@@ -231,8 +230,125 @@ static PyObject *encoder_frame_of(AddFrameEncoder *self, PyObject *const *args, 
     return frame;
 }
 
+static PyObject *encoder_frame_of(AddFrameEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "frame_of takes 5 arguments, %zd given", nargs);
+        return NULL;
+    }
+    return add_frame(self, args);
+}
+
+/* --- PendingAdd --------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long entry_id;
+    long long length;
+    PyObject *body;
+    PyObject *txn;
+    PyObject *on_done;
+    double sent_at;
+    PyObject *acks;
+    PyObject *owed;
+} PendingAdd;
+
+static PyTypeObject *pending_add_type; /* set by module_exec; the module lives as long as the process */
+
+static int pending_add_traverse(PendingAdd *self, visitproc visit, void *arg) {
+    Py_VISIT(self->on_done);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int pending_add_clear(PendingAdd *self) {
+    Py_CLEAR(self->body);
+    Py_CLEAR(self->txn);
+    Py_CLEAR(self->on_done);
+    Py_CLEAR(self->acks);
+    Py_CLEAR(self->owed);
+    return 0;
+}
+
+static void pending_add_dealloc(PendingAdd *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    pending_add_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef pending_add_members[] = {
+    {"entry_id", T_LONGLONG, offsetof(PendingAdd, entry_id), READONLY, NULL},
+    {"length", T_LONGLONG, offsetof(PendingAdd, length), READONLY, NULL},
+    {"body", T_OBJECT_EX, offsetof(PendingAdd, body), READONLY,
+     "The whole ADD_ENTRY request frame, the encoded entry in it: built once, sent unchanged to the whole write set."},
+    {"txn", T_OBJECT_EX, offsetof(PendingAdd, txn), READONLY,
+     "The txnId's varint in `body`: unique on every connection, so the one frame serves them all."},
+    {"on_done", T_OBJECT_EX, offsetof(PendingAdd, on_done), READONLY, NULL},
+    {"sent_at", T_DOUBLE, offsetof(PendingAdd, sent_at), 0, "When it was last sent (time.monotonic's clock)."},
+    {"acks", T_OBJECT_EX, offsetof(PendingAdd, acks), 0, "Bit p set: ensemble position p has the entry durably."},
+    {"owed", T_OBJECT_EX, offsetof(PendingAdd, owed), 0,
+     "Bit p set: the bookie at position p was sent the entry (or holds it in its backlog) and has not answered."},
+    {NULL},
+};
+
+static PyType_Slot pending_add_slots[] = {
+    {Py_tp_dealloc, pending_add_dealloc},
+    {Py_tp_traverse, pending_add_traverse},
+    {Py_tp_clear, pending_add_clear},
+    {Py_tp_members, pending_add_members},
+    {Py_tp_doc, "One add of a ledger writer until every bookie it was sent to answered (BookKeeper's PendingAddOp);\n"
+                "made by AddFrameEncoder.pending_add."},
+    {0, NULL},
+};
+
+static PyType_Spec pending_add_spec = {
+    "bookfleet._clientadds.PendingAdd", sizeof(PendingAdd), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    pending_add_slots,
+};
+
+PyDoc_STRVAR(pending_add_doc,
+"pending_add(txn, entry_id, lac, length, payload, on_done) -> PendingAdd\n\n"
+"The writer's object of one add: its frame as frame_of makes it (`body`), `txn`, `entry_id`, `length`, `on_done`,\n"
+"`sent_at` now (CLOCK_MONOTONIC: time.monotonic's clock) and no acks or answers owed yet.");
+
+static PyObject *encoder_pending_add(AddFrameEncoder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "pending_add takes 6 arguments, %zd given", nargs);
+        return NULL;
+    }
+    struct timespec now;
+    if (clock_gettime(CLOCK_MONOTONIC, &now) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *body = add_frame(self, args); /* checks entry_id and length: they are ints below */
+    if (body == NULL) return NULL;
+    PendingAdd *add = PyObject_GC_New(PendingAdd, pending_add_type);
+    if (add == NULL) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    add->entry_id = PyLong_AsLongLong(args[1]);
+    add->length = PyLong_AsLongLong(args[3]);
+    add->body = body;
+    Py_INCREF(args[0]);
+    add->txn = args[0];
+    Py_INCREF(args[5]);
+    add->on_done = args[5];
+    add->sent_at = (double)now.tv_sec + now.tv_nsec * 1e-9;
+    PyObject *zero = PyLong_FromLong(0);
+    add->acks = zero;
+    Py_INCREF(zero);
+    add->owed = zero;
+    PyObject_GC_Track(add);
+    if (add->length == -1 && PyErr_Occurred()) {
+        Py_DECREF(add);
+        return NULL;
+    }
+    return (PyObject *)add;
+}
+
 static PyMethodDef encoder_methods[] = {
     {"frame_of", (PyCFunction)(void (*)(void))encoder_frame_of, METH_FASTCALL, frame_of_doc},
+    {"pending_add", (PyCFunction)(void (*)(void))encoder_pending_add, METH_FASTCALL, pending_add_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -359,6 +475,13 @@ static PyMethodDef module_methods[] = {
 
 static int module_exec(PyObject *module) {
     choose_crc32c();
+    pending_add_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &pending_add_spec, NULL);
+    if (pending_add_type == NULL) return -1;
+    Py_INCREF(pending_add_type);
+    if (PyModule_AddObject(module, "PendingAdd", (PyObject *)pending_add_type) < 0) {
+        Py_DECREF(pending_add_type);
+        return -1;
+    }
     PyObject *encoder = PyType_FromModuleAndSpec(module, &encoder_spec, NULL);
     if (encoder == NULL) return -1;
     int failed = PyModule_AddObject(module, "AddFrameEncoder", encoder);

@@ -564,9 +564,10 @@ class AddRequestEncoder:
 
 class AddFrameEncoder(_clientadds.AddFrameEncoder):
     """A writer's whole add frames, the entry encoded in them, in one C call (`frame_of(txn, entry_id, lac, length,
-    payload)`): byte for byte `frame_head`'s bytes and then `wire.Digester.encode`'s entry (header, digest,
-    payload). The ledger writer's per-entry encode, in C because in Python it was a quarter of the client's
-    instructions per entry (docs/design.md); a CRC32C digest is made in C too, any other by the ledger's digest."""
+    payload)`, or `pending_add`: see `PendingAdd`): byte for byte `frame_head`'s bytes and then
+    `wire.Digester.encode`'s entry (header, digest, payload). The ledger writer's per-entry encode, in C because in
+    Python it was a quarter of the client's instructions per entry (docs/design.md); a CRC32C digest is made in C
+    too, any other by the ledger's digest."""
 
     __slots__ = ()
 
@@ -574,6 +575,13 @@ class AddFrameEncoder(_clientadds.AddFrameEncoder):
         fixed = AddRequestEncoder(ledger_id, master_key, writer_epoch, recovery).fixed
         digest = None if digester.digest_type == wire.DigestType.CRC32C else digester.digest
         return super().__new__(cls, ledger_id, fixed, digester.size, digest)
+
+
+PendingAdd = _clientadds.PendingAdd
+"""The ledger writer's object of one add until every bookie it was sent to answered (BookKeeper's PendingAddOp), made
+with its frame and send time in one C call, `AddFrameEncoder.pending_add(txn, entry_id, lac, length, payload,
+on_done)`: `entry_id`, `length`, `body` (the frame), `txn`, `on_done` read-only; `sent_at` (time.monotonic's clock),
+`acks` and `owed` (bitmasks of ensemble positions, 0 at first) the writer's to change."""
 
 
 def with_txn(frame: bytes, txn: bytes) -> bytes:

@@ -46,30 +46,15 @@ from bookfleet.meta.metadata import LedgerMetadata, LedgerState, MetadataStore, 
 from bookfleet.meta.underreplication import UnderReplication
 
 log = logging.getLogger(__name__)
-_monotonic = time.monotonic
-
-
 
 
 AddCallback = Callable[[int, BaseException | None], None]
 """`on_done(entry_id, error)` of `append_callback`: error is None once Qa bookies have the entry durably."""
 
 
-@dataclass(slots=True, eq=False)
-class _Add:
-    entry_id: int
-    length: int
-    body: bytes
-    """The whole ADD_ENTRY request frame, the encoded entry in it: built once, sent unchanged to every bookie of the
-    set."""
-    txn: bytes
-    """The txnId in `body` (connection.next_txn's): unique on every connection, so the one frame serves them all."""
-    on_done: AddCallback
-    sent_at: float
-    acks: int = 0
-    """Bit p set: ensemble position p has the entry durably."""
-    owed: int = 0
-    """Bit p set: the bookie at position p was sent the entry (or holds it in its backlog) and has not answered."""
+_Add = bkwire.PendingAdd
+"""One add, until every bookie it was sent to answered: its frame (`body`, shared by the whole write set), `acks` and
+`owed` as bitmasks of ensemble positions (see bkwire.PendingAdd)."""
 
 
 def _settle_future(future: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
@@ -258,8 +243,7 @@ class LedgerWriter(EnsembleChange):
         self._next_entry_id = entry_id + 1
         self._pushed_length = length
         txn = next_txn()
-        add = _Add(entry_id, length, self._add_frames.frame_of(txn, entry_id, lac, length, payload), txn, on_done,
-                   _monotonic())
+        add = self._add_frames.pending_add(txn, entry_id, lac, length, payload, on_done)
         self._pending.append(add)
         senders = self._senders
         for position in self._write_sets[entry_id % len(self._write_sets)]:

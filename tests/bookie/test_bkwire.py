@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -290,7 +291,8 @@ _PAYLOADS = st.binary(max_size=3000) | st.integers(0, 1 << 20).map(
 def test_the_c_encoder_s_frames_are_the_python_encoders_and_protobuf_s(fields, entries, digest_type):
     """The writer's one-call add frame, made in C (AddFrameEncoder), is byte for byte `frame_head` + `Digester.encode`
     (struct, crc32c, zlib, hmac): for ids, lacs and lengths of every varint length, txnIds up to 2^64 - 1, payloads
-    from empty to 1 MiB, every digest type; and protobuf parses it as the same Request."""
+    from empty to 1 MiB, every digest type; and protobuf parses it as the same Request. The writer's PendingAdd
+    (`pending_add`) carries that frame, its fields and time.monotonic's time."""
     digester = wire.Digester(digest_type, b"password")
     args = (fields["ledger_id"], MASTER_KEY, fields["writer_epoch"], fields["recovery"])
     frames, head = bkwire.AddFrameEncoder(*args, digester), bkwire.AddRequestEncoder(*args)
@@ -300,6 +302,12 @@ def test_the_c_encoder_s_frames_are_the_python_encoders_and_protobuf_s(fields, e
         entry = digester.encode(fields["ledger_id"], entry_id, lac, length, payload)
         frame = frames.frame_of(txn, entry_id, lac, length, payload)
         assert frame == head.frame_head(txn, entry_id, overhead + len(payload)) + entry
+        before = time.monotonic()
+        add = frames.pending_add(txn, entry_id, lac, length, payload, print)
+        assert (add.body, add.txn, add.entry_id, add.length, add.on_done, add.acks, add.owed) == (
+            frame, txn, entry_id, length, print, 0, 0
+        )
+        assert before <= add.sent_at <= time.monotonic()
         request = bkprotocol.Request.FromString(body(frame))
         assert (request.header.txnId, request.addRequest.entryId, request.addRequest.body) == (
             fields["txn_id"], entry_id, entry
