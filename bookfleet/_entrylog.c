@@ -5,7 +5,8 @@
  * It exists because the profile proved this loop dominant (docs/design.md): in Python a flush cost ~10k instructions
  * per entry, a generator step, a struct pack, two list appends and a row tuple among them, all holding the GIL. Here
  * the per-entry work under the GIL is reading each entry's id and size and taking a reference to it; the bytes are
- * copied with the GIL released (the references keep every entry alive and bytes are immutable). */
+ * copied with the GIL released where they are many (the references keep every entry alive and bytes are
+ * immutable). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -13,6 +14,9 @@
 #include <string.h>
 
 #define RECORD_HEADER_SIZE 20 /* length u32, ledger u64, entry i64 */
+#define GIL_FREE_COPY_BYTES (64 * 1024)
+/* Copies at least this long are made with the GIL released: a shorter one takes less time than handing the GIL over
+ * and waiting to get it back. */
 
 typedef struct {
     PyObject *entry; /* a reference held while the GIL is released */
@@ -90,7 +94,7 @@ static PyObject *pack_records(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (packed != NULL && offsets != NULL && sizes != NULL) {
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(packed);
         uint8_t *offset_out = (uint8_t *)PyBytes_AS_STRING(offsets), *size_out = (uint8_t *)PyBytes_AS_STRING(sizes);
-        Py_BEGIN_ALLOW_THREADS
+        PyThreadState *released = offset - start >= GIL_FREE_COPY_BYTES ? PyEval_SaveThread() : NULL;
         uint64_t at = (uint64_t)start;
         for (Py_ssize_t i = 0; i < count; i++) {
             Record *record = &records[i];
@@ -104,7 +108,7 @@ static PyObject *pack_records(PyObject *self, PyObject *const *args, Py_ssize_t 
             put_le32(size_out + 4 * i, record->size);
             at += record->size;
         }
-        Py_END_ALLOW_THREADS
+        if (released != NULL) PyEval_RestoreThread(released);
         result = Py_BuildValue("(NnNNK)", packed, count, offsets, sizes, (unsigned long long)total);
         packed = offsets = sizes = NULL; /* the tuple owns them, or Py_BuildValue released them */
     }
