@@ -7,8 +7,8 @@ older run around it in the same transaction, which keeps a row per entry's INSER
 
 One connection writes (flushes and GC's compaction, from worker threads, one statement or transaction at a time
 under a lock: compaction runs alongside flushes) and commits with synchronous=FULL in WAL mode; another reads on
-the event loop (WAL readers never wait for the writer). Every flush is one transaction with
-batched inserts, committed only after the entry log it points into is fsynced.
+the event loop (WAL readers never wait for the writer). Every flush is one transaction, committed only after the
+entry log it points into is fsynced.
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ Run = tuple[int, int, int, int, bytes, bytes, int]
 """A row of `runs`: (ledger, first, last, log, offsets, sizes, bytes): entries first..last of a ledger, every one of
 them, in one entry log; each one's offset (u64) and size (u32) packed little-endian in id order, and their sum."""
 _INSERT_RUN = "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)"
-_AT_OR_AFTER_RUN_OF = "(SELECT COALESCE(MAX(first), ?2) FROM runs WHERE ledger = ?1 AND first <= ?2)"
+_FIRST_OF_RUN_AT = "(SELECT COALESCE(MAX(first), ?2) FROM runs WHERE ledger = ?1 AND first <= ?2)"
 """The first id of the run holding entry ?2 of ledger ?1 (or the one before it): runs never overlap, so every run
 that reaches into [?2, ?3] starts from there to ?3 (an index seek, however many runs the ledger has)."""
-_OVERLAPPING = f"SELECT * FROM runs WHERE ledger = ?1 AND first BETWEEN {_AT_OR_AFTER_RUN_OF} AND ?3 AND last >= ?2"
+_OVERLAPPING = f"SELECT * FROM runs WHERE ledger = ?1 AND first BETWEEN {_FIRST_OF_RUN_AT} AND ?3 AND last >= ?2"
 _LOCATE = (
     "SELECT log, substr(offsets, (?2 - first) * 8 + 1, 8), substr(sizes, (?2 - first) * 4 + 1, 4) FROM runs "
-    f"WHERE ledger = ?1 AND first = {_AT_OR_AFTER_RUN_OF} AND last >= ?2"
+    f"WHERE ledger = ?1 AND first = {_FIRST_OF_RUN_AT} AND last >= ?2"
 )
 _LOCATE_RANGE = (
-    f"SELECT first, last, log, offsets, sizes FROM runs WHERE ledger = ?1 AND first BETWEEN {_AT_OR_AFTER_RUN_OF} "
+    f"SELECT first, last, log, offsets, sizes FROM runs WHERE ledger = ?1 AND first BETWEEN {_FIRST_OF_RUN_AT} "
     "AND ?3 AND last >= ?2 ORDER BY first"
 )
 
