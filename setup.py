@@ -6,5 +6,6 @@ setup(
     ext_modules=[
         Extension("bookfleet._bookieadds", ["bookfleet/_bookieadds.c"]),
         Extension("bookfleet._clientadds", ["bookfleet/_clientadds.c"]),
+        Extension("bookfleet._entrylog", ["bookfleet/_entrylog.c"]),
     ],
 )

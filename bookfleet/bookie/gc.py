@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bookfleet.bookie.entrylog import EntryLogger
+from bookfleet.bookie.entrylog import EntryLogger, Written
 from bookfleet.bookie.index import LedgerIndex
 
 COPY_BATCH_BYTES = 8 * 1024 * 1024
@@ -49,16 +49,20 @@ def sweep(index: LedgerIndex, entry_logger: EntryLogger, deleted: list[int], min
 
 def compact(index: LedgerIndex, entry_logger: EntryLogger, log_id: int) -> None:
     """Copy the live entries of a log to the current log, fsync it, then repoint the index in one transaction (only
-    rows still in `log_id`: a flush may have written a newer copy of an entry meanwhile)."""
-    moved = []
-    batch: list[tuple[int, int, bytes]] = []
+    entries still in `log_id`: a flush may have written a newer copy of an entry meanwhile). Entries are read in
+    file order and appended as pieces of one ledger's ascending ids, which the index keeps as runs."""
+    moved: list[Written] = []
+    pieces: list[tuple[int, list[int], list[bytes]]] = []
     batch_bytes = 0
     for ledger_id, entry_id, offset, size in index.entries_in_log(log_id):
-        batch.append((ledger_id, entry_id, entry_logger.read(log_id, offset, size)))
+        if not pieces or pieces[-1][0] != ledger_id or entry_id <= pieces[-1][1][-1]:
+            pieces.append((ledger_id, [], []))
+        pieces[-1][1].append(entry_id)
+        pieces[-1][2].append(entry_logger.read(log_id, offset, size))
         batch_bytes += size
         if batch_bytes >= COPY_BATCH_BYTES:
-            moved += entry_logger.append(batch)
-            batch, batch_bytes = [], 0
-    moved += entry_logger.append(batch)
+            moved += entry_logger.append(pieces)
+            pieces, batch_bytes = [], 0
+    moved += entry_logger.append(pieces)
     entry_logger.sync()
-    index.relocate(log_id, [(log, offset, size, ledger, entry) for ledger, entry, log, offset, size in moved])
+    index.relocate(log_id, moved)

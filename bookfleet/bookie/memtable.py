@@ -55,9 +55,22 @@ class Memtable:
             for entry_id, entry in entries.items():
                 self.put(ledger_id, entry_id, entry)
 
-    def items(self) -> Iterator[tuple[int, int, bytes]]:
-        """Every entry ordered by ledger then entry, so each ledger's entries land together in the entry log."""
+    def steps(self, step_entries: int) -> Iterator[list[tuple[int, list[int], list[bytes]]]]:
+        """Every entry in steps of at most `step_entries`, each a list of (ledger, entry ids, their entries), ordered
+        by ledger then entry, so each ledger's entries land together in the entry log."""
+        step: list[tuple[int, list[int], list[bytes]]] = []
+        room = step_entries
         for ledger_id in sorted(self.ledgers):
             entries = self.ledgers[ledger_id]
-            for entry_id in sorted(entries):
-                yield ledger_id, entry_id, entries[entry_id]
+            entry_ids = sorted(entries)
+            position = 0
+            while position < len(entry_ids):
+                piece = entry_ids[position : position + room]
+                position += len(piece)
+                step.append((ledger_id, piece, list(map(entries.__getitem__, piece))))
+                room -= len(piece)
+                if not room:
+                    yield step
+                    step, room = [], step_entries
+        if step:
+            yield step

@@ -31,20 +31,19 @@ import asyncio
 import contextlib
 import heapq
 import hmac
-import itertools
 import logging
 import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bookfleet import wire
 from bookfleet.bookie import gc
 from bookfleet.bookie.checkpoint import JournalDamage, LastLogMark
-from bookfleet.bookie.entrylog import EntryLogger
+from bookfleet.bookie.entrylog import EntryLogger, Written
 from bookfleet.bookie.errors import (
     BadRequest,
     CannotVouch,
@@ -75,8 +74,10 @@ _CORRUPT_INDEX = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 """Primary SQLite result codes of an index file that is damaged or not a database: Python raises them as a plain
 sqlite3.DatabaseError, the class a refused row (IntegrityError) belongs to as well."""
 FLUSH_STEP_ENTRIES = 512
-"""Entries a flush appends to the entry log per worker-thread call: about half a millisecond of Python at 1 KiB,
-the longest the flush keeps the GIL from the event loop (the index's multi-row INSERTs are as short)."""
+"""Entries a flush appends to the entry log per worker-thread call. Their records are packed in C and copied and
+written without the GIL (entrylog.py), so what a step holds the GIL for is sorting and gathering them and a few
+Python calls: tens of microseconds at 1 KiB. A step costs a thread handoff of the event loop, well under a hundred
+instructions an entry at this size; the index's commit writes a row per run and is as short."""
 MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
@@ -650,37 +651,41 @@ class LedgerStorage:
 
     async def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
         """Append the snapshot to the entry log in steps of FLUSH_STEP_ENTRIES, each its own worker-thread call, so
-        the GIL goes back to the event loop between steps: the per-entry Python of a whole flush in one call held
-        it for tens of ms (the loop waiting out a switch interval at each of its syscalls meanwhile). Then sync the
-        log and index it (`_index_snapshot`). The snapshot stays readable throughout: the caller drops it only
-        once this returns."""
-        entries = snapshot.items()
-        locations: list[tuple[int, int, int, int, int]] = []
-        while step := await asyncio.to_thread(self._entry_logger.append, itertools.islice(entries, FLUSH_STEP_ENTRIES)):
-            locations += step
-        return await asyncio.to_thread(self._index_snapshot, locations, ledgers)
+        the GIL goes back to the event loop between steps (and while a step's bytes are copied and written). Then
+        sync the log and index it (`_index_snapshot`). The snapshot stays readable throughout: the caller drops it
+        only once this returns."""
+        steps = snapshot.steps(FLUSH_STEP_ENTRIES)
+        written: list[Written] = []
+        while appended := await asyncio.to_thread(self._append_step, steps):
+            written += appended
+        return await asyncio.to_thread(self._index_snapshot, written, ledgers)
 
-    def _index_snapshot(self, locations: list[tuple], ledgers: list[tuple]) -> dict[int, str]:
+    def _append_step(self, steps: Iterator[list[tuple[int, list[int], list[bytes]]]]) -> list[Written]:
+        """Append the next step of a snapshot (sorted and gathered here, in the worker thread); [] once done."""
+        step = next(steps, None)
+        return [] if step is None else self._entry_logger.append(step)
+
+    def _index_snapshot(self, written: list[Written], ledgers: list[tuple]) -> dict[int, str]:
         """Sync the entry log the snapshot was appended to, then index it; returns the ledgers the index refused
         (with why), after committing every other ledger on its own. A failure of the disk or the database itself
         (`_is_storage_error`) is raised instead: it is no ledger's fault."""
         self._entry_logger.sync()
         try:
-            self._index.commit_flush(locations, ledgers)
+            self._index.commit_flush(written, ledgers)
             return {}
         except Exception as exc:
             if _is_storage_error(exc):
                 raise
             log.warning("the index refused a flush; committing it ledger by ledger", exc_info=True)
-        by_ledger: dict[int, tuple[list[tuple], list[tuple]]] = {}
-        for row in locations:
-            by_ledger.setdefault(row[0], ([], []))[0].append(row)
+        by_ledger: dict[int, tuple[list[Written], list[tuple]]] = {}
+        for appended in written:
+            by_ledger.setdefault(appended[0], ([], []))[0].append(appended)
         for row in ledgers:
             by_ledger.setdefault(row[0], ([], []))[1].append(row)
         refused = {}
-        for ledger_id, (ledger_locations, rows) in by_ledger.items():
+        for ledger_id, (ledger_written, rows) in by_ledger.items():
             try:
-                self._index.commit_flush(ledger_locations, rows)
+                self._index.commit_flush(ledger_written, rows)
             except Exception as exc:
                 if _is_storage_error(exc):
                     raise

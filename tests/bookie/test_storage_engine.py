@@ -299,14 +299,14 @@ async def test_settings_reject_nonsense():
         StorageSettings(compaction_live_ratio=2)
 
 
-async def test_a_flush_of_many_entries_is_indexed_in_several_chunks_and_the_newest_copy_wins(open_storage):
-    """More entries than one multi-row INSERT takes (index.ROWS_PER_INSERT), with a partial last chunk; an entry
-    flushed twice is found at its second copy, also after a restart."""
+async def test_a_flush_of_many_entries_is_indexed_in_several_runs_and_the_newest_copy_wins(open_storage):
+    """More entries than one run holds (index.MAX_RUN_ENTRIES), with a partial last run; an entry flushed twice is
+    found at its second copy, also after a restart."""
     storage = await open_storage()
-    count = 2 * index.ROWS_PER_INSERT + 7
+    count = 2 * index.MAX_RUN_ENTRIES + 7
     first = await add_all(storage, 3, range(count), size=40)
     await storage.flush()
-    again = {e: make_entry(3, e, size=60) for e in (0, index.ROWS_PER_INSERT, count - 1)}
+    again = {e: make_entry(3, e, size=60) for e in (0, index.MAX_RUN_ENTRIES, count - 1)}
     await asyncio.gather(*(storage.add_entry(3, e, data, KEY, recovery=True) for e, data in again.items()))
     await storage.flush()
     expected = {**first, **again}

@@ -137,9 +137,13 @@ def test_each_image_answers_its_version_as_uid_10001_under_tini(built_images) ->
 
 
 def test_each_image_holds_the_compiled_add_loops_and_no_compiler(built_images) -> None:
-    """The package's C extensions (the bookie's and the client's add loops, bkwire's only implementation of them) are
-    built in each image's build stage: the image imports them, and carries no compiler."""
-    probe = "import shutil; from bookfleet import _bookieadds, _clientadds, bkwire; print(bool(shutil.which('gcc')))"
+    """The package's C extensions (the bookie's and the client's add loops, bkwire's only implementation of them, and
+    the entry log's append loop) are built in each image's build stage: the image imports them, and carries no
+    compiler."""
+    probe = (
+        "import shutil; from bookfleet import _bookieadds, _clientadds, _entrylog, bkwire; "
+        "print(bool(shutil.which('gcc')))"
+    )
     for name, image in built_images.items():
         result = image.run("python3", "-c", probe)
         assert result.returncode == 0 and result.stdout.split() == ["False"], (name, result.stderr)
