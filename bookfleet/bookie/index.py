@@ -33,7 +33,6 @@ CREATE TABLE IF NOT EXISTS runs (
     ledger INTEGER NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL, log INTEGER NOT NULL,
     offsets BLOB NOT NULL, sizes BLOB NOT NULL, bytes INTEGER NOT NULL, PRIMARY KEY (ledger, first)
 );
-CREATE INDEX IF NOT EXISTS runs_by_log ON runs (log);
 CREATE TABLE IF NOT EXISTS ledgers (
     ledger INTEGER PRIMARY KEY, master_key BLOB NOT NULL, fenced INTEGER NOT NULL,
     explicit_lac INTEGER NOT NULL, entry_lac INTEGER NOT NULL, last_entry INTEGER NOT NULL,
@@ -42,6 +41,11 @@ CREATE TABLE IF NOT EXISTS ledgers (
 """
 ADDED_COLUMNS = {"writer_epoch": "INTEGER NOT NULL DEFAULT 0"}
 """Columns of `ledgers` newer than some indexes on disk: added on open (an old ledger's writer epoch is 0)."""
+RUNS_BY_LOG = "CREATE INDEX IF NOT EXISTS entries ON runs (log)"
+"""GC's index of runs by entry log, named `entries` so that an older bookie refuses to open this index: its schema's
+`CREATE TABLE IF NOT EXISTS entries` fails on an index of that name. Without it, an older bookie started on this
+directory would make an empty table and answer "no such entry" for every flushed entry, which recovery and repair
+read as absence. Created once an older index's table of that name is converted."""
 FILE_NAME = "index.sqlite"
 MAX_RUN_ENTRIES = 1024
 """Entries of one run at most: a single entry's read loads its run's blobs (12 bytes an entry), so they stay a few
@@ -161,6 +165,7 @@ class LedgerIndex:
         self._writer.executescript(SCHEMA)
         self._add_missing_columns()
         self._convert_entries()
+        self._writer.execute(RUNS_BY_LOG)
         self._reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
     def _add_missing_columns(self) -> None:

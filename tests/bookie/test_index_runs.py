@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,3 +208,16 @@ async def test_an_index_of_a_row_per_entry_opens_converted_into_runs(open_storag
         runs = db.execute("SELECT ledger, first, last FROM runs ORDER BY ledger, first").fetchall()
     assert tables == {"runs", "ledgers"}
     assert runs == [(8, 0, 1023), (8, 1024, 2047), (8, 2048, 2499), (8, 2600, 2609), (9, 0, 2), (9, 5, 5)]
+
+
+async def test_an_older_bookie_refuses_an_index_of_runs_instead_of_reading_it_as_empty(open_storage, storage_dirs):
+    """An older bookie opens its index with `CREATE TABLE IF NOT EXISTS entries`: on an index of runs that must fail
+    (the bookie does not start), not make an empty table whose "no such entry" answers recovery takes for absence."""
+    _, ledger_dir = storage_dirs
+    storage = await open_storage()
+    await storage.close()
+    with (
+        contextlib.closing(sqlite3.connect(ledger_dir / index.FILE_NAME)) as db,
+        pytest.raises(sqlite3.OperationalError, match="already an index named entries"),
+    ):
+        db.executescript(OLD_ENTRIES_TABLE.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
