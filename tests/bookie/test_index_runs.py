@@ -53,12 +53,13 @@ class Model:
         self.copies = itertools.count()
 
     def flush(self, entry_ids: dict[int, set[int]]) -> None:
-        """A flush in steps of 7 entries (so steps end inside a ledger), each entry a copy of its own."""
+        """A flush in steps of 7 entries or 300 bytes (so steps end inside a ledger, by either bound), each entry a
+        copy of its own."""
         memtable = Memtable()
         for ledger_id, ids in entry_ids.items():
             for entry_id in ids:
                 memtable.put(ledger_id, entry_id, make_entry(ledger_id, entry_id, size=next(self.copies) % 50))
-        written = [piece for step in memtable.steps(7) for piece in self.logger.append(step)]
+        written = [piece for step in memtable.steps(7, 300) for piece in self.logger.append(step)]
         self.logger.sync()
         self.index.commit_flush(written, [])
         for ledger_id, ids, log_id, offsets, sizes, _ in written:
