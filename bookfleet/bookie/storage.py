@@ -102,7 +102,9 @@ class StorageSettings:
     """A journal file rolls somewhere between half of this and this (journal.roll_point); it is an older file
     reused at the size it had, or, on the first lap, a new one that grows by append (no zeros written ahead)."""
     memtable_bytes: int = 64 * 1024 * 1024
-    """Flush the memtable to the entry log once it holds this much."""
+    """Flush the memtable to the entry log once it holds this much; adds wait for the flush under way once it holds
+    twice this. Kept at 64 KiB entries too: Apache BookKeeper's DbLedgerStorage also writes every entry to its entry
+    log within seconds (each 32 MB half of its write cache as it fills) and holds adds at 64 MB (docs/design.md)."""
     flush_interval: float = 0.25
     """Seconds between timed flushes of whatever the memtable holds: frequent small flushes keep each stall of the
     event loop short (a flush's entry-log writes and index commit hold the GIL)."""
