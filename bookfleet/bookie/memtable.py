@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Iterable, Iterator
 
 
@@ -57,28 +55,22 @@ class Memtable:
             for entry_id, entry in entries.items():
                 self.put(ledger_id, entry_id, entry)
 
-    def steps(self, step_entries: int, step_bytes: int) -> Iterator[list[tuple[int, list[int], list[bytes]]]]:
-        """Every entry in steps of at most `step_entries` and `step_bytes` (a step of one entry may be larger), each a
-        list of (ledger, entry ids, their entries), ordered by ledger then entry, so each ledger's entries land
-        together in the entry log. Sizes are summed in C over at most a step's entries at a time."""
+    def steps(self, step_entries: int) -> Iterator[list[tuple[int, list[int], list[bytes]]]]:
+        """Every entry in steps of at most `step_entries`, each a list of (ledger, entry ids, their entries), ordered
+        by ledger then entry, so each ledger's entries land together in the entry log."""
         step: list[tuple[int, list[int], list[bytes]]] = []
-        room, room_bytes = step_entries, step_bytes
+        room = step_entries
         for ledger_id in sorted(self.ledgers):
             entries = self.ledgers[ledger_id]
             entry_ids = sorted(entries)
             position = 0
             while position < len(entry_ids):
                 piece = entry_ids[position : position + room]
-                values = list(map(entries.__getitem__, piece))
-                ends = list(itertools.accumulate(map(len, values)))
-                count = bisect.bisect_right(ends, room_bytes) or (0 if step else 1)
-                if count:
-                    step.append((ledger_id, piece[:count], values[:count]))
-                    room -= count
-                    room_bytes -= ends[count - 1]
-                    position += count
-                if position < len(entry_ids) or not room:
+                position += len(piece)
+                step.append((ledger_id, piece, list(map(entries.__getitem__, piece))))
+                room -= len(piece)
+                if not room:
                     yield step
-                    step, room, room_bytes = [], step_entries, step_bytes
+                    step, room = [], step_entries
         if step:
             yield step

@@ -78,11 +78,6 @@ FLUSH_STEP_ENTRIES = 512
 written without the GIL (entrylog.py), so what a step holds the GIL for is sorting and gathering them and a few
 Python calls: tens of microseconds at 1 KiB. A step costs a thread handoff of the event loop, well under a hundred
 instructions an entry at this size; the index's commit writes a row per run and is as short."""
-FLUSH_STEP_BYTES = 1024 * 1024
-"""Bytes of entries a flush step takes at most (FLUSH_STEP_ENTRIES cuts 1 KiB entries first). A step's records are
-packed into one buffer: 512 entries of 64 KiB made it 32 MiB, past glibc's largest mmap threshold, so every step
-mapped fresh memory, faulted in each page and unmapped it again (one bookie at 64 KiB: 245 µs of system CPU per entry
-in the flush thread, 20 µs with 1 MiB steps). A buffer this size is reused from the heap."""
 MAX_FLUSH_BACKOFF = 30.0
 """Longest wait between retries of a failing flush (seconds)."""
 _ENTRY_HEADER = wire.ENTRY_HEADER
@@ -657,11 +652,11 @@ class LedgerStorage:
             await asyncio.to_thread(self._checkpoint, mark)
 
     async def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
-        """Append the snapshot to the entry log in steps (FLUSH_STEP_ENTRIES, FLUSH_STEP_BYTES), each its own
-        worker-thread call, so the GIL goes back to the event loop between steps (and while a step's bytes are copied
-        and written). Then sync the log and index it (`_index_snapshot`). The snapshot stays readable throughout: the
-        caller drops it only once this returns."""
-        steps = snapshot.steps(FLUSH_STEP_ENTRIES, FLUSH_STEP_BYTES)
+        """Append the snapshot to the entry log in steps of FLUSH_STEP_ENTRIES, each its own worker-thread call, so
+        the GIL goes back to the event loop between steps (and while a step's bytes are copied and written). Then
+        sync the log and index it (`_index_snapshot`). The snapshot stays readable throughout: the caller drops it
+        only once this returns."""
+        steps = snapshot.steps(FLUSH_STEP_ENTRIES)
         written: list[Written] = []
         while appended := await asyncio.to_thread(self._append_step, steps):
             written += appended

@@ -1,14 +1,15 @@
 """The index of entry runs (index.py) against a dict model of where each entry lives: flushes (an entry flushed again
 wins over its older copy), compactions with flushes rewriting entries while they copy, ledger deletes; every single
 read, range read and GC question answered as a row per entry would answer it, also after a reopen. And the entry
-log's records packed in C are byte for byte those of entrylog.RECORD_HEADER; an index of an older bookie (a row per
-entry) opens converted."""
+log's records packed in C are byte for byte those of entrylog.RECORD_HEADER, across rolls and packs; an index of an
+older bookie (a row per entry) opens converted."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import sqlite3
+import struct
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bookfleet.bookie import gc, index
+from bookfleet.bookie import entrylog, gc, index
 from bookfleet.bookie.entrylog import RECORD_HEADER, EntryLogger
 from bookfleet.bookie.index import LedgerIndex
 from bookfleet.bookie.memtable import Memtable
@@ -53,13 +54,12 @@ class Model:
         self.copies = itertools.count()
 
     def flush(self, entry_ids: dict[int, set[int]]) -> None:
-        """A flush in steps of 7 entries or 300 bytes (so steps end inside a ledger, by either bound), each entry a
-        copy of its own."""
+        """A flush in steps of 7 entries (so steps end inside a ledger), each entry a copy of its own."""
         memtable = Memtable()
         for ledger_id, ids in entry_ids.items():
             for entry_id in ids:
                 memtable.put(ledger_id, entry_id, make_entry(ledger_id, entry_id, size=next(self.copies) % 50))
-        written = [piece for step in memtable.steps(7, 300) for piece in self.logger.append(step)]
+        written = [piece for step in memtable.steps(7) for piece in self.logger.append(step)]
         self.logger.sync()
         self.index.commit_flush(written, [])
         for ledger_id, ids, log_id, offsets, sizes, _ in written:
@@ -148,9 +148,16 @@ def test_the_index_of_runs_answers_as_a_dict_of_entries_does(steps):
             model.close()
 
 
-@given(st.lists(st.tuples(st.integers(0, 2**63 - 1), st.lists(st.binary(max_size=300), max_size=8)), max_size=6))
-def test_the_entry_logs_records_are_those_of_record_header_across_rolls(pieces):
-    with tempfile.TemporaryDirectory(prefix="entrylog-records-") as tmp:
+@given(
+    st.lists(st.tuples(st.integers(0, 2**63 - 1), st.lists(st.binary(max_size=300), max_size=8)), max_size=6),
+    st.integers(1, 1000),
+)
+def test_the_entry_logs_records_are_those_of_record_header_across_rolls_and_packs(pieces, pack_bytes):
+    """Pieces cut into packs (entrylog.PACK_BYTES, here as small as the entries) and into logs where they roll: the
+    records are in order, and each entry is where its written location says."""
+    with tempfile.TemporaryDirectory(prefix="entrylog-records-") as tmp, mock.patch.object(
+        entrylog, "PACK_BYTES", pack_bytes
+    ):
         logger = EntryLogger(Path(tmp), 700)
         try:
             entry_ids = itertools.count(2**62)
@@ -165,6 +172,14 @@ def test_the_entry_logs_records_are_those_of_record_header_across_rolls(pieces):
             on_disk = b"".join(logger.path(log_id).read_bytes() for log_id in logger.log_ids())
             assert on_disk == b"".join(records)
             assert [e for _, ids, *_ in written for e in ids] == [e for _, ids, _ in appended for e in ids]
+            located = [
+                logger.read(log_id, offset, size)
+                for _, _, log_id, offsets, sizes, _ in written
+                for (offset,), (size,) in zip(
+                    struct.iter_unpack("<Q", offsets), struct.iter_unpack("<I", sizes), strict=True
+                )
+            ]
+            assert located == [entry for _, _, entries in appended for entry in entries]
         finally:
             logger.close()
 

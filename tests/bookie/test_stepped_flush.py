@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bookfleet.bookie import index
+from bookfleet.bookie import entrylog, index
 from bookfleet.bookie import storage as storage_module
 from bookfleet.bookie.checkpoint import LastLogMark
-from bookfleet.bookie.entrylog import EntryLogger
 from tests.bookie.pausedflush import CRASH_PLAN
 from tests.fixtures.storage import FLUSH_PAUSE_POINTS, KEY, FlushPause, make_entry
 
@@ -60,23 +59,23 @@ async def test_every_entry_reads_back_while_a_flush_is_held_between_its_steps(op
         assert await storage.read_entry(ledger_id, entry_id) == data, f"ledger {ledger_id} entry {entry_id}"
 
 
-async def test_a_flush_of_large_entries_appends_steps_of_at_most_flush_step_bytes(open_storage, monkeypatch):
-    """64 KiB entries: FLUSH_STEP_ENTRIES of them made a step's packed records one 32 MiB buffer, which glibc mapped
-    and unmapped at every step. Each step stays within FLUSH_STEP_BYTES, and every entry reads back from the log."""
+async def test_a_flush_of_large_entries_packs_at_most_pack_bytes_at_a_time(open_storage, monkeypatch):
+    """64 KiB entries: a flush step of them packed at once made one 32 MiB buffer, which glibc mapped and unmapped at
+    every step. Each pack holds at most entrylog.PACK_BYTES of entries, and every entry reads back from the log."""
     storage = await open_storage()
     entries = {entry_id: make_entry(1, entry_id, size=64 * 1024) for entry_id in range(40)}
     await asyncio.gather(*(storage.add_entry(1, entry_id, data, KEY) for entry_id, data in entries.items()))
-    step_bytes = []
-    append = EntryLogger.append
+    packed = []
+    pack_records = entrylog.pack_records
 
-    def recording_append(logger: EntryLogger, pieces: list) -> list:
-        step_bytes.append(sum(len(entry) for _, _, piece_entries in pieces for entry in piece_entries))
-        return append(logger, pieces)
+    def recording_pack_records(ledger_id: int, entry_ids: list[int], pieces: list[bytes], *log_position: int):
+        packed.append(sum(map(len, pieces)))
+        return pack_records(ledger_id, entry_ids, pieces, *log_position)
 
-    monkeypatch.setattr(EntryLogger, "append", recording_append)
+    monkeypatch.setattr(entrylog, "pack_records", recording_pack_records)
     await storage.flush()
-    assert sum(step_bytes) == sum(map(len, entries.values()))
-    assert max(step_bytes) <= storage_module.FLUSH_STEP_BYTES
+    assert sum(packed) == sum(map(len, entries.values()))
+    assert max(packed) <= entrylog.PACK_BYTES
     assert indexed_entries(storage.ledger_dir) == len(entries)
     for entry_id, data in entries.items():
         assert await storage.read_entry(1, entry_id) == data
