@@ -228,10 +228,15 @@ class LedgerIndex:
             db.executemany("INSERT OR REPLACE INTO ledgers VALUES (?, ?, ?, ?, ?, ?, ?)", ledgers)
 
     def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Forget the ledgers, then give the write-ahead log's space back: SQLite checkpoints it only every thousand
+        pages and never shrinks the file, so without this a bookie read-only on a nearly full disk could stay
+        over its low-water mark after GC deleted everything it could."""
         ids = [(i,) for i in ledger_ids]
         with self._transaction() as db:
             db.executemany("DELETE FROM runs WHERE ledger = ?", ids)
             db.executemany("DELETE FROM ledgers WHERE ledger = ?", ids)
+        with self._writing:
+            self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def live_bytes_by_log(self) -> dict[int, int]:
         """Bytes of indexed entries per entry log (what GC would keep), computed, so it is never out of date."""

@@ -237,3 +237,17 @@ async def test_an_older_bookie_refuses_an_index_of_runs_instead_of_reading_it_as
         pytest.raises(sqlite3.OperationalError, match="already an index named entries"),
     ):
         db.executescript(OLD_ENTRIES_TABLE.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+
+
+def test_deleting_ledgers_gives_the_write_ahead_log_s_space_back(tmp_path):
+    """GC's deletes must shrink the index's files: a bookie read-only on a nearly full disk becomes writable again
+    only once its usage falls under the low-water mark, and SQLite alone keeps its WAL file at its largest."""
+    db = LedgerIndex(tmp_path)
+    for entry_id in range(200):  # a flush of one entry each, as a lightly loaded bookie's timed flushes are
+        db.commit_flush([(7, [entry_id], 1, (64 * entry_id).to_bytes(8, "little"), (64).to_bytes(4, "little"), 64)], [])
+    wal = tmp_path / f"{index.FILE_NAME}-wal"
+    assert wal.stat().st_size > 100_000
+    db.delete_ledgers([7])
+    assert wal.stat().st_size == 0
+    assert db.live_bytes_by_log() == {}
+    db.close()
