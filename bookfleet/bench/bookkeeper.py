@@ -615,7 +615,7 @@ def _print_matrix_text(report: dict) -> None:
               f"half p50/p99 {figures['half_p50_ms']:.2f}/{figures['half_p99_ms']:.2f} ms, CPU per entry bookies "
               f"{figures['full_bookies_cpu_us_per_entry']:.1f} client {figures['full_client_cpu_us_per_entry']:.1f} µs")
         if figures.get("half_bookie_adds"):
-            print("    half load, our bookies' own p99 (≤ bucket): add " + _upper_bounds(figures, "bookie_add")
+            print("    half load, our bookies' own p99/longest (≤ bucket): add " + _upper_bounds(figures, "bookie_add")
                   + ", journal sync " + _upper_bounds(figures, "journal_sync") + ", loop lag "
                   + _upper_bounds(figures, "bookie_loop_lag") + " ms; run-queue wait ms/s "
                   + ", ".join(f"{name} {wait:.0f}" for name, wait in figures["half_run_queue_wait_ms_per_s"].items()))
@@ -625,4 +625,6 @@ def _print_matrix_text(report: dict) -> None:
 
 
 def _upper_bounds(figures: dict, histogram: str) -> str:
-    return "/".join(f"{bound:g}" for bound in figures[f"half_{histogram}_p99_ms_upper"])
+    return ", ".join(f"{p99:g}/{longest:g}" for p99, longest in zip(
+        figures[f"half_{histogram}_p99_ms_upper"], figures[f"half_{histogram}_max_ms_upper"], strict=True
+    ))
