@@ -23,16 +23,18 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from bookfleet import spark as sparksettings
 from bookfleet.bench import baseline, client, repair
+from bookfleet.bench.latency_profile import LatencyProfile
 from bookfleet.commanderror import CommandError
-from bookfleet.fleet import BookieFleet
+from bookfleet.fleet import BookieFleet, BookieProcess
 from bookfleet.meta import zk as zkclient
 from bookfleet.meta.registry import BookieRegistry
 from bookfleet.zkserver import ZooKeeperServer, free_port
@@ -229,21 +231,37 @@ class JavaSide:
             self._stop(bookies)
 
     def load(self, scenario: Scenario, protocol: str, root: str, bookie_pids: list[int], seconds: float,
-             warmup: float, run: Path) -> dict:
+             warmup: float, run: Path, metered: Sequence[BookieProcess] = ()) -> dict:
         """The Java bench client's loads on whichever bookies serve the cluster under `root` (Java's or ours), the
-        bookies' CPU read from /proc of `bookie_pids`; the bookies' logs are under `run`."""
+        bookies' CPU read from /proc of `bookie_pids`; the bookies' logs are under `run`. Its half load is profiled
+        as `bench client`'s is (`latency_profile`), the histograms read from `metered` (ours)."""
         options = {
             "ensemble": scenario.ensemble, "write_quorum": scenario.write_quorum,
             "ack_quorum": scenario.ack_quorum, "entry_size": scenario.entry_size,
             "in_flight": scenario.in_flight, "seconds": seconds, "warmup": warmup, "protocol": protocol,
             "bookie_pids": ",".join(map(str, bookie_pids)),
         }
-        load = subprocess.run(
-            self._java(CLIENT_JVM, "BookKeeperBench", "load", self.zk, root,
-                       *(f"{name}={value}" for name, value in options.items())),
-            capture_output=True, text=True, timeout=seconds * 4 + warmup + 180,
-        )
-        return self._figures(load, run)
+        run.mkdir(parents=True, exist_ok=True)
+        log_path = run / "client.log"
+        with open(log_path, "wb") as log:
+            client = subprocess.Popen(
+                self._java(CLIENT_JVM, "BookKeeperBench", "load", self.zk, root,
+                           *(f"{name}={value}" for name, value in options.items())),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+        watchdog = threading.Timer(seconds * 4 + warmup + 180, client.kill)
+        watchdog.start()
+        try:
+            half = _profiled_half_load(client, LatencyProfile(client.pid, bookie_pids, metered))
+            output = client.stdout.read()
+            client.wait()
+        finally:
+            watchdog.cancel()
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        figures = self._figures(client.returncode, output, log_path.read_text(errors="replace"), run)
+        return figures | {f"half_{name}": value for name, value in half.items()}
 
     def recover(self, ledgers: int, entries: int, entry_size: int) -> dict:
         """Java bookies with AutoRecovery on; the Java client writes the ledgers, kills the first bookie and
@@ -267,7 +285,7 @@ class JavaSide:
             )
         finally:
             self._stop([bookie for bookie, _ in bookies])
-        return self._figures(load, run)
+        return self._figures(load.returncode, load.stdout, load.stderr, run)
 
     @staticmethod
     def _stop(bookies: list[subprocess.Popen]) -> None:
@@ -277,10 +295,10 @@ class JavaSide:
             bookie.wait(timeout=60)
 
     @staticmethod
-    def _figures(load: subprocess.CompletedProcess, run: Path) -> dict:
-        if load.returncode != 0:
-            raise CommandError(f"the Java side failed:\n{load.stderr[-3000:]}\n{_bookie_logs(run)}")
-        return json.loads(load.stdout.strip().splitlines()[-1])
+    def _figures(returncode: int, output: str, errors: str, run: Path) -> dict:
+        if returncode != 0:
+            raise CommandError(f"the Java side failed:\n{errors[-3000:]}\n{_bookie_logs(run)}")
+        return json.loads(output.strip().splitlines()[-1])
 
     def _start_bookie(
         self, directory: Path, root: str, storage: str, extra: dict[str, str] | None = None
@@ -304,6 +322,22 @@ class JavaSide:
                 stdout=log, stderr=subprocess.STDOUT,
             )
         return process, port
+
+
+def _profiled_half_load(client: subprocess.Popen, profile: LatencyProfile) -> dict:
+    """Answer the Java client's phase edges on its stdout, taking `profile`'s readings at each before it goes on:
+    the profile of its half load, or nothing if it ended before the phase's end (its exit status says why)."""
+    readings = {"half-load start": profile.start, "half-load end": profile.report}
+    for line in client.stdout:
+        reading = readings.get(line.strip())
+        if reading is None:
+            continue
+        figures = reading()
+        client.stdin.write("\n")
+        client.stdin.flush()
+        if figures is not None:
+            return figures
+    return {}
 
 
 def _bookie_logs(run: Path) -> str:
@@ -342,7 +376,7 @@ def _java_client_on_our_bookies(
     with BookieFleet(chroot, run) as fleet:
         bookies = fleet.start(scenario.bookies, log_level="WARNING", event_loop=args.event_loop)
         figures = java.load(scenario, protocol, root, [bookie.process.pid for bookie in bookies], args.seconds,
-                            args.warmup, run)
+                            args.warmup, run, metered=bookies)
         fleet.stop()
     return figures
 
@@ -580,6 +614,17 @@ def _print_matrix_text(report: dict) -> None:
         print(f"  {measured['client']:>9} on {measured['bookie']:<9}: {figures['full_entries_per_s']:9.0f} adds/s, "
               f"half p50/p99 {figures['half_p50_ms']:.2f}/{figures['half_p99_ms']:.2f} ms, CPU per entry bookies "
               f"{figures['full_bookies_cpu_us_per_entry']:.1f} client {figures['full_client_cpu_us_per_entry']:.1f} µs")
+        if figures.get("half_bookie_adds"):
+            print("    half load, our bookies' own p99/longest (≤ bucket): add " + _upper_bounds(figures, "bookie_add")
+                  + ", journal sync " + _upper_bounds(figures, "journal_sync") + ", loop lag "
+                  + _upper_bounds(figures, "bookie_loop_lag") + " ms; run-queue wait ms/s "
+                  + ", ".join(f"{name} {wait:.0f}" for name, wait in figures["half_run_queue_wait_ms_per_s"].items()))
         over = measured.get("bookfleet_bookie_over_java_bookie") or measured.get("bookfleet_client_over_java_client")
         for against, ratio in (over or {}).items():
             print(f"    over {against}: " + ", ".join(f"{name} {value:.2f}x" for name, value in ratio.items()))
+
+
+def _upper_bounds(figures: dict, histogram: str) -> str:
+    return ", ".join(f"{p99:g}/{longest:g}" for p99, longest in zip(
+        figures[f"half_{histogram}_p99_ms_upper"], figures[f"half_{histogram}_max_ms_upper"], strict=True
+    ))

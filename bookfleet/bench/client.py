@@ -21,7 +21,7 @@ from pathlib import Path
 from bookfleet import eventloop
 from bookfleet.bench import baseline
 from bookfleet.bench.bookie import _cpu_seconds
-from bookfleet.bench.latency_profile import LatencyProfile
+from bookfleet.bench.latency_profile import GcPauses, LatencyProfile, client_figures
 from bookfleet.client.bookkeeper import BookKeeper
 from bookfleet.client.writer import LedgerWriter
 from bookfleet.commanderror import CommandError
@@ -136,9 +136,10 @@ async def _run(zk: str, args: argparse.Namespace, bookie_pids: list[int], profil
         half_rate = full_summary["entries_per_s"] / 2
         started = time.perf_counter()
         profile.start()
-        half, tick_lags = await _paced_load(writer, payload, args.seconds, half_rate)
+        with GcPauses() as gc_pauses:
+            half, tick_lags = await _paced_load(writer, payload, args.seconds, half_rate)
         half_summary = baseline.load_summary(half, time.perf_counter() - started, args.entry_size)
-        half_summary |= profile.report(tick_lags)
+        half_summary |= client_figures(tick_lags, gc_pauses.pauses) | profile.report()
         await writer.close()
     return {
         **{f"full_{name}": value for name, value in full_summary.items()},

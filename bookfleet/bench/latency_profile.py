@@ -1,14 +1,19 @@
-"""Where an add's tail latency goes, measured during `bench client`'s half load, stage by stage.
+"""Where an add's tail latency goes, measured during a half load (`bench client`'s, and the Java bench client's in
+`bench bookkeeper`), stage by stage.
 
 p99 many times p50 has several suspects on a shared 2-core machine; each is measured, not guessed:
-- the client's event loop: how late its 1 ms pacing ticks wake (`client_loop_lag_*`), and its garbage collector's
-  pauses (`client_gc_*`, from `gc.callbacks`);
-- the bookies: their own add latency from receipt to durable and their journal group commits' write+fdatasync, as
-  their `/metrics` histograms count them during the phase (`bookie_add_*`, `journal_sync_*`: bucket upper bounds);
+- the client: how late its 1 ms pacing ticks wake (`client_loop_lag_*`), and its garbage collector's pauses
+  (`client_gc_*`; ours from `gc.callbacks`, the JVM's from its collectors' beans, reported by the Java client);
+- the bookies (ours): their own add latency from receipt to durable, their journal group commits' write+fdatasync
+  and how late their event loop ran a 10 ms timer, as their `/metrics` histograms count them during the phase
+  (`bookie_add_*`, `journal_sync_*`, `bookie_loop_lag_*`: bucket upper bounds of p50, p99 and the longest), and
+  how many adds they counted (`bookie_adds`, the phase's own adds when the window is right). A sync's p99 counts
+  syncs, not adds: one 30 ms sync in a 3 s phase at 60,000 adds/s holds 1% of its adds and hides under the syncs'
+  p99, so the longest is reported too;
 - scheduling: how long each process's threads sat runnable but waiting for a core (`run_queue_wait_ms_per_s`, from
   `/proc/<pid>/task/*/schedstat`) and how much CPU each used (`cpu_cores`).
-What the client sees beyond the bookie's own figure is the client's loop, the network path and the bookie's loop
-before it reads the request.
+What the client sees beyond the bookie's own add figure is the client, the network path and the bookie's loop
+before it reads the request (its loop lag).
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from bookfleet.bench.baseline import percentile
 from bookfleet.bench.bookie import _cpu_seconds as cpu_seconds
 from bookfleet.fleet import BookieProcess
 
-HISTOGRAMS = {"bookie_add_latency_seconds": "bookie_add", "bookie_journal_sync_latency_seconds": "journal_sync"}
+ADDS = "bookie_add_latency_seconds"
+HISTOGRAMS = {
+    "bookie_add_latency_seconds": "bookie_add",
+    "bookie_journal_sync_latency_seconds": "journal_sync",
+    "bookie_event_loop_lag_seconds": "bookie_loop_lag",
+}
 
 
 def run_queue_wait_s(pid: int) -> float:
@@ -109,40 +119,45 @@ class GcPauses:
         gc.callbacks.remove(self._callback)
 
 
+def client_figures(lags: Sequence[float], gc_pauses: Sequence[float]) -> dict:
+    """Our client's part: its pacing ticks' lags and its collections' pauses (seconds), in milliseconds."""
+    tick_lags = sorted(lags)
+    return {
+        "client_loop_lag_p50_ms": percentile(tick_lags, 0.50) * 1000,
+        "client_loop_lag_p99_ms": percentile(tick_lags, 0.99) * 1000,
+        "client_loop_lag_max_ms": (tick_lags[-1] if tick_lags else float("nan")) * 1000,
+        "client_gc_runs": len(gc_pauses),
+        "client_gc_max_ms": max(gc_pauses, default=0.0) * 1000,
+        "client_gc_total_ms": sum(gc_pauses) * 1000,
+    }
+
+
 class LatencyProfile:
-    """Everything above for one load phase: `start()` before it, `report()` after, with the client's tick lags.
-    `metered` are the bookies whose histograms are read: ours; a stock bookie has none of them, only its pid."""
+    """The processes' and the bookies' part above for one load phase, whichever client drives it: `start()` at its
+    start, `report()` at its end. `metered` are the bookies whose histograms are read: ours; a stock bookie has none
+    of them, only its pid."""
 
     def __init__(self, client_pid: int, bookie_pids: Sequence[int], metered: Sequence[BookieProcess] = ()):
         self.bookies = metered
         self.watch = ProcessWatch(
             {"client": client_pid} | {f"bookie{index}": pid for index, pid in enumerate(bookie_pids)}
         )
-        self.gc = GcPauses()
         self.histograms_before: list[dict] = []
 
     def start(self) -> None:
         self.histograms_before = [bucket_counts(bookie) for bookie in self.bookies]
-        self.gc.__enter__()
         self.watch.start()
 
-    def report(self, lags: Sequence[float]) -> dict:
+    def report(self) -> dict:
         processes = self.watch.stop()
-        self.gc.__exit__()
         histograms_after = [bucket_counts(bookie) for bookie in self.bookies]
-        tick_lags = sorted(lags)
-        report: dict = {
-            "client_loop_lag_p50_ms": percentile(tick_lags, 0.50) * 1000,
-            "client_loop_lag_p99_ms": percentile(tick_lags, 0.99) * 1000,
-            "client_loop_lag_max_ms": (tick_lags[-1] if tick_lags else float("nan")) * 1000,
-            "client_gc_runs": len(self.gc.pauses),
-            "client_gc_max_ms": max(self.gc.pauses, default=0.0) * 1000,
-            "client_gc_total_ms": sum(self.gc.pauses) * 1000,
-            **processes,
-            "load_average_1m": os.getloadavg()[0],
-        }
+        report: dict = {**processes, "load_average_1m": os.getloadavg()[0]}
+        report["bookie_adds"] = [
+            int(after[ADDS][-1][1] - before[ADDS][-1][1])
+            for before, after in zip(self.histograms_before, histograms_after, strict=True)
+        ]
         for metric, prefix in HISTOGRAMS.items():
-            for fraction, label in ((0.5, "p50"), (0.99, "p99")):
+            for fraction, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
                 report[f"{prefix}_{label}_ms_upper"] = [
                     bucket_quantile(before[metric], after[metric], fraction) * 1000
                     for before, after in zip(self.histograms_before, histograms_after, strict=True)

@@ -7,11 +7,16 @@ before the index that points into it commits. A new log is started on every open
 at the end of a log are never appended to, only reclaimed by GC. One ledger's records are packed in C (_entrylog.c,
 a call per piece of ascending ids, the bytes copied without the GIL): in Python that per-entry loop was most of a
 flush's CPU. A piece is packed PACK_BYTES at a time and written once that much is packed.
+
+Appended bytes are written back while a flush appends, a piece at a time (`write_behind`), not all at once by the
+sync before the index commits: a flush of 30 MB left to its fsync held the journal's next fdatasync 12-16 ms
+behind it (ext4 commits both together), every flush, and that was the bookie's half-load p99.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import os
 import struct
@@ -32,6 +37,31 @@ heap). Cut here, not in the flush's steps: a step is a round trip through the ev
 60 MB flushed in 1 MiB steps took 2.5 s of waits for a core."""
 PREFIX = "entrylog-"
 SUFFIX = ".log"
+
+WRITE_BEHIND_PIECE = 512 * 1024
+"""Writeback is started for each whole piece appended, and waited for two pieces later: at most two pieces (4 ms of
+this disk at 260 MB/s) are in the disk's queue ahead of a journal sync, and the disk never waits for the next."""
+_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+_WAIT_WRITTEN = _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def write_behind(started: int, appended: int) -> list[tuple[int | None, int]]:
+    """With writeback started up to offset `started` of a log of `appended` bytes: each whole piece to start now (its
+    offset), after the piece two before it (None for a log's first two pieces) is written."""
+    return [
+        (start - 2 * WRITE_BEHIND_PIECE if start >= 2 * WRITE_BEHIND_PIECE else None, start)
+        for start in range(started, appended - WRITE_BEHIND_PIECE + 1, WRITE_BEHIND_PIECE)
+    ]
+
+
+def _sync_file_range(fd: int, offset: int, flags: int) -> None:
+    """Linux's sync_file_range of one piece (the GIL released while it waits: ctypes)."""
+    if _libc.sync_file_range(fd, offset, WRITE_BEHIND_PIECE, flags) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"sync_file_range: {os.strerror(error)}")
+
 
 Written = tuple[int, list[int], int, bytes, bytes, int]
 """Entries of one ledger appended to one log: (ledger, entry ids, log id, offsets, sizes, total size), the offsets of
@@ -118,8 +148,20 @@ class EntryLogger:
                 if buffered >= PACK_BYTES:
                     write_all(self._fd, buffers)
                     buffers, buffered = [], 0
+                    self._write_behind()
         write_all(self._fd, buffers)
+        self._write_behind()
         return written
+
+    def _write_behind(self) -> None:
+        """Start writeback of the whole pieces appended since the last call, each after the one two before it is
+        written (a log rolled away from is left to `sync`)."""
+        pieces = write_behind(self._writeback_started, self._offset)
+        for written_first, start in pieces:
+            if written_first is not None:
+                _sync_file_range(self._fd, written_first, _WAIT_WRITTEN)
+            _sync_file_range(self._fd, start, _SYNC_FILE_RANGE_WRITE)
+        self._writeback_started += len(pieces) * WRITE_BEHIND_PIECE
 
     def sync(self) -> None:
         """Make everything appended so far durable (including logs rolled away from since the last sync)."""
@@ -170,4 +212,4 @@ class EntryLogger:
     def _open(self, log_id: int) -> None:
         self._fd = os.open(self.path(log_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         fsync_dir(self.directory)
-        self._log_id, self._offset = log_id, 0
+        self._log_id, self._offset, self._writeback_started = log_id, 0, 0

@@ -59,8 +59,8 @@ class _Latency:
 
 
 class _HotPathCollector:
-    """Adds and journal syncs are counted in plain numbers and turned into metrics only when scraped: an add pays
-    one bisect and a few additions instead of four locked prometheus-client updates."""
+    """Adds, journal syncs and the event loop's lag are counted in plain numbers and turned into metrics only when
+    scraped: an add pays one bisect and a few additions instead of four locked prometheus-client updates."""
 
     def __init__(self) -> None:
         self.adds = 0
@@ -68,6 +68,7 @@ class _HotPathCollector:
         self.add_latency = _Latency()
         self.journal_bytes = 0
         self.journal_sync = _Latency()
+        self.loop_lag = _Latency()
 
     def collect(self):
         yield CounterMetricFamily("bookie_add_entries", "Entries added and acknowledged", value=self.adds)
@@ -78,6 +79,9 @@ class _HotPathCollector:
         )
         yield self.journal_sync.family(
             "bookie_journal_sync_latency_seconds", "One journal group commit: write and fdatasync"
+        )
+        yield self.loop_lag.family(
+            "bookie_event_loop_lag_seconds", "How late the event loop ran a timer due every 10 ms"
         )
 
 
@@ -114,6 +118,9 @@ class BookieMetrics:
         hot_path = self._hot_path
         hot_path.journal_bytes += size
         hot_path.journal_sync.observe(seconds)
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self._hot_path.loop_lag.observe(seconds)
 
     def observe_read(self, size: int, count: int = 1) -> None:
         self.reads.inc(count)

@@ -20,6 +20,7 @@ from bookfleet.bookie.admission import LedgerAdmission
 from bookfleet.bookie.config import BookieConfig
 from bookfleet.bookie.diskmonitor import DiskMonitor
 from bookfleet.bookie.http import BookieMetrics, HealthServer
+from bookfleet.bookie.looplag import LoopLagProbe
 from bookfleet.bookie.readonly import ReadOnlyState
 from bookfleet.bookie.registration import Registration
 from bookfleet.bookie.server import BookieServer
@@ -137,11 +138,13 @@ class BookieNode:
         self.read_only.set_storage_failure(self.storage.failure)
         self.read_only.set_journal_damage(self.storage.journal_damage)
         collector = LedgerCollector(self.storage, zk, config.bookie_id, config.gc_interval, config.gc_grace)
+        loop_lag = LoopLagProbe(self.metrics.observe_loop_lag)
         await self.read_only.start()  # a forced read-only state holds from the first add and registration on
         await _listen("the bookie protocol", self.server.start, config.listen_host, config.port)
         monitor.start()
         self.registration.start()
         collector.start()
+        loop_lag.start()
         eventloop.freeze_start_up_heap()
         log.info(
             "bookie %s serving on %s:%d (advertised %s), http on %d, event loop %s",
@@ -150,6 +153,7 @@ class BookieNode:
         )
         await self._stop.wait()
         log.info("bookie %s shutting down", config.bookie_id)
+        await loop_lag.stop()
         await collector.stop()
         await monitor.stop()
         self.read_only.stop()

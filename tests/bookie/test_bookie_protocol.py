@@ -71,6 +71,7 @@ async def test_every_op_round_trips(bookie_fleet, zk):
     synced = float(re.search(r"^bookie_journal_synced_bytes_total (\S+)$", metrics, re.M)[1])
     assert syncs >= 1 and synced > sum(map(len, entries))  # group commits: write + fdatasync of every record
     assert f'bookie_journal_sync_latency_seconds_bucket{{le="+Inf"}} {syncs}' in metrics
+    assert float(re.search(r"^bookie_event_loop_lag_seconds_count (\S+)$", metrics, re.M)[1]) >= 1  # its probe runs
 
     registered = BookieInfo.decode(bookie.bookie_id, zk.get(zkpaths.available(bookie.bookie_id))[0])
     assert registered.address == bookie.address and registered.zone == "zone-a"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from bookfleet.bench import bookkeeper
 from bookfleet.bench.bookkeeper import BOOKIE_RATIOS, CLIENT_RATIOS
+from bookfleet.bookie.http import LATENCY_BUCKETS
 
 
 def test_the_bookie_matrix_gives_each_cell_measured_figures_and_ratios_of_those_figures(tmp_path):
@@ -39,7 +41,26 @@ def test_the_bookie_matrix_gives_each_cell_measured_figures_and_ratios_of_those_
         assert 0 < figures["half_p50_ms"] <= figures["half_p99_ms"], (name, figures)
         # the bookie's CPU and the client's, each from its own processes
         assert figures["full_bookies_cpu_us_per_entry"] > 0 and figures["full_client_cpu_us_per_entry"] > 0, name
-    assert list(cells["bookfleet", "java-db"]["figures"]["half_cpu_cores"]) == ["client", "bookie0"]
+        # the half load's profile, one implementation whichever client: the processes' CPU and run-queue waits,
+        # the client's pacing ticks and collections (the JVM reports its own)
+        assert list(figures["half_cpu_cores"]) == list(figures["half_run_queue_wait_ms_per_s"]) == ["client", "bookie0"]
+        assert figures["half_cpu_cores"]["client"] > 0, (name, figures)
+        assert figures["half_client_loop_lag_p50_ms"] <= figures["half_client_loop_lag_p99_ms"] \
+            <= figures["half_client_loop_lag_max_ms"], (name, figures)
+        assert 0 <= figures["half_client_gc_max_ms"] <= figures["half_client_gc_total_ms"], (name, figures)
+        assert figures["half_client_gc_runs"] >= (figures["half_client_gc_total_ms"] > 0), (name, figures)
+
+    # our bookie's own figures over exactly the half load: it counted the adds the Java client timed, no more
+    ours_half = cells["java-v2", "bookfleet"]["figures"]
+    assert ours_half["half_bookie_adds"] == [ours_half["half_entries"]]
+    bounds = [bound * 1000 for bound in LATENCY_BUCKETS]
+    for histogram in ("bookie_add", "journal_sync", "bookie_loop_lag"):
+        (p50,), (p99,), (longest,) = (
+            ours_half[f"half_{histogram}_{figure}_ms_upper"] for figure in ("p50", "p99", "max")
+        )
+        assert p50 <= p99 <= longest and {p50, p99, longest} <= {*bounds, math.inf}, (histogram, ours_half)
+    # a Java bookie has no such histograms
+    assert cells["java-v2", "java-db"]["figures"]["half_bookie_adds"] == []
 
     java_bookie = cells["java-v2", "java-db"]["figures"]
     ours = cells["java-v2", "bookfleet"]

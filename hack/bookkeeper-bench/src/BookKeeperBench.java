@@ -1,4 +1,8 @@
+import java.io.BufferedReader;
 import java.io.IOException;
+import java.io.InputStreamReader;
+import java.lang.management.GarbageCollectorMXBean;
+import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -11,6 +15,11 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
+
+import javax.management.NotificationEmitter;
+import javax.management.openmbean.CompositeData;
+
+import com.sun.management.GarbageCollectionNotificationInfo;
 
 import org.HdrHistogram.ConcurrentHistogram;
 import org.HdrHistogram.Histogram;
@@ -37,7 +46,11 @@ import org.apache.zookeeper.ZooKeeper;
  * due at each millisecond tick, for {@code seconds}; it prints one JSON object with the figures of both phases
  * (HdrHistogram percentiles, microsecond precision) and the CPU per entry of this JVM and of the bookie processes
  * named by {@code bookie_pids}. An unmeasured warm-up phase comes first: the JIT, not the bookie, would otherwise be
- * measured in the first seconds, and the comparison should be with Java at its best.
+ * measured in the first seconds, and the comparison should be with Java at its best. The half-load phase's edges
+ * are told on stdout ({@code half-load start}, {@code half-load end}), each waiting for a line on stdin: the bench
+ * reads the bookies' histograms and the processes' CPU and run-queue waits right there. Of the half load it also
+ * reports what only this JVM knows: its collections (count, total and longest pause) and how late its pacing
+ * thread woke for each 1 ms tick, under the keys bookfleet's {@code bench client} gives its own.
  */
 public final class BookKeeperBench {
     private static final long CLOCK_TICKS_PER_SECOND = 100;
@@ -135,9 +148,20 @@ public final class BookKeeperBench {
             report.put("full_bookies_cpu_us_per_entry", (bookiesCpuNanos(bookiePids) - bookiesCpu) / 1e3 / entries);
             double halfRate = entries / elapsed / 2;
             report.put("half_rate_target", halfRate);
+            BufferedReader bench = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+            Histogram tickLags = new Histogram(TimeUnit.MINUTES.toMicros(1), 3);
+            GcPauses gcPauses = new GcPauses();
+            phaseEdge(bench, "half-load start");
             started = System.nanoTime();
-            Histogram half = pacedLoad(ledger, payload, seconds, halfRate);
-            summarize(report, "half_", half, (System.nanoTime() - started) / 1e9, entrySize);
+            gcPauses.start();
+            Histogram half = pacedLoad(ledger, payload, seconds, halfRate, tickLags);
+            double halfElapsed = (System.nanoTime() - started) / 1e9;
+            gcPauses.stop(report, "half_client_gc_");
+            phaseEdge(bench, "half-load end");
+            summarize(report, "half_", half, halfElapsed, entrySize);
+            report.put("half_client_loop_lag_p50_ms", tickLags.getValueAtPercentile(50) / 1e3);
+            report.put("half_client_loop_lag_p99_ms", tickLags.getValueAtPercentile(99) / 1e3);
+            report.put("half_client_loop_lag_max_ms", tickLags.getMaxValue() / 1e3);
             ledger.close();
         }
         return toJson(report);
@@ -202,9 +226,61 @@ public final class BookKeeperBench {
         return latencies;
     }
 
-    /** Issue adds at {@code rate} per second, those due at each millisecond tick, and time each one. */
-    private static Histogram pacedLoad(LedgerHandle ledger, byte[] payload, double seconds, double rate)
-            throws Exception {
+    /** Tell the bench that a phase starts or ended, and wait until it has taken its readings (its line on stdin). */
+    private static void phaseEdge(BufferedReader bench, String edge) throws IOException {
+        System.out.println(edge);
+        System.out.flush();
+        if (bench.readLine() == null) {
+            throw new IOException("the bench closed this client's stdin at " + edge);
+        }
+    }
+
+    /** This JVM's collections between {@code start} and {@code stop}: counts and times from the collectors' beans
+     * (exact), the longest pause from their notifications (delivered a moment after each collection). */
+    private static final class GcPauses {
+        private final List<GarbageCollectorMXBean> collectors = ManagementFactory.getGarbageCollectorMXBeans();
+        private final AtomicLong longestMs = new AtomicLong();
+        private volatile boolean recording;
+        private long runs;
+        private long totalMs;
+
+        GcPauses() {
+            for (GarbageCollectorMXBean collector : collectors) {
+                ((NotificationEmitter) collector).addNotificationListener((notification, handback) -> {
+                    if (recording && notification.getType().equals(
+                            GarbageCollectionNotificationInfo.GARBAGE_COLLECTION_NOTIFICATION)) {
+                        long pause = GarbageCollectionNotificationInfo.from((CompositeData) notification.getUserData())
+                                .getGcInfo().getDuration();
+                        longestMs.accumulateAndGet(pause, Math::max);
+                    }
+                }, null, null);
+            }
+        }
+
+        void start() {
+            for (GarbageCollectorMXBean collector : collectors) {
+                runs -= collector.getCollectionCount();
+                totalMs -= collector.getCollectionTime();
+            }
+            recording = true;
+        }
+
+        void stop(Map<String, Object> report, String prefix) {
+            for (GarbageCollectorMXBean collector : collectors) {
+                runs += collector.getCollectionCount();
+                totalMs += collector.getCollectionTime();
+            }
+            recording = false;
+            report.put(prefix + "runs", runs);
+            report.put(prefix + "max_ms", (double) longestMs.get());
+            report.put(prefix + "total_ms", (double) totalMs);
+        }
+    }
+
+    /** Issue adds at {@code rate} per second, those due at each millisecond tick, and time each one; how late each
+     * tick woke goes to {@code tickLags} (microseconds). */
+    private static Histogram pacedLoad(LedgerHandle ledger, byte[] payload, double seconds, double rate,
+                                       Histogram tickLags) throws Exception {
         Histogram latencies = new ConcurrentHistogram(TimeUnit.MINUTES.toMicros(1), 3);
         AtomicLong outstanding = new AtomicLong();
         AtomicReference<Throwable> failure = new AtomicReference<>();
@@ -228,7 +304,9 @@ public final class BookKeeperBench {
             }
             issued += due;
             long toNextTick = 1_000_000 - (System.nanoTime() - start) % 1_000_000;
+            long wake = System.nanoTime() + toNextTick;
             TimeUnit.NANOSECONDS.sleep(toNextTick);
+            tickLags.recordValue(Math.max(0, (System.nanoTime() - wake) / 1000));
         }
         while (outstanding.get() > 0 && failure.get() == null) {
             Thread.sleep(1);
