@@ -227,6 +227,8 @@ class KubeEmulator(kmock.KubernetesScaffold):
     list_requests: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
     """LIST requests served, by plural (a page counts as one): what a test of paging and re-listing counts."""
     _tick: asyncio.Event | None = attrs.field(default=None, init=False)
+    closing: bool = attrs.field(default=False, init=False)
+    """Set by `end_watches`: every watch ends its response now."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -402,9 +404,17 @@ class KubeEmulator(kmock.KubernetesScaffold):
         newer.reverse()
         return newer
 
+    def end_watches(self) -> None:
+        """End every open watch, before the server stops: a watch whose client was killed -9 would otherwise hold
+        aiohttp's shutdown for its 60 s grace period, since nothing is written to find the connection gone."""
+        self.closing = True
+        if self._tick is not None:
+            self._tick.set()
+            self._tick = None
+
     async def wait_newer(self, since: int, timeout: float | None) -> None:
         """Return once something newer than `since` happened, or after `timeout` seconds."""
-        if self.version > since:
+        if self.version > since or self.closing:
             return
         if self._tick is None:
             self._tick = asyncio.Event()
@@ -532,7 +542,7 @@ class KubeEmulator(kmock.KubernetesScaffold):
         deadline = asyncio.get_running_loop().time() + timeout if timeout else None
         try:
             await _write_events(response, [event for event in initial if event["type"] == "ERROR" or wanted(event)])
-            while cursor is not None:
+            while cursor is not None and not self.closing:
                 remaining = deadline - asyncio.get_running_loop().time() if deadline else None
                 if remaining is not None and remaining <= 0:
                     break
@@ -665,6 +675,7 @@ class EmulatorThread:
 
     def __exit__(self, *exc_info: object) -> None:
         assert self._server is not None
+        self.call(self.emulator.end_watches)
         self.call(self._server.__aexit__, None, None, None)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
