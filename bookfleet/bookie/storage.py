@@ -134,10 +134,13 @@ class LedgerStorage:
         settings: StorageSettings | None = None,
         on_journal_sync: Callable[[int, float], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        on_flush: Callable[[float], None] | None = None,
+        on_memtable_wait: Callable[[float], None] | None = None,
     ):
         """`on_journal_sync(bytes, seconds)`: called after each journal group commit (Journal's `on_sync`).
         `on_failure(reason)`: called on the event loop when the journal or a flush fails on the disk, so the bookie
-        stops taking adds at once and says why."""
+        stops taking adds at once and says why. `on_flush(seconds)`: how long a flush of a non-empty memtable took,
+        and `on_memtable_wait(seconds)`: how long adds held by a full memtable waited for it (a tail's suspects)."""
         self.journal_dir = Path(journal_dir)
         self.ledger_dir = Path(ledger_dir)
         self.settings = settings or StorageSettings()
@@ -150,6 +153,8 @@ class LedgerStorage:
             self._failed,
         )
         self._on_failure = on_failure
+        self._on_flush = on_flush
+        self._on_memtable_wait = on_memtable_wait
         self.failure: str | None = None
         """Why the storage stopped taking adds (the journal or the disk failed); None while healthy."""
         self._mark = LastLogMark(self.ledger_dir)
@@ -371,9 +376,11 @@ class LedgerStorage:
             raise LedgerFenced(ledger_id)
         return state
 
-    @staticmethod
-    async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
+    async def _synced_after(self, flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
+        held = time.perf_counter()
         await asyncio.shield(flushing)
+        if self._on_memtable_wait is not None:
+            self._on_memtable_wait(time.perf_counter() - held)
         await synced
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
@@ -629,6 +636,7 @@ class LedgerStorage:
         async with self._flush_lock:
             if not self._active.ledgers and not self._dirty:
                 return
+            began = time.perf_counter()
             snapshot, self._active = self._active, Memtable()
             self._flushing = snapshot
             ledgers = [self._ledgers[i].row(i) for i in self._dirty if i in self._ledgers]
@@ -650,6 +658,8 @@ class LedgerStorage:
             if self._quarantined:
                 mark = min(mark, await self._keep_quarantine_journaled(bool(refused)))
             await asyncio.to_thread(self._checkpoint, mark)
+            if self._on_flush is not None:
+                self._on_flush(time.perf_counter() - began)
 
     async def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
         """Append the snapshot to the entry log in steps of FLUSH_STEP_ENTRIES, each its own worker-thread call, so
