@@ -514,5 +514,34 @@ async def test_adds_past_twice_the_memtable_wait_for_the_flush_under_way_and_bot
     finally:
         released.set()
     await asyncio.gather(*held)
-    assert len(waits) == 2 and min(waits) >= 0.05 and len(flushes) == 1
+    assert len(waits) == 2 and min(waits) >= 0.05 and flushes
+    await storage.close()
+
+
+async def test_adds_held_by_a_full_memtable_go_on_once_a_flush_takes_it_not_when_that_flush_ends(storage_dirs):
+    """A flush queued behind one under way takes the memtable only when that one ends: the adds it held wait for
+    that moment, not also for the whole of the flush that took their entries (adds after them were never held)."""
+    size = len(make_entry(1, 0, size=1000))
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**{**TEST_SETTINGS, "memtable_bytes": 4 * size}))
+    await storage.start()
+    steps = threading.Semaphore(0)
+    append = storage._entry_logger.append
+    storage._entry_logger.append = lambda step: steps.acquire() and append(step)
+    try:
+        await add_all(storage, 1, range(3), size=1000)
+        first = asyncio.ensure_future(storage.flush())  # takes the three entries, held in its append
+        while storage._flushing is None:
+            await asyncio.sleep(0)
+        await add_all(storage, 1, range(3, 10), size=1000)  # a size-triggered flush queues behind the first
+        held = [asyncio.ensure_future(storage.add_entry(1, e, make_entry(1, e, size=1000), KEY)) for e in (10, 11)]
+        await asyncio.sleep(0.05)
+        assert not any(add.done() for add in held)
+        steps.release()  # the first flush ends; the queued one takes the memtable and is held in its append
+        await first
+        await asyncio.wait_for(asyncio.gather(*held), 10)
+    finally:
+        for _ in range(10):
+            steps.release()
+    await storage.flush()
+    assert [await storage.read_entry(1, e) for e in range(12)] == [make_entry(1, e, size=1000) for e in range(12)]
     await storage.close()
