@@ -617,7 +617,9 @@ def _print_matrix_text(report: dict) -> None:
         if figures.get("half_bookie_adds"):
             print("    half load, our bookies' own p99/longest (≤ bucket): add " + _upper_bounds(figures, "bookie_add")
                   + ", journal sync " + _upper_bounds(figures, "journal_sync") + ", loop lag "
-                  + _upper_bounds(figures, "bookie_loop_lag") + " ms; run-queue wait ms/s "
+                  + _upper_bounds(figures, "bookie_loop_lag") + ", flush " + _upper_bounds(figures, "flush")
+                  + ", memtable wait " + _upper_bounds(figures, "memtable_wait") + " ms in "
+                  + ", ".join(map(str, figures["half_memtable_waits"])) + " held batches; run-queue wait ms/s "
                   + ", ".join(f"{name} {wait:.0f}" for name, wait in figures["half_run_queue_wait_ms_per_s"].items()))
         over = measured.get("bookfleet_bookie_over_java_bookie") or measured.get("bookfleet_client_over_java_client")
         for against, ratio in (over or {}).items():

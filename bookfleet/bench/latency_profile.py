@@ -4,12 +4,13 @@
 p99 many times p50 has several suspects on a shared 2-core machine; each is measured, not guessed:
 - the client: how late its 1 ms pacing ticks wake (`client_loop_lag_*`), and its garbage collector's pauses
   (`client_gc_*`; ours from `gc.callbacks`, the JVM's from its collectors' beans, reported by the Java client);
-- the bookies (ours): their own add latency from receipt to durable, their journal group commits' write+fdatasync
-  and how late their event loop ran a 10 ms timer, as their `/metrics` histograms count them during the phase
-  (`bookie_add_*`, `journal_sync_*`, `bookie_loop_lag_*`: bucket upper bounds of p50, p99 and the longest), and
-  how many adds they counted (`bookie_adds`, the phase's own adds when the window is right). A sync's p99 counts
-  syncs, not adds: one 30 ms sync in a 3 s phase at 60,000 adds/s holds 1% of its adds and hides under the syncs'
-  p99, so the longest is reported too;
+- the bookies (ours): their own add latency from receipt to durable, their journal group commits' write+fdatasync,
+  how late their event loop ran a 10 ms timer, how long their memtable flushes took and how long adds held by a full
+  memtable waited for one, as their `/metrics` histograms count them during the phase (`bookie_add_*`,
+  `journal_sync_*`, `bookie_loop_lag_*`, `flush_*`, `memtable_wait_*`: bucket upper bounds of p50, p99 and the
+  longest), how many adds they counted (`bookie_adds`, the phase's own adds when the window is right) and how many
+  add batches a full memtable held (`memtable_waits`). A sync's p99 counts syncs, not adds: one 30 ms sync in a
+  3 s phase at 60,000 adds/s holds 1% of its adds and hides under the syncs' p99, so the longest is reported too;
 - scheduling: how long each process's threads sat runnable but waiting for a core (`run_queue_wait_ms_per_s`, from
   `/proc/<pid>/task/*/schedstat`) and how much CPU each used (`cpu_cores`).
 What the client sees beyond the bookie's own add figure is the client, the network path and the bookie's loop
@@ -33,10 +34,13 @@ from bookfleet.bench.bookie import _cpu_seconds as cpu_seconds
 from bookfleet.fleet import BookieProcess
 
 ADDS = "bookie_add_latency_seconds"
+MEMTABLE_WAITS = "bookie_memtable_wait_seconds"
 HISTOGRAMS = {
     "bookie_add_latency_seconds": "bookie_add",
     "bookie_journal_sync_latency_seconds": "journal_sync",
     "bookie_event_loop_lag_seconds": "bookie_loop_lag",
+    "bookie_flush_seconds": "flush",
+    "bookie_memtable_wait_seconds": "memtable_wait",
 }
 
 
@@ -152,10 +156,11 @@ class LatencyProfile:
         processes = self.watch.stop()
         histograms_after = [bucket_counts(bookie) for bookie in self.bookies]
         report: dict = {**processes, "load_average_1m": os.getloadavg()[0]}
-        report["bookie_adds"] = [
-            int(after[ADDS][-1][1] - before[ADDS][-1][1])
-            for before, after in zip(self.histograms_before, histograms_after, strict=True)
-        ]
+        for metric, name in ((ADDS, "bookie_adds"), (MEMTABLE_WAITS, "memtable_waits")):
+            report[name] = [
+                int(after[metric][-1][1] - before[metric][-1][1])
+                for before, after in zip(self.histograms_before, histograms_after, strict=True)
+            ]
         for metric, prefix in HISTOGRAMS.items():
             for fraction, label in ((0.5, "p50"), (0.99, "p99"), (1.0, "max")):
                 report[f"{prefix}_{label}_ms_upper"] = [

@@ -69,6 +69,8 @@ class _HotPathCollector:
         self.journal_bytes = 0
         self.journal_sync = _Latency()
         self.loop_lag = _Latency()
+        self.flush = _Latency()
+        self.memtable_wait = _Latency()
 
     def collect(self):
         yield CounterMetricFamily("bookie_add_entries", "Entries added and acknowledged", value=self.adds)
@@ -82,6 +84,10 @@ class _HotPathCollector:
         )
         yield self.loop_lag.family(
             "bookie_event_loop_lag_seconds", "How late the event loop ran a timer due every 10 ms"
+        )
+        yield self.flush.family("bookie_flush_seconds", "One memtable flush: entry log, its sync, index, checkpoint")
+        yield self.memtable_wait.family(
+            "bookie_memtable_wait_seconds", "Adds held by a full memtable: their wait for the flush under way"
         )
 
 
@@ -121,6 +127,12 @@ class BookieMetrics:
 
     def observe_loop_lag(self, seconds: float) -> None:
         self._hot_path.loop_lag.observe(seconds)
+
+    def observe_flush(self, seconds: float) -> None:
+        self._hot_path.flush.observe(seconds)
+
+    def observe_memtable_wait(self, seconds: float) -> None:
+        self._hot_path.memtable_wait.observe(seconds)
 
     def observe_read(self, size: int, count: int = 1) -> None:
         self.reads.inc(count)

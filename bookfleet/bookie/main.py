@@ -66,6 +66,8 @@ class BookieNode:
             config.storage,
             self.metrics.observe_journal_sync,
             self._on_storage_failure,
+            self.metrics.observe_flush,
+            self.metrics.observe_memtable_wait,
         )
         self.health = HealthServer(self.metrics, self._not_ready)
         self.server: BookieServer | None = None

@@ -134,10 +134,13 @@ class LedgerStorage:
         settings: StorageSettings | None = None,
         on_journal_sync: Callable[[int, float], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        on_flush: Callable[[float], None] | None = None,
+        on_memtable_wait: Callable[[float], None] | None = None,
     ):
         """`on_journal_sync(bytes, seconds)`: called after each journal group commit (Journal's `on_sync`).
         `on_failure(reason)`: called on the event loop when the journal or a flush fails on the disk, so the bookie
-        stops taking adds at once and says why."""
+        stops taking adds at once and says why. `on_flush(seconds)`: how long a flush of a non-empty memtable took,
+        and `on_memtable_wait(seconds)`: how long adds held by a full memtable waited for it (a tail's suspects)."""
         self.journal_dir = Path(journal_dir)
         self.ledger_dir = Path(ledger_dir)
         self.settings = settings or StorageSettings()
@@ -150,6 +153,8 @@ class LedgerStorage:
             self._failed,
         )
         self._on_failure = on_failure
+        self._on_flush = on_flush
+        self._on_memtable_wait = on_memtable_wait
         self.failure: str | None = None
         """Why the storage stopped taking adds (the journal or the disk failed); None while healthy."""
         self._mark = LastLogMark(self.ledger_dir)
@@ -172,6 +177,9 @@ class LedgerStorage:
         self._flush_lock = asyncio.Lock()
         self._gc_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
+        self._memtable_taken: asyncio.Future[None] | None = None
+        """Resolved when a flush takes the memtable (or the size-triggered flushes end): adds held at twice
+        memtable_bytes wait for this."""
         self._flush_failing = False
         """The last timed or size-triggered flush failed (its traceback is logged once per run of failures)."""
         self._timer: asyncio.Task[None] | None = None
@@ -349,12 +357,12 @@ class LedgerStorage:
         return self._unless_memtable_full(self._journal.append_run(RecordType.ADD, entries))
 
     def _unless_memtable_full(self, synced: asyncio.Future[None]) -> asyncio.Future[None]:
-        """An add's commit future, or, once the memtable is full and its flush still runs at twice the size, one that
-        also waits for that flush (backpressure on adds)."""
+        """An add's commit future, or, once the memtable has grown to twice its size, one that also waits until a
+        flush takes the memtable (backpressure on adds)."""
         if self._active.size >= self.settings.memtable_bytes:
-            flushing = self._memtable_full()
-            if flushing is not None:
-                return asyncio.ensure_future(self._synced_after(flushing, synced))
+            taken = self._memtable_full()
+            if taken is not None:
+                return asyncio.ensure_future(self._synced_after(taken, synced))
         return synced
 
     def _writable(self, ledger_id: int, master_key: bytes, recovery: bool) -> IndexedLedger:
@@ -371,9 +379,11 @@ class LedgerStorage:
             raise LedgerFenced(ledger_id)
         return state
 
-    @staticmethod
-    async def _synced_after(flushing: asyncio.Task[None], synced: asyncio.Future[None]) -> None:
-        await asyncio.shield(flushing)
+    async def _synced_after(self, taken: asyncio.Future[None], synced: asyncio.Future[None]) -> None:
+        held = time.perf_counter()
+        await asyncio.shield(taken)
+        if self._on_memtable_wait is not None:
+            self._on_memtable_wait(time.perf_counter() - held)
         await synced
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
@@ -629,8 +639,10 @@ class LedgerStorage:
         async with self._flush_lock:
             if not self._active.ledgers and not self._dirty:
                 return
+            began = time.perf_counter()
             snapshot, self._active = self._active, Memtable()
             self._flushing = snapshot
+            self._release_held_adds()
             ledgers = [self._ledgers[i].row(i) for i in self._dirty if i in self._ledgers]
             dirty, self._dirty = self._dirty, set()
             mark = self._journal.synced
@@ -650,6 +662,8 @@ class LedgerStorage:
             if self._quarantined:
                 mark = min(mark, await self._keep_quarantine_journaled(bool(refused)))
             await asyncio.to_thread(self._checkpoint, mark)
+            if self._on_flush is not None:
+                self._on_flush(time.perf_counter() - began)
 
     async def _write_snapshot(self, snapshot: Memtable, ledgers: list[tuple]) -> dict[int, str]:
         """Append the snapshot to the entry log in steps of FLUSH_STEP_ENTRIES, each its own worker-thread call, so
@@ -735,14 +749,32 @@ class LedgerStorage:
         self._mark.write(mark)
         self._journal.remove_before(mark)
 
-    def _memtable_full(self) -> asyncio.Task[None] | None:
-        """Start a flush of the full memtable; if one is still running and the memtable has grown to twice its size,
-        return that flush: the add waits for it too (backpressure on adds)."""
+    def _memtable_full(self) -> asyncio.Future[None] | None:
+        """Start flushing the full memtable unless that is under way; once it has grown to twice its size, return
+        the future of a flush taking it: the add waits for that (backpressure on adds), not for that flush's end.
+        Its entries then no longer count against the memtable, and adds arriving after it are not held either."""
+        loop = asyncio.get_running_loop()
         if self._flush_task is None or self._flush_task.done():
-            self._flush_task = asyncio.get_running_loop().create_task(self._flush_logged())
-        elif self._active.size >= 2 * self.settings.memtable_bytes:
-            return self._flush_task
-        return None
+            self._flush_task = loop.create_task(self._flush_while_full())
+        if self._active.size < 2 * self.settings.memtable_bytes:
+            return None
+        if self._memtable_taken is None:
+            self._memtable_taken = loop.create_future()
+        return self._memtable_taken
+
+    async def _flush_while_full(self) -> None:
+        """Flush until the memtable is below its size (adds held at twice it wait for the next flush to take it,
+        even when no new add comes to start one), or a flush fails; whatever happens, release the held adds."""
+        try:
+            while await self._flush_logged() and self._active.size >= self.settings.memtable_bytes:
+                pass
+        finally:
+            self._release_held_adds()
+
+    def _release_held_adds(self) -> None:
+        taken, self._memtable_taken = self._memtable_taken, None
+        if taken is not None and not taken.done():
+            taken.set_result(None)
 
     async def _flush_logged(self) -> bool:
         """Flush; a failure stops adds (`on_failure`) and is logged, with its traceback only the first time."""

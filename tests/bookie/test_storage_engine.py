@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 import time
 
 import crc32c
@@ -21,9 +22,16 @@ from bookfleet.bookie.errors import (
     StaleWriterEpoch,
     Unauthorized,
 )
-from bookfleet.bookie.storage import StorageSettings
+from bookfleet.bookie.storage import LedgerStorage, StorageSettings
 from bookfleet.wire import InvalidField, Status, encode_entry, master_key
-from tests.fixtures.storage import DIGESTER, KEY, journal_records, make_entry, tear_last_journal_record
+from tests.fixtures.storage import (
+    DIGESTER,
+    KEY,
+    TEST_SETTINGS,
+    journal_records,
+    make_entry,
+    tear_last_journal_record,
+)
 
 OTHER_KEY = master_key(b"another password")
 
@@ -482,3 +490,58 @@ async def test_a_journal_of_the_first_format_is_replayed_whole_after_an_upgrade(
     storage = await open_storage()  # the first one is dropped, never closed
     assert [await storage.read_entry(1, e) for e in range(15)] == entries and storage.journal_damage is None
     assert journal.file_salt(journal.journal_path(journal_dir, 3).read_bytes()) is not None
+
+
+async def test_adds_past_twice_the_memtable_wait_for_the_flush_under_way_and_both_are_measured(storage_dirs):
+    """The memtable's backpressure, seen by /metrics: a flush held in its entry-log append holds the adds that find
+    the memtable at twice memtable_bytes, and each held add reports its wait once the flush, reported too, ends."""
+    flushes, waits = [], []
+    size = len(make_entry(1, 0, size=1000))
+    storage = LedgerStorage(
+        *storage_dirs, StorageSettings(**{**TEST_SETTINGS, "memtable_bytes": 4 * size}),
+        on_flush=flushes.append, on_memtable_wait=waits.append,
+    )
+    await storage.start()
+    released = threading.Event()
+    append = storage._entry_logger.append
+    storage._entry_logger.append = lambda step: released.wait() and append(step)
+    try:
+        await add_all(storage, 1, range(4), size=1000)  # the fourth fills the memtable: its flush starts and is held
+        await add_all(storage, 1, range(4, 11), size=1000)  # seven more: not yet twice memtable_bytes
+        held = [asyncio.ensure_future(storage.add_entry(1, e, make_entry(1, e, size=1000), KEY)) for e in (11, 12)]
+        await asyncio.sleep(0.05)
+        assert not any(add.done() for add in held) and waits == [] and flushes == []
+    finally:
+        released.set()
+    await asyncio.gather(*held)
+    assert len(waits) == 2 and min(waits) >= 0.05 and flushes
+    await storage.close()
+
+
+async def test_adds_held_by_a_full_memtable_go_on_once_a_flush_takes_it_not_when_that_flush_ends(storage_dirs):
+    """A flush queued behind one under way takes the memtable only when that one ends: the adds it held wait for
+    that moment, not also for the whole of the flush that took their entries (adds after them were never held)."""
+    size = len(make_entry(1, 0, size=1000))
+    storage = LedgerStorage(*storage_dirs, StorageSettings(**{**TEST_SETTINGS, "memtable_bytes": 4 * size}))
+    await storage.start()
+    steps = threading.Semaphore(0)
+    append = storage._entry_logger.append
+    storage._entry_logger.append = lambda step: steps.acquire() and append(step)
+    try:
+        await add_all(storage, 1, range(3), size=1000)
+        first = asyncio.ensure_future(storage.flush())  # takes the three entries, held in its append
+        while storage._flushing is None:
+            await asyncio.sleep(0)
+        await add_all(storage, 1, range(3, 10), size=1000)  # a size-triggered flush queues behind the first
+        held = [asyncio.ensure_future(storage.add_entry(1, e, make_entry(1, e, size=1000), KEY)) for e in (10, 11)]
+        await asyncio.sleep(0.05)
+        assert not any(add.done() for add in held)
+        steps.release()  # the first flush ends; the queued one takes the memtable and is held in its append
+        await first
+        await asyncio.wait_for(asyncio.gather(*held), 10)
+    finally:
+        for _ in range(10):
+            steps.release()
+    await storage.flush()
+    assert [await storage.read_entry(1, e) for e in range(12)] == [make_entry(1, e, size=1000) for e in range(12)]
+    await storage.close()
